@@ -1,0 +1,45 @@
+# The two commands a newcomer runs (README): `make demo` and `make test`.
+# Both work from a clean clone as root on Debian 12: they install the system packages
+# they need and create their own virtualenv (.venv).
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY      = $(VENV)/bin/python
+# fio: reference for bench/; qemu-system-x86: the real Linux NVMe/TCP target and host in a
+# guest; util-linux: losetup; libibverbs1: Mooncake Store's transfer engine (extra).
+SYS_PKGS = python3-venv python3-dev gcc fio qemu-system-x86 util-linux e2fsprogs cpio \
+           busybox-static libibverbs1
+
+.PHONY: demo test sysdeps venv lint type bench clean
+
+sysdeps:
+	@missing=$$(for p in $(SYS_PKGS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "apt-get install: $$missing"; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
+	fi
+
+$(VENV)/.stamp: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,plot]' tox
+	touch $@
+
+venv: $(VENV)/.stamp
+
+## The main job on the embedded default (the emulator): see README "Quick start".
+demo: sysdeps venv
+	PATH=$(abspath $(VENV))/bin:$$PATH bash fixtures/demo.sh
+
+## The test suite, lint and type check, exactly as CI runs them (.ci/run).
+test: sysdeps venv
+	$(VENV)/bin/tox run
+
+lint: venv
+	$(VENV)/bin/tox run -e lint
+
+type: venv
+	$(VENV)/bin/tox run -e type
+
+clean:
+	rm -rf $(VENV) .tox build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""kvtool's reference emulator: userspace NVMe/TCP target, kernel-target launcher, CPU "GPU" tier."""

@@ -1,0 +1,3 @@
+from kvtool.cli.main import main
+
+main()

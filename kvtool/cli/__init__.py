@@ -1,0 +1,1 @@
+"""The ``kvtool`` command line: thin click wrappers over library calls."""

@@ -1,0 +1,91 @@
+"""The ``kvtool`` group: global options, error → exit-code mapping, sub-command registry.
+
+Exit codes (BRIEF §5): 0 success; 1 a check failed (:class:`~kvtool.errors.CheckFailed`);
+2 bad usage or input (click usage errors, :class:`~kvtool.errors.InputError`); 3 an
+internal error (a bug: please report it with the ``--debug`` traceback).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import traceback
+from typing import Any
+
+import click
+
+from kvtool import __version__
+from kvtool.cli.output import Settings, err_console
+from kvtool.errors import KvtoolError
+
+# One module per command under kvtool/cli/, each exposing ``command`` (a click command or
+# group). Keep this list sorted; add a line when a command lands.
+COMMAND_MODULES = [
+]
+
+EXAMPLES = """
+\b
+Examples:
+  kvtool audit --model deepseek-v4-flash --dtype fp8 --lba 512
+  kvtool audit --object-bytes 1002240 --json
+  kvtool --json audit --device /dev/loop3
+"""
+
+INTERNAL_ERROR = 3
+
+
+class KvtoolGroup(click.Group):
+    """A click group that turns kvtool's exceptions into one line and an exit code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+            raise
+        except KvtoolError as exc:
+            _report(ctx, exc, f"kvtool: error: {exc}")
+            raise click.exceptions.Exit(exc.exit_code) from None
+        except KeyboardInterrupt:
+            err_console().print("kvtool: interrupted")
+            raise click.exceptions.Exit(130) from None
+        except BrokenPipeError:
+            raise click.exceptions.Exit(0) from None
+        except Exception as exc:  # a bug: one line unless --debug
+            _report(ctx, exc, f"kvtool: internal error: {type(exc).__name__}: {exc} "
+                              "(run with --debug for the traceback)")
+            raise click.exceptions.Exit(INTERNAL_ERROR) from None
+
+
+def _report(ctx: click.Context, exc: BaseException, line: str) -> None:
+    obj = ctx.find_object(Settings)
+    if obj is not None and obj.debug:
+        traceback.print_exception(exc, file=sys.stderr)
+    click.echo(line, err=True)
+
+
+@click.group(cls=KvtoolGroup, epilog=EXAMPLES, context_settings={"help_option_names": ["-h", "--help"],
+                                                                  "max_content_width": 100})
+@click.version_option(__version__, "-V", "--version", prog_name="kvtool")
+@click.option("--json", "json_", is_flag=True, help="Machine output (JSON on stdout) for any command.")
+@click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bars or notes on stderr.")
+@click.pass_context
+def cli(ctx: click.Context, json_: bool, debug: bool, quiet: bool) -> None:
+    """kvtool: build, validate and size KV-cache storage tiers (GPU → DRAM → NVMe/NVMe-oF).
+
+    Every command has --help with examples and --json for machine output. Exit codes:
+    0 success, 1 a check failed, 2 bad usage or input.
+    """
+    obj = ctx.ensure_object(Settings)
+    obj.json = obj.json or json_
+    obj.debug = debug
+    obj.quiet = quiet
+
+
+for _name in COMMAND_MODULES:
+    _mod = importlib.import_module(f"kvtool.cli.{_name}")
+    cli.add_command(_mod.command)
+
+
+def main() -> None:
+    cli.main(prog_name="kvtool")

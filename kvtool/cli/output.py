@@ -1,0 +1,140 @@
+"""Output conventions shared by every command.
+
+* ``--json`` (global, or on any command): one JSON document on stdout, nothing else
+  there; diagnostics and progress go to stderr.
+* Otherwise human output via rich on stdout, progress bars on stderr.
+
+Commands build a plain ``dict``/``list`` result first and then either dump it
+(``--json``) or render it for people, so the two views can never disagree.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass
+class Settings:
+    """Global CLI settings, stored as ``ctx.obj``."""
+
+    json: bool = False
+    debug: bool = False
+    quiet: bool = False
+
+
+def settings() -> Settings:
+    ctx = click.get_current_context()
+    obj = ctx.find_object(Settings)
+    if obj is None:
+        obj = ctx.ensure_object(Settings)
+    return obj
+
+
+def _set_json(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+    if value:
+        ctx.ensure_object(Settings).json = True
+    return value
+
+
+def json_option(f: F) -> F:
+    """Add ``--json`` to a command (the group has it too; either works)."""
+    return click.option(
+        "--json",
+        "json_flag",
+        is_flag=True,
+        expose_value=False,
+        callback=_set_json,
+        is_eager=True,
+        help="Machine output: one JSON document on stdout (schema in docs/json.md).",
+    )(f)
+
+
+def want_json() -> bool:
+    return settings().json
+
+
+_stdout: Console | None = None
+_stderr: Console | None = None
+
+
+def console() -> Console:
+    """Human output (stdout). Re-created per stream so CliRunner captures it."""
+    global _stdout
+    if _stdout is None or _stdout.file is not sys.stdout:
+        _stdout = Console(file=sys.stdout, highlight=False, soft_wrap=False)
+    return _stdout
+
+
+def err_console() -> Console:
+    global _stderr
+    if _stderr is None or _stderr.file is not sys.stderr:
+        _stderr = Console(file=sys.stderr, highlight=False, stderr=True)
+    return _stderr
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, float) and (math.isinf(obj) or math.isnan(obj)):
+        return None
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
+        return obj.item()
+    return obj
+
+
+def dump_json(obj: Any) -> str:
+    """JSON text as kvtool prints it: inf/nan become null, numpy scalars plain numbers."""
+    return json.dumps(_jsonable(obj), indent=2, sort_keys=False)
+
+
+def emit(result: Any, human: Callable[[Console], None] | None = None) -> None:
+    """Print ``result`` as JSON (``--json``) or call ``human`` to render it with rich."""
+    if want_json() or human is None:
+        click.echo(dump_json(result))
+    else:
+        human(console())
+
+
+def note(message: str) -> None:
+    """A human note on stderr (never pollutes ``--json`` stdout)."""
+    if not settings().quiet:
+        err_console().print(message)
+
+
+@contextmanager
+def progress(description: str, total: float | None, *, unit: str = "") -> Iterator[Callable[..., None]]:
+    """A rich progress bar on stderr; yields ``advance(n=1)``.
+
+    Hidden when stderr is not a terminal, so CI logs and ``--json`` pipes stay clean.
+    """
+    enabled = err_console().is_terminal and not settings().quiet
+    columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn(), TimeRemainingColumn()]
+    with Progress(*columns, console=err_console(), disable=not enabled, transient=False) as bar:
+        task = bar.add_task(description + (f" ({unit})" if unit else ""), total=total)
+
+        def advance(n: float = 1) -> None:
+            bar.advance(task, n)
+
+        yield advance

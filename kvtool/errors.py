@@ -1,0 +1,58 @@
+"""Exceptions that the CLI turns into exit codes.
+
+* :class:`InputError` (and :class:`UsageError`) — bad usage or bad input: exit 2, one line.
+* :class:`CheckFailed` — a check ran and failed (corruption found, a bar missed): exit 1.
+
+Library code raises these; only the CLI decides how they are shown.
+"""
+
+from __future__ import annotations
+
+from os import PathLike
+
+
+class KvtoolError(Exception):
+    """Base class of every error kvtool reports to a user without a traceback."""
+
+    exit_code = 2
+
+
+class InputError(KvtoolError):
+    """Bad input: names the file, line and field when they are known.
+
+    ``str(err)`` is the one line the CLI prints, e.g.
+    ``trace.jsonl:17: field 'input_length': expected an integer, got "abc"``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        file: str | PathLike[str] | None = None,
+        line: int | None = None,
+        field: str | None = None,
+    ) -> None:
+        self.message = message
+        self.file = None if file is None else str(file)
+        self.line = line
+        self.field = field
+        super().__init__(self._format())
+
+    def _format(self) -> str:
+        where = ""
+        if self.file is not None:
+            where = self.file if self.line is None else f"{self.file}:{self.line}"
+        elif self.line is not None:
+            where = f"line {self.line}"
+        what = f"field '{self.field}': {self.message}" if self.field else self.message
+        return f"{where}: {what}" if where else what
+
+
+class UsageError(InputError):
+    """A command-line value is wrong (``field`` is the option name, e.g. ``--lba``)."""
+
+
+class CheckFailed(KvtoolError):
+    """A check ran and failed; the command's report says what failed."""
+
+    exit_code = 1

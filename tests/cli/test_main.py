@@ -1,0 +1,43 @@
+import subprocess
+import sys
+
+from click.testing import CliRunner
+
+from kvtool import __version__
+from kvtool.cli.main import cli
+from tests.conftest import REPO
+
+
+def test_version() -> None:
+    result = CliRunner().invoke(cli, ["--version"])
+    assert result.exit_code == 0
+    assert __version__ in result.output
+
+
+def test_help_lists_examples() -> None:
+    result = CliRunner().invoke(cli, ["--help"])
+    assert result.exit_code == 0
+    assert "Examples:" in result.output
+
+
+def test_every_command_has_help_with_example() -> None:
+    def walk(cmd, path):
+        yield path, cmd
+        for name, sub in getattr(cmd, "commands", {}).items():
+            yield from walk(sub, [*path, name])
+
+    for path, _cmd in walk(cli, []):
+        result = CliRunner().invoke(cli, [*path, "--help"])
+        assert result.exit_code == 0, path
+        assert "kvtool" in result.output and "xample" in result.output, f"{path}: no example in --help"
+
+
+def test_unknown_command_is_usage_error() -> None:
+    result = CliRunner().invoke(cli, ["no-such-command"])
+    assert result.exit_code == 2
+
+
+def test_python_dash_m() -> None:
+    out = subprocess.run([sys.executable, "-m", "kvtool", "--version"], capture_output=True,
+                         text=True, cwd=REPO, check=True)
+    assert __version__ in out.stdout
