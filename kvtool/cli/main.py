@@ -20,7 +20,15 @@ from kvtool.errors import KvtoolError
 
 # One module per command under kvtool/cli/, each exposing ``command`` (a click command or
 # group). Keep this list sorted; add a line when a command lands.
-COMMAND_MODULES = [
+COMMAND_MODULES: list[str] = [
+    "audit",
+    "bench",
+    "load",
+    "plan",
+    "replay",
+    "store",
+    "trace",
+    "verify",
 ]
 
 EXAMPLES = """

@@ -1,0 +1,38 @@
+"""Model KV geometry → bytes per token, object size per block (docs/geometry.md).
+
+>>> g = resolve("deepseek-v4-flash", dtype="fp8")
+>>> g.block_bytes, g.bytes_per_token
+(1002240, 3915.0)
+"""
+
+from kvtool.geometry.custom import custom, from_toml
+from kvtool.geometry.dtypes import DTYPE_BYTES, KNOWN_DTYPES, canonical_dtype
+from kvtool.geometry.model import (
+    LAYOUTS,
+    Component,
+    ComponentSpec,
+    KVGeometry,
+    Layout,
+    ModelSpec,
+    ObjectSize,
+)
+from kvtool.geometry.presets import MODELS, PRESETS, lookup, resolve
+
+__all__ = [
+    "DTYPE_BYTES",
+    "KNOWN_DTYPES",
+    "LAYOUTS",
+    "MODELS",
+    "PRESETS",
+    "Component",
+    "ComponentSpec",
+    "KVGeometry",
+    "Layout",
+    "ModelSpec",
+    "ObjectSize",
+    "canonical_dtype",
+    "custom",
+    "from_toml",
+    "lookup",
+    "resolve",
+]

@@ -1,0 +1,202 @@
+"""Custom model geometry from explicit numbers or a TOML file (docs/geometry.md).
+
+TOML keys (top level)::
+
+    name = "my-model"            # required
+    source = "where the numbers come from"
+    layers = 32                  # required
+    dtype = "bf16"               # default dtype (or dtype_bytes = 2)
+    # MHA/GQA:
+    kv_heads = 8
+    head_dim = 128
+    # or MLA:
+    kv_lora_rank = 512
+    qk_rope_head_dim = 64
+    # or explicit per-layer records (replicated on every rank, like MLA):
+    [[components]]
+    name = "csa"; layers = 21; entry_bytes = 584; tokens_per_entry = 4; pad_to = 576
+
+Every mistake raises :class:`InputError` naming the file, the line (when it can be found)
+and the key; unknown keys are rejected so typos do not silently fall back to defaults.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from kvtool.errors import InputError, UsageError
+from kvtool.geometry.dtypes import DTYPE_BYTES, canonical_dtype
+from kvtool.geometry.model import ComponentSpec, ModelSpec
+
+_TOP_KEYS = {"name", "source", "layers", "dtype", "dtype_bytes", "kv_heads", "head_dim",
+             "kv_lora_rank", "qk_rope_head_dim", "attention", "components", "aliases", "notes"}
+_COMPONENT_KEYS = {"name", "layers", "entry_bytes", "tokens_per_entry", "pad_to", "kind"}
+_BYTES_TO_DTYPE = {1: "fp8", 2: "bf16", 4: "fp32"}
+
+
+def custom(*, layers: int, name: str = "custom", kv_heads: int | None = None,
+           head_dim: int | None = None, kv_lora_rank: int | None = None,
+           qk_rope_head_dim: int | None = None, dtype: str | None = None,
+           dtype_bytes: int | None = None, source: str = "user-supplied numbers",
+           field_prefix: str = "--") -> ModelSpec:
+    """A model from explicit numbers: MHA/GQA (``kv_heads``, ``head_dim``) or MLA
+    (``kv_lora_rank`` + ``qk_rope_head_dim``). Errors name the CLI option."""
+
+    def opt(key: str) -> str:
+        return f"{field_prefix}{key.replace('_', '-')}" if field_prefix == "--" else key
+
+    _positive(layers, opt("layers"))
+    default_dtype = _pick_dtype(dtype, dtype_bytes, opt)
+    mha = kv_heads is not None or head_dim is not None
+    mla = kv_lora_rank is not None or qk_rope_head_dim is not None
+    if mha and mla:
+        raise UsageError("give either kv_heads/head_dim (MHA/GQA) or kv_lora_rank/"
+                         "qk_rope_head_dim (MLA), not both", field=opt("kv_lora_rank"))
+    if mha:
+        if kv_heads is None or head_dim is None:
+            missing = "kv_heads" if kv_heads is None else "head_dim"
+            raise UsageError("MHA/GQA needs both kv_heads and head_dim", field=opt(missing))
+        _positive(kv_heads, opt("kv_heads"))
+        _positive(head_dim, opt("head_dim"))
+        return ModelSpec(
+            name=name, source=source, attention="mha", layers=layers, default_dtype=default_dtype,
+            components=(ComponentSpec("kv", "kv", layers, elements=2 * kv_heads * head_dim),),
+            kv_heads=kv_heads, head_dim=head_dim)
+    if mla:
+        rank = kv_lora_rank or 0
+        rope = qk_rope_head_dim or 0
+        _positive(rank, opt("kv_lora_rank"))
+        if rope < 0:
+            raise UsageError(f"must not be negative, got {rope}", field=opt("qk_rope_head_dim"))
+        return ModelSpec(
+            name=name, source=source, attention="mla", layers=layers, default_dtype=default_dtype,
+            components=(ComponentSpec("latent", "latent", layers, elements=rank + rope),),
+            kv_lora_rank=rank, qk_rope_head_dim=rope)
+    raise UsageError("a custom geometry needs kv_heads and head_dim (MHA/GQA) or kv_lora_rank "
+                     "and qk_rope_head_dim (MLA)", field=opt("kv_heads"))
+
+
+def from_toml(path: str | Path) -> ModelSpec:
+    """Read a custom geometry from TOML (see the module docstring for the keys)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"no such file: {p}", field="--geometry") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read: {exc}", file=p) from None
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        m = re.search(r"at line (\d+)", str(exc))
+        raise InputError(f"not valid TOML: {exc}", file=p,
+                         line=int(m.group(1)) if m else None) from None
+    return _from_doc(doc, p, text)
+
+
+def _from_doc(doc: dict[str, Any], p: Path, text: str) -> ModelSpec:
+    def fail(key: str, message: str) -> InputError:
+        return InputError(message, file=p, line=_line_of(text, key), field=key)
+
+    for key in doc:
+        if key not in _TOP_KEYS:
+            raise fail(key, f"unknown key (known: {', '.join(sorted(_TOP_KEYS))})")
+    for key in ("name", "layers"):
+        if key not in doc:
+            raise InputError("required key is missing", file=p, field=key)
+    name = doc["name"]
+    if not isinstance(name, str) or not name.strip():
+        raise fail("name", "must be a non-empty string")
+    source = doc.get("source", f"custom geometry from {p.name}")
+    layers = _int(doc, "layers", fail)
+    comps = doc.get("components")
+    try:
+        if comps is None:
+            spec = custom(
+                layers=layers, name=name, source=str(source),
+                kv_heads=_opt_int(doc, "kv_heads", fail), head_dim=_opt_int(doc, "head_dim", fail),
+                kv_lora_rank=_opt_int(doc, "kv_lora_rank", fail),
+                qk_rope_head_dim=_opt_int(doc, "qk_rope_head_dim", fail),
+                dtype=doc.get("dtype"), dtype_bytes=_opt_int(doc, "dtype_bytes", fail),
+                field_prefix="")
+        else:
+            spec = _with_components(doc, name, str(source), layers, comps, fail)
+    except UsageError as exc:
+        raise fail(exc.field or "", exc.message) from None
+    if "attention" in doc and doc["attention"] not in ("mha", "gqa", "mla"):
+        raise fail("attention", f"must be mha, gqa or mla, got {doc['attention']!r}")
+    return spec
+
+
+def _with_components(doc: dict[str, Any], name: str, source: str, layers: int, comps: Any,
+                     fail: Any) -> ModelSpec:
+    if not isinstance(comps, list) or not comps:
+        raise fail("components", "must be a non-empty array of tables ([[components]])")
+    for key in ("kv_heads", "head_dim", "kv_lora_rank", "qk_rope_head_dim"):
+        if key in doc:
+            raise fail(key, "give either [[components]] or the head/latent numbers, not both")
+    specs = []
+    for i, c in enumerate(comps):
+        if not isinstance(c, dict):
+            raise fail("components", f"entry {i + 1} must be a table")
+        for key in c:
+            if key not in _COMPONENT_KEYS:
+                raise fail(key, f"unknown key in components entry {i + 1} "
+                                f"(known: {', '.join(sorted(_COMPONENT_KEYS))})")
+        for key in ("layers", "entry_bytes"):
+            if key not in c:
+                raise fail("components", f"entry {i + 1} lacks '{key}'")
+        kind = c.get("kind", "latent")
+        if kind not in ("kv", "latent", "indexer"):
+            raise fail("kind", f"must be kv, latent or indexer, got {kind!r}")
+        specs.append(ComponentSpec(
+            name=str(c.get("name", f"component{i + 1}")), kind=kind,
+            layers=_int(c, "layers", fail), fixed_bytes=_int(c, "entry_bytes", fail),
+            tokens_per_entry=_int(c, "tokens_per_entry", fail, default=1),
+            pad_to=_int(c, "pad_to", fail, default=1)))
+    if sum(s.layers for s in specs if s.kind != "indexer") > layers:
+        raise fail("layers", "components cover more layers than the model has")
+    dtype = _pick_dtype(doc.get("dtype"), _opt_int(doc, "dtype_bytes", fail), lambda k: k)
+    return ModelSpec(name=name, source=source, attention="mla", layers=layers,
+                     components=tuple(specs), default_dtype=dtype)
+
+
+def _pick_dtype(dtype: str | None, dtype_bytes: int | None, opt: Any) -> str:
+    if dtype is not None and dtype_bytes is not None:
+        raise UsageError("give dtype or dtype_bytes, not both", field=opt("dtype_bytes"))
+    if dtype_bytes is not None:
+        if dtype_bytes not in _BYTES_TO_DTYPE:
+            raise UsageError(f"must be 1, 2 or 4, got {dtype_bytes}", field=opt("dtype_bytes"))
+        return _BYTES_TO_DTYPE[dtype_bytes]
+    if dtype is None:
+        return "bf16"
+    canon = canonical_dtype(str(dtype), field=opt("dtype"))
+    if canon not in DTYPE_BYTES:
+        raise UsageError(f"{canon} needs a model-specific record size; use [[components]] with "
+                         "entry_bytes", field=opt("dtype"))
+    return canon
+
+
+def _positive(value: int, field: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise UsageError(f"must be a positive integer, got {value!r}", field=field)
+
+
+def _int(d: dict[str, Any], key: str, fail: Any, default: int | None = None) -> int:
+    value = d.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise fail(key, f"must be a positive integer, got {value!r}")
+    return value
+
+
+def _opt_int(d: dict[str, Any], key: str, fail: Any) -> int | None:
+    return None if key not in d else _int(d, key, fail)
+
+
+def _line_of(text: str, key: str) -> int | None:
+    pattern = re.compile(rf"^\s*{re.escape(key)}\s*=", re.M)
+    m = pattern.search(text)
+    return text.count("\n", 0, m.start()) + 1 if m else None
