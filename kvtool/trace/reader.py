@@ -1,0 +1,431 @@
+"""Streaming trace reader: kvtool and Mooncake JSONL → :class:`Request` in serve order.
+
+Serve order (BRIEF §4, "Order"): timestamp order, file order on ties; a trace without
+timestamps is served round by round (every session's round 1, then round 2, …), file
+order within a round.
+
+The reader makes two passes over a memory-mapped file, so its memory is proportional to
+the number of lines, never to the number of blocks:
+
+1. at construction, every line is decoded and validated in file order (block keys are
+   not kept), which fixes the serve order and infers rounds;
+2. on iteration, each good line is decoded again, in serve order, and its keys built.
+
+So every bad line is found before the first request is served. A bad line raises
+:class:`~kvtool.errors.InputError` naming file, line and field. With ``skip_bad=N`` the
+first N bad lines (in file order) are skipped and listed in
+:attr:`TraceReader.bad_lines`; the next one raises.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import mmap
+import os
+import re
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, NamedTuple, cast
+
+import msgspec
+
+from kvtool.errors import InputError
+from kvtool.trace.hashing import TOKEN_MAX, chain_hashes
+from kvtool.trace.schema import (
+    DEFAULT_BLOCK_TOKENS,
+    DEFAULT_WINDOW_MS,
+    FORMATS,
+    KVTOOL_ONLY_KEYS,
+    Request,
+    TraceFormat,
+)
+
+NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
+PosInt = Annotated[int, msgspec.Meta(ge=1)]
+TokenId = Annotated[int, msgspec.Meta(ge=0, le=TOKEN_MAX)]
+
+
+class _Line(msgspec.Struct):
+    """A whole kvtool line; presence rules are checked by hand for clear errors."""
+
+    timestamp: float | None = None
+    input_length: NonNegInt | None = None
+    output_length: NonNegInt | None = None
+    hash_ids: list[int] | None = None
+    tokens: list[TokenId] | None = None
+    session: str | int | None = None
+    round: PosInt | None = None
+    block_tokens: PosInt | None = None
+
+
+class _MooncakeLine(msgspec.Struct):
+    timestamp: float | None = None
+    input_length: NonNegInt | None = None
+    output_length: NonNegInt | None = None
+    hash_ids: list[int] | None = None
+
+
+_KVTOOL_DECODER = msgspec.json.Decoder(_Line)
+_MOONCAKE_DECODER = msgspec.json.Decoder(_MooncakeLine)
+
+_TYPE_WORDS = {"int": "an integer", "float": "a number", "str": "a string", "array": "a list",
+               "object": "a JSON object", "bool": "true/false", "null": "null"}
+_PATH_RE = re.compile(r"^\$\.([A-Za-z_][A-Za-z0-9_]*)((?:\[\d+\])*)")
+
+
+class _BadLine(Exception):
+    def __init__(self, message: str, field: str | None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+class _Parsed(NamedTuple):
+    """A validated line before serve-order fields (round inference, period) are known."""
+
+    timestamp: float | None
+    input_length: int
+    output_length: int
+    block_keys: list[int]
+    block_tokens: int
+    session: str | int | None
+    round: int | None
+
+
+@dataclass(slots=True)
+class _Entry:
+    """One good line after pass 1."""
+
+    line: int
+    start: int
+    end: int
+    timestamp: float
+    session: str | int | None
+    round: int | None
+
+
+def _words(type_expr: str) -> str:
+    parts = [p.strip() for p in type_expr.split("|") if p.strip() != "null"]
+    return " or ".join(_TYPE_WORDS.get(p, p) for p in parts)
+
+
+def _explain_validation(err: msgspec.ValidationError, raw: bytes) -> _BadLine:
+    """Turn msgspec's ``Expected `int`, got `str` - at `$.input_length``` into our words."""
+    text = str(err)
+    base, _, where = text.partition(" - at ")
+    where = where.strip("`")
+    field: str | None = None
+    index = ""
+    m = _PATH_RE.match(where)
+    if m:
+        field, index = m.group(1), m.group(2)
+    got = ""
+    value: Any = None
+    try:
+        value = json.loads(raw)
+        if field is not None:
+            value = value[field]
+            for i in re.findall(r"\[(\d+)\]", index):
+                value = value[int(i)]
+        got = json.dumps(value)
+        if len(got) > 40:
+            got = got[:37] + "..."
+    except (ValueError, KeyError, IndexError, TypeError):
+        got = ""
+    m2 = re.match(r"Expected `([^`]*)`(?:, got `([^`]*)`)?(.*)$", base)
+    if m2:
+        expected, _, rest = m2.groups()
+        message = f"expected {_words(expected)}{rest}"
+        if where == "" and field is None:
+            message = f"each line must be {_words(expected)}"
+    else:
+        message = base[:1].lower() + base[1:]
+    if got and where:
+        message += f", got {got}"
+    if index:
+        message = f"item {index.strip('[]').replace('][', ',')}: {message}"
+    return _BadLine(message, field)
+
+
+def _decode(decoder: msgspec.json.Decoder[Any], raw: bytes) -> Any:
+    try:
+        return decoder.decode(raw)
+    except msgspec.ValidationError as err:
+        raise _explain_validation(err, raw) from None
+    except msgspec.DecodeError as err:
+        text = str(err)
+        if "truncated" in text:
+            raise _BadLine("malformed JSON: the line is truncated", None) from None
+        raise _BadLine(f"malformed JSON: {text.removeprefix('JSON is malformed: ')}",
+                       None) from None
+
+
+class TraceReader:
+    """An iterable over a trace's requests in serve order; iterate it as often as needed.
+
+    Attributes known after construction (pass 1): :attr:`format`, :attr:`block_tokens`,
+    :attr:`timed`, :attr:`has_rounds` and ``len(reader)`` (requests that passed pass 1).
+    :attr:`bad_lines` grows as bad lines are met (``(line, message)`` pairs).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        fmt: str = "auto",
+        block_tokens: int | None = None,
+        skip_bad: int = 0,
+        window_ms: float = DEFAULT_WINDOW_MS,
+    ) -> None:
+        if fmt not in FORMATS:
+            raise InputError(f"unknown trace format {fmt!r} (use {', '.join(FORMATS)})",
+                             field="--format")
+        if block_tokens is not None and block_tokens <= 0:
+            raise InputError(f"must be a positive number of tokens, got {block_tokens}",
+                             field="--block-tokens")
+        if skip_bad < 0:
+            raise InputError(f"must not be negative, got {skip_bad}", field="--skip-bad")
+        if not window_ms > 0:
+            raise InputError(f"must be positive, got {window_ms}", field="--window-ms")
+        self.path = str(path)
+        self.skip_bad = skip_bad
+        self.window_ms = float(window_ms)
+        self.bad_lines: list[tuple[int, str]] = []
+        self._bad_seen: set[int] = set()
+        self._explicit_block_tokens = block_tokens
+        self._buf = self._open(self.path)
+        detected, first_block_tokens = self._detect()
+        self.format: TraceFormat = detected if fmt == "auto" else cast(TraceFormat, fmt)
+        if self.format == "mooncake":
+            first_block_tokens = None
+        self.block_tokens: int = (block_tokens or first_block_tokens
+                                  or DEFAULT_BLOCK_TOKENS[self.format])
+        self._block_tokens_source = (
+            f"--block-tokens {block_tokens}" if block_tokens is not None
+            else f"{first_block_tokens} on its first line" if first_block_tokens is not None
+            else f"the {self.format} default of {self.block_tokens}")
+        self._entries: list[_Entry] = []
+        self.timed = False
+        self.has_rounds = False
+        self._t0 = 0.0
+        self._scan()
+
+    # -- input ---------------------------------------------------------------------------
+    @staticmethod
+    def _open(path: str) -> bytes | mmap.mmap:
+        if path == "-":
+            return sys.stdin.buffer.read()
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size == 0:
+                    return b""
+                return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except FileNotFoundError:
+            raise InputError("no such file", file=path) from None
+        except IsADirectoryError:
+            raise InputError("is a directory, not a trace file", file=path) from None
+        except PermissionError:
+            raise InputError("permission denied", file=path) from None
+        except (OSError, ValueError) as err:
+            raise InputError(f"cannot read: {err}", file=path) from None
+
+    def _lines(self) -> Iterator[tuple[int, int, int, bytes]]:
+        """``(line_no, start, end, text)`` of every non-blank line (without the newline)."""
+        buf = self._buf
+        size = len(buf)
+        pos = 0
+        line_no = 0
+        find = buf.find
+        while pos < size:
+            line_no += 1
+            nl = find(b"\n", pos)
+            end = size if nl < 0 else nl
+            raw = buf[pos:end]
+            if raw and not raw.isspace():
+                yield line_no, pos, end, raw
+            pos = end + 1
+
+    def _detect(self) -> tuple[TraceFormat, int | None]:
+        """Format and ``block_tokens`` of the first parseable record.
+
+        kvtool when that record has a kvtool-only key (``session``, ``round``,
+        ``block_tokens``, ``tokens``), else mooncake.
+        """
+        for _line, _start, _end, raw in self._lines():
+            try:
+                first = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(first, dict):
+                bt = first.get("block_tokens")
+                bt = bt if isinstance(bt, int) and not isinstance(bt, bool) and bt > 0 else None
+                return ("kvtool" if KVTOOL_ONLY_KEYS & first.keys() else "mooncake"), bt
+        return "kvtool", None
+
+    # -- errors ----------------------------------------------------------------------------
+    def _bad(self, line: int, bad: _BadLine) -> None:
+        """Record a bad line, or raise when the ``skip_bad`` allowance is used up."""
+        if line in self._bad_seen:
+            return
+        if len(self.bad_lines) >= self.skip_bad:
+            hint = "" if self.skip_bad == 0 else f" (more than --skip-bad {self.skip_bad} bad lines)"
+            raise InputError(bad.message + hint, file=self.path, line=line, field=bad.field)
+        self._bad_seen.add(line)
+        self.bad_lines.append((line, f"field '{bad.field}': {bad.message}" if bad.field
+                               else bad.message))
+
+    # -- pass 1 ----------------------------------------------------------------------------
+    def _scan(self) -> None:
+        parse = self._parse_kvtool if self.format == "kvtool" else self._parse_mooncake
+        entries = self._entries
+        timed: bool | None = None
+        for line, start, end, raw in self._lines():
+            try:
+                req = parse(raw, line, keys=False)
+                has_ts = req.timestamp is not None
+                if timed is None:
+                    timed = has_ts
+                elif has_ts != timed:
+                    raise _BadLine("missing, but earlier lines have timestamps" if timed else
+                                   "present, but earlier lines have none (all or none)",
+                                   "timestamp")
+            except _BadLine as bad:
+                self._bad(line, bad)
+                continue
+            entries.append(_Entry(line, start, end, req.timestamp or 0.0, req.session,
+                                  req.round))
+        if not entries:
+            raise InputError("no requests in the trace" if not self.bad_lines
+                             else "no valid requests in the trace", file=self.path)
+        self.timed = bool(timed)
+        self._order()
+
+    def _order(self) -> None:
+        """Sort into serve order and infer rounds (request i of a session is round i)."""
+        entries = self._entries
+        self.has_rounds = any(e.session is not None or e.round is not None for e in entries)
+        if self.timed:
+            # list.sort is stable (ties keep file order) and linear on sorted input.
+            entries.sort(key=lambda e: e.timestamp)
+            self._infer_rounds()
+            self._t0 = entries[0].timestamp
+        else:
+            self._infer_rounds()
+            entries.sort(key=lambda e: e.round if e.round is not None else 1)
+
+    def _infer_rounds(self) -> None:
+        count: dict[str | int, int] = {}
+        for e in self._entries:
+            if e.session is None:
+                continue
+            n = count.get(e.session, 0) + 1
+            count[e.session] = n
+            if e.round is None:
+                e.round = n
+
+    # -- pass 2 ----------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[Request]:
+        buf = self._buf
+        parse = self._parse_kvtool if self.format == "kvtool" else self._parse_mooncake
+        period = self._period
+        for e in self._entries:
+            try:
+                req = parse(buf[e.start:e.end], e.line, keys=True)
+            except _BadLine as bad:  # pragma: no cover - only if the file changed under us
+                raise InputError(bad.message, file=self.path, line=e.line,
+                                 field=bad.field) from None
+            yield Request(e.timestamp, req.input_length, req.output_length, req.block_keys,
+                          req.block_tokens, e.session, e.round, e.line, period(e))
+
+    def _period(self, e: _Entry) -> int | None:
+        if e.round is not None or not self.timed:
+            return None
+        return math.floor((e.timestamp - self._t0) / self.window_ms) + 1
+
+    def _check_hash_ids(self, ids: list[int], input_length: int) -> None:
+        allowed = -(-input_length // self.block_tokens)
+        if len(ids) > allowed:
+            raise _BadLine(
+                f"{len(ids)} block ids, but input_length {input_length} allows at most "
+                f"{allowed} at {self.block_tokens} tokens per block", "hash_ids")
+
+    def _parse_mooncake(self, raw: bytes, line: int, *, keys: bool) -> _Parsed:
+        rec: _MooncakeLine = _decode(_MOONCAKE_DECODER, raw)
+        if (rec.timestamp is None or rec.input_length is None or rec.output_length is None
+                or rec.hash_ids is None):
+            for name in ("timestamp", "input_length", "output_length", "hash_ids"):
+                if getattr(rec, name) is None:
+                    raise _BadLine("missing (required in Mooncake traces)", name)
+            raise AssertionError("unreachable")
+        if len(rec.hash_ids) * self.block_tokens >= rec.input_length + self.block_tokens:
+            self._check_hash_ids(rec.hash_ids, rec.input_length)
+        return _Parsed(rec.timestamp, rec.input_length, rec.output_length, rec.hash_ids,
+                       self.block_tokens, None, None)
+
+    def _parse_kvtool(self, raw: bytes, line: int, *, keys: bool) -> _Parsed:
+        rec: _Line = _decode(_KVTOOL_DECODER, raw)
+        bt = self.block_tokens
+        if rec.hash_ids is not None and rec.tokens is not None:
+            raise _BadLine("give either hash_ids or tokens, not both", "tokens")
+        if rec.block_tokens is not None and rec.block_tokens != bt and (
+                rec.tokens is None or self._explicit_block_tokens is None):
+            raise _BadLine(f"{rec.block_tokens} tokens per block, but the trace uses "
+                           f"{self._block_tokens_source} (one block size per trace)",
+                           "block_tokens")
+        block_keys: list[int]
+        if rec.tokens is not None:
+            n = len(rec.tokens)
+            if rec.input_length is not None and rec.input_length != n:
+                raise _BadLine(f"{rec.input_length}, but the line has {n} tokens",
+                               "input_length")
+            block_keys = chain_hashes(rec.tokens, bt) if keys else []
+            input_length = n
+        elif rec.hash_ids is not None:
+            if rec.input_length is None:
+                raise _BadLine("missing", "input_length")
+            input_length = rec.input_length
+            self._check_hash_ids(rec.hash_ids, input_length)
+            block_keys = rec.hash_ids
+        else:
+            raise _BadLine("missing: a line needs hash_ids or tokens", "hash_ids")
+        if rec.output_length is None:
+            raise _BadLine("missing", "output_length")
+        return _Parsed(rec.timestamp, input_length, rec.output_length, block_keys, bt,
+                       rec.session, rec.round)
+
+    def close(self) -> None:
+        if isinstance(self._buf, mmap.mmap):
+            self._buf.close()
+
+    def __enter__(self) -> TraceReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_trace(
+    path: str | os.PathLike[str],
+    *,
+    fmt: str = "auto",
+    block_tokens: int | None = None,
+    skip_bad: int = 0,
+    window_ms: float = DEFAULT_WINDOW_MS,
+) -> TraceReader:
+    """Open a kvtool or Mooncake JSONL trace (``"-"`` reads stdin); see :class:`TraceReader`.
+
+    ``fmt="auto"`` picks kvtool when the first record has a kvtool-only key (``session``,
+    ``round``, ``block_tokens``, ``tokens``), else Mooncake. ``block_tokens`` overrides
+    the trace's block size (the first line's ``block_tokens``, else 256 for kvtool and
+    512 for Mooncake). Requests without a round in a timed trace get a ``period``: the
+    1-based index of their ``window_ms`` window from the first request.
+    """
+    return TraceReader(Path(path) if path != "-" else "-", fmt=fmt, block_tokens=block_tokens,
+                       skip_bad=skip_bad, window_ms=window_ms)

@@ -1,0 +1,124 @@
+"""Trace statistics from the definitions: prefix hits, reuse distances, real traces."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvtool.trace import Request, read_trace
+from kvtool.trace.stats import trace_stats
+
+
+def req(keys: list[int], n: int, b: int = 4, rnd: int | None = None,
+        session: int | None = None) -> Request:
+    return Request(0.0, n, 1, keys, b, session, rnd)
+
+
+def test_prefix_hit_stops_at_first_unseen_block_and_is_capped_by_input() -> None:
+    reqs = [
+        req([1, 2, 3], 12),        # cold
+        req([1, 2, 9, 3], 16),     # hits 1, 2; stops at 9 although 3 was seen: 8 tokens
+        req([1, 2, 9], 10),        # hits 3 blocks = 12 tokens, capped at input_length 10
+        req([5, 1], 8),            # head unseen: 0 hits
+    ]
+    s = trace_stats(reqs)
+    assert s["max_hit_tokens"] == 8 + 10
+    assert s["max_token_hit_ratio"] == pytest.approx(18 / 46)
+    assert s["max_block_hit_ratio"] == pytest.approx(5 / 12)
+    assert (s["unique_blocks"], s["block_accesses"]) == (5, 12)
+
+
+def test_blocks_of_a_request_are_stored_after_its_lookup() -> None:
+    # A request never hits its own blocks, even a repeated key.
+    s = trace_stats([req([7, 7], 8)])
+    assert s["max_hit_tokens"] == 0
+
+
+def test_per_round_rows_and_counts() -> None:
+    reqs = [req([1], 4, rnd=1, session="a"), req([2], 4, rnd=1, session="b"),
+            req([1, 3], 8, rnd=2, session="a")]
+    s = trace_stats(reqs)
+    assert (s["sessions"], s["rounds"], s["requests"]) == (2, 2, 3)
+    assert s["per_round"] == [
+        {"round": 1, "requests": 2, "input_tokens": 8, "max_hit_tokens": 0,
+         "max_token_hit_ratio": 0.0, "new_blocks": 2},
+        {"round": 2, "requests": 1, "input_tokens": 8, "max_hit_tokens": 4,
+         "max_token_hit_ratio": 0.5, "new_blocks": 1},
+    ]
+
+
+def brute_reuse(accesses: list[int]) -> tuple[int, dict[int, int]]:
+    """Reuse distances the slow way: distinct other keys between two uses."""
+    last: dict[int, int] = {}
+    cold = 0
+    hist: dict[int, int] = {}
+    for i, k in enumerate(accesses):
+        if k in last:
+            d = len(set(accesses[last[k] + 1:i]) - {k})
+            hist[d.bit_length()] = hist.get(d.bit_length(), 0) + 1
+        else:
+            cold += 1
+        last[k] = i
+    return cold, hist
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 25), min_size=1, max_size=6), min_size=1, max_size=90))
+def test_reuse_distance_histogram_matches_brute_force(keys: list[list[int]]) -> None:
+    s = trace_stats([req(k, 4 * len(k)) for k in keys])
+    cold, hist = brute_reuse([k for ks in keys for k in ks])
+    r = s["reuse_distance"]
+    assert r["cold"] == cold
+    got = {i: b["count"] for i, b in enumerate(r["buckets"]) if b["count"]}
+    assert got == hist
+    for i, b in enumerate(r["buckets"]):
+        assert (b["min"], b["max"]) == ((0, 0) if i == 0 else (2 ** (i - 1), 2**i - 1))
+
+
+def test_reuse_distance_survives_fenwick_growth() -> None:
+    rng = random.Random(4)
+    keys = [[rng.randrange(3000) for _ in range(8)] for _ in range(700)]  # 5600 accesses
+    s = trace_stats([req(k, 32) for k in keys])
+    cold, hist = brute_reuse([k for ks in keys for k in ks])
+    assert s["reuse_distance"]["cold"] == cold
+    assert {i: b["count"] for i, b in enumerate(s["reuse_distance"]["buckets"])
+            if b["count"]} == hist
+
+
+def test_options() -> None:
+    s = trace_stats([req([1, 2], 8)], reuse=False, block_bytes=1000)
+    assert s["reuse_distance"] is None and s["unique_bytes"] == 2000
+
+
+def test_empty_input() -> None:
+    s = trace_stats([])
+    assert (s["requests"], s["max_token_hit_ratio"], s["unique_blocks"]) == (0, 0.0, 0)
+
+
+# Recorded 2026-11-29 on ../shared/traces/mooncake (Mooncake's public traces, 512 tok/block).
+MOONCAKE = {
+    "conversation_trace.jsonl": dict(requests=12031, input_tokens=144_793_823,
+                                     output_tokens=4_122_048, block_accesses=288_500,
+                                     unique_blocks=182_790, max_hit_tokens=54_098_411,
+                                     max_token_hit_ratio=0.3736237491291324, windows=59),
+    "synthetic_trace.jsonl": dict(requests=3993, input_tokens=61_194_628,
+                                  output_tokens=595_432, block_accesses=121_877,
+                                  unique_blocks=43_924, max_hit_tokens=39_852_661,
+                                  max_token_hit_ratio=0.6512444360312151, windows=18),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MOONCAKE))
+def test_mooncake_trace_stats(mooncake_traces: Path, name: str) -> None:
+    want = dict(MOONCAKE[name])
+    windows = want.pop("windows")
+    s = trace_stats(read_trace(mooncake_traces / name, fmt="mooncake", block_tokens=512))
+    for key, value in want.items():
+        assert s[key] == pytest.approx(value, rel=0, abs=1e-15), key
+    assert len(s["per_round"]) == windows
+    assert sum(b["count"] for b in s["reuse_distance"]["buckets"]) == \
+        s["block_accesses"] - s["unique_blocks"]
