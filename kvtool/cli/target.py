@@ -1,0 +1,303 @@
+"""``kvtool target up / down / status / discover / export``: declarative NVMe-oF targets.
+
+Thin wrappers over :mod:`kvtool.target.api`; JSON schemas are in docs/target.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from kvtool.cli.output import dump_json, emit, json_option, note, want_json
+from kvtool.errors import UsageError
+from kvtool.target import api
+from kvtool.target.model import BACKENDS, ENGINES
+from kvtool.target.plan import Plan, Step
+
+EXAMPLES_UP = """
+\b
+Example:
+  kvtool target up fixtures/targets/demo.toml
+  kvtool target up fixtures/targets/spdk-production.toml --dry-run
+  kvtool target up /etc/nvmet/config.json --backend nvmet --configfs-root /sys/kernel/config/nvmet
+"""
+
+
+def _backend_options(f: Any) -> Any:
+    f = click.option("--spdk-socket", metavar="PATH",
+                     help="SPDK RPC socket (default: config, else /var/tmp/spdk.sock).")(f)
+    f = click.option("--configfs-root", metavar="DIR",
+                     help="nvmet configfs root (default /sys/kernel/config/nvmet).")(f)
+    f = click.option("--engine", type=click.Choice(ENGINES),
+                     help="Emulator engine (overrides the config).")(f)
+    f = click.option("--backend", type=click.Choice(BACKENDS),
+                     help="Backend (overrides the config's 'backend').")(f)
+    return f
+
+
+def _plan_table(plan: Plan, title: str) -> Table:
+    table = Table(title=title, title_justify="left", show_lines=False)
+    table.add_column("#", justify="right")
+    table.add_column("action")
+    table.add_column("object")
+    table.add_column("target", overflow="fold")
+    table.add_column("detail", overflow="fold")
+    for i, s in enumerate(plan.steps, 1):
+        colour = {"create": "green", "link": "green", "start": "green", "load": "green",
+                  "delete": "red", "unlink": "red", "stop": "red"}.get(s.action, "yellow")
+        table.add_row(str(i), f"[{colour}]{s.action}[/]", s.kind, s.target, s.detail)
+    return table
+
+
+def _show_plan(name: str, dry_run: bool) -> Any:
+    """Print the plan before anything is applied (stdout; nothing with --json)."""
+    def show(plan: Plan) -> None:
+        if want_json():
+            return
+        from kvtool.cli.output import console
+        con = console()
+        if plan.empty:
+            what = ("the target already matches the config" if plan.operation == "up"
+                    else "nothing of this config is up")
+            con.print(f"[bold]{name}[/]: nothing to do — {what} ({plan.backend})")
+        else:
+            con.print(_plan_table(plan, f"Plan: target {plan.operation} {name} "
+                                        f"({plan.backend}, {len(plan.steps)} steps)"))
+        for n in plan.notes:
+            con.print(f"  note: {n}")
+    return show
+
+
+def _progress(step_no: int, step: Step) -> None:
+    if not want_json():
+        note(f"  [{step_no + 1}] {step.describe()}")
+
+
+@click.group(name="target")
+def command() -> None:
+    """Provision NVMe-oF targets declaratively (SPDK, kernel nvmet, emulator).
+
+    One TOML file describes subsystems, namespaces, listeners and allowed hosts; `up` shows
+    the plan and applies only the difference (a no-op when nothing changed), rolling back
+    what it did if a step fails; `down` removes only what the file owns.
+
+    \b
+    Example:
+      kvtool target up fixtures/targets/demo.toml
+      kvtool target status --json
+      kvtool target down fixtures/targets/demo.toml
+    """
+
+
+@command.command(epilog=EXAMPLES_UP)
+@click.argument("config", type=click.Path(dir_okay=False))
+@_backend_options
+@click.option("--name", help="Target name (default: the config's 'name', else the file stem).")
+@click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
+@click.option("--allow-remote", is_flag=True, help="Allow non-loopback listener addresses.")
+@json_option
+def up(config: str, backend: str | None, engine: str | None, configfs_root: str | None,
+       spdk_socket: str | None, name: str | None, dry_run: bool, allow_remote: bool) -> None:
+    """Bring a target up to the config CONFIG (TOML, kvtool JSON or nvmetcli JSON)."""
+    cfg, _ = api.resolve(config, name, backend=backend, engine=engine, allow_remote=allow_remote,
+                         check_paths=(engine or "") != "qemu")
+    opts = api.Options(configfs_root=configfs_root, spdk_socket=spdk_socket)
+    result = api.up(cfg, opts, dry_run=dry_run, on_plan=_show_plan(cfg.name, dry_run),
+                    on_step=_progress)
+    doc = {"name": cfg.name, "backend": cfg.backend, "engine": api.engine_of(cfg),
+           **result.to_json()}
+    if not dry_run:
+        doc["status"] = api.status(cfg, result.record, opts)
+    emit(doc, lambda con: _after_up(con, doc))
+
+
+def _after_up(con: Console, doc: dict[str, Any]) -> None:
+    if doc["dry_run"]:
+        con.print("dry run: nothing was changed")
+        return
+    if doc["applied"]:
+        con.print(f"[green]applied {doc['applied']} step(s)[/]; state: {doc['state_file']}")
+    _status_tables(con, doc["status"])
+
+
+@command.command(epilog="""
+\b
+Example:
+  kvtool target down fixtures/targets/demo.toml
+  kvtool target down --name demo --dry-run
+""")
+@click.argument("config", required=False, type=click.Path(dir_okay=False))
+@_backend_options
+@click.option("--name", help="Target name (when CONFIG is not given, the recorded config is used).")
+@click.option("--dry-run", is_flag=True, help="Print the teardown plan and change nothing.")
+@json_option
+def down(config: str | None, backend: str | None, engine: str | None, configfs_root: str | None,
+         spdk_socket: str | None, name: str | None, dry_run: bool) -> None:
+    """Tear down what CONFIG (or the recorded target NAME) owns, in teardown order."""
+    cfg, record = api.resolve(config, name, backend=backend, engine=engine, allow_remote=True,
+                              check_paths=False)
+    opts = api.Options(configfs_root=configfs_root, spdk_socket=spdk_socket)
+    result = api.down(cfg, record, opts, dry_run=dry_run, on_plan=_show_plan(cfg.name, dry_run),
+                      on_step=_progress)
+    doc = {"name": cfg.name, "backend": cfg.backend, **result.to_json()}
+
+    def human(con: Console) -> None:
+        if dry_run:
+            con.print("dry run: nothing was changed")
+        else:
+            con.print(f"[green]{cfg.name} is down[/] ({result.applied} step(s))")
+    emit(doc, human)
+
+
+@command.command(epilog="""
+\b
+Example:
+  kvtool target status
+  kvtool target status fixtures/targets/demo.toml --json
+  kvtool target status --name demo --url
+""")
+@click.argument("config", required=False, type=click.Path(dir_okay=False))
+@_backend_options
+@click.option("--name", help="Target name (default: the only target recorded).")
+@click.option("--url", "url_only", is_flag=True,
+              help="Print only the first namespace's nvme+tcp:// URL (for scripts).")
+@json_option
+def status(config: str | None, backend: str | None, engine: str | None,
+           configfs_root: str | None, spdk_socket: str | None, name: str | None,
+           url_only: bool) -> None:
+    """Show what is up: namespaces (size, LBA), listeners, URLs, registration records."""
+    cfg, record = api.resolve(config, name, backend=backend, engine=engine, allow_remote=True,
+                              check_paths=False)
+    doc = api.status(cfg, record, api.Options(configfs_root=configfs_root,
+                                              spdk_socket=spdk_socket))
+    if url_only:
+        urls = [r["url"] for r in doc["registrations"] if r["url"].startswith("nvme+tcp://")]
+        if not urls:
+            raise UsageError(f"target {cfg.name!r} serves no NVMe/TCP namespace right now",
+                             field="--url")
+        click.echo(urls[0])
+        return
+    emit(doc, lambda con: _status_tables(con, doc))
+
+
+def _status_tables(con: Console, doc: dict[str, Any]) -> None:
+    from kvtool.units import format_size
+    state_colour = {"up": "green", "partial": "yellow", "down": "red"}.get(doc["state"], "white")
+    extra = f" engine {doc['engine']}" if doc.get("engine") else ""
+    con.print(f"[bold]{doc['name']}[/]: [{state_colour}]{doc['state']}[/] ({doc['backend']}{extra})")
+    table = Table(show_lines=False)
+    for col in ("subsystem", "nsid", "size", "LBA", "backing", "listeners"):
+        table.add_column(col, overflow="fold")
+    for sub in doc["subsystems"]:
+        listeners = ", ".join(f"{x['transport']} {x['address']}:{x['port']}"
+                              for x in sub["listeners"]) or "-"
+        if not sub["namespaces"]:
+            table.add_row(sub["nqn"], "-", "-", "-", sub["state"], listeners)
+        for ns in sub["namespaces"]:
+            size = format_size(ns["size"]) if ns.get("size") is not None else "?"
+            table.add_row(sub["nqn"], str(ns["nsid"]), size, str(ns.get("block_size") or "?"),
+                          str(ns.get("backing") or ""), listeners)
+    con.print(table)
+    for sub in doc["subsystems"]:
+        hosts = "any host" if sub.get("allow_any_host") else (", ".join(sub.get("hosts", []))
+                                                              or "no host allowed")
+        con.print(f"{sub['nqn']} allows: {hosts}", soft_wrap=True)
+    for reg in doc["registrations"]:  # whole lines: people copy them
+        con.print(f"nsid {reg['nsid']}: {reg['url']}", soft_wrap=True)
+
+
+@command.command(epilog="""
+\b
+Example:
+  kvtool target discover 127.0.0.1:4420
+  kvtool target discover 192.168.1.10 --json
+""")
+@click.argument("address")
+@click.option("--hostnqn", help="Host NQN to present (default: this machine's).")
+@click.option("--timeout", type=float, default=10.0, show_default=True, help="Seconds.")
+@json_option
+def discover(address: str, hostnqn: str | None, timeout: float) -> None:
+    """Print the discovery log page of any NVMe/TCP target at ADDRESS[:PORT]."""
+    host, port = _split_addr(address)
+    entries = api.discover(host, port, hostnqn=hostnqn, timeout=timeout)
+    doc = {"address": host, "port": port, "entries": entries}
+
+    def human(con: Console) -> None:
+        table = Table(title=f"Discovery log of {host}:{port} ({len(entries)} entries)",
+                      title_justify="left")
+        for col in ("subtype", "subnqn", "trtype", "adrfam", "traddr", "trsvcid", "portid"):
+            table.add_column(col, overflow="fold")
+        for e in entries:
+            table.add_row(*(str(e.get(c, "")) for c in ("subtype", "subnqn", "trtype", "adrfam",
+                                                        "traddr", "trsvcid", "portid")))
+        con.print(table)
+    emit(doc, human)
+
+
+def _split_addr(text: str) -> tuple[str, int]:
+    host, port = text, 4420
+    if text.startswith("["):
+        inner, _, rest = text[1:].partition("]")
+        host = inner
+        if rest.startswith(":"):
+            port = _port(rest[1:])
+    elif text.count(":") == 1:
+        host, p = text.split(":")
+        port = _port(p)
+    import ipaddress
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise UsageError(f"{host!r} is not an IP address", field="ADDRESS") from None
+    return host, port
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise UsageError(f"{text!r} is not a TCP port", field="ADDRESS")
+    return int(text)
+
+
+@command.command(epilog="""
+\b
+Example:
+  kvtool target export fixtures/targets/spdk-production.toml --format spdk > spdk.json
+  kvtool target export fixtures/targets/nvmet-dev.toml --format nvmetcli
+  kvtool target export fixtures/targets/nvmet-dev.toml --format nvmetcli --live
+""")
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.option("--format", "fmt", type=click.Choice(["spdk", "nvmetcli", "kvtool"]),
+              default="kvtool", show_default=True,
+              help="spdk: framework_get_config-style JSON (spdk_tgt -c); nvmetcli: "
+                   "/etc/nvmet/config.json; kvtool: the normalised config.")
+@click.option("--live", is_flag=True,
+              help="Export the running target instead of the desired state "
+                   "(nvmetcli: the configfs tree; spdk: framework_get_config).")
+@_backend_options
+def export(config: str, fmt: str, live: bool, backend: str | None, engine: str | None,
+           configfs_root: str | None, spdk_socket: str | None) -> None:
+    """Print CONFIG's desired (or, with --live, actual) state as SPDK, nvmetcli or kvtool JSON."""
+    cfg, _ = api.resolve(config, None, backend=backend, engine=engine, allow_remote=True,
+                         check_paths=False)
+    doc: Any
+    if fmt == "spdk":
+        from kvtool.target.spdk.backend import SpdkBackend, spdk_config
+        if live:
+            doc = SpdkBackend(socket_path=spdk_socket or cfg.spdk_socket).live_config()
+        else:
+            doc = spdk_config(cfg)
+    elif fmt == "nvmetcli":
+        from kvtool.target.nvmet import nvmetcli
+        if live:
+            from kvtool.target.nvmet.backend import NvmetBackend
+            doc = nvmetcli.dump_tree(NvmetBackend(configfs_root or cfg.nvmet_root).root)
+        else:
+            doc = nvmetcli.from_config(cfg)
+    else:
+        if live:
+            raise UsageError("--live needs --format spdk or nvmetcli", field="--live")
+        doc = api.config_document(cfg)
+    click.echo(dump_json(doc))

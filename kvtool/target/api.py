@@ -1,0 +1,352 @@
+"""Library entry points: ``up``, ``down``, ``status``, ``discover`` (the CLI wraps these).
+
+config → plan → apply: :func:`plan_up` reads the target and returns the steps;
+:func:`up` applies them (rolling back on failure) and records the target in the state
+directory so that ``status``/``down`` — and ``load``/``replay`` through :func:`find` —
+know what is up and where.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from kvtool.errors import InputError
+from kvtool.target import state as st
+from kvtool.target.loader import load_config, parse_config
+from kvtool.target.model import TargetConfig
+from kvtool.target.plan import ApplyFailed, Plan, Step, TargetError, apply
+
+
+class Backend(Protocol):
+    name: str
+
+    def plan_up(self, cfg: TargetConfig, previous: TargetConfig | None = None) -> Plan: ...
+
+    def plan_down(self, cfg: TargetConfig) -> Plan: ...
+
+    def status(self, cfg: TargetConfig) -> dict[str, Any]: ...
+
+
+@dataclass
+class Options:
+    """Where the backends are (CLI flags override the config file)."""
+
+    configfs_root: str | None = None
+    spdk_socket: str | None = None
+
+
+def engine_of(cfg: TargetConfig) -> str | None:
+    if cfg.backend != "emulator":
+        return None
+    from kvtool.target.emulator import resolve_engine
+    return resolve_engine(cfg.engine)
+
+
+def backend_for(cfg: TargetConfig, opts: Options | None = None,
+                record: st.TargetState | None = None) -> Backend:
+    opts = opts or Options()
+    if cfg.backend == "nvmet":
+        from kvtool.target.nvmet.backend import NvmetBackend
+        return NvmetBackend(opts.configfs_root or cfg.nvmet_root)
+    if cfg.backend == "spdk":
+        from kvtool.target.spdk.backend import SpdkBackend
+        return SpdkBackend(socket_path=opts.spdk_socket or cfg.spdk_socket, timeout=cfg.spdk_timeout)
+    engine = engine_of(cfg)
+    if engine == "userspace":
+        from kvtool.target.emulator import UserspaceEngine
+        return UserspaceEngine(record)
+    if engine == "qemu":
+        from kvtool.target.guest import QemuEngine
+        return QemuEngine(record)
+    from kvtool.target.emulator import KernelEngine
+    return KernelEngine(opts.configfs_root)
+
+
+def previous_config(record: st.TargetState | None) -> TargetConfig | None:
+    """The config recorded at the last ``up`` (None when unknown or unreadable)."""
+    if record is None:
+        return None
+    try:
+        return parse_config(record.config_text, source=record.config_path,
+                            backend=record.backend, engine=record.engine, allow_remote=True,
+                            check_paths=False, is_json=record.config_format == "json",
+                            default_name=record.name)
+    except InputError:
+        return None
+
+
+@dataclass
+class Result:
+    plan: Plan
+    applied: int
+    record: st.TargetState | None
+    dry_run: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"plan": self.plan.to_json(), "applied": self.applied, "dry_run": self.dry_run,
+                "changed": self.applied > 0,
+                "state_file": str(self.record.path) if self.record else None}
+
+
+def plan_up(cfg: TargetConfig, opts: Options | None = None) -> Plan:
+    record = st.load(cfg.name)
+    prev = previous_config(record) if record and record.backend == cfg.backend else None
+    return backend_for(cfg, opts, record).plan_up(cfg, prev)
+
+
+def up(cfg: TargetConfig, opts: Options | None = None, *, dry_run: bool = False,
+       on_plan: Callable[[Plan], None] | None = None,
+       on_step: Callable[[int, Step], None] | None = None) -> Result:
+    """Bring the target to ``cfg``; a no-op when it already matches."""
+    record = st.load(cfg.name)
+    if record is not None and (record.backend, record.engine) != (cfg.backend, engine_of(cfg)):
+        was = record.backend + (f" ({record.engine} engine)" if record.engine else "")
+        raise TargetError(f"target {cfg.name!r} is recorded as up on {was}; take it down first "
+                          f"(kvtool target down --name {cfg.name}) or choose another name")
+    prev = previous_config(record) if record is not None else None
+    backend = backend_for(cfg, opts, record)
+    plan = backend.plan_up(cfg, prev)
+    if on_plan is not None:
+        on_plan(plan)
+    if dry_run:
+        return Result(plan, 0, record, True)
+    try:
+        applied = apply(plan, on_step)
+    except ApplyFailed:
+        # A rollback may have restarted the old background process under a new pid.
+        pid = getattr(backend, "pid", None)
+        if record is not None and pid != record.pid:
+            record.pid = pid
+            record.extra = dict(getattr(backend, "extra", {}) or record.extra)
+            st.save(record)
+        raise
+    new = _record(cfg, backend, record, opts)
+    if applied or record is None or record.digest != new.digest or record.pid != new.pid:
+        st.save(new)
+    return Result(plan, applied, new, False)
+
+
+def _record(cfg: TargetConfig, backend: Any, old: st.TargetState | None,
+            opts: Options | None) -> st.TargetState:
+    text, fmt = _config_text(cfg)
+    extra = dict(getattr(backend, "extra", {}) or {})
+    opts = opts or Options()
+    if opts.configfs_root:
+        extra["configfs_root"] = opts.configfs_root
+    if opts.spdk_socket:
+        extra["spdk_socket"] = opts.spdk_socket
+    return st.TargetState(
+        name=cfg.name, backend=cfg.backend, engine=engine_of(cfg),
+        config_path=str(Path(cfg.source).resolve()) if cfg.source else None,
+        config_text=text, config_format=fmt, digest=cfg.digest(),
+        created=old.created if old is not None and old.digest == cfg.digest() else time.time(),
+        pid=getattr(backend, "pid", None), extra=extra,
+        endpoints=[{"nqn": s.nqn, "listeners": [
+            {"transport": lst.transport, "address": lst.address, "port": lst.port}
+            for lst in cfg.listeners_of(s.nqn)]} for s in cfg.subsystems])
+
+
+def _config_text(cfg: TargetConfig) -> tuple[str, str]:
+    """The config re-serialised as JSON in kvtool's own structure (re-parsable, resolved)."""
+    return json.dumps(config_document(cfg), indent=2), "json"
+
+
+def config_document(cfg: TargetConfig) -> dict[str, Any]:
+    """``cfg`` as a document :func:`parse_config` reads back to an equal config."""
+    doc: dict[str, Any] = {"backend": cfg.backend, "name": cfg.name}
+    if cfg.backend == "emulator":
+        doc["emulator"] = {"engine": cfg.engine}
+    if cfg.nvmet_root:
+        doc["nvmet"] = {"configfs_root": cfg.nvmet_root}
+    if cfg.spdk_socket:
+        doc["spdk"] = {"socket": cfg.spdk_socket, "timeout": int(cfg.spdk_timeout)}
+    if cfg.hosts:
+        doc["host"] = [_strip({"nqn": h.nqn, "dhchap_key": h.dhchap_key,
+                               "dhchap_ctrl_key": h.dhchap_ctrl_key}) for h in cfg.hosts]
+    if cfg.transports:
+        doc["transport"] = [_strip({"type": t.type, "io_unit_size": t.io_unit_size,
+                                    "in_capsule_data_size": t.in_capsule_data_size,
+                                    "max_io_size": t.max_io_size,
+                                    "max_queue_depth": t.max_queue_depth,
+                                    "max_io_qpairs_per_ctrlr": t.max_io_qpairs_per_ctrlr})
+                            for t in cfg.transports]
+    subs = []
+    for s in cfg.subsystems:
+        namespaces = []
+        for n in s.namespaces:
+            ns = _strip({"nsid": n.nsid, "backing": n.backing, "path": n.path, "size": n.size,
+                         "lba": n.lba, "bdev_name": n.bdev_name, "uuid": n.uuid, "nguid": n.nguid})
+            if n.create:
+                ns["create"] = True
+            if n.buffered_io:
+                ns["buffered_io"] = True
+            if n.bdev_module != "aio":
+                ns["bdev"] = n.bdev_module
+            if n.nvme is not None:
+                ns["nvme"] = _strip({"trtype": n.nvme.trtype, "traddr": n.nvme.traddr,
+                                     "adrfam": n.nvme.adrfam, "trsvcid": n.nvme.trsvcid,
+                                     "subnqn": n.nvme.subnqn, "namespace": n.nvme.namespace})
+            namespaces.append(ns)
+        sub = _strip({"nqn": s.nqn, "serial": s.serial, "model": s.model,
+                      "max_namespaces": s.max_namespaces})
+        if s.hosts:
+            sub["hosts"] = list(s.hosts)
+        if s.allow_any_host:
+            sub["allow_any_host"] = True
+        if namespaces:
+            sub["namespace"] = namespaces
+        subs.append(sub)
+    doc["subsystem"] = subs
+    doc["listener"] = [_strip({"id": lst.id, "transport": lst.transport, "address": lst.address,
+                               "port": lst.port, "subsystems": list(lst.subsystems),
+                               "inline_data_size": lst.inline_data_size})
+                       for lst in cfg.listeners]
+    return doc
+
+
+def _strip(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+def resolve(config: str | None, name: str | None, *, backend: str | None = None,
+            engine: str | None = None, allow_remote: bool = False,
+            check_paths: bool = True) -> tuple[TargetConfig, st.TargetState | None]:
+    """The config to act on: a file, or the one recorded for ``name`` (or the only target up)."""
+    if config is not None:
+        cfg = load_config(config, backend=backend, engine=engine, allow_remote=allow_remote,
+                          check_paths=check_paths)
+        if name is not None:
+            cfg = replace(cfg, name=name)
+        return cfg, st.load(cfg.name)
+    record = find(name)
+    recorded = previous_config(record)
+    if recorded is None:
+        raise InputError(f"the recorded config of target {record.name!r} no longer parses; "
+                         "give the config file", file=str(record.path))
+    return recorded, record
+
+
+def find(name: str | None = None) -> st.TargetState:
+    """The state record of target ``name``; without a name, the only one recorded."""
+    if name is not None:
+        record = st.load(name)
+        if record is None:
+            known = ", ".join(st.names()) or "none"
+            raise InputError(f"no target named {name!r} is recorded in {st.targets_dir()} "
+                             f"(known: {known})", field="NAME")
+        return record
+    names = st.names()
+    if not names:
+        raise InputError(f"no target is up (nothing recorded in {st.targets_dir()}); "
+                         "run: kvtool target up CONFIG", field="CONFIG")
+    if len(names) > 1:
+        raise InputError(f"several targets are recorded ({', '.join(names)}); name one "
+                         "(--name NAME) or give the config", field="--name")
+    record = st.load(names[0])
+    assert record is not None
+    return record
+
+
+def down(cfg: TargetConfig, record: st.TargetState | None = None, opts: Options | None = None,
+         *, dry_run: bool = False, on_plan: Callable[[Plan], None] | None = None,
+         on_step: Callable[[int, Step], None] | None = None) -> Result:
+    """Remove what ``cfg`` owns; forget the state record."""
+    opts = _opts_from_record(opts, record)
+    backend = backend_for(cfg, opts, record)
+    plan = backend.plan_down(cfg)
+    if on_plan is not None:
+        on_plan(plan)
+    if dry_run:
+        return Result(plan, 0, record, True)
+    applied = apply(plan, on_step)
+    st.remove(cfg.name)
+    return Result(plan, applied, None, False)
+
+
+def _opts_from_record(opts: Options | None, record: st.TargetState | None) -> Options:
+    opts = opts or Options()
+    if record is not None:
+        opts = Options(configfs_root=opts.configfs_root or record.extra.get("configfs_root"),
+                       spdk_socket=opts.spdk_socket or record.extra.get("spdk_socket"))
+    return opts
+
+
+def status(cfg: TargetConfig, record: st.TargetState | None = None,
+           opts: Options | None = None) -> dict[str, Any]:
+    """What of ``cfg`` is up, with URLs and per-namespace registration records.
+
+    Schema (docs/target.md): name, backend, engine, state ("up" | "partial" | "down"),
+    config, state_file, pid, subsystems[] (nqn, state, allow_any_host, hosts,
+    listeners[], namespaces[] with nsid, size, block_size, backing, urls),
+    registrations[] (nqn, nsid, trtype, adrfam, traddr, trsvcid, size, block_size, url).
+    """
+    opts = _opts_from_record(opts, record)
+    backend = backend_for(cfg, opts, record)
+    live = backend.status(cfg)
+    registrations = []
+    for sub in live["subsystems"]:
+        for ns in sub["namespaces"]:
+            ns["urls"] = []
+            for lst in sub["listeners"]:
+                url = nvme_url(lst["transport"], lst["address"], lst["port"], sub["nqn"], ns["nsid"])
+                ns["urls"].append(url)
+                registrations.append({"nqn": sub["nqn"], "nsid": ns["nsid"],
+                                      "trtype": lst["transport"], "adrfam": lst.get("family"),
+                                      "traddr": lst["address"], "trsvcid": str(lst["port"]),
+                                      "size": ns["size"], "block_size": ns["block_size"],
+                                      "url": url})
+    states = {s["state"] for s in live["subsystems"]}
+    overall = "up" if states == {"up"} else ("down" if states <= {"absent"} else "partial")
+    return {"name": cfg.name, "backend": cfg.backend, "engine": engine_of(cfg), "state": overall,
+            "config": record.config_path if record else cfg.source,
+            "state_file": str(record.path) if record else None,
+            "digest_matches": record.digest == cfg.digest() if record else None,
+            **{k: v for k, v in live.items() if k not in ("subsystems", "backend")},
+            "subsystems": live["subsystems"], "registrations": registrations}
+
+
+def nvme_url(transport: str, address: str, port: int, nqn: str, nsid: int) -> str:
+    host = f"[{address}]" if ":" in address else address
+    return f"nvme+{transport}://{host}:{port}/{nqn}/{nsid}"
+
+
+TRTYPES = {1: "rdma", 2: "fc", 3: "tcp", 254: "loop"}
+ADRFAMS = {1: "ipv4", 2: "ipv6", 3: "ib", 4: "fc", 254: "intra_host"}
+SUBTYPES = {1: "discovery-referral", 2: "nvme", 3: "discovery"}
+
+
+def discover(address: str, port: int = 4420, hostnqn: str | None = None,
+             timeout: float = 10.0) -> list[dict[str, Any]]:
+    """The discovery log page of any NVMe/TCP target (kvtool's userspace host).
+
+    Each entry: subtype, subnqn, trtype, adrfam, traddr, trsvcid, portid, cntlid (names
+    for the coded fields, as nvme-cli prints them).
+    """
+    from kvtool.nvme import host as nvme_host
+    from kvtool.nvme.pdu import PduError
+    try:
+        entries = nvme_host.discover(address, port, hostnqn=hostnqn, timeout=timeout)
+    except (OSError, PduError) as exc:
+        raise TargetError(f"discovery at {address}:{port} failed: {exc}") from None
+    return [{"subtype": SUBTYPES.get(e.subtype, str(e.subtype)), "subnqn": e.subnqn,
+             "trtype": TRTYPES.get(e.trtype, str(e.trtype)),
+             "adrfam": ADRFAMS.get(e.adrfam, str(e.adrfam)), "traddr": e.traddr,
+             "trsvcid": e.trsvcid, "portid": e.portid, "cntlid": e.cntlid} for e in entries]
+
+
+def probe_namespaces(address: str, port: int, nqn: str, hostnqn: str | None,
+                     timeout: float = 5.0) -> dict[int, tuple[int, int]]:
+    """Ask a live NVMe/TCP target for each namespace's (bytes, LBA size) via Identify."""
+    from kvtool.nvme import host as nvme_host
+    with nvme_host.connect(address, port, nqn, hostnqn=hostnqn, io_queues=0,
+                           timeout=timeout, reconnect=0) as ctrl:
+        out = {}
+        for nsid in ctrl.active_namespaces():
+            info = ctrl.identify_namespace(nsid)
+            out[nsid] = (info.nsze * info.lba_size, info.lba_size)
+        return out

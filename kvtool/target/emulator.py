@@ -1,0 +1,293 @@
+"""The ``emulator`` backend: an NVMe/TCP target on 127.0.0.1 without NVMe-oF hardware.
+
+Engines (``[emulator] engine`` or ``--engine``):
+
+* ``kernel`` — the host's own nvmet (configfs), when the host kernel has it: the
+  :class:`~kvtool.target.nvmet.backend.NvmetBackend` on ``/sys/kernel/config/nvmet``.
+* ``qemu`` — the real Linux kernel target in a QEMU guest (:mod:`kvtool.target.guest`),
+  configured by the same nvmet backend running inside the guest.
+* ``userspace`` — kvtool's own NVMe/TCP target (``python -m emulator.nvmetcp``) as a
+  background process: the fastest start, no kernel support needed.
+* ``auto`` — kernel when the host has nvmet, else qemu when QEMU is installed, else userspace.
+
+The userspace engine's process outlives ``kvtool target up``; its pid, config and log are
+in the target's state record (:mod:`kvtool.target.state`), which ``status``/``down`` read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from kvtool.target import state as st
+from kvtool.target.model import TargetConfig
+from kvtool.target.plan import Plan, TargetError
+
+READY_TIMEOUT = 60.0
+STOP_TIMEOUT = 15.0
+_children: dict[int, subprocess.Popen[bytes]] = {}  # started by this process: reaped on stop
+
+
+def host_has_nvmet() -> bool:
+    """True when this kernel can run nvmet (loaded, or loadable as a module)."""
+    if Path("/sys/kernel/config/nvmet").is_dir() or Path("/sys/module/nvmet").is_dir():
+        return True
+    release = os.uname().release
+    mod_dir = Path("/lib/modules", release, "kernel/drivers/nvme/target")
+    return any(mod_dir.glob("nvmet.ko*")) and Path("/sys/kernel/config").is_dir()
+
+
+def resolve_engine(engine: str) -> str:
+    if engine != "auto":
+        return engine
+    if host_has_nvmet():
+        return "kernel"
+    if shutil.which("qemu-system-x86_64"):
+        return "qemu"
+    return "userspace"
+
+
+def userspace_config(cfg: TargetConfig) -> dict[str, Any]:
+    """``cfg`` in the userspace target's ``--config`` JSON (docs/nvme-tcp.md)."""
+    subsystems = []
+    for s in cfg.subsystems:
+        namespaces = []
+        for n in s.namespaces:
+            ns: dict[str, Any] = {"nsid": n.nsid, "lba_size": n.block_size}
+            if n.backing == "memory":
+                ns["backing"] = f"{n.size}B"
+            else:
+                ns["backing"] = n.path
+                if n.create and n.size:
+                    ns["size"] = f"{n.size}B"
+            namespaces.append(ns)
+        sub: dict[str, Any] = {"nqn": s.nqn, "namespaces": namespaces, "hosts": list(s.hosts),
+                               "allow_any_host": s.allow_any_host}
+        if s.serial:
+            sub["serial"] = s.serial
+        if s.model:
+            sub["model"] = s.model
+        subsystems.append(sub)
+    listen = [f"[{lst.address}]:{lst.port}" if lst.family == "ipv6" else f"{lst.address}:{lst.port}"
+              for lst in cfg.listeners]
+    out: dict[str, Any] = {"subsystems": subsystems, "listen": listen,
+                           "allow_remote": any(not _loopback(lst.address) for lst in cfg.listeners)}
+    if cfg.listeners:
+        out["port_id"] = cfg.listeners[0].id
+    t = cfg.transport("tcp")
+    if t is not None and t.in_capsule_data_size is not None:
+        out["in_capsule_data_size"] = t.in_capsule_data_size
+    return out
+
+
+def _loopback(address: str) -> bool:
+    import ipaddress
+    return ipaddress.ip_address(address).is_loopback
+
+
+class UserspaceEngine:
+    """Runs kvtool's userspace NVMe/TCP target as a background process."""
+
+    name = "emulator"
+    engine = "userspace"
+
+    def __init__(self, record: st.TargetState | None) -> None:
+        self.record = record
+        self.pid: int | None = record.pid if record is not None else None
+        self.extra: dict[str, Any] = dict(record.extra) if record is not None else {}
+
+    def _running(self) -> bool:
+        return (self.record is not None and self.record.engine == self.engine
+                and st.pid_alive(self.record.pid))
+
+    def plan_up(self, cfg: TargetConfig, previous: TargetConfig | None = None) -> Plan:
+        plan = Plan(self.name, "up")
+        listeners = ", ".join(f"{lst.address}:{lst.port}" for lst in cfg.listeners)
+        sets = {lst.subsystems for lst in cfg.listeners}
+        if len(sets) > 1:
+            plan.notes.append("the userspace engine serves every subsystem on every listener")
+        if self._running():
+            assert self.record is not None
+            if self.record.digest == cfg.digest():
+                return plan  # already serving exactly this config
+            old_pid = self.record.pid
+            old_cfg = json.loads(self.record.extra.get("engine_config", "{}"))
+            plan.add("stop", "process", f"pid {old_pid}", "userspace target with the old config",
+                     lambda: self._stop(old_pid),
+                     lambda: self._start(cfg.name, old_cfg))
+        new_cfg = userspace_config(cfg)
+        nss = sum(len(s.namespaces) for s in cfg.subsystems)
+        plan.add("start", "process", "python -m emulator.nvmetcp",
+                 f"{len(cfg.subsystems)} subsystem(s), {nss} namespace(s) on {listeners}",
+                 lambda: self._start(cfg.name, new_cfg), lambda: self._stop(self.pid))
+        return plan
+
+    def plan_down(self, cfg: TargetConfig) -> Plan:
+        plan = Plan(self.name, "down")
+        if self._running():
+            assert self.record is not None
+            pid = self.record.pid
+            old_cfg = json.loads(self.record.extra.get("engine_config", "{}"))
+            plan.add("stop", "process", f"pid {pid}", "SIGTERM, clean shutdown (flushes backing files)",
+                     lambda: self._stop(pid), lambda: self._start(cfg.name, old_cfg))
+        else:
+            plan.notes.append("no userspace target is running for this config")
+        return plan
+
+    def _start(self, name: str, engine_cfg: dict[str, Any]) -> None:
+        d = st.run_dir()
+        d.mkdir(parents=True, exist_ok=True)
+        cfg_path = d / f"{name}.userspace.json"
+        ready = d / f"{name}.ready"
+        log_path = d / f"{name}.log"
+        cfg_path.write_text(json.dumps(engine_cfg, indent=2))
+        with contextlib.suppress(FileNotFoundError):
+            ready.unlink()
+        argv = [sys.executable, "-m", "emulator.nvmetcp", "--config", str(cfg_path),
+                "--ready-file", str(ready)]
+        env = dict(os.environ)
+        repo = str(Path(__file__).resolve().parents[2])  # so `-m emulator.nvmetcp` resolves
+        env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                    start_new_session=True, env=env)
+        _children[proc.pid] = proc
+        deadline = time.monotonic() + READY_TIMEOUT
+        while not (ready.exists() and ready.stat().st_size > 0):
+            if proc.poll() is not None:
+                _children.pop(proc.pid, None)
+                raise TargetError(f"the userspace target exited with status {proc.returncode}: "
+                                  f"{_tail(log_path)}")
+            if time.monotonic() > deadline:
+                self._stop(proc.pid)
+                raise TargetError(f"the userspace target did not report ready within "
+                                  f"{READY_TIMEOUT:.0f} s: {_tail(log_path)}")
+            time.sleep(0.05)
+        self.pid = proc.pid
+        self.extra = {"engine_config": json.dumps(engine_cfg), "log": str(log_path),
+                      "ready": ready.read_text().strip()}
+
+    def _stop(self, pid: int | None) -> None:
+        stop_pid(pid)
+        if pid == self.pid:
+            self.pid = None
+
+    def status(self, cfg: TargetConfig) -> dict[str, Any]:
+        running = self._running()
+        subsystems = []
+        for s in cfg.subsystems:
+            namespaces = []
+            for n in s.namespaces:
+                size = n.size
+                if n.backing != "memory" and n.path and os.path.exists(n.path):
+                    from kvtool.target.nvmet.backend import backing_geometry
+                    with contextlib.suppress(OSError):
+                        size = max(backing_geometry(n.path)[0], n.size or 0)
+                if size is not None:
+                    size = size // n.block_size * n.block_size
+                namespaces.append({"nsid": n.nsid, "enabled": running,
+                                   "backing": n.path or "memory", "size": size,
+                                   "block_size": n.block_size})
+            if running and namespaces and cfg.listeners:
+                # what the running target itself reports (Identify), not what we asked for
+                live = _probe(cfg.listeners_of(s.nqn) or cfg.listeners, s)
+                for ns in namespaces:
+                    if ns["nsid"] in live:
+                        ns["size"], ns["block_size"] = live[ns["nsid"]]
+                    elif live:
+                        ns["enabled"] = False
+            listeners = [{"id": lst.id, "transport": "tcp", "address": lst.address,
+                          "port": lst.port, "family": lst.family} for lst in cfg.listeners]
+            subsystems.append({"nqn": s.nqn, "state": "up" if running else "absent",
+                               "allow_any_host": s.allow_any_host, "hosts": list(s.hosts),
+                               "namespaces": namespaces if running else [],
+                               "listeners": listeners if running else []})
+        return {"backend": self.name, "engine": self.engine,
+                "pid": self.record.pid if running and self.record else None,
+                "log": self.extra.get("log"), "subsystems": subsystems}
+
+
+def _probe(listeners: Any, sub: Any) -> dict[int, tuple[int, int]]:
+    from kvtool.target.api import probe_namespaces
+    lst = listeners[0]
+    hostnqn = None if sub.allow_any_host else sub.hosts[0]
+    try:
+        return probe_namespaces(lst.address, lst.port, sub.nqn, hostnqn)
+    except Exception:  # status must not fail because one probe did; the config values stand
+        return {}
+
+
+class KernelEngine:
+    """The host's own nvmet (configfs) on 127.0.0.1; memory namespaces live on /dev/shm."""
+
+    name = "emulator"
+    engine = "kernel"
+    SHM = "/dev/shm/kvtool"
+
+    def __init__(self, root: str | None = None, *, backend: Any = None) -> None:
+        from kvtool.target.nvmet.backend import NvmetBackend
+        self.nvmet = backend or NvmetBackend(root)
+
+    def host_config(self, cfg: TargetConfig) -> TargetConfig:
+        from kvtool.target.guest import memory_as_files
+        return memory_as_files(cfg, self.SHM, "kernel")
+
+    def plan_up(self, cfg: TargetConfig, previous: TargetConfig | None = None) -> Plan:
+        prev = self.host_config(previous) if previous is not None else None
+        plan = self.nvmet.plan_up(self.host_config(cfg), prev)
+        plan.backend = self.name
+        return plan
+
+    def plan_down(self, cfg: TargetConfig) -> Plan:
+        plan = self.nvmet.plan_down(self.host_config(cfg))
+        plan.backend = self.name
+        return plan
+
+    def status(self, cfg: TargetConfig) -> dict[str, Any]:
+        return {**self.nvmet.status(self.host_config(cfg)), "backend": self.name,
+                "engine": self.engine}
+
+
+def stop_pid(pid: int | None, timeout: float = STOP_TIMEOUT) -> None:
+    """SIGTERM ``pid`` (its process group) and wait; SIGKILL after ``timeout``."""
+    if not pid or not st.pid_alive(pid):
+        _reap(pid)
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while st.pid_alive(pid) and time.monotonic() < deadline:
+        if _reap(pid):
+            return
+        time.sleep(0.05)
+    if st.pid_alive(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
+    _reap(pid)
+
+
+def _reap(pid: int | None) -> bool:
+    proc = _children.get(pid or -1)
+    if proc is None:
+        return False
+    if proc.poll() is not None:
+        _children.pop(proc.pid, None)
+        return True
+    return False
+
+
+def _tail(path: Path, lines: int = 5) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "(no log)"
+    return " | ".join(text[-lines:]) or "(empty log)"

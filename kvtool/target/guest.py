@@ -1,0 +1,294 @@
+"""The emulator's ``qemu`` engine: the real Linux nvmet in a QEMU guest, on 127.0.0.1.
+
+For hosts whose kernel lacks nvmet. A supervisor process (``python -m
+kvtool.target.guest``) boots the guest (:class:`emulator.qemu.guest.Guest`: TCG,
+``restrict=on`` network, host root shared read-only over 9p) with one ``hostfwd`` per
+listener, then runs **kvtool itself inside the guest** (``chroot /hostroot``, the host's
+own Python and kvtool) as ``kvtool target up --backend nvmet``: the guest kernel's configfs
+is configured by exactly the same :class:`~kvtool.target.nvmet.backend.NvmetBackend` code
+as a real host's. The supervisor stays in the background holding the guest; SIGTERM makes
+it run ``kvtool target down`` in the guest (real teardown on the real kernel) and stop QEMU.
+
+Inside the guest the namespaces live in the guest: a ``memory`` namespace becomes a file on
+the guest's tmpfs served with ``buffered_io`` (4096-byte LBAs); ``file``/``block`` paths
+name guest paths. Listeners bind 0.0.0.0 in the guest (reachable only through the
+forwards) and are reported at 127.0.0.1:<port> on the host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from kvtool.errors import InputError
+from kvtool.target import state as st
+from kvtool.target.emulator import stop_pid
+from kvtool.target.model import Namespace, TargetConfig
+from kvtool.target.plan import Plan, TargetError
+
+BOOT_TIMEOUT = 300.0  # TCG boot + Python start in the guest on a loaded 2-core machine
+GUEST_DIR = "/tmp/kvtool"
+REPO = Path(__file__).resolve().parents[2]
+_children: dict[int, subprocess.Popen[bytes]] = {}
+
+
+def memory_as_files(cfg: TargetConfig, directory: str, engine: str) -> TargetConfig:
+    """Memory namespaces as sparse files in ``directory`` (tmpfs), served with buffered_io.
+
+    The kernel target has no RAM namespace of its own; a file on tmpfs is the same thing.
+    Its LBA size is the file system's block size, 4096.
+    """
+    subs = []
+    for si, sub in enumerate(cfg.subsystems):
+        nss = []
+        for ni, ns in enumerate(sub.namespaces):
+            if ns.backing == "memory":
+                if ns.lba not in (None, 4096):
+                    file, line = cfg.where("subsystem", si, "namespace", ni, "lba")
+                    raise InputError(f"the {engine} engine serves memory namespaces from a tmpfs "
+                                     "file, whose LBA size is 4096; use lba = 4096 (or the "
+                                     "userspace engine for 512)", file=file, line=line,
+                                     field=f"subsystem[{si}].namespace[{ni}].lba")
+                ns = Namespace(nsid=ns.nsid, backing="file", size=ns.size, create=True,
+                               path=f"{directory}/{cfg.name}-s{si}n{ns.nsid}.img",
+                               buffered_io=True, uuid=ns.uuid, nguid=ns.nguid)
+            nss.append(ns)
+        subs.append(replace(sub, namespaces=tuple(nss)))
+    return replace(cfg, subsystems=tuple(subs))
+
+
+def guest_config(cfg: TargetConfig) -> TargetConfig:
+    """``cfg`` as the guest's nvmet backend runs it (guest paths, 0.0.0.0 listeners)."""
+    files = memory_as_files(cfg, GUEST_DIR, "qemu")
+    listeners = tuple(replace(lst, address="0.0.0.0" if lst.family == "ipv4" else "::")
+                      for lst in cfg.listeners)
+    return replace(files, backend="nvmet", engine="auto", listeners=listeners, source=None,
+                   locator=None)
+
+
+def guest_exec(control_port: int, shell: str, timeout: float = 120.0) -> tuple[int, str]:
+    """Run ``shell`` in the guest over its control channel (see emulator.qemu.guest)."""
+    from emulator.qemu.guest import _RC_MARK
+    script = f"( {shell}\n) 2>&1; echo {_RC_MARK}$?\nexit\n"
+    with socket.create_connection(("127.0.0.1", control_port), timeout=timeout) as s:
+        s.sendall(script.encode())
+        s.shutdown(socket.SHUT_WR)
+        chunks = []
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+    out = b"".join(chunks).decode(errors="replace")
+    if _RC_MARK not in out:
+        raise TargetError(f"no reply from the guest control shell (got {out[-200:]!r})")
+    body, _, rc = out.rpartition(_RC_MARK)
+    return int(rc.strip() or 255), body
+
+
+def kvtool_in_guest(args: str) -> str:
+    """The shell line that runs this very kvtool inside the guest's chroot of the host root."""
+    env = f"KVTOOL_STATE_DIR={GUEST_DIR}/state PYTHONPATH={REPO} HOME=/tmp"
+    return f"chroot /hostroot /usr/bin/env {env} {sys.executable} -m kvtool.target {args}"
+
+
+def _json_tail(text: str) -> Any:
+    """The JSON document at the end of mixed output (kvtool prints it last on stdout)."""
+    start = text.find("{")
+    while start != -1:
+        try:
+            return json.loads(text[start:])
+        except json.JSONDecodeError:
+            start = text.find("{", start + 1)
+    raise TargetError(f"no JSON in the guest's output: {text[-500:]}")
+
+
+class QemuEngine:
+    """Host side of the qemu engine: starts/stops the supervisor, asks the guest for status."""
+
+    name = "emulator"
+    engine = "qemu"
+
+    def __init__(self, record: st.TargetState | None) -> None:
+        self.record = record
+        self.pid: int | None = record.pid if record is not None else None
+        self.extra: dict[str, Any] = dict(record.extra) if record is not None else {}
+
+    def _running(self) -> bool:
+        return (self.record is not None and self.record.engine == self.engine
+                and st.pid_alive(self.record.pid))
+
+    def plan_up(self, cfg: TargetConfig, previous: TargetConfig | None = None) -> Plan:
+        plan = Plan(self.name, "up")
+        gcfg = guest_config(cfg)
+        if self._running():
+            assert self.record is not None
+            if self.record.digest == cfg.digest():
+                return plan
+            pid = self.record.pid
+            plan.add("stop", "process", f"pid {pid}", "QEMU guest with the old config",
+                     lambda: self._stop(pid), None)
+        ports = ", ".join(f"127.0.0.1:{lst.port}" for lst in cfg.listeners)
+        nss = sum(len(s.namespaces) for s in cfg.subsystems)
+        plan.add("start", "process", "QEMU guest (real Linux nvmet)",
+                 f"hostfwd {ports}; in the guest: kvtool target up --backend nvmet "
+                 f"({len(cfg.subsystems)} subsystem(s), {nss} namespace(s))",
+                 lambda: self._start(cfg, gcfg), lambda: self._stop(self.pid))
+        plan.notes.append("the guest's own plan is shown in the state record (extra.guest_plan)")
+        return plan
+
+    def _start(self, cfg: TargetConfig, gcfg: TargetConfig) -> None:
+        from kvtool.target.api import config_document
+        d = st.run_dir()
+        d.mkdir(parents=True, exist_ok=True)
+        spec = {"name": cfg.name, "config": config_document(gcfg),
+                "forwards": {str(lst.port): lst.port for lst in cfg.listeners}}
+        spec_path = d / f"{cfg.name}.qemu.json"
+        ready = d / f"{cfg.name}.ready"
+        log_path = d / f"{cfg.name}.log"
+        spec_path.write_text(json.dumps(spec, indent=2))
+        ready.unlink(missing_ok=True)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "kvtool.target.guest", str(spec_path),
+                                     str(ready)], stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=log, start_new_session=True, env=env)
+        _children[proc.pid] = proc
+        deadline = time.monotonic() + BOOT_TIMEOUT + 60
+        while not (ready.exists() and ready.stat().st_size > 0):
+            if proc.poll() is not None:
+                raise TargetError(f"the QEMU guest supervisor exited ({proc.returncode}): "
+                                  f"{_tail(log_path)}")
+            if time.monotonic() > deadline:
+                stop_pid(proc.pid)
+                raise TargetError(f"the QEMU guest did not come up: {_tail(log_path)}")
+            time.sleep(0.2)
+        info = json.loads(ready.read_text())
+        if info.get("error"):
+            stop_pid(proc.pid)
+            raise TargetError(f"in the guest, kvtool target up failed: {info['error']}")
+        self.pid = proc.pid
+        self.extra = {"control_port": info["control_port"], "forwards": info["forwards"],
+                      "log": str(log_path), "boot_seconds": info.get("boot_seconds"),
+                      "guest_plan": info.get("plan")}
+
+    def _stop(self, pid: int | None) -> None:
+        stop_pid(pid, timeout=120.0)
+        proc = _children.pop(pid or -1, None)
+        if proc is not None:
+            proc.poll()
+        if pid == self.pid:
+            self.pid = None
+
+    def plan_down(self, cfg: TargetConfig) -> Plan:
+        plan = Plan(self.name, "down")
+        if not self._running():
+            plan.notes.append("no QEMU guest is running for this config")
+            return plan
+        assert self.record is not None
+        pid = self.record.pid
+        plan.add("stop", "process", f"pid {pid}",
+                 "in the guest: kvtool target down (real configfs teardown); then stop QEMU",
+                 lambda: self._stop(pid), None)
+        return plan
+
+    def status(self, cfg: TargetConfig) -> dict[str, Any]:
+        running = self._running()
+        if not running:
+            return {"backend": self.name, "engine": self.engine, "pid": None, "subsystems": [
+                {"nqn": s.nqn, "state": "absent", "namespaces": [], "listeners": [], "hosts": [],
+                 "allow_any_host": False} for s in cfg.subsystems]}
+        _rc, out = guest_exec(int(self.extra["control_port"]),
+                             kvtool_in_guest(f"--json status --name {cfg.name}"))
+        doc = _json_tail(out)
+        forwards = {int(k): int(v) for k, v in self.extra.get("forwards", {}).items()}
+        for sub in doc["subsystems"]:
+            for lst in sub["listeners"]:
+                lst["guest_address"] = lst["address"]
+                lst["address"] = "127.0.0.1"
+                lst["port"] = forwards.get(int(lst["port"]), lst["port"])
+                lst["family"] = "ipv4"
+        return {"backend": self.name, "engine": self.engine, "pid": self.record.pid if self.record else None,
+                "log": self.extra.get("log"), "guest_configfs": "/sys/kernel/config/nvmet (guest)",
+                "subsystems": doc["subsystems"]}
+
+
+def _tail(path: Path, lines: int = 8) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "(no log)"
+    return " | ".join(text[-lines:]) or "(empty log)"
+
+
+def _supervise(spec_path: str, ready_path: str) -> int:
+    """The background process: boot, configure in the guest, wait for SIGTERM, tear down."""
+    from emulator.qemu.guest import Guest
+    spec = json.loads(Path(spec_path).read_text())
+    forwards = {int(k): int(v) for k, v in spec["forwards"].items()}
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+
+    def report(doc: dict[str, Any]) -> None:
+        tmp = ready_path + ".tmp"
+        Path(tmp).write_text(json.dumps(doc))
+        os.replace(tmp, ready_path)
+
+    guest = Guest(target=False, hostroot=True, forwards=forwards, boot_timeout=BOOT_TIMEOUT,
+                  mem_mb=512)
+    try:
+        guest.start()
+        doc = json.dumps(spec["config"])
+        rc, out = guest.exec(f"mkdir -p {GUEST_DIR}/state && cat > {GUEST_DIR}/target.json "
+                             f"<<'KVTOOL_EOF'\n{doc}\nKVTOOL_EOF", timeout=30)
+        if rc != 0:
+            raise TargetError(f"cannot write the config into the guest: {out.strip()}")
+        rc, out = guest.exec(kvtool_in_guest(
+            f"--json up {GUEST_DIR}/target.json --backend nvmet --allow-remote"),
+            timeout=BOOT_TIMEOUT)
+        print(out, flush=True)
+        if rc != 0:
+            report({"error": out.strip().splitlines()[-1] if out.strip() else f"exit {rc}"})
+            return 1
+        result = _json_tail(out)
+        report({"pid": os.getpid(), "control_port": guest.control_port,
+                "forwards": {str(g): guest.host_port(g) for g in forwards},
+                "boot_seconds": guest.boot_seconds, "plan": result.get("plan")})
+        while not stop.wait(1.0):
+            if not guest.running:
+                print("kvtool: the QEMU guest died", flush=True)
+                return 1
+        rc, out = guest.exec(kvtool_in_guest(f"--json down --name {spec['name']}"),
+                             timeout=120)
+        print(out, flush=True)
+        return 0 if rc == 0 else 1
+    except Exception as exc:
+        print(f"kvtool: {type(exc).__name__}: {exc}", flush=True)
+        if not Path(ready_path).exists():
+            report({"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"})
+        return 1
+    finally:
+        guest.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m kvtool.target.guest",
+                                description="Supervisor of the emulator's QEMU guest "
+                                            "(started by kvtool target up --engine qemu).")
+    p.add_argument("spec")
+    p.add_argument("ready")
+    a = p.parse_args(argv)
+    return _supervise(a.spec, a.ready)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

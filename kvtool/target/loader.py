@@ -1,0 +1,559 @@
+"""Read and validate a target config (TOML, or the same structure as JSON).
+
+Every error is an :class:`~kvtool.errors.InputError` naming the file, the line and the
+key (``demo.toml:14: field 'subsystem[0].namespace[1].nsid': duplicate NSID 1``), so the
+CLI prints one line and exits 2 before anything is touched.
+
+File format (docs/target.md has the full reference)::
+
+    backend = "emulator"            # nvmet | spdk | emulator
+    name = "demo"                   # state name (default: the file's stem)
+    [emulator]
+    engine = "userspace"            # auto | kernel | qemu | userspace
+    [[subsystem]]
+    nqn = "nqn.2026-01.io.kvtool:demo"
+    hosts = ["nqn.2014-08.org.nvmexpress:uuid:..."]
+      [[subsystem.namespace]]
+      nsid = 1
+      size = "256MiB"              # memory backing; or path = "...", backing = "file"|"block"
+      lba = 512
+    [[listener]]
+    address = "127.0.0.1"
+    port = 4420
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+import stat
+import tomllib
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from kvtool.errors import InputError, KvtoolError
+from kvtool.target.model import (
+    BACKENDS,
+    BACKINGS,
+    DEFAULT_PORT,
+    DISCOVERY_NQN,
+    ENGINES,
+    TRANSPORTS,
+    Host,
+    Listener,
+    Namespace,
+    NvmeAttach,
+    Subsystem,
+    TargetConfig,
+    Transport,
+)
+from kvtool.target.nvmet.nvmetcli import looks_like_nvmetcli
+from kvtool.target.nvmet.nvmetcli import to_config_dict as nvmetcli_to_config
+from kvtool.target.tomlpos import Locator
+from kvtool.units import parse_size
+
+# NVMe base spec §4.5: "nqn.yyyy-mm.<reverse domain>[:<string>]" or the UUID form, ≤ 223 bytes.
+_NQN_RE = re.compile(r"^nqn\.\d{4}-(0[1-9]|1[0-2])\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+                     r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*(?::[\x21-\x7e][\x20-\x7e]*)?$")
+_UUID_NQN_RE = re.compile(r"^nqn\.2014-08\.org\.nvmexpress:uuid:[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-"
+                          r"[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+NQN_MAX = 223
+_SERIAL_RE = re.compile(r"^[\x20-\x7e]{1,20}$")
+_MODEL_RE = re.compile(r"^[\x20-\x7e]{1,40}$")
+_UUID_RE = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+_NGUID_RE = re.compile(r"^[0-9a-fA-F]{32}$")
+_BDEV_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+TOP_KEYS = {"backend", "name", "emulator", "nvmet", "spdk", "host", "transport", "subsystem",
+            "listener"}
+
+
+LOCAL_HOST = "@local"  # in a hosts list: this machine's host NQN (kvtool.nvme.url)
+
+
+def local_hostnqn() -> str:
+    """This machine's host NQN, as kvtool's NVMe/TCP host and nvme-cli present it."""
+    from kvtool.nvme.url import default_hostnqn
+    return default_hostnqn()
+
+
+def valid_nqn(nqn: str) -> bool:
+    """True when ``nqn`` has the NVMe NQN form and fits in 223 bytes."""
+    if len(nqn.encode()) > NQN_MAX:
+        return False
+    return bool(_NQN_RE.match(nqn) or _UUID_NQN_RE.match(nqn))
+
+
+class _Reader:
+    """Typed access to one table of the document, with errors that name file/line/key."""
+
+    def __init__(self, loader: _Loader, data: Any, path: tuple[str | int, ...]) -> None:
+        self.loader = loader
+        self.path = path
+        if not isinstance(data, dict):
+            self.fail("expected a table", path)
+        self.data: dict[str, Any] = data
+
+    def fail(self, message: str, path: tuple[str | int, ...] | None = None) -> KvtoolError:
+        raise self.loader.error(message, self.path if path is None else path)
+
+    def check_keys(self, allowed: Iterable[str]) -> None:
+        allowed = set(allowed)
+        for key in self.data:
+            if key not in allowed:
+                hint = ", ".join(sorted(allowed))
+                self.fail(f"unknown key {key!r} (allowed here: {hint})", (*self.path, key))
+
+    def has(self, key: str) -> bool:
+        return key in self.data
+
+    def text(self, key: str, default: str | None = None, *, required: bool = False) -> str | None:
+        if key not in self.data:
+            if required:
+                self.fail(f"missing required key {key!r}", (*self.path, key))
+            return default
+        v = self.data[key]
+        if not isinstance(v, str):
+            self.fail(f"expected a string, got {_show(v)}", (*self.path, key))
+        return v
+
+    def choice(self, key: str, options: Iterable[str], default: str | None = None) -> str | None:
+        v = self.text(key, default)
+        options = tuple(options)
+        if v is not None and v.lower() not in options:
+            self.fail(f"expected one of {', '.join(options)}, got {v!r}", (*self.path, key))
+        return None if v is None else v.lower()
+
+    def flag(self, key: str, default: bool = False) -> bool:
+        v = self.data.get(key, default)
+        if not isinstance(v, bool):
+            self.fail(f"expected true or false, got {_show(v)}", (*self.path, key))
+        return v
+
+    def integer(self, key: str, default: int | None = None, *, lo: int | None = None,
+            hi: int | None = None, required: bool = False) -> int | None:
+        if key not in self.data:
+            if required:
+                self.fail(f"missing required key {key!r}", (*self.path, key))
+            return default
+        v = self.data[key]
+        if isinstance(v, bool) or not isinstance(v, int):
+            self.fail(f"expected an integer, got {_show(v)}", (*self.path, key))
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            bounds = f"{lo if lo is not None else '-inf'}..{hi if hi is not None else 'inf'}"
+            self.fail(f"{v} is out of range {bounds}", (*self.path, key))
+        return v
+
+    def size(self, key: str) -> int | None:
+        if key not in self.data:
+            return None
+        v = self.data[key]
+        if isinstance(v, bool) or not isinstance(v, (int, str)):
+            self.fail(f"expected a size such as 1GiB, got {_show(v)}", (*self.path, key))
+        try:
+            n = parse_size(v, field=key)
+        except InputError as exc:
+            self.fail(exc.message, (*self.path, key))
+        if n <= 0:
+            self.fail("size must be positive", (*self.path, key))
+        return n
+
+    def str_list(self, key: str) -> list[str]:
+        v = self.data.get(key, [])
+        if not isinstance(v, list):
+            self.fail(f"expected a list of strings, got {_show(v)}", (*self.path, key))
+        for i, item in enumerate(v):
+            if not isinstance(item, str):
+                self.fail(f"expected a string, got {_show(item)}", (*self.path, key, i))
+        return list(v)
+
+    def tables(self, key: str) -> list[_Reader]:
+        v = self.data.get(key, [])
+        if isinstance(v, dict):
+            v = [v]
+        if not isinstance(v, list):
+            self.fail(f"expected [[{key}]] tables, got {_show(v)}", (*self.path, key))
+        return [_Reader(self.loader, item, (*self.path, key, i)) for i, item in enumerate(v)]
+
+    def table(self, key: str) -> _Reader | None:
+        if key not in self.data:
+            return None
+        return _Reader(self.loader, self.data[key], (*self.path, key))
+
+
+def _show(v: Any) -> str:
+    return f"{type(v).__name__} {v!r}"
+
+
+def _field_name(path: tuple[str | int, ...]) -> str:
+    out = ""
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else p)
+    return out
+
+
+class _Loader:
+    def __init__(self, source: str | None, locator: Locator | None) -> None:
+        self.source = source
+        self.locator = locator
+
+    def error(self, message: str, path: tuple[str | int, ...]) -> InputError:
+        line = self.locator.line(path) if self.locator else None
+        return InputError(message, file=self.source, line=line, field=_field_name(path) or None)
+
+
+def load_config(path: str | Path, *, backend: str | None = None, engine: str | None = None,
+                allow_remote: bool = False, check_paths: bool = True) -> TargetConfig:
+    """Read, parse and validate a config file (``.toml``, or ``.json`` with the same keys).
+
+    ``backend``/``engine`` override the file's. ``check_paths`` checks backing files and
+    devices on this machine (off when they live elsewhere, e.g. inside a QEMU guest).
+    """
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise InputError("config file not found", file=str(p)) from None
+    except OSError as exc:
+        raise InputError(f"cannot read config: {exc.strerror}", file=str(p)) from None
+    return parse_config(text, source=str(p), backend=backend, engine=engine,
+                        allow_remote=allow_remote, check_paths=check_paths,
+                        is_json=p.suffix.lower() == ".json", default_name=p.stem)
+
+
+def parse_config(text: str, *, source: str | None = None, backend: str | None = None,
+                 engine: str | None = None, allow_remote: bool = False, check_paths: bool = True,
+                 is_json: bool = False, default_name: str = "target") -> TargetConfig:
+    """Parse and validate config text; see :func:`load_config`."""
+    if is_json:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"invalid JSON: {exc.msg}", file=source, line=exc.lineno) from None
+        if looks_like_nvmetcli(data):
+            data = nvmetcli_to_config(data)
+        locator = None
+    else:
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            m = re.search(r"\(at line (\d+), column \d+\)", str(exc))
+            msg = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(exc))
+            raise InputError(f"invalid TOML: {msg}", file=source,
+                             line=int(m.group(1)) if m else None) from None
+        locator = Locator(text)
+    ld = _Loader(source, locator)
+    root = _Reader(ld, data, ())
+    cfg = _build(root, backend_override=backend, engine_override=engine,
+                 default_name=default_name)
+    cfg = _with_source(cfg, source, locator)
+    validate(cfg, allow_remote=allow_remote, check_paths=check_paths)
+    return cfg
+
+
+def _with_source(cfg: TargetConfig, source: str | None, locator: Locator | None) -> TargetConfig:
+    from dataclasses import replace
+    return replace(cfg, source=source, locator=locator)
+
+
+def _build(root: _Reader, *, backend_override: str | None, engine_override: str | None,
+           default_name: str) -> TargetConfig:
+    root.check_keys(TOP_KEYS)
+    backend = root.choice("backend", BACKENDS, "emulator")
+    if backend_override is not None:
+        backend = backend_override
+    name = root.text("name", default_name) or default_name
+    if not _NAME_RE.match(name):
+        root.fail(f"name must be 1-64 of A-Z a-z 0-9 _ . -, got {name!r}", ("name",))
+
+    engine = "auto"
+    emu = root.table("emulator")
+    if emu is not None:
+        emu.check_keys({"engine"})
+        engine = emu.choice("engine", ENGINES, "auto") or "auto"
+    if engine_override is not None:
+        engine = engine_override
+
+    nvmet_root = None
+    nv = root.table("nvmet")
+    if nv is not None:
+        nv.check_keys({"configfs_root"})
+        nvmet_root = nv.text("configfs_root")
+
+    spdk_socket, spdk_timeout = None, 60.0
+    sp = root.table("spdk")
+    if sp is not None:
+        sp.check_keys({"socket", "timeout"})
+        spdk_socket = sp.text("socket")
+        spdk_timeout = float(sp.integer("timeout", 60, lo=1, hi=3600) or 60)
+
+    hosts = [_host(h) for h in root.tables("host")]
+    transports = [_transport(t) for t in root.tables("transport")]
+    subsystems = [_subsystem(s) for s in root.tables("subsystem")]
+    if not subsystems:
+        root.fail("the config defines no [[subsystem]]", ())
+    all_nqns = [s.nqn for s in subsystems]
+    listeners = [_listener(lst, i, all_nqns) for i, lst in enumerate(root.tables("listener"))]
+
+    _check_unique(root, [h.nqn for h in hosts], ("host",), "nqn", "host NQN")
+    _check_unique(root, [t.type for t in transports], ("transport",), "type", "transport")
+    _check_unique(root, all_nqns, ("subsystem",), "nqn", "subsystem NQN")
+    _check_unique(root, [lst.id for lst in listeners], ("listener",), "id", "listener id")
+    seen: dict[tuple[str, str, int], int] = {}
+    for i, lst in enumerate(listeners):
+        key = (lst.transport, str(ipaddress.ip_address(lst.address)), lst.port)
+        if key in seen:
+            root.fail(f"port clash: {lst.transport} {lst.address}:{lst.port} is already "
+                      f"listener[{seen[key]}]", ("listener", i, "port"))
+        seen[key] = i
+    for i, lst in enumerate(listeners):
+        for j, nqn in enumerate(lst.subsystems):
+            if nqn not in all_nqns:
+                root.fail(f"no [[subsystem]] has nqn {nqn!r}", ("listener", i, "subsystems", j))
+    return TargetConfig(
+        name=name, backend=backend, engine=engine,  # type: ignore[arg-type]
+        subsystems=tuple(subsystems), listeners=tuple(listeners), hosts=tuple(hosts),
+        transports=tuple(transports), nvmet_root=nvmet_root, spdk_socket=spdk_socket,
+        spdk_timeout=spdk_timeout)
+
+
+def _check_unique(root: _Reader, values: list[Any], table: tuple[str, ...], key: str,
+                  what: str) -> None:
+    first: dict[Any, int] = {}
+    for i, v in enumerate(values):
+        if v in first:
+            root.fail(f"duplicate {what} {v!r} (first in {table[-1]}[{first[v]}])", (*table, i, key))
+        first[v] = i
+
+
+def _nqn(r: _Reader, key: str, value: str | None, path: tuple[str | int, ...]) -> str:
+    if value is None:
+        r.fail(f"missing required key {key!r}", path)
+    assert value is not None
+    if not valid_nqn(value):
+        r.fail(f"bad NQN {value!r}: expected nqn.yyyy-mm.<reverse-domain>:<name> "
+               f"(or nqn.2014-08.org.nvmexpress:uuid:<uuid>), at most {NQN_MAX} bytes", path)
+    return value
+
+
+def _host(r: _Reader) -> Host:
+    r.check_keys({"nqn", "dhchap_key", "dhchap_ctrl_key"})
+    nqn = _nqn(r, "nqn", r.text("nqn", required=True), (*r.path, "nqn"))
+    key = r.text("dhchap_key")
+    ctrl = r.text("dhchap_ctrl_key")
+    for k, v in (("dhchap_key", key), ("dhchap_ctrl_key", ctrl)):
+        if v is not None and not re.match(r"^DHHC-1:0[0-3]:[A-Za-z0-9+/=]+:$", v):
+            r.fail("expected a DH-HMAC-CHAP secret 'DHHC-1:<hh>:<base64>:' "
+                   "(nvme gen-dhchap-key)", (*r.path, k))
+    if ctrl is not None and key is None:
+        r.fail("dhchap_ctrl_key needs dhchap_key", (*r.path, "dhchap_ctrl_key"))
+    return Host(nqn=nqn, dhchap_key=key, dhchap_ctrl_key=ctrl)
+
+
+def _transport(r: _Reader) -> Transport:
+    r.check_keys({"type", "io_unit_size", "in_capsule_data_size", "max_io_size",
+                  "max_queue_depth", "max_io_qpairs_per_ctrlr"})
+    trtype = r.choice("type", TRANSPORTS, "tcp") or "tcp"
+    t = Transport(
+        type=trtype,
+        io_unit_size=r.size("io_unit_size"),
+        in_capsule_data_size=r.size("in_capsule_data_size"),
+        max_io_size=r.size("max_io_size"),
+        max_queue_depth=r.integer("max_queue_depth", lo=2, hi=65535),
+        max_io_qpairs_per_ctrlr=r.integer("max_io_qpairs_per_ctrlr", lo=1, hi=65535),
+    )
+    if t.io_unit_size is not None and t.io_unit_size % 512:
+        r.fail("io_unit_size must be a multiple of 512", (*r.path, "io_unit_size"))
+    if t.max_io_size is not None and t.io_unit_size is not None and t.max_io_size < t.io_unit_size:
+        r.fail("max_io_size must be at least io_unit_size", (*r.path, "max_io_size"))
+    return t
+
+
+def _subsystem(r: _Reader) -> Subsystem:
+    r.check_keys({"nqn", "namespace", "hosts", "allow_any_host", "serial", "model",
+                  "max_namespaces"})
+    nqn = _nqn(r, "nqn", r.text("nqn", required=True), (*r.path, "nqn"))
+    if nqn == DISCOVERY_NQN:
+        r.fail("the discovery NQN cannot be a subsystem", (*r.path, "nqn"))
+    hosts = [local_hostnqn() if h == LOCAL_HOST else h for h in r.str_list("hosts")]
+    for i, h in enumerate(hosts):
+        _nqn(r, "hosts", h, (*r.path, "hosts", i))
+    if len(set(hosts)) != len(hosts):
+        dup = next(h for h in hosts if hosts.count(h) > 1)
+        r.fail(f"host {dup!r} listed twice", (*r.path, "hosts", len(hosts) - 1 - hosts[::-1].index(dup)))
+    allow_any = r.flag("allow_any_host", False)
+    if allow_any and hosts:
+        r.fail("allow_any_host = true and a hosts list are mutually exclusive "
+               "(the kernel refuses both, EINVAL)", (*r.path, "allow_any_host"))
+    if not allow_any and not hosts:
+        r.fail("no host may connect: list the allowed host NQNs in hosts (\"@local\" is this "
+               "machine's), or set allow_any_host = true", (*r.path, "hosts"))
+    serial = r.text("serial")
+    if serial is not None and not _SERIAL_RE.match(serial):
+        r.fail("serial must be 1-20 printable ASCII characters", (*r.path, "serial"))
+    model = r.text("model")
+    if model is not None and not _MODEL_RE.match(model):
+        r.fail("model must be 1-40 printable ASCII characters", (*r.path, "model"))
+    namespaces = [_namespace(n) for n in r.tables("namespace")]
+    first: dict[int, int] = {}
+    for i, ns in enumerate(namespaces):
+        if ns.nsid in first:
+            r.fail(f"duplicate NSID {ns.nsid} (first in namespace[{first[ns.nsid]}])",
+                   (*r.path, "namespace", i, "nsid"))
+        first[ns.nsid] = i
+    max_ns = r.integer("max_namespaces", lo=1, hi=1024)
+    if max_ns is not None and namespaces and max(first) > max_ns:
+        r.fail(f"max_namespaces {max_ns} is below the highest NSID {max(first)}",
+               (*r.path, "max_namespaces"))
+    return Subsystem(nqn=nqn, namespaces=tuple(namespaces), hosts=tuple(hosts),
+                     allow_any_host=allow_any, serial=serial, model=model, max_namespaces=max_ns)
+
+
+def _namespace(r: _Reader) -> Namespace:
+    r.check_keys({"nsid", "backing", "path", "size", "create", "lba", "bdev", "bdev_name",
+                  "uuid", "nguid", "buffered_io", "nvme"})
+    nsid = r.integer("nsid", required=True, lo=1, hi=0xFFFFFFFE)
+    assert nsid is not None
+    path = r.text("path")
+    nvme_tab = r.table("nvme")
+    default_backing = "nvme" if nvme_tab is not None else ("file" if path else "memory")
+    backing = r.choice("backing", BACKINGS, default_backing) or default_backing
+    size = r.size("size")
+    create = r.flag("create", False)
+    lba = r.integer("lba")
+    if lba is not None and lba not in (512, 4096):
+        r.fail(f"lba must be 512 or 4096, got {lba}", (*r.path, "lba"))
+    bdev_module = r.choice("bdev", ("aio", "uring"), "aio") or "aio"
+    bdev_name = r.text("bdev_name")
+    if bdev_name is not None and not _BDEV_NAME_RE.match(bdev_name):
+        r.fail("bdev_name must be 1-64 of A-Z a-z 0-9 _ . -", (*r.path, "bdev_name"))
+    uuid = r.text("uuid")
+    if uuid is not None and not _UUID_RE.match(uuid):
+        r.fail("expected a UUID like 3f1c...-....-....-....-............", (*r.path, "uuid"))
+    nguid = r.text("nguid")
+    if nguid is not None:
+        nguid = nguid.replace("-", "").replace(":", "")
+        if not _NGUID_RE.match(nguid):
+            r.fail("nguid must be 32 hex digits", (*r.path, "nguid"))
+    buffered = r.flag("buffered_io", False)
+    nvme = None
+    if backing == "memory":
+        if path is not None:
+            r.fail("a memory namespace has no path (use backing = \"file\")", (*r.path, "path"))
+        if size is None:
+            r.fail("a memory namespace needs size (e.g. size = \"1GiB\")", (*r.path, "size"))
+        if create:
+            r.fail("create applies to file namespaces only", (*r.path, "create"))
+    elif backing in ("file", "block"):
+        if path is None:
+            r.fail(f"a {backing} namespace needs path", (*r.path, "path"))
+        assert path is not None
+        if not os.path.isabs(path):
+            r.fail(f"path must be absolute, got {path!r}", (*r.path, "path"))
+        if backing == "block" and create:
+            r.fail("create applies to file namespaces only", (*r.path, "create"))
+        if create and size is None:
+            r.fail("create = true needs size", (*r.path, "size"))
+    else:  # nvme
+        if nvme_tab is None:
+            r.fail("an nvme namespace needs an [nvme] table (trtype, traddr)", (*r.path, "nvme"))
+        assert nvme_tab is not None
+        nvme_tab.check_keys({"trtype", "traddr", "adrfam", "trsvcid", "subnqn", "namespace"})
+        trtype = nvme_tab.choice("trtype", ("pcie", "tcp", "rdma"), "pcie") or "pcie"
+        nvme = NvmeAttach(
+            trtype={"pcie": "PCIe", "tcp": "TCP", "rdma": "RDMA"}[trtype],
+            traddr=nvme_tab.text("traddr", required=True) or "",
+            adrfam=nvme_tab.text("adrfam"), trsvcid=nvme_tab.text("trsvcid"),
+            subnqn=nvme_tab.text("subnqn"), namespace=nvme_tab.integer("namespace", 1, lo=1) or 1)
+        if path is not None or size is not None:
+            r.fail("an nvme namespace takes neither path nor size", (*r.path, "path"))
+    if size is not None and lba is not None and size % lba:
+        r.fail(f"size {size} is not a multiple of lba {lba}", (*r.path, "size"))
+    if size is not None and size % 512:
+        r.fail(f"size {size} is not a multiple of 512", (*r.path, "size"))
+    return Namespace(nsid=nsid, backing=backing, path=path, size=size,  # type: ignore[arg-type]
+                     create=create, lba=lba, bdev_module=bdev_module,  # type: ignore[arg-type]
+                     bdev_name=bdev_name, uuid=uuid, nguid=nguid, buffered_io=buffered, nvme=nvme)
+
+
+def _listener(r: _Reader, index: int, all_nqns: list[str]) -> Listener:
+    r.check_keys({"id", "transport", "address", "port", "subsystems", "inline_data_size"})
+    lid = r.integer("id", index + 1, lo=0, hi=65535)
+    transport = r.choice("transport", TRANSPORTS, "tcp") or "tcp"
+    address = r.text("address", "127.0.0.1") or "127.0.0.1"
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        r.fail(f"address must be an IPv4 or IPv6 literal, got {address!r}", (*r.path, "address"))
+    port = r.integer("port", DEFAULT_PORT, lo=1, hi=65535)
+    subsystems = r.str_list("subsystems") if r.has("subsystems") else list(all_nqns)
+    if not subsystems:
+        r.fail("a listener needs at least one subsystem", (*r.path, "subsystems"))
+    inline = r.size("inline_data_size")
+    return Listener(id=lid or 0, transport=transport, address=address, port=port or DEFAULT_PORT,
+                    family="ipv4" if ip.version == 4 else "ipv6",
+                    subsystems=tuple(subsystems), inline_data_size=inline)
+
+
+def is_local_address(address: str) -> bool:
+    """True for loopback addresses, the only ones allowed without ``--allow-remote``."""
+    return ipaddress.ip_address(address).is_loopback
+
+
+def validate(cfg: TargetConfig, *, allow_remote: bool = False, check_paths: bool = True) -> None:
+    """Checks that depend on the machine or the backend (run again by ``up`` itself)."""
+    def fail(message: str, *path: str | int) -> None:
+        file, line = cfg.where(*path)
+        raise InputError(message, file=file, line=line, field=_field_name(path))
+
+    for i, lst in enumerate(cfg.listeners):
+        if not allow_remote and not is_local_address(lst.address):
+            fail(f"address {lst.address} is not local: targets listen on loopback unless "
+                 "--allow-remote is given", "listener", i, "address")
+        if lst.transport == "rdma" and cfg.backend == "emulator":
+            fail("the emulator speaks NVMe/TCP only", "listener", i, "transport")
+    for si, sub in enumerate(cfg.subsystems):
+        for ni, ns in enumerate(sub.namespaces):
+            at = ("subsystem", si, "namespace", ni)
+            if cfg.backend == "nvmet" and ns.backing in ("memory", "nvme"):
+                fail(f"the nvmet backend cannot serve a {ns.backing} namespace: give a path to a "
+                     "block device or file (e.g. /dev/ram0, or a file on tmpfs with "
+                     "buffered_io = true)", *at, "backing")
+            if cfg.backend == "emulator" and ns.backing == "nvme":
+                fail("the emulator cannot attach NVMe controllers (SPDK only)", *at, "backing")
+            if cfg.backend == "spdk" and ns.buffered_io:
+                fail("buffered_io is an nvmet option", *at, "buffered_io")
+            if check_paths and ns.backing in ("file", "block") and ns.path is not None:
+                _check_backing(ns, fail, at)
+    for i, t in enumerate(cfg.transports):
+        if cfg.backend != "spdk" and (t.io_unit_size or t.max_io_size or t.max_queue_depth
+                                      or t.max_io_qpairs_per_ctrlr):
+            fail("io_unit_size, max_io_size, max_queue_depth and max_io_qpairs_per_ctrlr are "
+                 "SPDK transport options", "transport", i)
+
+
+def _check_backing(ns: Namespace, fail: Any, at: tuple[str | int, ...]) -> None:
+    assert ns.path is not None
+    try:
+        st = os.stat(ns.path)
+    except FileNotFoundError:
+        if ns.backing == "file" and ns.create:
+            parent = os.path.dirname(ns.path) or "/"
+            if not os.path.isdir(parent):
+                fail(f"cannot create {ns.path}: directory {parent} does not exist", *at, "path")
+            return
+        fail(f"backing path {ns.path} does not exist"
+             + (" (add create = true and size to create it)" if ns.backing == "file" else ""),
+             *at, "path")
+        return
+    except OSError as exc:
+        fail(f"cannot stat {ns.path}: {exc.strerror}", *at, "path")
+        return
+    if ns.backing == "block" and not stat.S_ISBLK(st.st_mode):
+        fail(f"{ns.path} is not a block device", *at, "path")
+    if ns.backing == "file" and not (stat.S_ISREG(st.st_mode) or stat.S_ISBLK(st.st_mode)):
+        fail(f"{ns.path} is neither a regular file nor a block device", *at, "path")

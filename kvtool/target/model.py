@@ -1,0 +1,168 @@
+"""The desired state of an NVMe-oF target, independent of the backend that realises it.
+
+One :class:`TargetConfig` describes subsystems (each with namespaces and allowed hosts),
+listeners (transport, address, port and the subsystems reachable there), optional per-host
+secrets and optional transport tuning. Backends translate it into their own objects
+(configfs directories for ``nvmet``, JSON-RPC calls for ``spdk``, a process for the
+emulator's userspace engine).
+
+Invariants (enforced by :mod:`kvtool.target.loader`, relied on by every backend):
+
+* subsystem NQNs are unique and well formed; NSIDs are unique within a subsystem;
+* every listener names existing subsystems; no two listeners share (transport, address, port);
+* a subsystem either allows any host or lists its hosts (it may list none: nobody connects);
+* ``Namespace.backing`` decides which of ``path``/``size``/``nvme`` are set.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+BackendName = Literal["nvmet", "spdk", "emulator"]
+Engine = Literal["auto", "kernel", "qemu", "userspace"]
+Backing = Literal["memory", "file", "block", "nvme"]
+
+BACKENDS: tuple[str, ...] = ("nvmet", "spdk", "emulator")
+ENGINES: tuple[str, ...] = ("auto", "kernel", "qemu", "userspace")
+BACKINGS: tuple[str, ...] = ("memory", "file", "block", "nvme")
+TRANSPORTS: tuple[str, ...] = ("tcp", "rdma")
+DISCOVERY_NQN = "nqn.2014-08.org.nvmexpress.discovery"
+DEFAULT_PORT = 4420
+
+
+@dataclass(frozen=True)
+class NvmeAttach:
+    """An NVMe controller SPDK attaches to (``bdev_nvme_attach_controller``)."""
+
+    trtype: str  # "PCIe" | "TCP" | "RDMA"
+    traddr: str  # PCI BDF or IP
+    adrfam: str | None = None
+    trsvcid: str | None = None
+    subnqn: str | None = None
+    namespace: int = 1  # which namespace of that controller (bdev "<name>n<namespace>")
+
+
+@dataclass(frozen=True)
+class Namespace:
+    nsid: int
+    backing: Backing
+    path: str | None = None  # file or block device (backing file/block)
+    size: int | None = None  # bytes: memory size, or size of a file created with ``create``
+    create: bool = False  # create the backing file (sparse) when it is missing
+    lba: int | None = None  # LBA data size; None = what the backing gives (512 for memory)
+    bdev_module: Literal["aio", "uring"] = "aio"  # SPDK module for file/block backing
+    bdev_name: str | None = None  # SPDK bdev name; derived when None
+    uuid: str | None = None
+    nguid: str | None = None
+    buffered_io: bool = False  # nvmet file backing: page cache instead of O_DIRECT
+    nvme: NvmeAttach | None = None
+
+    @property
+    def block_size(self) -> int:
+        return self.lba or 512
+
+
+@dataclass(frozen=True)
+class Subsystem:
+    nqn: str
+    namespaces: tuple[Namespace, ...] = ()
+    hosts: tuple[str, ...] = ()
+    allow_any_host: bool = False
+    serial: str | None = None
+    model: str | None = None
+    max_namespaces: int | None = None  # SPDK only
+
+    def namespace(self, nsid: int) -> Namespace | None:
+        return next((n for n in self.namespaces if n.nsid == nsid), None)
+
+
+@dataclass(frozen=True)
+class Listener:
+    """One transport address. nvmet: a configfs port (``id``); SPDK: a listener per subsystem."""
+
+    id: int
+    transport: str  # "tcp" | "rdma"
+    address: str
+    port: int
+    family: str  # "ipv4" | "ipv6"
+    subsystems: tuple[str, ...]
+    inline_data_size: int | None = None  # nvmet port param
+
+
+@dataclass(frozen=True)
+class Host:
+    nqn: str
+    dhchap_key: str | None = None
+    dhchap_ctrl_key: str | None = None
+
+
+@dataclass(frozen=True)
+class Transport:
+    """Transport tuning (SPDK ``nvmf_create_transport``; nvmet maps ``in_capsule_data_size``)."""
+
+    type: str
+    io_unit_size: int | None = None
+    in_capsule_data_size: int | None = None
+    max_io_size: int | None = None
+    max_queue_depth: int | None = None
+    max_io_qpairs_per_ctrlr: int | None = None
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    name: str
+    backend: BackendName
+    subsystems: tuple[Subsystem, ...]
+    listeners: tuple[Listener, ...]
+    hosts: tuple[Host, ...] = ()
+    transports: tuple[Transport, ...] = ()
+    engine: Engine = "auto"
+    nvmet_root: str | None = None
+    spdk_socket: str | None = None
+    spdk_timeout: float = 60.0
+    source: str | None = None  # the file it came from, for messages
+    locator: Any = field(default=None, compare=False, repr=False)  # tomlpos.Locator
+
+    def subsystem(self, nqn: str) -> Subsystem | None:
+        return next((s for s in self.subsystems if s.nqn == nqn), None)
+
+    def host(self, nqn: str) -> Host | None:
+        return next((h for h in self.hosts if h.nqn == nqn), None)
+
+    def all_host_nqns(self) -> list[str]:
+        """Every host NQN the config mentions (allowed hosts and [[host]] entries), sorted."""
+        names = {h.nqn for h in self.hosts}
+        for s in self.subsystems:
+            names.update(s.hosts)
+        return sorted(names)
+
+    def listeners_of(self, nqn: str) -> list[Listener]:
+        return [lst for lst in self.listeners if nqn in lst.subsystems]
+
+    def transport(self, trtype: str) -> Transport | None:
+        return next((t for t in self.transports if t.type == trtype), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as plain data (no source/locator); stable across runs."""
+        d = asdict(self)
+        d.pop("locator", None)
+        d.pop("source", None)
+        return d
+
+    def digest(self) -> str:
+        """SHA-256 of the desired state: equal digests mean nothing to change."""
+        text = json.dumps(self.to_dict(), sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def where(self, *path: str | int) -> tuple[str | None, int | None]:
+        """(file, line) of a key path such as ("subsystem", 0, "namespace", 1, "nsid")."""
+        line = self.locator.line(path) if self.locator is not None else None
+        return self.source, line
+
+
+def source_name(path: str | Path | None) -> str | None:
+    return None if path is None else str(path)

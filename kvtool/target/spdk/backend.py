@@ -1,0 +1,478 @@
+"""The SPDK backend: plan JSON-RPC calls that turn a running ``spdk_tgt`` into the config.
+
+State is read with ``spdk_get_version``, ``nvmf_get_transports``, ``nvmf_get_subsystems``,
+``bdev_get_bdevs`` and ``bdev_nvme_get_controllers``. The config owns its subsystems (by
+NQN) and the bdevs it names (``bdev_name``, or ``kvt<hash>n<nsid>`` derived from the
+subsystem NQN and NSID, so re-runs find them). Transports are shared by every subsystem of
+the application and SPDK cannot delete one, so ``up`` creates a missing transport (the one
+step it cannot undo; see :attr:`Plan.notes`) and ``down`` leaves transports alone.
+
+Order (create): transport → bdevs → subsystem → namespaces → hosts → listeners (hosts can
+connect only once everything behind the listener exists). Teardown is the reverse, and every
+step carries the call that undoes it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from kvtool.errors import InputError
+from kvtool.target.model import DISCOVERY_NQN, Namespace, Subsystem, TargetConfig
+from kvtool.target.nvmet.backend import _create_file
+from kvtool.target.plan import Plan
+from kvtool.target.spdk.rpc import DEFAULT_SOCKET, SpdkRpc
+
+# nvmf_create_transport's io_unit_size was removed in SPDK 26.01 (schema/schema.yaml has no
+# such parameter; the buffer size is set at start-up with iobuf_set_options).
+IO_UNIT_SIZE_LAST_MAJOR = 25
+
+
+def bdev_name_for(nqn: str, ns: Namespace) -> str:
+    """The bdev a namespace uses: its ``bdev_name``, else a stable name from NQN and NSID."""
+    if ns.bdev_name:
+        return ns.bdev_name
+    h = hashlib.sha1(nqn.encode()).hexdigest()[:8]
+    if ns.backing == "nvme":
+        assert ns.nvme is not None
+        return f"kvt{h}c{ns.nsid}n{ns.nvme.namespace}"
+    return f"kvt{h}n{ns.nsid}"
+
+
+def nvme_controller_name(bdev: str) -> str:
+    """``bdev_nvme_attach_controller`` names bdevs ``<controller>n<k>``."""
+    return bdev.rsplit("n", 1)[0]
+
+
+def bdev_create_call(nqn: str, ns: Namespace) -> tuple[str, dict[str, Any]]:
+    """The RPC (method, params) that creates the bdev behind ``ns``."""
+    name = bdev_name_for(nqn, ns)
+    if ns.backing == "memory":
+        assert ns.size is not None
+        params: dict[str, Any] = {"name": name, "block_size": ns.block_size,
+                                  "num_blocks": ns.size // ns.block_size}
+        if ns.uuid:
+            params["uuid"] = ns.uuid
+        return "bdev_malloc_create", params
+    if ns.backing in ("file", "block"):
+        params = {"name": name, "filename": ns.path}
+        if ns.lba:
+            params["block_size"] = ns.lba
+        if ns.uuid:
+            params["uuid"] = ns.uuid
+        return f"bdev_{ns.bdev_module}_create", params
+    assert ns.nvme is not None
+    a = ns.nvme
+    params = {"name": nvme_controller_name(name), "trtype": a.trtype, "traddr": a.traddr}
+    for key in ("adrfam", "trsvcid", "subnqn"):
+        if getattr(a, key):
+            params[key] = getattr(a, key)
+    return "bdev_nvme_attach_controller", params
+
+
+def bdev_delete_call(ns_backing: str, bdev: str, module: str = "aio") -> tuple[str, dict[str, Any]]:
+    if ns_backing == "memory":
+        return "bdev_malloc_delete", {"name": bdev}
+    if ns_backing in ("file", "block"):
+        return f"bdev_{module}_delete", {"name": bdev}
+    return "bdev_nvme_detach_controller", {"name": nvme_controller_name(bdev)}
+
+
+def listen_address(lst: Any) -> dict[str, str]:
+    return {"trtype": lst.transport.upper(), "adrfam": "IPv4" if lst.family == "ipv4" else "IPv6",
+            "traddr": lst.address, "trsvcid": str(lst.port)}
+
+
+def transport_params(cfg: TargetConfig, trtype: str, major: int | None) -> dict[str, Any]:
+    params: dict[str, Any] = {"trtype": trtype.upper()}
+    t = cfg.transport(trtype)
+    if t is None:
+        return params
+    for key in ("in_capsule_data_size", "max_io_size", "max_queue_depth", "max_io_qpairs_per_ctrlr"):
+        v = getattr(t, key)
+        if v is not None:
+            params[key] = v
+    if t.io_unit_size is not None:
+        if major is not None and major > IO_UNIT_SIZE_LAST_MAJOR:
+            i = cfg.transports.index(t)
+            file, line = cfg.where("transport", i, "io_unit_size")
+            raise InputError(f"SPDK v{major} removed io_unit_size from nvmf_create_transport; "
+                             "set the buffer size when starting spdk_tgt (iobuf_set_options "
+                             "large_bufsize) and drop this key", file=file, line=line,
+                             field=f"transport[{i}].io_unit_size")
+        params["io_unit_size"] = t.io_unit_size
+    return params
+
+
+def _same_addr(a: dict[str, Any], b: dict[str, str]) -> bool:
+    return (str(a.get("trtype", "")).upper() == b["trtype"] and a.get("traddr") == b["traddr"]
+            and str(a.get("trsvcid", "")) == b["trsvcid"])
+
+
+class SpdkBackend:
+    """Plans and reads SPDK NVMe-oF state over JSON-RPC."""
+
+    name = "spdk"
+
+    def __init__(self, rpc: SpdkRpc | None = None, *, socket_path: str | None = None,
+                 timeout: float = 60.0) -> None:
+        self.rpc = rpc or SpdkRpc(socket_path or DEFAULT_SOCKET, timeout)
+
+    # ------------------------------------------------------------ reading
+    def version(self) -> tuple[str, int | None]:
+        v = self.rpc.call("spdk_get_version")
+        fields = v.get("fields") or {}
+        major = fields.get("major")
+        return str(v.get("version", "")), int(major) if isinstance(major, int) else None
+
+    def read(self) -> dict[str, Any]:
+        return {
+            "transports": self.rpc.call("nvmf_get_transports"),
+            "subsystems": {s["nqn"]: s for s in self.rpc.call("nvmf_get_subsystems")},
+            "bdevs": {b["name"]: b for b in self.rpc.call("bdev_get_bdevs")},
+            "controllers": {c["name"]: c for c in self.rpc.call("bdev_nvme_get_controllers")},
+        }
+
+    def _call(self, method: str, params: dict[str, Any]) -> Callable[[], Any]:
+        return partial(self.rpc.call, method, params)
+
+    # ------------------------------------------------------------ up
+    def plan_up(self, cfg: TargetConfig, previous: TargetConfig | None = None) -> Plan:
+        plan = Plan(self.name, "up")
+        for i, h in enumerate(cfg.hosts):
+            if h.dhchap_key:
+                file, line = cfg.where("host", i, "dhchap_key")
+                raise InputError("the SPDK backend takes DH-HMAC-CHAP keys from its keyring "
+                                 "(keyring_file_add_key), not inline secrets; remove this key "
+                                 "or use the nvmet backend", file=file, line=line,
+                                 field=f"host[{i}].dhchap_key")
+        version, major = self.version()
+        plan.notes.append(f"target: {version}")
+        live = self.read()
+        if previous is not None:
+            gone = [s for s in previous.subsystems if cfg.subsystem(s.nqn) is None]
+            if gone:
+                stale = TargetConfig(name=previous.name, backend="spdk", subsystems=tuple(gone),
+                                     listeners=())
+                plan.steps.extend(self._down_steps(stale, live))
+
+        have_tr = {str(t.get("trtype", "")).upper(): t for t in live["transports"]}
+        for trtype in sorted({lst.transport for lst in cfg.listeners} | {t.type for t in cfg.transports}):
+            want = transport_params(cfg, trtype, major)
+            have = have_tr.get(trtype.upper())
+            if have is None:
+                plan.add("create", "transport", trtype.upper(),
+                         ", ".join(f"{k}={v}" for k, v in want.items() if k != "trtype"),
+                         self._call("nvmf_create_transport", want))  # SPDK cannot delete one
+                plan.notes.append(f"transport {trtype.upper()} is created once and kept: "
+                                  "SPDK has no RPC to delete a transport")
+            else:
+                diff = {k: v for k, v in want.items() if k != "trtype" and k in have and have[k] != v}
+                if diff:
+                    plan.notes.append(f"transport {trtype.upper()} already exists with "
+                                      f"{', '.join(f'{k}={have[k]}' for k in diff)}; SPDK cannot "
+                                      "change a live transport (restart spdk_tgt to apply "
+                                      f"{', '.join(f'{k}={v}' for k, v in diff.items())})")
+
+        for sub in cfg.subsystems:
+            self._plan_subsystem(plan, sub, cfg, live)
+        return plan
+
+    def _bdev_stale(self, sub: Subsystem, ns: Namespace, live: dict[str, Any]) -> bool:
+        """True when the namespace's bdev is missing or differs from the config."""
+        have = live["bdevs"].get(bdev_name_for(sub.nqn, ns))
+        return have is None or not self._bdev_matches(ns, have)
+
+    def _plan_bdev(self, plan: Plan, sub: Subsystem, ns: Namespace, live: dict[str, Any]) -> None:
+        """Create the namespace's bdev (replacing a different one of the same name)."""
+        name = bdev_name_for(sub.nqn, ns)
+        method, params = bdev_create_call(sub.nqn, ns)
+        have = live["bdevs"].get(name)
+        if ns.create and ns.path and not os.path.exists(ns.path):
+            # spdk_tgt is local (Unix-socket RPC), so the file it opens is this machine's.
+            plan.add("create", "file", ns.path, f"{ns.size} bytes, sparse",
+                     partial(_create_file, ns.path, ns.size or 0), partial(os.unlink, ns.path))
+        delete = bdev_delete_call(ns.backing, name, ns.bdev_module)
+        if have is not None:
+            old = _recreate_call(have)
+            plan.add("delete", "bdev", name, "differs from the config",
+                     self._call(*delete_for_live(have)), self._call(*old) if old else None)
+        plan.add("create", "bdev", name, _bdev_label(method, params), self._call(method, params),
+                 self._call(*delete))
+
+    @staticmethod
+    def _bdev_matches(ns: Namespace, have: dict[str, Any]) -> bool:
+        if ns.backing == "memory":
+            return (have.get("block_size") == ns.block_size and ns.size is not None
+                    and have.get("num_blocks") == ns.size // ns.block_size)
+        if ns.backing in ("file", "block"):
+            spec = (have.get("driver_specific") or {}).get(ns.bdev_module) or {}
+            return (spec.get("filename") in (None, ns.path)
+                    and (ns.lba is None or have.get("block_size") == ns.lba))
+        return True
+
+    def _plan_subsystem(self, plan: Plan, sub: Subsystem, cfg: TargetConfig,
+                        live: dict[str, Any]) -> None:
+        have = live["subsystems"].get(sub.nqn)
+        stale = [ns for ns in sub.namespaces if self._bdev_stale(sub, ns, live)]
+        recreated = {ns.nsid for ns in stale}
+        nqn = sub.nqn
+        # Namespaces come off before their bdev is replaced (deleting a bdev in use would
+        # hot-remove the namespace behind the plan's back).
+        have_ns = {n["nsid"]: n for n in (have or {}).get("namespaces", [])}
+        for nsid, n in have_ns.items():
+            spec = sub.namespace(nsid)
+            if spec is None or nsid in recreated or n.get("bdev_name") != bdev_name_for(nqn, spec):
+                plan.add("delete", "namespace", f"{nqn} nsid {nsid}", n.get("bdev_name", ""),
+                         self._call("nvmf_subsystem_remove_ns", {"nqn": nqn, "nsid": nsid}),
+                         self._call("nvmf_subsystem_add_ns", {"nqn": nqn, "namespace": {
+                             "nsid": nsid, "bdev_name": n.get("bdev_name")}}))
+        for ns in stale:
+            self._plan_bdev(plan, sub, ns, live)
+        if have is None:
+            params: dict[str, Any] = {"nqn": sub.nqn, "allow_any_host": sub.allow_any_host}
+            if sub.serial:
+                params["serial_number"] = sub.serial
+            if sub.model:
+                params["model_number"] = sub.model
+            if sub.max_namespaces:
+                params["max_namespaces"] = sub.max_namespaces
+            plan.add("create", "subsystem", sub.nqn, "", self._call("nvmf_create_subsystem", params),
+                     self._call("nvmf_delete_subsystem", {"nqn": sub.nqn}))
+            have = {"namespaces": [], "hosts": [], "listen_addresses": [],
+                    "allow_any_host": sub.allow_any_host}
+        else:
+            for key, want in (("serial_number", sub.serial), ("model_number", sub.model)):
+                if want is not None and have.get(key) not in (None, want):
+                    plan.notes.append(f"{sub.nqn}: {key} is {have.get(key)!r}, config says "
+                                      f"{want!r}; SPDK cannot change it on a live subsystem "
+                                      "(target down, then up)")
+        for ns in sub.namespaces:
+            n = have_ns.get(ns.nsid)
+            if n is not None and ns.nsid not in recreated and n.get("bdev_name") == bdev_name_for(nqn, ns):
+                continue
+            body: dict[str, Any] = {"nsid": ns.nsid, "bdev_name": bdev_name_for(nqn, ns)}
+            if ns.uuid:
+                body["uuid"] = ns.uuid
+            if ns.nguid:
+                body["nguid"] = ns.nguid
+            plan.add("create", "namespace", f"{nqn} nsid {ns.nsid}", body["bdev_name"],
+                     self._call("nvmf_subsystem_add_ns", {"nqn": nqn, "namespace": body}),
+                     self._call("nvmf_subsystem_remove_ns", {"nqn": nqn, "nsid": ns.nsid}))
+
+        have_hosts = [h["nqn"] if isinstance(h, dict) else h for h in have.get("hosts", [])]
+        for h in have_hosts:
+            if h not in sub.hosts:
+                plan.add("delete", "host", f"{nqn} host {h}", "not in config",
+                         self._call("nvmf_subsystem_remove_host", {"nqn": nqn, "host": h}),
+                         self._call("nvmf_subsystem_add_host", {"nqn": nqn, "host": h}))
+        if bool(have.get("allow_any_host")) != sub.allow_any_host:
+            plan.add("update", "subsystem", nqn, f"allow_any_host={sub.allow_any_host}",
+                     self._call("nvmf_subsystem_allow_any_host",
+                                {"nqn": nqn, "allow_any_host": sub.allow_any_host}),
+                     self._call("nvmf_subsystem_allow_any_host",
+                                {"nqn": nqn, "allow_any_host": not sub.allow_any_host}))
+        for h in sub.hosts:
+            if h not in have_hosts:
+                plan.add("create", "host", f"{nqn} host {h}", "",
+                         self._call("nvmf_subsystem_add_host", {"nqn": nqn, "host": h}),
+                         self._call("nvmf_subsystem_remove_host", {"nqn": nqn, "host": h}))
+
+        want_addrs = [listen_address(lst) for lst in cfg.listeners_of(nqn)]
+        have_addrs = have.get("listen_addresses", [])
+        for a in have_addrs:
+            if not any(_same_addr(a, w) for w in want_addrs):
+                addr = _addr(a)
+                plan.add("delete", "listener", f"{nqn} {_label(addr)}", "not in config",
+                         self._call("nvmf_subsystem_remove_listener", {"nqn": nqn, "listen_address": addr}),
+                         self._call("nvmf_subsystem_add_listener", {"nqn": nqn, "listen_address": addr}))
+        for w in want_addrs:
+            if not any(_same_addr(a, w) for a in have_addrs):
+                plan.add("create", "listener", f"{nqn} {_label(w)}", "",
+                         self._call("nvmf_subsystem_add_listener", {"nqn": nqn, "listen_address": w}),
+                         self._call("nvmf_subsystem_remove_listener", {"nqn": nqn, "listen_address": w}))
+
+    # ------------------------------------------------------------ down
+    def plan_down(self, cfg: TargetConfig) -> Plan:
+        plan = Plan(self.name, "down")
+        plan.steps.extend(self._down_steps(cfg, self.read()))
+        plan.notes.append("transports are kept (shared by the whole application)")
+        return plan
+
+    def _down_steps(self, cfg: TargetConfig, live: dict[str, Any]) -> list[Any]:
+        plan = Plan(self.name, "down")
+        for sub in cfg.subsystems:
+            have = live["subsystems"].get(sub.nqn)
+            nqn = sub.nqn
+            if have is not None:
+                for a in have.get("listen_addresses", []):
+                    addr = _addr(a)
+                    la = {"nqn": nqn, "listen_address": addr}
+                    plan.add("delete", "listener", f"{nqn} {_label(addr)}", "",
+                             self._call("nvmf_subsystem_remove_listener", la),
+                             self._call("nvmf_subsystem_add_listener", la))
+                for n in have.get("namespaces", []):
+                    plan.add("delete", "namespace", f"{nqn} nsid {n['nsid']}", n.get("bdev_name", ""),
+                             self._call("nvmf_subsystem_remove_ns", {"nqn": nqn, "nsid": n["nsid"]}),
+                             self._call("nvmf_subsystem_add_ns", {"nqn": nqn, "namespace": {
+                                 "nsid": n["nsid"], "bdev_name": n.get("bdev_name")}}))
+                for h in have.get("hosts", []):
+                    host = h["nqn"] if isinstance(h, dict) else h
+                    plan.add("delete", "host", f"{nqn} host {host}", "",
+                             self._call("nvmf_subsystem_remove_host", {"nqn": nqn, "host": host}),
+                             self._call("nvmf_subsystem_add_host", {"nqn": nqn, "host": host}))
+                recreate: dict[str, Any] = {"nqn": nqn,
+                                            "allow_any_host": bool(have.get("allow_any_host"))}
+                for key in ("serial_number", "model_number", "max_namespaces"):
+                    if have.get(key):
+                        recreate[key] = have[key]
+                plan.add("delete", "subsystem", nqn, "",
+                         self._call("nvmf_delete_subsystem", {"nqn": nqn}),
+                         self._call("nvmf_create_subsystem", recreate))
+            for ns in sub.namespaces:
+                name = bdev_name_for(nqn, ns)
+                b = live["bdevs"].get(name)
+                if b is None:
+                    continue
+                old = _recreate_call(b)
+                plan.add("delete", "bdev", name, "",
+                         self._call(*delete_for_live(b)), self._call(*old) if old else None)
+        return plan.steps
+
+    # ------------------------------------------------------------ status / export
+    def status(self, cfg: TargetConfig) -> dict[str, Any]:
+        version, _ = self.version()
+        live = self.read()
+        subsystems = []
+        for sub in cfg.subsystems:
+            have = live["subsystems"].get(sub.nqn)
+            if have is None:
+                subsystems.append({"nqn": sub.nqn, "state": "absent", "namespaces": [],
+                                   "listeners": [], "hosts": [], "allow_any_host": False})
+                continue
+            namespaces = []
+            for n in have.get("namespaces", []):
+                b = live["bdevs"].get(n.get("bdev_name"), {})
+                bs, nb = b.get("block_size"), b.get("num_blocks")
+                namespaces.append({"nsid": n["nsid"], "enabled": True, "backing": n.get("bdev_name"),
+                                   "size": bs * nb if bs and nb else None, "block_size": bs})
+            listeners = [{"id": None, "transport": str(a.get("trtype", "")).lower(),
+                          "address": a.get("traddr"), "port": int(a.get("trsvcid") or 0),
+                          "family": str(a.get("adrfam", "")).lower()}
+                         for a in have.get("listen_addresses", [])]
+            hosts = [h["nqn"] if isinstance(h, dict) else h for h in have.get("hosts", [])]
+            subsystems.append({"nqn": sub.nqn, "state": "up" if listeners else "no listener",
+                               "allow_any_host": bool(have.get("allow_any_host")), "hosts": hosts,
+                               "namespaces": namespaces, "listeners": listeners})
+        return {"backend": self.name, "spdk_version": version, "socket": self.rpc.socket_path,
+                "subsystems": subsystems}
+
+    def live_config(self) -> dict[str, Any]:
+        """``framework_get_config`` of the bdev and nvmf subsystems, as ``save_config`` writes."""
+        out = []
+        for name in ("bdev", "nvmf"):
+            out.append({"subsystem": name, "config": self.rpc.call("framework_get_config", {"name": name})})
+        return {"subsystems": out}
+
+
+def spdk_config(cfg: TargetConfig, major: int | None = None) -> dict[str, Any]:
+    """The desired state as SPDK's JSON config (``spdk_tgt -c FILE`` / ``load_config``)."""
+    bdev_calls: list[dict[str, Any]] = []
+    nvmf_calls: list[dict[str, Any]] = []
+    for trtype in sorted({lst.transport for lst in cfg.listeners} | {t.type for t in cfg.transports}):
+        nvmf_calls.append({"method": "nvmf_create_transport",
+                           "params": transport_params(cfg, trtype, major)})
+    for sub in cfg.subsystems:
+        for ns in sub.namespaces:
+            method, params = bdev_create_call(sub.nqn, ns)
+            bdev_calls.append({"method": method, "params": params})
+        params = {"nqn": sub.nqn, "allow_any_host": sub.allow_any_host}
+        if sub.serial:
+            params["serial_number"] = sub.serial
+        if sub.model:
+            params["model_number"] = sub.model
+        if sub.max_namespaces:
+            params["max_namespaces"] = sub.max_namespaces
+        nvmf_calls.append({"method": "nvmf_create_subsystem", "params": params})
+        for ns in sub.namespaces:
+            body: dict[str, Any] = {"nsid": ns.nsid, "bdev_name": bdev_name_for(sub.nqn, ns)}
+            if ns.uuid:
+                body["uuid"] = ns.uuid
+            if ns.nguid:
+                body["nguid"] = ns.nguid
+            nvmf_calls.append({"method": "nvmf_subsystem_add_ns",
+                               "params": {"nqn": sub.nqn, "namespace": body}})
+        for h in sub.hosts:
+            nvmf_calls.append({"method": "nvmf_subsystem_add_host",
+                               "params": {"nqn": sub.nqn, "host": h}})
+        for lst in cfg.listeners_of(sub.nqn):
+            nvmf_calls.append({"method": "nvmf_subsystem_add_listener",
+                               "params": {"nqn": sub.nqn, "listen_address": listen_address(lst)}})
+    return {"subsystems": [{"subsystem": "bdev", "config": bdev_calls},
+                           {"subsystem": "nvmf", "config": nvmf_calls}]}
+
+
+def delete_for_live(b: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The delete call for a live bdev, from its product name."""
+    product = str(b.get("product_name", "")).lower()
+    name = b["name"]
+    if "malloc" in product:
+        return "bdev_malloc_delete", {"name": name}
+    if "uring" in product:
+        return "bdev_uring_delete", {"name": name}
+    if "nvme" in product:
+        return "bdev_nvme_detach_controller", {"name": nvme_controller_name(name)}
+    return "bdev_aio_delete", {"name": name}
+
+
+def _recreate_call(b: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """A call that recreates a live bdev (for undo); None when it cannot be rebuilt."""
+    product = str(b.get("product_name", "")).lower()
+    name = b["name"]
+    spec = b.get("driver_specific") or {}
+    if "malloc" in product:
+        return "bdev_malloc_create", {"name": name, "block_size": b["block_size"],
+                                      "num_blocks": b["num_blocks"]}
+    for module in ("aio", "uring"):
+        if module in product and (spec.get(module) or {}).get("filename"):
+            return f"bdev_{module}_create", {"name": name, "filename": spec[module]["filename"],
+                                             "block_size": b["block_size"]}
+    if "nvme" in product:
+        nvme = spec.get("nvme")
+        entry = nvme[0] if isinstance(nvme, list) and nvme else nvme
+        trid = (entry or {}).get("trid") or {}
+        if trid.get("trtype") and trid.get("traddr"):
+            params = {"name": nvme_controller_name(name), "trtype": trid["trtype"],
+                      "traddr": trid["traddr"]}
+            for key in ("adrfam", "trsvcid", "subnqn"):
+                if trid.get(key):
+                    params[key] = trid[key]
+            return "bdev_nvme_attach_controller", params
+    return None
+
+
+def _addr(a: dict[str, Any]) -> dict[str, str]:
+    out = {"trtype": str(a.get("trtype", "")), "traddr": str(a.get("traddr", ""))}
+    if a.get("adrfam"):
+        out["adrfam"] = str(a["adrfam"])
+    if a.get("trsvcid"):
+        out["trsvcid"] = str(a["trsvcid"])
+    return out
+
+
+def _label(a: dict[str, str]) -> str:
+    return f"{a.get('trtype', '').lower()} {a.get('traddr')}:{a.get('trsvcid')}"
+
+
+def _bdev_label(method: str, params: dict[str, Any]) -> str:
+    if method == "bdev_malloc_create":
+        return f"malloc {params['num_blocks']} x {params['block_size']} B"
+    if method == "bdev_nvme_attach_controller":
+        return f"nvme {params['trtype']} {params['traddr']}"
+    return f"{method.split('_')[1]} {params['filename']}"
+
+
+__all__ = ["DISCOVERY_NQN", "SpdkBackend", "bdev_name_for", "spdk_config"]

@@ -1,0 +1,128 @@
+"""Where ``kvtool target up`` records what it brought up, so later commands find it.
+
+One JSON file per target name under the state directory:
+``$KVTOOL_STATE_DIR``, else ``/var/lib/kvtool`` when running as root, else
+``$XDG_STATE_HOME/kvtool`` (``~/.local/state/kvtool``); files live in ``targets/``.
+
+A record holds the backend and engine, the config's path, text and digest (the digest of
+the desired state: equal digests mean ``up`` has nothing to do), the background process
+(pid) when there is one, and the addresses hosts use (``nvme+tcp://`` URLs). Writes are
+atomic (temp file, fsync, rename), so a crash never leaves half a record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvtool.errors import InputError
+
+
+def state_dir() -> Path:
+    env = os.environ.get("KVTOOL_STATE_DIR")
+    if env:
+        return Path(env)
+    if os.geteuid() == 0:
+        return Path("/var/lib/kvtool")
+    xdg = os.environ.get("XDG_STATE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".local" / "state") / "kvtool"
+
+
+def targets_dir() -> Path:
+    """One ``<name>.json`` record per target."""
+    return state_dir() / "targets"
+
+
+def run_dir() -> Path:
+    """Engine files: generated configs, ready files, logs of background processes."""
+    return state_dir() / "run"
+
+
+@dataclass
+class TargetState:
+    name: str
+    backend: str
+    engine: str | None
+    config_path: str | None
+    config_text: str  # the config as applied (re-parsed to find what the target owns)
+    config_format: str  # "toml" | "json"
+    digest: str
+    created: float = field(default_factory=time.time)
+    pid: int | None = None  # background process (userspace target, QEMU supervisor)
+    endpoints: list[dict[str, Any]] = field(default_factory=list)  # per subsystem/namespace
+    extra: dict[str, Any] = field(default_factory=dict)  # engine details (control port, logs)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def path(self) -> Path:
+        return targets_dir() / f"{self.name}.json"
+
+
+def save(state: TargetState) -> Path:
+    path = state.path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, json.dumps(state.to_json(), indent=2, sort_keys=True).encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    with contextlib.suppress(OSError):
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    return path
+
+
+def load(name: str) -> TargetState | None:
+    path = targets_dir() / f"{name}.json"
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InputError(f"unreadable target state: {exc}", file=str(path)) from None
+    try:
+        return TargetState(**data)
+    except TypeError as exc:
+        raise InputError(f"target state has an unexpected shape: {exc}", file=str(path)) from None
+
+
+def remove(name: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        (targets_dir() / f"{name}.json").unlink()
+
+
+def names() -> list[str]:
+    d = targets_dir()
+    if not d.is_dir():
+        return []
+    return sorted(p.stem for p in d.glob("*.json"))
+
+
+def pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (exited, not yet reaped by its parent) counts as gone.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return True

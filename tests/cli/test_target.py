@@ -1,0 +1,208 @@
+"""``kvtool target``: the emulator end to end (userspace engine), bad input, exports."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kvtool.nvme import host as nvme_host
+from kvtool.target import state
+from kvtool.target.spdk import backend as spdk_backend
+from tests.conftest import FIXTURES, run, run_json
+from tests.target import spdk_schema
+
+HOST = "nqn.2014-08.org.nvmexpress:uuid:11111111-1111-4111-8111-111111111111"
+NQN = "nqn.2026-01.io.kvtool:clitest"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    d = tmp_path / "state"
+    monkeypatch.setenv("KVTOOL_STATE_DIR", str(d))
+    monkeypatch.setenv("KVTOOL_HOSTNQN", HOST)
+    yield d
+    for name in state.names():  # never leave a target process behind
+        run("target", "down", "--name", name)
+
+
+def write_config(tmp_path: Path, port: int, *, extra_ns: str = "") -> Path:
+    path = tmp_path / "emu.toml"
+    path.write_text(f"""
+backend = "emulator"
+name = "clitest"
+[emulator]
+engine = "userspace"
+[[subsystem]]
+nqn = "{NQN}"
+hosts = ["@local"]
+  [[subsystem.namespace]]
+  nsid = 1
+  size = "8MiB"
+  lba = 512
+  [[subsystem.namespace]]
+  nsid = 2
+  path = "{tmp_path}/ns2.img"
+  create = true
+  size = "4MiB"
+  lba = 4096
+{extra_ns}
+[[listener]]
+address = "127.0.0.1"
+port = {port}
+""")
+    return path
+
+
+@pytest.mark.integration
+def test_emulator_up_status_io_down(tmp_path: Path, state_dir: Path) -> None:
+    port = free_port()
+    cfg = write_config(tmp_path, port)
+
+    dry = run_json("target", "up", str(cfg), "--dry-run")
+    assert dry["dry_run"] and [s["action"] for s in dry["plan"]["steps"]] == ["start"]
+    assert state.names() == []
+
+    up = run_json("target", "up", str(cfg))
+    assert up["applied"] == 1 and up["status"]["state"] == "up"
+    st = run_json("target", "status")
+    assert st["engine"] == "userspace" and st["state"] == "up"
+    regs = {r["nsid"]: r for r in st["registrations"]}
+    assert regs[1] == {"nqn": NQN, "nsid": 1, "trtype": "tcp", "adrfam": "ipv4",
+                       "traddr": "127.0.0.1", "trsvcid": str(port), "size": 8 << 20,
+                       "block_size": 512, "url": f"nvme+tcp://127.0.0.1:{port}/{NQN}/1"}
+    assert (regs[2]["size"], regs[2]["block_size"]) == (4 << 20, 4096)
+
+    # a host reads and writes the namespaces through the URL status gave
+    url = run("target", "status", "--url").stdout.strip()
+    assert url == regs[1]["url"]
+    with nvme_host.connect("127.0.0.1", port, NQN, hostnqn=HOST) as ctrl:
+        pattern = os.urandom(4096)
+        ctrl.write(1, 8, pattern)
+        assert ctrl.read(1, 8, 8) == pattern
+        ctrl.write(2, 3, pattern)
+        assert ctrl.read(2, 3, 1) == pattern
+    assert (tmp_path / "ns2.img").read_bytes()[3 * 4096: 4 * 4096] == pattern
+
+    again = run_json("target", "up", str(cfg))
+    assert again["applied"] == 0 and again["plan"]["steps"] == []
+    assert again["status"]["pid"] == st["pid"]
+
+    disc = run_json("target", "discover", f"127.0.0.1:{port}")
+    assert any(e["subnqn"] == NQN and e["trsvcid"] == str(port) for e in disc["entries"])
+
+    human = run("target", "status")
+    assert human.exit_code == 0 and f"nvme+tcp://127.0.0.1:{port}/{NQN}/1" in human.stdout
+
+    down = run_json("target", "down", str(cfg))
+    assert [s["action"] for s in down["plan"]["steps"]] == ["stop"]
+    assert state.names() == []
+    assert not state.pid_alive(st["pid"])
+    with pytest.raises(OSError):
+        nvme_host.connect("127.0.0.1", port, NQN, hostnqn=HOST, timeout=2, reconnect=0)
+    # the file namespace keeps its data after down
+    assert (tmp_path / "ns2.img").read_bytes()[3 * 4096: 4 * 4096] == pattern
+
+
+@pytest.mark.integration
+def test_changed_config_restarts_and_failed_start_restores_the_old_target(
+        tmp_path: Path, state_dir: Path) -> None:
+    port = free_port()
+    cfg = write_config(tmp_path, port)
+    first = run_json("target", "up", str(cfg))
+    old_pid = first["status"]["pid"]
+    # the new config moves to a port someone else holds: its start fails half-way
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        bad = write_config(tmp_path, busy.getsockname()[1])
+        r = run("target", "up", str(bad))
+    assert r.exit_code == 1
+    assert "rolled back" in r.stderr and "the target is as it was" in r.stderr
+    st = run_json("target", "status")
+    assert st["state"] == "up"
+    assert run_json("target", "status", str(bad))["digest_matches"] is False
+    assert st["pid"] != old_pid  # restarted by the rollback, with the old config
+    with nvme_host.connect("127.0.0.1", port, NQN, hostnqn=HOST) as ctrl:
+        assert sorted(ctrl.active_namespaces()) == [1, 2]  # served again on the old port
+    moved = run_json("target", "up", str(write_config(tmp_path, free_port())))
+    assert [s["action"] for s in moved["plan"]["steps"]] == ["stop", "start"]
+
+
+@pytest.mark.parametrize("edit,field", [
+    (("lba = 512", "lba = 512\n  colour = 3"), "subsystem[0].namespace[0].colour"),
+    (("nsid = 2", "nsid = 1"), "subsystem[0].namespace[1].nsid"),
+    (('address = "127.0.0.1"', 'address = "192.0.2.1"'), "listener[0].address"),
+    (('hosts = ["@local"]', 'hosts = ["not-an-nqn"]'), "subsystem[0].hosts[0]"),
+])
+def test_bad_config_exits_2_and_changes_nothing(tmp_path: Path, state_dir: Path,
+                                                edit: tuple[str, str], field: str) -> None:
+    port = free_port()
+    cfg = write_config(tmp_path, port)
+    cfg.write_text(cfg.read_text().replace(*edit))
+    r = run("target", "up", str(cfg))
+    assert r.exit_code == 2
+    line = r.stderr.strip()
+    assert "\n" not in line and "Traceback" not in r.stderr
+    assert line.startswith(f"kvtool: error: {cfg}:") and f"field '{field}'" in line
+    assert state.names() == [] and not (tmp_path / "ns2.img").exists()
+    with socket.socket() as s:  # nothing listens
+        assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_port_in_use_fails_cleanly(tmp_path: Path, state_dir: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        cfg = write_config(tmp_path, busy.getsockname()[1])
+        r = run("target", "up", str(cfg))
+    assert r.exit_code == 1 and "exited with status" in r.stderr
+    assert state.names() == []
+
+
+def test_status_and_down_without_a_target(state_dir: Path) -> None:
+    r = run("target", "status")
+    assert r.exit_code == 2 and "no target is up" in r.stderr
+    r = run("target", "down", "--name", "ghost")
+    assert r.exit_code == 2 and "no target named 'ghost'" in r.stderr
+
+
+def test_export_formats() -> None:
+    spdk = run_json("target", "export", str(FIXTURES / "targets" / "spdk-production.toml"),
+                    "--format", "spdk")
+    records = [r for sub in spdk["subsystems"] for r in sub["config"]]
+    assert all(spdk_schema.validate(r["method"], r["params"]) is None for r in records)
+    assert spdk == spdk_backend.spdk_config(
+        __import__("kvtool.target.loader", fromlist=["x"]).load_config(
+            FIXTURES / "targets" / "spdk-production.toml", allow_remote=True, check_paths=False))
+    nvmetcli = json.loads(run("target", "export", str(FIXTURES / "targets" / "nvmet-dev.toml"),
+                              "--format", "nvmetcli").stdout)
+    assert nvmetcli["ports"][0]["addr"] == {"trtype": "tcp", "adrfam": "ipv4",
+                                            "traddr": "127.0.0.1", "trsvcid": "4420",
+                                            "treq": "not specified"}
+    assert [n["device"]["path"] for n in nvmetcli["subsystems"][0]["namespaces"]] == [
+        "/dev/ram0", "/var/tmp/kvtool-nvmet-ns2.img"]
+
+
+def test_help_has_examples() -> None:
+    for sub in ("up", "down", "status", "discover", "export"):
+        r = run("target", sub, "--help")
+        assert r.exit_code == 0 and "Example" in r.stdout
+
+
+def test_a_target_is_not_silently_moved_to_another_engine(tmp_path: Path, state_dir: Path) -> None:
+    cfg = write_config(tmp_path, free_port())
+    run_json("target", "up", str(cfg))
+    r = run("target", "up", str(cfg), "--engine", "qemu", "--dry-run")
+    assert r.exit_code == 1 and "take it down first" in r.stderr
+    assert state.load("clitest") is not None
