@@ -1,0 +1,227 @@
+#!/usr/bin/env python3
+"""NVMe/TCP benchmark: kvtool host ↔ kvtool target on loopback vs a plain Python socket stream.
+
+Measured in the same run, both with the peer in a separate process:
+
+* reference: a plain Python TCP stream on 127.0.0.1 (``sendall`` of 1 MiB buffers into
+  ``recv_into``), in each direction — the best a Python NVMe/TCP stack could approach;
+* 1 MiB sequential writes and reads through kvtool's host to ``python -m emulator.nvmetcp``
+  (memory namespace) at QD 1 and QD 8 → GB/s and the ratio to the reference (bar: ≥ 0.5);
+* 4 KiB random reads at QD 1 and QD 32 → IOPS and latency p50/p99 (µs).
+
+Each round measures the reference and the NVMe/TCP cases back to back, so a busy machine
+slows both alike; the printed ratio is the median over rounds.
+
+usage: python bench/nvme_tcp.py [--rounds 5] [--mib 256] [--io-queues 1] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import random
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from kvtool.nvme import host, spec  # noqa: E402
+from kvtool.nvme.queue import Command  # noqa: E402
+
+NQN = "nqn.2026-01.io.kvtool:bench"
+HOSTNQN = "nqn.2026-01.io.kvtool:bench-host"
+MIB = 1 << 20
+
+STREAM_PEER = r"""
+import socket, sys
+srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("127.0.0.1", 0)); srv.listen(4)
+print(srv.getsockname()[1], flush=True)
+buf = bytearray(1 << 20); view = memoryview(buf)
+while True:
+    conn, _ = srv.accept()
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    hdr = conn.recv(9, socket.MSG_WAITALL)
+    if len(hdr) < 9:
+        break
+    mode, n = hdr[:1], int.from_bytes(hdr[1:], "little")
+    if mode == b"W":          # drain n bytes, then ack
+        left = n
+        while left:
+            got = conn.recv_into(view[: min(left, len(buf))])
+            left -= got
+        conn.sendall(b"k")
+    else:                     # send n bytes
+        left = n
+        while left:
+            k = min(left, len(buf)); conn.sendall(view[:k]); left -= k
+    conn.close()
+"""
+
+
+class StreamPeer:
+    """A plain Python TCP peer in another process: drains (W) or sends (R) N bytes."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", STREAM_PEER], stdout=subprocess.PIPE,
+                                     text=True)
+        assert self.proc.stdout is not None
+        self.port = int(self.proc.stdout.readline())
+        self.data = memoryview(os.urandom(MIB))
+        self.buf = memoryview(bytearray(MIB))
+
+    def measure(self, mode: str, total: int) -> float:
+        """GB/s of one ``total``-byte stream in direction ``mode`` ("W" to the peer, "R")."""
+        with socket.create_connection(("127.0.0.1", self.port)) as s:
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            t0 = time.perf_counter()
+            s.sendall(mode.encode() + total.to_bytes(8, "little"))
+            if mode == "W":
+                for _ in range(total // MIB):
+                    s.sendall(self.data)
+                assert s.recv(1) == b"k"
+            else:
+                left = total
+                while left:
+                    left -= s.recv_into(self.buf[: min(left, MIB)])
+            return total / (time.perf_counter() - t0) / 1e9
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def start_target(size: str) -> tuple[subprocess.Popen[str], int]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "emulator.nvmetcp", "--listen", "127.0.0.1:0", "--nqn", NQN,
+         "--backing", size, "--host", HOSTNQN], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line.startswith("ready "):
+        raise SystemExit(f"target did not start: {line!r}")
+    return proc, int(line.split()[1].split(":")[2].split("/")[0])
+
+
+def run_pipelined(ctrl: host.Controller, opcode: int, offsets: list[int], size: int, qd: int,
+                  bufs: list[memoryview]) -> list[float]:
+    """Keep ``qd`` commands in flight over ``offsets``; return each op's latency (s)."""
+    done: queue.SimpleQueue[tuple[int, float, Command]] = queue.SimpleQueue()
+    lat: list[float] = []
+    it = iter(offsets)
+    inflight = 0
+
+    def submit(slot: int) -> bool:
+        off = next(it, None)
+        if off is None:
+            return False
+        t0 = time.perf_counter()
+        ctrl.submit_io(opcode, 1, off // 512, bufs[slot], 512,
+                       on_done=lambda cmd, s=slot, t=t0: done.put((s, t, cmd)))
+        return True
+
+    for slot in range(qd):
+        if submit(slot):
+            inflight += 1
+    while inflight:
+        slot, t0, cmd = done.get()
+        lat.append(time.perf_counter() - t0)
+        cmd.result()
+        inflight -= 1
+        if submit(slot):
+            inflight += 1
+    return lat
+
+
+def pct(values: list[float], p: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))]
+
+
+def median(values: list[float]) -> float:
+    s = sorted(values)
+    return s[len(s) // 2]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="interleaved rounds (reference and NVMe/TCP back to back; medians)")
+    ap.add_argument("--mib", type=int, default=256, help="MiB moved per sequential case")
+    ap.add_argument("--ios", type=int, default=4000, help="4 KiB random reads per case")
+    ap.add_argument("--io-queues", type=int, default=1)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+
+    peer = StreamPeer()
+    region = 512 * MIB
+    proc, port = start_target(f"{region // MIB + 16}MiB")
+    samples: dict[str, list[float]] = {}
+    ratios: dict[str, list[float]] = {}
+    lat_all: dict[str, list[float]] = {"qd1": [], "qd32": []}
+    iops: dict[str, list[float]] = {"qd1": [], "qd32": []}
+    try:
+        with host.connect("127.0.0.1", port, NQN, hostnqn=HOSTNQN, io_queues=a.io_queues,
+                          queue_depth=64) as ctrl:
+            payload = memoryview(os.urandom(MIB))
+            rng = random.Random(1)
+            for _ in range(a.rounds):
+                for name, mode, opcode in (("write", "W", spec.IO_WRITE),
+                                           ("read", "R", spec.IO_READ)):
+                    ref = peer.measure(mode, a.mib * MIB)
+                    samples.setdefault(f"reference_{name}", []).append(ref)
+                    for qd in (1, 8):
+                        bufs = [payload if opcode == spec.IO_WRITE
+                                else memoryview(bytearray(MIB)) for _ in range(qd)]
+                        offsets = [(i * MIB) % region for i in range(a.mib)]
+                        t0 = time.perf_counter()
+                        run_pipelined(ctrl, opcode, offsets, MIB, qd, bufs)
+                        gbps = a.mib * MIB / (time.perf_counter() - t0) / 1e9
+                        samples.setdefault(f"{name}_qd{qd}", []).append(gbps)
+                        ratios.setdefault(f"{name}_qd{qd}", []).append(gbps / ref)
+                for qd in (1, 32):
+                    offsets = [rng.randrange(region // 4096) * 4096 for _ in range(a.ios)]
+                    bufs = [memoryview(bytearray(4096)) for _ in range(qd)]
+                    t0 = time.perf_counter()
+                    lat = run_pipelined(ctrl, spec.IO_READ, offsets, 4096, qd, bufs)
+                    iops[f"qd{qd}"].append(a.ios / (time.perf_counter() - t0))
+                    lat_all[f"qd{qd}"].extend(lat)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        peer.close()
+    seq = {k: {"gbps": round(median(v), 3), "ratio": round(median(ratios[k]), 3),
+               "ratio_min": round(min(ratios[k]), 3), "ratio_max": round(max(ratios[k]), 3)}
+           for k, v in samples.items() if not k.startswith("reference")}
+    ref = {k.split("_")[1]: round(median(v), 3) for k, v in samples.items()
+           if k.startswith("reference")}
+    rnd = {k: {"iops": round(median(iops[k])), "p50_us": round(pct(lat_all[k], 50) * 1e6, 1),
+               "p99_us": round(pct(lat_all[k], 99) * 1e6, 1)} for k in iops}
+    results = {"reference_stream_gbps": ref, "seq_1mib": seq, "rand_read_4k": rnd,
+               "rounds": a.rounds, "mib_per_case": a.mib, "io_queues": a.io_queues,
+               "machine": f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}",
+               "load_average": os.getloadavg()[0],
+               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    if a.json:
+        print(json.dumps(results, indent=2))
+        return 0
+    print(f"reference plain Python TCP stream (median of {a.rounds}): write {ref['write']:.2f} "
+          f"GB/s, read {ref['read']:.2f} GB/s")
+    for key, row in seq.items():
+        bar = "ok" if row["ratio"] >= 0.5 else "BELOW 0.5"
+        print(f"1 MiB seq {key:9s} {row['gbps']:.2f} GB/s  ratio {row['ratio']:.2f} "
+              f"(rounds {row['ratio_min']:.2f}..{row['ratio_max']:.2f})  {bar}")
+    for key, r in rnd.items():
+        print(f"4 KiB rand-read {key:5s} {r['iops']:>7} IOPS  p50 {r['p50_us']:.0f} µs  "
+              f"p99 {r['p99_us']:.0f} µs")
+    print(f"load average during the run: {results['load_average']:.2f} (2 vCPUs shared)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""``python -m emulator.nvmetcp``: run the userspace NVMe/TCP target in the foreground.
+
+Once every listener is bound it prints exactly one line to stdout and flushes it::
+
+    ready nvme+tcp://127.0.0.1:4420/nqn.2026-01.io.kvtool:demo [more URLs...]
+
+(one URL per subsystem and listener, space-separated). ``--ready-file PATH`` also writes
+``{"pid", "urls", "listen", "discovery"}`` as JSON to PATH (atomically). SIGTERM or SIGINT
+stops it cleanly: connections are closed, file backings flushed (fdatasync) and closed,
+exit status 0. Bad options or config: one line on stderr, exit 2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+import click
+
+from emulator.nvmetcp.config import MAX_MDTS, TargetConfig, simple_config
+from emulator.nvmetcp.target import Target
+from kvtool.errors import KvtoolError, UsageError
+
+EPILOG = """
+\b
+Examples:
+  python -m emulator.nvmetcp --nqn nqn.2026-01.io.kvtool:demo --backing 64MiB --allow-any-host
+  python -m emulator.nvmetcp --listen 127.0.0.1:4420 --nqn nqn.2026-01.io.kvtool:demo \\
+      --backing /var/tmp/ns1.img --size 1GiB --lba 4096 --host nqn.2014-08.org.nvmexpress:uuid:...
+  python -m emulator.nvmetcp --config target.json --ready-file /run/kvtool/target.ready
+"""
+
+
+@click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"],
+                                                "max_content_width": 100})
+@click.option("--listen", "listen", multiple=True, metavar="HOST:PORT",
+              help="Address to listen on (repeatable; default 127.0.0.1:4420; port 0 = any).")
+@click.option("--allow-remote", is_flag=True,
+              help="Allow a non-loopback --listen address (off by default).")
+@click.option("--nqn", help="Subsystem NQN (one subsystem, namespace 1).")
+@click.option("--backing", metavar="FILE|SIZE",
+              help="Namespace 1: an existing file or block device, or a size (64MiB) for memory.")
+@click.option("--size", metavar="SIZE", help="Create --backing FILE with this size if missing.")
+@click.option("--lba", type=click.Choice(["512", "4096"]), default="512", show_default=True,
+              help="Logical block size of namespace 1.")
+@click.option("--host", "hosts", multiple=True, metavar="HOSTNQN",
+              help="Host NQN allowed to connect (repeatable).")
+@click.option("--allow-any-host", is_flag=True, help="Let any host NQN connect.")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False),
+              help="JSON config with several subsystems/namespaces (docs/nvme-tcp.md).")
+@click.option("--mdts", type=int, help=f"Max transfer 2^MDTS × 4 KiB (1..{MAX_MDTS}; default 8).")
+@click.option("--queue-size", type=int, help="Max entries per queue (default 128).")
+@click.option("--io-queues", type=int, help="Max I/O queues per controller (default 8).")
+@click.option("--ready-file", type=click.Path(dir_okay=False),
+              help="Write a JSON readiness record here once listening.")
+@click.option("-v", "--verbose", count=True, help="Log to stderr (-v info, -vv debug).")
+def main(listen: tuple[str, ...], allow_remote: bool, nqn: str | None, backing: str | None,
+         size: str | None, lba: str, hosts: tuple[str, ...], allow_any_host: bool,
+         config_file: str | None, mdts: int | None, queue_size: int | None,
+         io_queues: int | None, ready_file: str | None, verbose: int) -> None:
+    """Run kvtool's userspace NVMe/TCP target until SIGTERM/SIGINT."""
+    logging.basicConfig(level=[logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)],
+                        format="nvmetcp: %(levelname)s: %(message)s", stream=sys.stderr)
+    try:
+        cfg = _config(listen, allow_remote, nqn, backing, size, int(lba), hosts,
+                      allow_any_host, config_file, mdts, queue_size, io_queues)
+        try:
+            target = Target(cfg)
+        except KvtoolError as exc:
+            if config_file:
+                raise
+            raise UsageError(getattr(exc, "message", str(exc)),
+                             field=_option(getattr(exc, "field", None) or "")) from None
+    except KvtoolError as exc:
+        click.echo(f"nvmetcp: error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    try:
+        asyncio.run(_run(target, ready_file))
+    except OSError as exc:
+        click.echo(f"nvmetcp: error: cannot listen: {exc.strerror or exc}", err=True)
+        target.close_backings()
+        sys.exit(2)
+
+
+def _config(listen: tuple[str, ...], allow_remote: bool, nqn: str | None, backing: str | None,
+            size: str | None, lba: int, hosts: tuple[str, ...], allow_any_host: bool,
+            config_file: str | None, mdts: int | None, queue_size: int | None,
+            io_queues: int | None) -> TargetConfig:
+    if config_file:
+        for name, value in (("--nqn", nqn), ("--backing", backing), ("--size", size),
+                            ("--host", hosts), ("--allow-any-host", allow_any_host)):
+            if value:
+                raise UsageError("give either --config or the single-subsystem options",
+                                 field=name)
+        cfg = TargetConfig.load(config_file)
+        if listen:
+            cfg.listen = list(listen)
+        cfg.allow_remote = cfg.allow_remote or allow_remote
+    else:
+        if not nqn:
+            raise UsageError("required (or use --config)", field="--nqn")
+        if not backing:
+            raise UsageError("required: a file, a block device or a size such as 64MiB",
+                             field="--backing")
+        if not hosts and not allow_any_host:
+            raise UsageError("no host may connect: give --host HOSTNQN or --allow-any-host",
+                             field="--host")
+        try:
+            cfg = simple_config(nqn=nqn, backing=backing, size=size, lba_size=lba,
+                                hosts=list(hosts), allow_any_host=allow_any_host,
+                                listen=list(listen) or None, allow_remote=allow_remote)
+        except KvtoolError as exc:
+            raise UsageError(getattr(exc, "message", str(exc)),
+                             field=_option(getattr(exc, "field", None) or "")) from None
+    limits: list[tuple[str, str, int | None]] = [
+        ("--mdts", "mdts", mdts), ("--queue-size", "max_queue_size", queue_size),
+        ("--io-queues", "max_io_queues", io_queues)]
+    for option, attr, limit in limits:
+        if limit is not None:
+            setattr(cfg, attr, limit)
+            try:
+                cfg.validate()
+            except KvtoolError as exc:
+                raise UsageError(getattr(exc, "message", str(exc)), field=option) from None
+    return cfg.validate()
+
+
+def _option(config_field: str) -> str:
+    """The command-line option behind a config field of the single-subsystem form."""
+    for prefix, option in (("subsystems[0].nqn", "--nqn"),
+                           ("subsystems[0].allow_any_host", "--allow-any-host"),
+                           ("subsystems[0].hosts", "--host"),
+                           ("subsystems[0].namespaces[0].lba_size", "--lba"),
+                           ("subsystems[0].namespaces[0]", "--backing"),
+                           ("listen", "--listen"), ("size", "--size")):
+        if config_field.startswith(prefix):
+            return option
+    return config_field
+
+
+async def _run(target: Target, ready_file: str | None) -> None:
+    loop = asyncio.get_running_loop()
+    await target.start()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, target.request_stop)
+    urls = target.urls()
+    if ready_file:
+        record = {"pid": os.getpid(), "urls": urls,
+                  "listen": [f"{h}:{p}" for h, p in target.addresses],
+                  "discovery": target.discovery_url()}
+        path = Path(ready_file)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(record) + "\n")
+        os.replace(tmp, path)
+    sys.stdout.write("ready " + " ".join(urls) + "\n")
+    sys.stdout.flush()
+    await target.serve()
+
+
+if __name__ == "__main__":
+    main(prog_name="python -m emulator.nvmetcp")

@@ -1,0 +1,144 @@
+"""Namespace backing stores: anonymous memory, a regular file, or a block device.
+
+All three are byte-addressed and synchronous; the target calls them from its event loop
+(page-cache and memory I/O return in microseconds). ``flush`` makes every completed write
+durable (``fdatasync``) — the NVMe Flush command and a clean shutdown call it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import stat
+import threading
+from pathlib import Path
+
+from kvtool.errors import InputError
+from kvtool.units import format_size, parse_size
+
+
+class Backing:
+    """Interface of a backing store; ``size`` is in bytes."""
+
+    size: int
+    kind: str
+    description: str
+
+    def read(self, offset: int, length: int) -> bytes:
+        raise NotImplementedError
+
+    def write(self, offset: int, data: bytes | bytearray | memoryview) -> None:
+        raise NotImplementedError
+
+    def view(self, offset: int, length: int) -> memoryview | None:
+        """A writable view of the backing's own memory, or None (then use write())."""
+        return None
+
+    def flush(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class MemoryBacking(Backing):
+    """Zero-filled anonymous memory (pages are allocated on first write)."""
+
+    kind = "memory"
+
+    def __init__(self, size: int) -> None:
+        if size <= 0:
+            raise ValueError("memory backing needs a positive size")
+        self.size = size
+        self._map = mmap.mmap(-1, size)
+        self.description = f"memory {format_size(size)}"
+
+    def read(self, offset: int, length: int) -> bytes:
+        return self._map[offset: offset + length]
+
+    def write(self, offset: int, data: bytes | bytearray | memoryview) -> None:
+        self._map[offset: offset + len(data)] = data
+
+    def view(self, offset: int, length: int) -> memoryview:
+        return memoryview(self._map)[offset: offset + length]
+
+    def flush(self) -> None:
+        return None
+
+    def close(self) -> None:
+        # A connection may still hold a view; then the GC frees the memory later.
+        with contextlib.suppress(BufferError):
+            self._map.close()
+
+
+class FileBacking(Backing):
+    """A regular file or a block device, opened read-write (buffered I/O)."""
+
+    def __init__(self, path: Path, *, create_size: int | None = None) -> None:
+        self.path = path
+        flags = os.O_RDWR | os.O_CLOEXEC
+        if create_size is not None and not path.exists():
+            flags |= os.O_CREAT
+        try:
+            self._fd = os.open(path, flags, 0o600)
+        except OSError as exc:
+            raise InputError(f"cannot open backing {path}: {exc.strerror}",
+                             field="backing") from None
+        st = os.fstat(self._fd)
+        if stat.S_ISBLK(st.st_mode):
+            self.kind = "block"
+            self.size = os.lseek(self._fd, 0, os.SEEK_END)
+        elif stat.S_ISREG(st.st_mode):
+            self.kind = "file"
+            if create_size is not None and st.st_size < create_size:
+                os.ftruncate(self._fd, create_size)
+            self.size = os.fstat(self._fd).st_size
+        else:
+            os.close(self._fd)
+            raise InputError(f"backing {path} is neither a regular file nor a block device",
+                             field="backing")
+        self._lock = threading.Lock()
+        self.description = f"{self.kind} {path} ({format_size(self.size)})"
+
+    def read(self, offset: int, length: int) -> bytes:
+        data = os.pread(self._fd, length, offset)
+        if len(data) < length:  # a file shorter than the namespace reads as zeros
+            data += bytes(length - len(data))
+        return data
+
+    def write(self, offset: int, data: bytes | bytearray | memoryview) -> None:
+        view = memoryview(data)
+        done = 0
+        while done < len(view):
+            done += os.pwrite(self._fd, view[done:], offset + done)
+
+    def flush(self) -> None:
+        os.fdatasync(self._fd)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd >= 0:
+                try:
+                    os.fdatasync(self._fd)
+                finally:
+                    os.close(self._fd)
+                    self._fd = -1
+
+
+def open_backing(spec: str, *, size: str | int | None = None, field: str = "backing",
+                 file: str | None = None) -> Backing:
+    """Open a backing from its spec: an existing path, or a size (``64MiB``) for memory.
+
+    With ``size``, a missing path is created as a sparse file of that size.
+    """
+    path = Path(spec)
+    if path.exists() or size is not None:
+        create = None if size is None else parse_size(size, field="size", allow_zero=False)
+        return FileBacking(path, create_size=create)
+    try:
+        nbytes = parse_size(spec, field=field, allow_zero=False)
+    except InputError:
+        raise InputError(f"{spec!r} is neither an existing file or block device nor a size "
+                         "such as 64MiB", file=file, field=field) from None
+    return MemoryBacking(nbytes)

@@ -1,0 +1,242 @@
+"""Target configuration: listeners, limits, subsystems, namespaces, allowed hosts.
+
+The JSON form (``--config FILE.json``; schema in docs/nvme-tcp.md) maps one-to-one onto
+these dataclasses. Validation raises :class:`~kvtool.errors.InputError` naming the file
+and the field (``subsystems[0].namespaces[1].lba_size``), so the CLI prints one line and
+exits 2.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from dataclasses import MISSING, dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+from kvtool.errors import InputError
+from kvtool.nvme.spec import DISCOVERY_NQN, NQN_MAX
+
+DEFAULT_LISTEN = "127.0.0.1:4420"
+LBA_SIZES = (512, 4096)
+MAX_MDTS = 12  # 16 MiB per command: bounds what one command may make the target buffer
+
+
+@dataclass
+class NamespaceConfig:
+    nsid: int
+    backing: str  # an existing path, or a size such as "64MiB" for memory
+    size: str | None = None  # create the file at ``backing`` with this size when missing
+    lba_size: int = 512
+
+
+@dataclass
+class SubsystemConfig:
+    nqn: str
+    namespaces: list[NamespaceConfig] = field(default_factory=list)
+    hosts: list[str] = field(default_factory=list)
+    allow_any_host: bool = False
+    serial: str = ""
+    model: str = "kvtool emulator"
+
+
+@dataclass
+class TargetConfig:
+    subsystems: list[SubsystemConfig] = field(default_factory=list)
+    listen: list[str] = field(default_factory=lambda: [DEFAULT_LISTEN])
+    allow_remote: bool = False
+    port_id: int = 1
+    mdts: int = 8  # max transfer 2^mdts × 4 KiB = 1 MiB
+    max_queue_size: int = 128  # per queue; CAP.MQES = this − 1
+    max_io_queues: int = 8
+    in_capsule_data_size: int = 8192  # I/O queues; IOCCSZ = (64 + this) / 16
+    maxh2cdata: int = 1 << 20  # per H2CData PDU; data is streamed, never buffered whole
+    kato_grace_s: float = 5.0  # slack past KATO (a TCG guest host can be late) before a drop
+
+    def validate(self, *, file: str | None = None) -> TargetConfig:
+        """Check every field; return self. Raises InputError naming the field."""
+        def bad(fld: str, msg: str) -> InputError:
+            return InputError(msg, file=file, field=fld)
+
+        if not self.listen:
+            raise bad("listen", "at least one listen address is needed")
+        for i, addr in enumerate(self.listen):
+            host, _port = parse_listen(addr, field=f"listen[{i}]", file=file)
+            if not self.allow_remote and not _is_loopback(host):
+                raise bad(f"listen[{i}]", f"{addr} is not a loopback address; binding it "
+                          "needs allow_remote (--allow-remote)")
+        if not 1 <= self.mdts <= MAX_MDTS:
+            raise bad("mdts", f"must be 1..{MAX_MDTS} (max transfer 2^mdts × 4 KiB), "
+                      f"got {self.mdts}")
+        if not 2 <= self.max_queue_size <= 1024:
+            raise bad("max_queue_size", f"must be 2..1024, got {self.max_queue_size}")
+        if not 1 <= self.max_io_queues <= 64:
+            raise bad("max_io_queues", f"must be 1..64, got {self.max_io_queues}")
+        if not 0 <= self.in_capsule_data_size <= 131072 or self.in_capsule_data_size % 16:
+            raise bad("in_capsule_data_size", "must be a multiple of 16 in 0..131072, got "
+                      f"{self.in_capsule_data_size}")
+        if self.maxh2cdata < 4096 or self.maxh2cdata % 4 or self.maxh2cdata > (16 << 20):
+            raise bad("maxh2cdata", "must be a multiple of 4 in 4096..16MiB, got "
+                      f"{self.maxh2cdata}")
+        if not 0 <= self.port_id <= 0xFFFE:
+            raise bad("port_id", f"must be 0..65534, got {self.port_id}")
+        if not self.subsystems:
+            raise bad("subsystems", "at least one subsystem is needed")
+        seen: set[str] = set()
+        for i, sub in enumerate(self.subsystems):
+            where = f"subsystems[{i}]"
+            check_nqn(sub.nqn, field=f"{where}.nqn", file=file)
+            if sub.nqn == DISCOVERY_NQN:
+                raise bad(f"{where}.nqn", "the discovery NQN cannot name an I/O subsystem")
+            if sub.nqn in seen:
+                raise bad(f"{where}.nqn", f"duplicate subsystem {sub.nqn}")
+            seen.add(sub.nqn)
+            if sub.allow_any_host and sub.hosts:
+                raise bad(f"{where}.allow_any_host", "allow_any_host and an explicit host "
+                          "list are mutually exclusive")
+            for j, host in enumerate(sub.hosts):
+                check_nqn(host, field=f"{where}.hosts[{j}]", file=file)
+            if len(sub.serial) > 20 or not sub.serial.isascii():
+                raise bad(f"{where}.serial", "at most 20 ASCII characters")
+            if len(sub.model) > 40 or not sub.model.isascii():
+                raise bad(f"{where}.model", "at most 40 ASCII characters")
+            nsids: set[int] = set()
+            if not sub.namespaces:
+                raise bad(f"{where}.namespaces", "at least one namespace is needed")
+            for j, ns in enumerate(sub.namespaces):
+                nwhere = f"{where}.namespaces[{j}]"
+                if not 1 <= ns.nsid <= 1024:
+                    raise bad(f"{nwhere}.nsid", f"must be 1..1024, got {ns.nsid}")
+                if ns.nsid in nsids:
+                    raise bad(f"{nwhere}.nsid", f"duplicate namespace {ns.nsid}")
+                nsids.add(ns.nsid)
+                if ns.lba_size not in LBA_SIZES:
+                    raise bad(f"{nwhere}.lba_size", f"must be 512 or 4096, got {ns.lba_size}")
+                if not ns.backing:
+                    raise bad(f"{nwhere}.backing", "a path or a size (e.g. 64MiB) is needed")
+        return self
+
+    @classmethod
+    def from_dict(cls, doc: Any, *, file: str | None = None) -> TargetConfig:
+        """Build from the JSON document; unknown keys and wrong types are errors."""
+        top = _fields(doc, "", cls, file)
+        subs = []
+        for i, sdoc in enumerate(_list(top.pop("subsystems", []), "subsystems", file)):
+            sfields = _fields(sdoc, f"subsystems[{i}]", SubsystemConfig, file)
+            nss = []
+            for j, ndoc in enumerate(_list(sfields.pop("namespaces", []),
+                                           f"subsystems[{i}].namespaces", file)):
+                nss.append(NamespaceConfig(**_fields(
+                    ndoc, f"subsystems[{i}].namespaces[{j}]", NamespaceConfig, file)))
+            subs.append(SubsystemConfig(namespaces=nss, **sfields))
+        return cls(subsystems=subs, **top).validate(file=file)
+
+    @classmethod
+    def load(cls, path: str | Path) -> TargetConfig:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise InputError(f"cannot read config: {exc.strerror}", file=str(path)) from None
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"not valid JSON: {exc.msg}", file=str(path),
+                             line=exc.lineno) from None
+        return cls.from_dict(doc, file=str(path))
+
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "nsid": (int,), "backing": (str,), "size": (str, int, type(None)), "lba_size": (int,),
+    "nqn": (str,), "hosts": (list,), "allow_any_host": (bool,), "serial": (str,),
+    "model": (str,), "listen": (list,), "allow_remote": (bool,), "port_id": (int,),
+    "mdts": (int,), "max_queue_size": (int,), "max_io_queues": (int,),
+    "in_capsule_data_size": (int,), "maxh2cdata": (int,), "kato_grace_s": (int, float),
+    "subsystems": (list,), "namespaces": (list,),
+}
+
+
+def _fields(doc: Any, where: str, cls: type, file: str | None) -> dict[str, Any]:
+    if not isinstance(doc, dict):
+        raise InputError("expected a JSON object", file=file, field=where or "(top level)")
+    allowed = set(cls.__dataclass_fields__)  # type: ignore[attr-defined]
+    out: dict[str, Any] = {}
+    for key, value in doc.items():
+        fld = f"{where}.{key}" if where else key
+        if key not in allowed:
+            raise InputError(f"unknown key (allowed: {', '.join(sorted(allowed))})",
+                             file=file, field=fld)
+        types = _TYPES[key]
+        if isinstance(value, bool) and bool not in types:
+            raise InputError(f"expected {types[0].__name__}, got a boolean", file=file,
+                             field=fld)
+        if not isinstance(value, types):
+            raise InputError(f"expected {types[0].__name__}, got {type(value).__name__}",
+                             file=file, field=fld)
+        if key in ("hosts", "listen") and not all(isinstance(v, str) for v in cast("list[Any]", value)):
+            raise InputError("expected a list of strings", file=file, field=fld)
+        if key == "size" and isinstance(value, int):
+            value = str(value)
+        out[key] = value
+    missing = [f for f, d in cls.__dataclass_fields__.items()  # type: ignore[attr-defined]
+               if d.default is d.default_factory is MISSING and f not in out]
+    if missing:
+        fld = f"{where}.{missing[0]}" if where else missing[0]
+        raise InputError("required key is missing", file=file, field=fld)
+    return out
+
+
+def _list(value: Any, where: str, file: str | None) -> list[Any]:
+    if not isinstance(value, list):
+        raise InputError("expected a list", file=file, field=where)
+    return value
+
+
+def check_nqn(nqn: str, *, field: str, file: str | None = None) -> None:
+    raw = nqn.encode("utf-8")
+    if not nqn.startswith("nqn.") or not 11 <= len(raw) <= NQN_MAX:
+        raise InputError(f"{nqn!r} is not an NQN (nqn.YYYY-MM.reverse.domain:name, "
+                         f"11..{NQN_MAX} bytes)", file=file, field=field)
+
+
+def parse_listen(addr: str, *, field: str = "--listen",
+                 file: str | None = None) -> tuple[str, int]:
+    """``HOST:PORT`` or ``[V6]:PORT`` → (host, port); port 0 picks a free port."""
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host:
+        raise InputError(f"{addr!r} is not HOST:PORT", file=file, field=field)
+    host = host.strip("[]")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        if host != "localhost":
+            raise InputError(f"{host!r} is not an IP address", file=file, field=field) from None
+        host = "127.0.0.1"
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise InputError(f"{port!r} is not a TCP port", file=file, field=field)
+    return host, int(port)
+
+
+def _is_loopback(host: str) -> bool:
+    return ipaddress.ip_address(host).is_loopback
+
+
+def simple_config(*, nqn: str, backing: str, size: str | None = None, lba_size: int = 512,
+                  hosts: list[str] | None = None, allow_any_host: bool = False,
+                  listen: list[str] | None = None, allow_remote: bool = False,
+                  **limits: Any) -> TargetConfig:
+    """One subsystem with one namespace (nsid 1): what the CLI flags describe."""
+    sub = SubsystemConfig(nqn=nqn, namespaces=[NamespaceConfig(1, backing, size, lba_size)],
+                          hosts=list(hosts or []), allow_any_host=allow_any_host)
+    cfg = TargetConfig(subsystems=[sub], listen=list(listen or [DEFAULT_LISTEN]),
+                       allow_remote=allow_remote, **limits)
+    return cfg.validate()
+
+
+__all__ = [
+    "NamespaceConfig",
+    "SubsystemConfig",
+    "TargetConfig",
+    "check_nqn",
+    "parse_listen",
+    "simple_config",
+]

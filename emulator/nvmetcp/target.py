@@ -1,0 +1,223 @@
+"""The userspace NVMe/TCP target: listeners, the discovery controller, I/O subsystems.
+
+Library use::
+
+    cfg = simple_config(nqn="nqn.2026-01.io.kvtool:t1", backing="64MiB", allow_any_host=True,
+                        listen=["127.0.0.1:0"])
+    target = Target(cfg).start_in_thread()     # returns once listening
+    print(target.urls())                       # ['nvme+tcp://127.0.0.1:40123/nqn...']
+    target.stop()                              # closes connections, flushes, closes backings
+
+or ``await Target(cfg).serve()`` inside an event loop (returns after :meth:`request_stop`).
+All protocol work runs on one event loop thread; backings are called synchronously there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+from emulator.nvmetcp.config import TargetConfig, parse_listen
+from emulator.nvmetcp.connection import QueueConnection
+from emulator.nvmetcp.model import (
+    Controller,
+    Subsystem,
+    build_subsystems,
+    discovery_subsystem,
+)
+from emulator.nvmetcp.transport import Listener
+from kvtool import __version__
+from kvtool.nvme import spec
+
+log = logging.getLogger("emulator.nvmetcp")
+
+VS_1_3 = spec.vs_value(1, 3, 0)
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+class TargetState:
+    """Everything the connections share (event-loop confined)."""
+
+    def __init__(self, config: TargetConfig, subsystems: dict[str, Subsystem],
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self.config = config
+        self.subsystems = subsystems
+        self.discovery = discovery_subsystem()
+        self.loop = loop
+        self.connections: set[QueueConnection] = set()
+        self.vs = VS_1_3
+        self.max_transfer = (1 << config.mdts) * 4096
+        self.genctr = 1
+        self.listeners: list[tuple[str, int]] = []
+
+    def find_subsystem(self, nqn: str, local: tuple[str, int] | None) -> Subsystem | None:
+        if nqn == spec.DISCOVERY_NQN:
+            return self.discovery
+        return self.subsystems.get(nqn)
+
+    def identify_controller(self, ctrl: Controller) -> bytes:
+        sub = ctrl.subsys
+        cfg = self.config
+        disc = sub.is_discovery
+        return spec.ControllerInfo(
+            vid=0, ssvid=0, sn=sub.serial, mn=sub.model, fr=__version__[:8],
+            mdts=cfg.mdts, cntlid=ctrl.cntlid, ver=self.vs,
+            cntrltype=2 if disc else 1, kas=10, sqes=0x66, cqes=0x44,
+            maxcmd=cfg.max_queue_size, nn=0 if disc else 1024, oncs=0, vwc=0 if disc else 1,
+            sgls=(1 << 0) | (1 << 20), subnqn=sub.nqn,
+            ioccsz=0 if disc else (64 + cfg.in_capsule_data_size) // 16,
+            iorcsz=0 if disc else 1, icdoff=0, msdbd=0 if disc else 1,
+        ).encode()
+
+    def discovery_log(self, hostnqn: str, local: tuple[str, int] | None) -> bytes:
+        """Entries for the subsystems ``hostnqn`` may use, on the port it connected to."""
+        addrs = [local] if local is not None else self.listeners
+        entries = []
+        for sub in self.subsystems.values():
+            if not sub.host_allowed(hostnqn):
+                continue
+            for host, port in addrs:
+                entries.append(spec.DiscoveryEntry(
+                    trtype=spec.TRTYPE_TCP,
+                    adrfam=spec.ADRFAM_IPV6 if ":" in host else spec.ADRFAM_IPV4,
+                    subtype=spec.SUBTYPE_NVME, treq=0x4,  # not specified; SQ flow ctl may be off
+                    portid=self.config.port_id, cntlid=0xFFFF, asqsz=32,
+                    trsvcid=str(port), subnqn=sub.nqn, traddr=host))
+        return spec.encode_discovery_log(self.genctr, entries)
+
+
+class Target:
+    """An NVMe/TCP target serving ``config`` (see the module docstring)."""
+
+    def __init__(self, config: TargetConfig) -> None:
+        config.validate()
+        self.config = config
+        self.subsystems = build_subsystems(config)  # opens the backings; may raise InputError
+        self.state: TargetState | None = None
+        self.addresses: list[tuple[str, int]] = []
+        self._servers: list[Listener] = []
+        self._stop_event: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Bind every listener (port 0 picks a free port; see :attr:`addresses`)."""
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._stop_event = asyncio.Event()
+        state = TargetState(self.config, self.subsystems, loop)
+        self.state = state
+        try:
+            for addr in self.config.listen:
+                host, port = parse_listen(addr)
+                listener = Listener(loop, host, port, lambda: QueueConnection(state))
+                self._servers.append(listener)
+                self.addresses.append((str(listener.address[0]), int(listener.address[1])))
+        except OSError:
+            await self._shutdown()
+            raise
+        state.listeners = list(self.addresses)
+        log.info("listening on %s", ", ".join(f"{h}:{p}" for h, p in self.addresses))
+
+    async def serve(self) -> None:
+        """Start, serve until :meth:`request_stop`, then shut down cleanly."""
+        if self._stop_event is None:
+            await self.start()
+        assert self._stop_event is not None
+        await self._stop_event.wait()
+        await self._shutdown()
+
+    def request_stop(self) -> None:
+        """Ask :meth:`serve` to return (call from the loop thread or a signal handler)."""
+        if self._stop_event is not None:
+            self._stop_event.set()
+
+    async def _shutdown(self) -> None:
+        for server in self._servers:
+            server.close()
+        self._servers.clear()
+        if self.state is not None:
+            for conn in list(self.state.connections):
+                conn.close("target shutting down")
+            for _ in range(50):  # let queued responses go out and connection_lost run
+                if not self.state.connections:
+                    break
+                await asyncio.sleep(0.01)
+        self.close_backings()
+
+    def close_backings(self) -> None:
+        """Flush and close every namespace's backing (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        for sub in self.subsystems.values():
+            for ns in sub.namespaces.values():
+                try:
+                    ns.backing.close()
+                except OSError as exc:
+                    log.error("closing %s: %s", ns.backing.description, exc)
+
+    # --- thread helpers for tests and embedding -------------------------------------------
+
+    def start_in_thread(self, timeout: float = 10.0) -> Target:
+        """Run the target on its own event-loop thread; return once it listens."""
+        ready = threading.Event()
+        errors: list[BaseException] = []
+
+        async def main() -> None:
+            try:
+                await self.start()
+            except BaseException as exc:
+                errors.append(exc)
+                ready.set()
+                self.close_backings()
+                return
+            ready.set()
+            await self.serve()
+
+        def run() -> None:
+            asyncio.run(main())
+
+        self._thread = threading.Thread(target=run, name="nvmetcp-target", daemon=True)
+        self._thread.start()
+        if not ready.wait(timeout):
+            raise TimeoutError("the target did not start listening in time")
+        if errors:
+            raise errors[0]
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop a target started with :meth:`start_in_thread` and wait for it."""
+        loop, thread = self._loop, self._thread
+        if loop is not None and thread is not None and thread.is_alive():
+            loop.call_soon_threadsafe(self.request_stop)
+            thread.join(timeout)
+        self._thread = None
+
+    def __enter__(self) -> Target:
+        return self.start_in_thread()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # --- introspection --------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        return self.addresses[0][1]
+
+    def urls(self) -> list[str]:
+        """``nvme+tcp://HOST:PORT/SUBNQN`` for every subsystem on every listener."""
+        return [f"nvme+tcp://{_url_host(h)}:{p}/{sub}"
+                for h, p in self.addresses for sub in self.subsystems]
+
+    def discovery_url(self) -> str:
+        h, p = self.addresses[0]
+        return f"nvme+tcp://{_url_host(h)}:{p}/{spec.DISCOVERY_NQN}"

@@ -1,0 +1,220 @@
+"""The ``nvme+tcp://`` store I/O engine: :class:`kvtool.store.engine.IOEngine` over kvtool's host.
+
+``open_nvme_tcp("nvme+tcp://127.0.0.1:4420/nqn.../1", write=True, qd=32)`` connects a
+controller (``io_queues`` TCP connections, ``qd`` commands in flight in total), picks the
+namespace (the URL's NSID, else the first active one) and exposes it as a byte-addressed
+engine. Requests larger than the controller's MDTS are split and complete as a whole.
+``submit_read``/``submit_write`` pipeline commands without a thread per request: the
+queue's reader thread completes the future. A request that fails because the connection
+dropped is re-issued (reads and writes are idempotent) after the controller reconnects,
+on a helper thread, so its future still resolves — or fails with :class:`OSError` if the
+target stays away longer than ``reconnect`` seconds.
+"""
+
+from __future__ import annotations
+
+import errno
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from types import TracebackType
+from typing import Any
+
+from kvtool.errors import UsageError
+from kvtool.nvme import spec
+from kvtool.nvme.host import ConnectError, Controller
+from kvtool.nvme.queue import Command, TransportError
+from kvtool.nvme.url import default_hostnqn, parse_nvme_url
+
+__all__ = ["NvmeTcpEngine", "open_nvme_tcp"]
+
+
+class NvmeTcpEngine:
+    """One NVMe/TCP namespace as an :class:`~kvtool.store.engine.IOEngine`."""
+
+    mem_align = 1  # data is copied to/from sockets: any buffer address works
+
+    def __init__(self, ctrl: Controller, nsid: int, *, url: str, write: bool, qd: int) -> None:
+        ns = ctrl.namespace(nsid)
+        self.ctrl = ctrl
+        self.nsid = nsid
+        self.url = url
+        self.size = ns.size_bytes
+        self.lba_size = ns.lba_size
+        self.qd = qd
+        self.writable = write
+        self._retry: ThreadPoolExecutor | None = None
+        self._retry_lock = threading.Lock()
+        self._closed = False
+
+    # --- checks -------------------------------------------------------------------------
+
+    def check(self, offset: int, buf: memoryview) -> None:
+        n = buf.nbytes
+        if offset < 0 or offset % self.lba_size or n % self.lba_size:
+            raise ValueError(f"I/O at offset {offset} of {n} bytes is not a multiple of the "
+                             f"{self.lba_size}-byte logical block")
+        if offset + n > self.size:
+            raise ValueError(f"I/O at offset {offset} of {n} bytes ends past the namespace "
+                             f"({self.size} bytes)")
+
+    def _writable(self) -> None:
+        if not self.writable:
+            raise PermissionError(errno.EBADF, f"{self.url} is open read-only")
+
+    # --- blocking -----------------------------------------------------------------------
+
+    def read_into(self, offset: int, buf: memoryview) -> None:
+        self.check(offset, buf)
+        self.ctrl.read_into(self.nsid, offset // self.lba_size, buf)
+
+    def write_from(self, offset: int, buf: memoryview) -> None:
+        self._writable()
+        self.check(offset, buf)
+        self.ctrl.write(self.nsid, offset // self.lba_size, buf)
+
+    def flush(self) -> None:
+        self._writable()
+        self.ctrl.flush(self.nsid)
+
+    # --- pipelined ----------------------------------------------------------------------
+
+    def submit_read(self, offset: int, buf: memoryview) -> Future[None]:
+        self.check(offset, buf)
+        return self._submit(spec.IO_READ, offset, buf)
+
+    def submit_write(self, offset: int, buf: memoryview) -> Future[None]:
+        self._writable()
+        self.check(offset, buf)
+        return self._submit(spec.IO_WRITE, offset, buf)
+
+    def _submit(self, opcode: int, offset: int, buf: memoryview) -> Future[None]:
+        fut: Future[None] = Future()
+        fut.set_running_or_notify_cancel()
+        view = memoryview(buf).cast("B")
+        lba = self.lba_size
+        chunk = max(lba, self.ctrl.max_transfer // lba * lba)
+        pieces = [(off, view[off: off + chunk]) for off in range(0, len(view), chunk)] or []
+        if not pieces:
+            fut.set_result(None)
+            return fut
+        lock = threading.Lock()
+        left = [len(pieces)]
+        first: list[BaseException] = []
+
+        def settle(n: int, err: BaseException | None) -> None:
+            with lock:
+                left[0] -= n
+                if err is not None and not first:
+                    first.append(err)
+                if left[0]:
+                    return
+            if not first:
+                fut.set_result(None)
+            elif isinstance(first[0], TransportError) and self.ctrl.reconnect > 0 \
+                    and not self._closed:
+                self._retry_pool().submit(self._redo, fut, opcode, offset, view)
+            else:
+                fut.set_exception(first[0])
+
+        def on_done(cmd: Command) -> None:
+            try:
+                cmd.result()
+            except BaseException as exc:
+                settle(1, exc)
+                return
+            settle(1, None)
+
+        base = offset // lba
+        for i, (off, piece) in enumerate(pieces):
+            try:
+                self.ctrl.submit_io(opcode, self.nsid, base + off // lba, piece, lba, on_done)
+            except OSError as exc:
+                settle(len(pieces) - i, exc)
+                break
+        return fut
+
+    def _redo(self, fut: Future[None], opcode: int, offset: int, view: memoryview) -> None:
+        try:
+            if opcode == spec.IO_WRITE:
+                self.ctrl.write(self.nsid, offset // self.lba_size, view)
+            else:
+                self.ctrl.read_into(self.nsid, offset // self.lba_size, view)
+        except BaseException as exc:
+            fut.set_exception(exc)
+            return
+        fut.set_result(None)
+
+    def _retry_pool(self) -> ThreadPoolExecutor:
+        with self._retry_lock:
+            if self._retry is None:
+                self._retry = ThreadPoolExecutor(max_workers=4, thread_name_prefix="nvme-retry")
+            return self._retry
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._retry is not None:
+            self._retry.shutdown(wait=True)
+        self.ctrl.close()
+
+    def __enter__(self) -> NvmeTcpEngine:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def describe(self) -> dict[str, Any]:
+        info = self.ctrl.info
+        return {
+            "kind": "nvme-tcp", "target": self.url, "engine": "nvme-tcp",
+            "size_bytes": self.size, "lba_size": self.lba_size, "mem_align": self.mem_align,
+            "qd": self.qd, "subnqn": self.ctrl.subnqn, "nsid": self.nsid,
+            "hostnqn": self.ctrl.hostnqn, "cntlid": self.ctrl.cntlid,
+            "io_queues": len(self.ctrl.io), "max_transfer": self.ctrl.max_transfer,
+            "model": info.mn if info else "", "serial": info.sn if info else "",
+        }
+
+
+def open_nvme_tcp(url: str, *, write: bool, qd: int = 32, hostnqn: str | None = None,
+                  **opts: Any) -> NvmeTcpEngine:
+    """Connect to ``nvme+tcp://HOST:PORT/SUBNQN[/NSID][?hostnqn=]`` and return the engine.
+
+    Host NQN: ``hostnqn`` argument, else the URL's ``?hostnqn=``, else the machine default
+    (:func:`kvtool.nvme.url.default_hostnqn`). ``opts``: ``io_queues`` (default 1, 2 when
+    qd ≥ 16), ``header_digest``, ``data_digest``, ``timeout`` (s), ``reconnect`` (s).
+    Failing to connect raises :class:`~kvtool.errors.UsageError` (field ``TARGET``).
+    """
+    if qd < 1:
+        raise UsageError(f"queue depth must be at least 1, got {qd}", field="--qd")
+    parsed = parse_nvme_url(url)
+    nqn = hostnqn or parsed.hostnqn or default_hostnqn()
+    io_queues = int(opts.get("io_queues") or (2 if qd >= 16 else 1))
+    depth = max(2, -(-qd // io_queues))
+    try:
+        ctrl = Controller(parsed.host, parsed.port, parsed.subnqn, hostnqn=nqn,
+                          io_queues=io_queues, queue_depth=depth,
+                          header_digest=bool(opts.get("header_digest", False)),
+                          data_digest=bool(opts.get("data_digest", False)),
+                          timeout=float(opts.get("timeout", 10.0)),
+                          reconnect=float(opts.get("reconnect", 10.0)))
+    except ConnectError as exc:
+        raise UsageError(str(exc), field="TARGET") from None
+    except OSError as exc:
+        raise UsageError(f"{url}: {exc}", field="TARGET") from None
+    try:
+        nsid = parsed.nsid
+        if nsid is None:
+            active = ctrl.active_namespaces()
+            if not active:
+                raise UsageError(f"{url}: the subsystem has no active namespace", field="TARGET")
+            nsid = active[0]
+        elif not ctrl.identify_namespace(nsid).active:
+            raise UsageError(f"{url}: namespace {nsid} is not active", field="TARGET")
+        return NvmeTcpEngine(ctrl, nsid, url=str(parsed), write=write, qd=qd)
+    except BaseException:
+        ctrl.close()
+        raise

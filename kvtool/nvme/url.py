@@ -1,0 +1,129 @@
+"""``nvme+tcp://HOST:PORT/SUBNQN[/NSID][?hostnqn=NQN]`` URLs and the default host NQN.
+
+Default host NQN (stable per machine), first match wins:
+
+1. the ``KVTOOL_HOSTNQN`` environment variable;
+2. ``/etc/nvme/hostnqn`` (what nvme-cli and the kernel initiator use), if it holds an NQN;
+3. ``nqn.2014-08.org.nvmexpress:uuid:<UUID>`` with UUID = uuid5 of ``/etc/machine-id``
+   (or of the hostname when there is no machine-id), so it never changes between runs.
+
+The host ID sent in Connect is the UUID inside a ``...:uuid:<UUID>`` host NQN, otherwise a
+uuid5 of the NQN: the same NQN always presents the same host ID.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import parse_qs, unquote
+
+from kvtool.errors import UsageError
+from kvtool.nvme.spec import NQN_MAX
+
+SCHEME = "nvme+tcp://"
+DEFAULT_PORT = 4420
+_NS = uuid.UUID("0b1d1b5e-7a6e-4c1f-8c55-6b76746f6f6c")
+UUID_NQN_PREFIX = "nqn.2014-08.org.nvmexpress:uuid:"
+
+
+@dataclass(frozen=True)
+class NvmeUrl:
+    host: str
+    port: int
+    subnqn: str
+    nsid: int | None = None
+    hostnqn: str | None = None
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        tail = f"/{self.nsid}" if self.nsid is not None else ""
+        return f"{SCHEME}{host}:{self.port}/{self.subnqn}{tail}"
+
+
+def check_nqn(nqn: str, *, field: str) -> str:
+    if not nqn.startswith("nqn.") or not 11 <= len(nqn.encode()) <= NQN_MAX:
+        raise UsageError(f"{nqn!r} is not an NQN (nqn.YYYY-MM.reverse-domain:name, "
+                         f"11..{NQN_MAX} bytes)", field=field)
+    return nqn
+
+
+def parse_nvme_url(url: str, *, field: str = "TARGET") -> NvmeUrl:
+    """Parse ``nvme+tcp://HOST:PORT/SUBNQN[/NSID][?hostnqn=NQN]``; raise UsageError naming ``field``.
+
+    PORT defaults to 4420; IPv6 hosts go in brackets. NSID must be a positive integer
+    (namespace 1 is used when absent, by the engine).
+    """
+    if not url.startswith(SCHEME):
+        raise UsageError(f"{url!r} is not an NVMe/TCP URL (nvme+tcp://HOST:PORT/SUBNQN[/NSID])",
+                         field=field)
+    rest = url[len(SCHEME):]
+    rest, _, query = rest.partition("?")
+    hostport, slash, path = rest.partition("/")
+    if not slash or not path:
+        raise UsageError(f"{url!r}: the subsystem NQN is missing (nvme+tcp://HOST:PORT/SUBNQN)",
+                         field=field)
+    if hostport.startswith("["):
+        host, close, after = hostport[1:].partition("]")
+        if not close or (after and not after.startswith(":")):
+            raise UsageError(f"{url!r}: bad IPv6 address (use [addr]:port)", field=field)
+        port_text = after[1:]
+    else:
+        host, _, port_text = hostport.partition(":")
+    if not host:
+        raise UsageError(f"{url!r}: the host is missing", field=field)
+    port = DEFAULT_PORT
+    if port_text:
+        if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            raise UsageError(f"{url!r}: {port_text!r} is not a TCP port", field=field)
+        port = int(port_text)
+    path = unquote(path)
+    subnqn, nsid = path, None
+    head, sep, last = path.rpartition("/")
+    if sep:
+        if not last.isdigit() or int(last) == 0 or int(last) >= 0xFFFFFFFF:
+            raise UsageError(f"{url!r}: {last!r} is not a namespace ID (1, 2, ...)", field=field)
+        subnqn, nsid = head, int(last)
+    check_nqn(subnqn, field=field)
+    hostnqn = None
+    if query:
+        params = parse_qs(query, keep_blank_values=True)
+        unknown = set(params) - {"hostnqn"}
+        if unknown:
+            raise UsageError(f"{url!r}: unknown parameter {sorted(unknown)[0]!r} "
+                             "(only hostnqn=)", field=field)
+        if "hostnqn" in params:
+            hostnqn = check_nqn(params["hostnqn"][-1], field=field)
+    return NvmeUrl(host, port, subnqn, nsid, hostnqn)
+
+
+def default_hostnqn() -> str:
+    """The machine's stable host NQN (see the module docstring for the order)."""
+    env = os.environ.get("KVTOOL_HOSTNQN")
+    if env:
+        return check_nqn(env.strip(), field="KVTOOL_HOSTNQN")
+    try:
+        text = Path("/etc/nvme/hostnqn").read_text().strip()
+        if text.startswith("nqn.") and len(text) <= NQN_MAX:
+            return text
+    except OSError:
+        pass
+    try:
+        seed = Path("/etc/machine-id").read_text().strip()
+    except OSError:
+        seed = ""
+    if not seed:
+        seed = "host:" + socket.gethostname()
+    return UUID_NQN_PREFIX + str(uuid.uuid5(_NS, seed))
+
+
+def hostid_for(hostnqn: str) -> bytes:
+    """16-byte host ID: the UUID of a ``...:uuid:<UUID>`` NQN, else uuid5 of the NQN."""
+    if hostnqn.startswith(UUID_NQN_PREFIX):
+        try:
+            return uuid.UUID(hostnqn[len(UUID_NQN_PREFIX):]).bytes
+        except ValueError:
+            pass
+    return uuid.uuid5(_NS, hostnqn).bytes

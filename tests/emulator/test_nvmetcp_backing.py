@@ -1,0 +1,71 @@
+"""Namespace backings: memory, a regular file, and a real block device (loop device)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from emulator.nvmetcp import Target, simple_config
+from emulator.nvmetcp.backing import FileBacking, MemoryBacking, open_backing
+from kvtool.errors import InputError
+from kvtool.nvme import host
+from tests.conftest import is_root
+
+NQN = "nqn.2026-01.io.kvtool:backing"
+HOSTNQN = "nqn.2026-01.io.kvtool:backing-host"
+
+
+def test_open_backing_kinds(tmp_path: Path) -> None:
+    mem = open_backing("2MiB")
+    assert isinstance(mem, MemoryBacking) and mem.size == 2 << 20
+    mem.write(4096, b"abc")
+    assert mem.read(4095, 5) == b"\0abc\0"
+    mem.close()
+    f = open_backing(str(tmp_path / "new.img"), size="1MiB")
+    assert isinstance(f, FileBacking) and f.kind == "file" and f.size == 1 << 20
+    f.write(512, b"xyz")
+    f.flush()
+    f.close()
+    assert (tmp_path / "new.img").read_bytes()[512:515] == b"xyz"
+    with pytest.raises(InputError, match="neither an existing file"):
+        open_backing(str(tmp_path / "missing.img"))
+    with pytest.raises(InputError, match="Is a directory"):
+        open_backing(str(tmp_path))
+
+
+@pytest.mark.integration
+@pytest.mark.root
+def test_block_device_namespace(tmp_path: Path) -> None:
+    if not is_root() or shutil.which("losetup") is None:
+        pytest.skip("needs root and losetup to attach a loop device")
+    img = tmp_path / "loop.img"
+    with open(img, "wb") as fh:
+        fh.truncate(8 << 20)
+    try:
+        dev = subprocess.run(["losetup", "-f", "--show", str(img)], check=True,
+                             capture_output=True, text=True).stdout.strip()
+    except subprocess.CalledProcessError as exc:
+        pytest.skip(f"losetup failed: {exc.stderr.strip()}")
+    try:
+        target = Target(simple_config(nqn=NQN, backing=dev, hosts=[HOSTNQN],
+                                      listen=["127.0.0.1:0"])).start_in_thread()
+        try:
+            ns = target.subsystems[NQN].namespaces[1]
+            assert ns.backing.kind == "block" and ns.backing.size == 8 << 20
+            data = os.urandom(256 * 1024)
+            with host.connect("127.0.0.1", target.port, NQN, hostnqn=HOSTNQN) as ctrl:
+                assert ctrl.identify_namespace(1).size_bytes == 8 << 20
+                ctrl.write(1, 2048, data)
+                ctrl.flush(1)
+                assert ctrl.read(1, 2048, len(data) // 512) == data
+        finally:
+            target.stop()
+        with open(dev, "rb") as fh:  # the bytes are on the device itself
+            fh.seek(2048 * 512)
+            assert fh.read(len(data)) == data
+    finally:
+        subprocess.run(["losetup", "-d", dev], check=False)
