@@ -1,0 +1,48 @@
+"""Extract the uncompressed ELF vmlinux from an x86 bzImage.
+
+Booting the ELF directly (QEMU ``-kernel vmlinux`` through the PVH entry point) skips the
+in-guest XZ decompressor, which costs about 3.8 s under TCG for Debian's kernel.
+Adapted from the qemu-nvmet recipe (../shared/reference/qemu-nvmet/extract_vmlinux.py).
+"""
+
+from __future__ import annotations
+
+import lzma
+import zlib
+from pathlib import Path
+
+_MAGICS = ((b"\xfd7zXZ\x00", "xz"), (b"\x1f\x8b\x08", "gzip"))
+
+
+def _try(data: bytes, how: str) -> bytes | None:
+    try:
+        if how == "xz":
+            return lzma.LZMADecompressor(format=lzma.FORMAT_XZ).decompress(data)
+        return zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(data)
+    except (lzma.LZMAError, zlib.error, EOFError):
+        return None
+
+
+def extract_elf(bzimage: bytes) -> bytes:
+    """The ELF payload of ``bzimage``; raises ValueError when none is found.
+
+    Scans for every XZ/gzip magic: a false hit inside the setup code fails to decompress,
+    or decompresses to something that is not an ELF, and the scan moves on.
+    """
+    for magic, how in _MAGICS:
+        off = bzimage.find(magic)
+        while off != -1:
+            out = _try(bzimage[off:], how)
+            if out is not None and out.startswith(b"\x7fELF"):
+                return out
+            off = bzimage.find(magic, off + 1)
+    raise ValueError("no XZ- or gzip-compressed ELF payload found in the bzImage")
+
+
+def extract_file(bzimage: Path, out: Path) -> int:
+    """Write the ELF payload of ``bzimage`` to ``out`` (atomically); returns its size."""
+    elf = extract_elf(bzimage.read_bytes())
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    tmp.write_bytes(elf)
+    tmp.replace(out)
+    return len(elf)
