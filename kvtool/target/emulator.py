@@ -93,11 +93,11 @@ def _loopback(address: str) -> bool:
     return ipaddress.ip_address(address).is_loopback
 
 
-class UserspaceEngine:
-    """Runs kvtool's userspace NVMe/TCP target as a background process."""
+class BackgroundEngine:
+    """An emulator engine whose target runs as a background process recorded in the state file."""
 
     name = "emulator"
-    engine = "userspace"
+    engine = ""
 
     def __init__(self, record: st.TargetState | None) -> None:
         self.record = record
@@ -107,6 +107,12 @@ class UserspaceEngine:
     def _running(self) -> bool:
         return (self.record is not None and self.record.engine == self.engine
                 and st.pid_alive(self.record.pid))
+
+
+class UserspaceEngine(BackgroundEngine):
+    """Runs kvtool's userspace NVMe/TCP target as a background process."""
+
+    engine = "userspace"
 
     def plan_up(self, cfg: TargetConfig, previous: TargetConfig | None = None) -> Plan:
         plan = Plan(self.name, "up")

@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -32,7 +31,7 @@ from typing import Any
 
 from kvtool.errors import InputError
 from kvtool.target import state as st
-from kvtool.target.emulator import stop_pid
+from kvtool.target.emulator import BackgroundEngine, stop_pid
 from kvtool.target.model import Namespace, TargetConfig
 from kvtool.target.plan import Plan, TargetError
 
@@ -77,20 +76,12 @@ def guest_config(cfg: TargetConfig) -> TargetConfig:
 
 
 def guest_exec(control_port: int, shell: str, timeout: float = 120.0) -> tuple[int, str]:
-    """Run ``shell`` in the guest over its control channel (see emulator.qemu.guest)."""
-    from emulator.qemu.guest import _RC_MARK
-    script = f"( {shell}\n) 2>&1; echo {_RC_MARK}$?\nexit\n"
-    with socket.create_connection(("127.0.0.1", control_port), timeout=timeout) as s:
-        s.sendall(script.encode())
-        s.shutdown(socket.SHUT_WR)
-        chunks = []
-        while chunk := s.recv(65536):
-            chunks.append(chunk)
-    out = b"".join(chunks).decode(errors="replace")
-    if _RC_MARK not in out:
-        raise TargetError(f"no reply from the guest control shell (got {out[-200:]!r})")
-    body, _, rc = out.rpartition(_RC_MARK)
-    return int(rc.strip() or 255), body
+    """Run ``shell`` in the guest over its control channel; a dead channel is a TargetError."""
+    from emulator.qemu.guest import guest_exec as exec_in_guest
+    try:
+        return exec_in_guest(control_port, shell, timeout=timeout)
+    except ConnectionError as exc:
+        raise TargetError(str(exc)) from exc
 
 
 def kvtool_in_guest(args: str) -> str:
@@ -110,20 +101,10 @@ def _json_tail(text: str) -> Any:
     raise TargetError(f"no JSON in the guest's output: {text[-500:]}")
 
 
-class QemuEngine:
+class QemuEngine(BackgroundEngine):
     """Host side of the qemu engine: starts/stops the supervisor, asks the guest for status."""
 
-    name = "emulator"
     engine = "qemu"
-
-    def __init__(self, record: st.TargetState | None) -> None:
-        self.record = record
-        self.pid: int | None = record.pid if record is not None else None
-        self.extra: dict[str, Any] = dict(record.extra) if record is not None else {}
-
-    def _running(self) -> bool:
-        return (self.record is not None and self.record.engine == self.engine
-                and st.pid_alive(self.record.pid))
 
     def plan_up(self, cfg: TargetConfig, previous: TargetConfig | None = None) -> Plan:
         plan = Plan(self.name, "up")
