@@ -1,0 +1,124 @@
+"""``kvtool bench``: sequential/random object reads and writes, QD sweep, aligned vs bounce."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from kvtool.cli.load import object_progress, object_size_options, parse_lba, resolve_object
+from kvtool.cli.output import emit, json_option, note
+from kvtool.errors import UsageError
+from kvtool.units import format_size, parse_size
+
+PATTERNS = ("seq-write", "rand-write", "seq-read", "rand-read")  # == kvtool.store.bench's
+PATHS = ("aligned", "bounce")
+
+EPILOG = """
+\b
+Example:
+  kvtool bench /var/tmp/bench.img --create 2GiB --model deepseek-v4-flash --dtype fp8
+  kvtool bench /dev/loop3 --object-bytes 32MiB --qd 1,8,32 --seconds 3 --force
+  kvtool bench /dev/nvme1n1 --model llama-3-70b --read-only --pattern rand-read --json
+
+\b
+Write patterns overwrite TARGET from offset 0 (a kvtool store on it is destroyed): they
+need a blank target or --force. --read-only runs only the read patterns and writes
+nothing. With an object that is not a whole number of LBAs, each case runs twice: the
+object through the bounce buffer, and an aligned object of the same padded size.
+"""
+
+
+def _csv(text: str, allowed: tuple[str, ...], field: str) -> list[str]:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [t for t in items if t not in allowed]
+    if bad or not items:
+        raise UsageError(f"unknown value(s) {', '.join(bad) or repr(text)}; choose from "
+                         f"{', '.join(allowed)}", field=field)
+    return items
+
+
+def _qds(text: str) -> list[int]:
+    try:
+        qds = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise UsageError(f"expected queue depths like 1,4,16, got {text!r}",
+                         field="--qd") from None
+    if not qds or min(qds) < 1:
+        raise UsageError(f"queue depths must be ≥ 1, got {text!r}", field="--qd")
+    return qds
+
+
+@click.command("bench", epilog=EPILOG)
+@click.argument("target")
+@object_size_options
+@click.option("--qd", "qd_text", default="1,4,16", show_default=True,
+              help="Queue depths to sweep (comma-separated).")
+@click.option("--pattern", "pattern_text", default=",".join(PATTERNS), show_default=True,
+              help="Patterns (comma-separated).")
+@click.option("--path", "path_text", help="aligned, bounce or both (default: both when the "
+              "object needs padding, else aligned).")
+@click.option("--seconds", type=float, default=2.0, show_default=True,
+              help="Duration of each case.")
+@click.option("--ops", type=int, help="Stop each case after this many objects.")
+@click.option("--region", metavar="SIZE", default="1GiB", show_default=True,
+              help="Bytes of the target to exercise (from offset 0).")
+@click.option("--read-only", is_flag=True, help="Run the read patterns only; write nothing.")
+@click.option("--force", is_flag=True, help="Allow write patterns on a non-blank target.")
+@click.option("--lba", metavar="SIZE", help="Logical block size to align to (default: the "
+              "target's).")
+@click.option("--create", metavar="SIZE", help="Create TARGET as a regular file of this size.")
+@json_option
+def command(target: str, model: str | None, dtype: str | None, block_tokens: int, tp: int,
+            object_bytes: str | None, qd_text: str, pattern_text: str, path_text: str | None,
+            seconds: float, ops: int | None, region: str, read_only: bool, force: bool,
+            lba: str | None, create: str | None) -> None:
+    """Measure GB/s, IOPS and latency (p50/p99/p99.9) of object-sized I/O on TARGET."""
+    from kvtool.store.bench import bench
+
+    size, _ = resolve_object(model, dtype, block_tokens, tp, object_bytes)
+    qds = _qds(qd_text)
+    patterns = _csv(pattern_text, PATTERNS, "--pattern")
+    if read_only:
+        patterns = [p for p in patterns if p.endswith("read")]
+        if not patterns:
+            raise UsageError("--read-only leaves no pattern to run", field="--pattern")
+    paths = _csv(path_text, PATHS, "--path") if path_text else None
+    if seconds <= 0:
+        raise UsageError(f"must be positive, got {seconds}", field="--seconds")
+    if ops is not None and ops < 1:
+        raise UsageError(f"must be at least 1, got {ops}", field="--ops")
+    with object_progress("bench (cases)") as (advance, set_total):
+        result = bench(target, object_bytes=size, qds=qds, patterns=patterns, paths=paths,
+                       seconds=seconds, max_ops=ops,
+                       region_bytes=parse_size(region, field="--region", allow_zero=False),
+                       force=force, lba=parse_lba(lba),
+                       create_bytes=parse_size(create, field="--create", allow_zero=False)
+                       if create else None, progress=advance, on_total=set_total)
+    if result["wrote"]:
+        note(f"{target}: the first {format_size(result['region_bytes'])} now hold benchmark "
+             "data")
+    emit(result, lambda c: render(c, result))
+
+
+def render(c: Console, r: dict[str, Any]) -> None:
+    e = r["engine"]
+    padded = {row["path"]: row["object_bytes"] for row in r["results"]}
+    objects = ", ".join(f"{p} {n:,} B" for p, n in padded.items())
+    t = Table(box=box.SIMPLE, title=f"{r['target']} ({e['kind']}, {e['lba_size']} B LBA); "
+              f"objects: {objects}; region {format_size(r['region_bytes'])}")
+    for col in ("pattern", "QD", "path", "GB/s", "IOPS", "p50 µs", "p99 µs", "p99.9 µs"):
+        t.add_column(col, justify="left" if col in ("pattern", "path") else "right",
+                     no_wrap=True)
+    for row in r["results"]:
+        lat = row["lat_us"]
+        t.add_row(row["pattern"], str(row["qd"]), row["path"], f"{row['gb_per_s']:.3f}",
+                  f"{row['iops']:,.0f}", f"{lat['p50']:,.0f}", f"{lat['p99']:,.0f}",
+                  f"{lat['p99_9']:,.0f}")
+    c.print(t)
+    for b in r["bounce_cost"]:
+        c.print(f"bounce vs aligned, {b['pattern']} QD {b['qd']}: "
+                f"{b['bounce_over_aligned']:.3f}× IOPS (cost {b['cost']:+.1%})")

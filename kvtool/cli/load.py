@@ -1,0 +1,190 @@
+"""``kvtool load``: write KV objects of a model's real size onto a namespace."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+from rich import box
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from kvtool.cli.output import emit, err_console, json_option, note, settings, want_json
+from kvtool.errors import UsageError
+from kvtool.units import format_size, parse_percent, parse_size
+
+if TYPE_CHECKING:
+    from kvtool.store.layout import Geometry
+
+# The store library (numpy, ctypes) is imported inside the commands: every kvtool command
+# imports this module at start-up.
+DEFAULT_QD = 8  # == kvtool.store.engine.DEFAULT_QD
+
+EPILOG = """
+\b
+Example:
+  kvtool load /dev/loop3 --model deepseek-v4-flash --dtype fp8 --fill 80% --qd 16
+  kvtool load /var/tmp/kv.img --create 4GiB --object-bytes 32MiB --count 100
+  kvtool load /dev/nvme1n1 --model llama-3-70b --tp 4 --count 10000 --ack-file acks.jsonl
+
+\b
+The target's first MiB must be blank or hold a kvtool store; anything else (a
+filesystem, a partition table, data) is refused unless --force. Re-running the same
+command resumes: objects already stored are skipped. Layout and JSON schema:
+docs/store-layout.md, docs/store.md.
+"""
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def object_size_options(f: F) -> F:
+    """--model/--dtype/--block-tokens/--tp or --object-bytes (shared with bench)."""
+    for opt in reversed([
+        click.option("--model", "-m", help="Preset model whose per-block KV object to store "
+                     "(e.g. deepseek-v4-flash, llama-3-70b)."),
+        click.option("--dtype", help="KV dtype (fp8, bf16, ...). Default: the model's."),
+        click.option("--block-tokens", type=int, default=256, show_default=True,
+                     help="Tokens per block (one object per block)."),
+        click.option("--tp", type=int, default=1, show_default=True,
+                     help="Tensor-parallel size (objects are per rank)."),
+        click.option("--object-bytes", metavar="SIZE",
+                     help="Object size instead of a model's (e.g. 1002240, 32MiB)."),
+    ]):
+        f = opt(f)
+    return f
+
+
+def resolve_object(model: str | None, dtype: str | None, block_tokens: int, tp: int,
+                   object_bytes: str | None) -> tuple[int, Geometry]:
+    """The object size and the geometry record for the superblock."""
+    from kvtool.geometry import resolve
+    from kvtool.store.layout import Geometry
+
+    if object_bytes is not None and model is not None:
+        raise UsageError("give either --model or --object-bytes, not both",
+                         field="--object-bytes")
+    if object_bytes is not None:
+        n = parse_size(object_bytes, field="--object-bytes", allow_zero=False)
+        return n, Geometry(block_tokens=block_tokens)
+    if model is None:
+        raise UsageError("say what to store: --model NAME (with --dtype) or --object-bytes "
+                         "SIZE", field="--model")
+    if block_tokens <= 0:
+        raise UsageError(f"must be positive, got {block_tokens}", field="--block-tokens")
+    g = resolve(model, dtype=dtype, block_tokens=block_tokens, tp=tp)
+    return int(g.block_bytes), Geometry(str(g.model), str(g.dtype), block_tokens, tp)
+
+
+def parse_lba(text: str | None) -> int | None:
+    if text is None:
+        return None
+    n = parse_size(text, field="--lba", allow_zero=False)
+    if n & (n - 1) or n < 512:
+        raise UsageError(f"must be a power of two ≥ 512, got {text!r}", field="--lba")
+    return n
+
+
+@click.command("load", epilog=EPILOG)
+@click.argument("target")
+@object_size_options
+@click.option("--count", type=int, help="Number of objects to store.")
+@click.option("--fill", metavar="PERCENT", help="Store objects up to this share of the "
+              "target's slots (e.g. 80%). Default: 100% when --count is absent.")
+@click.option("--qd", type=int, default=DEFAULT_QD, show_default=True,
+              help="Queue depth: object writes in flight.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the keys and payloads (verify regenerates from it).")
+@click.option("--force", is_flag=True, help="Overwrite a filesystem, foreign data or an "
+              "incompatible kvtool store.")
+@click.option("--payload-file", type=click.Path(dir_okay=False),
+              help="Tile payloads from a real tensor file (raw bytes or .npy).")
+@click.option("--ack-file", type=click.Path(dir_okay=False),
+              help="Append one JSON line per durable commit (keys and ordinals acknowledged).")
+@click.option("--batch", type=int, default=0,
+              help="Objects per commit (default: about 64 MiB worth).")
+@click.option("--lba", metavar="SIZE", help="Logical block size to lay out for (a multiple of "
+              "the target's; e.g. 4096 on a 512 B file). Default: the target's.")
+@click.option("--create", "create", metavar="SIZE",
+              help="Create TARGET as a regular file of this size when it does not exist.")
+@json_option
+def command(target: str, model: str | None, dtype: str | None, block_tokens: int, tp: int,
+            object_bytes: str | None, count: int | None, fill: str | None, qd: int, seed: int,
+            force: bool, payload_file: str | None, ack_file: str | None, batch: int,
+            lba: str | None, create: str | None) -> None:
+    """Write KV objects onto TARGET (block device, file, or nvme+tcp:// URL) with an
+    on-device index and per-object CRC32C; every commit is durable before it is
+    acknowledged."""
+    from kvtool.store.load import AckFile, LoadSpec, load
+
+    size, geometry = resolve_object(model, dtype, block_tokens, tp, object_bytes)
+    if count is not None and fill is not None:
+        raise UsageError("give either --count or --fill, not both", field="--count")
+    if count is not None and count < 1:
+        raise UsageError(f"must be at least 1, got {count}", field="--count")
+    if batch < 0:
+        raise UsageError(f"must not be negative, got {batch}", field="--batch")
+    spec = LoadSpec(object_bytes=size, count=count,
+                    fill=parse_percent(fill, field="--fill") if fill else None, seed=seed,
+                    qd=qd, force=force, geometry=geometry, payload_file=payload_file,
+                    batch_objects=batch, lba=parse_lba(lba),
+                    create_bytes=parse_size(create, field="--create", allow_zero=False)
+                    if create else None)
+    acks = AckFile(ack_file) if ack_file else None
+    try:
+        with object_progress("load (committed objects)") as (advance, set_total):
+            result = load(target, spec, ack=acks, progress=advance, on_total=set_total)
+    finally:
+        if acks is not None:
+            acks.close()
+    if result["replaced"]:
+        note(f"replaced {result['replaced']}")
+    emit(result, lambda c: render(c, result))
+
+
+@contextmanager
+def object_progress(description: str) -> Iterator[tuple[Callable[[int], None],
+                                                        Callable[[int], None]]]:
+    """A rich bar on stderr whose total is learnt once the library knows it; yields
+    ``(advance(n), set_total(n))``. Hidden when stderr is not a terminal or with -q."""
+    enabled = err_console().is_terminal and not settings().quiet and not want_json()
+    columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn(), TimeRemainingColumn()]
+    with Progress(*columns, console=err_console(), disable=not enabled) as bar:
+        task = bar.add_task(description, total=None)
+
+        def advance(n: int) -> None:
+            bar.advance(task, n)
+
+        def set_total(n: int) -> None:
+            bar.update(task, total=n)
+
+        yield advance, set_total
+
+
+def render(c: Console, r: dict[str, Any]) -> None:
+    sb = r["store"]
+    t = Table(box=box.SIMPLE, show_header=False)
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("target", f"{r['target']} ({r['engine']['kind']}, {r['engine']['lba_size']} B LBA)")
+    t.add_row("store", f"{sb['uuid']}" + (" (new)" if r["formatted"] else " (resumed)"))
+    t.add_row("object", f"{sb['object_bytes']:,} B → slot {sb['slot_bytes']:,} B "
+              f"({r['io_path']})")
+    t.add_row("objects", f"{r['written']:,} written, {r['already_present']:,} already present, "
+              f"{r['objects']:,} stored of {sb['slot_count']:,} slots")
+    t.add_row("throughput", f"{r['gb_per_s']:.3f} GB/s, {r['objects_per_s']:,.0f} objects/s, "
+              f"QD {r['qd']}, {format_size(r['bytes_written'])} in {r['seconds']:.2f} s")
+    t.add_row("commits", f"{r['commits']} (≤ {r['objects_per_commit']} objects each, "
+              "durable before acknowledged)")
+    c.print(t)

@@ -1,0 +1,594 @@
+"""A store of fixed-size KV objects on one namespace, with a crash-consistent index.
+
+Commit protocol (docs/store-layout.md §"Crash consistency")
+-----------------------------------------------------------
+A batch of objects is committed in four steps, by one committer, batches in order:
+
+1. write each object's data (padded to whole LBAs) into a **free** slot and wait for it;
+2. ``flush`` — every byte of the batch's data is durable;
+3. write the index blocks holding the batch's entries (each entry sealed by its CRC32C);
+4. ``flush`` — the entries are durable; only now is the batch *acknowledged*.
+
+A crash before step 4 completes leaves each new entry either absent (old bytes: the slot
+is still free) or present and pointing at data made durable in step 2; entries are 64 B
+and never straddle a 512 B sector, so a torn index write cannot mix two entries. Slots are
+never overwritten while an entry references them: replacing a key writes a new slot with
+a higher ``generation`` and retires the old entry in a later commit; if a crash leaves both,
+the higher generation wins when the store is opened.
+
+Invariant: every entry that is valid on the medium (CRC ok, this store's tag, flag set)
+references a slot whose data was durable before the entry was written.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kvtool.align import padded_size, round_up
+from kvtool.store import layout as L
+from kvtool.store.bounce import as_bytes_view, copy_into, stage_for_write
+from kvtool.store.checksum import crc32c
+from kvtool.store.engine import AlignedBuffer, IOEngine
+from kvtool.store.layout import (
+    ENTRY_BYTES,
+    ENTRY_DTYPE,
+    FLAG_VALID,
+    META_BLOCK,
+    ORDINAL_NONE,
+    Superblock,
+)
+
+IO_CHUNK = 8 << 20
+"""Index reads/writes larger than this are split (bounded scratch memory)."""
+
+
+@dataclass
+class IndexProblem:
+    """An index entry that cannot be trusted (bad CRC or impossible fields)."""
+
+    slot: int
+    entry_offset: int
+    key: int
+    reason: str
+
+
+@dataclass
+class IndexScan:
+    """What opening the store found in the index (see docs/store-layout.md)."""
+
+    live: int = 0
+    stale: int = 0
+    superseded: int = 0
+    problems: list[IndexProblem] = field(default_factory=list)
+    live_slots: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+
+
+class ObjectStore:
+    """Format/open a store on an engine; put/get/delete objects; iterate the index.
+
+    ``put`` and ``delete`` are durable when they return (each is its own commit); bulk
+    loads use :meth:`writer`, which pipelines data writes and commits in batches. Commits
+    are serialised by the caller: use one writer, or single ``put``/``delete`` calls, at a
+    time (the writer's own threads are coordinated internally).
+    """
+
+    def __init__(self, engine: IOEngine, sb: Superblock, image: AlignedBuffer,
+                 scan: IndexScan) -> None:
+        self.engine = engine
+        self.sb = sb
+        self._image = image
+        self.entries: np.ndarray = np.frombuffer(image.view, dtype=ENTRY_DTYPE,
+                                                 count=sb.slot_count)
+        self.scan = scan
+        self.by_key: dict[int, int] = {}
+        self.generation = 0
+        self._free: deque[int] = deque()
+        self._retire: list[int] = []
+        self._lock = threading.Lock()
+        self._index_entries()
+
+    # ---------------------------------------------------------------- format / open
+    @classmethod
+    def format(cls, engine: IOEngine, sb: Superblock) -> ObjectStore:
+        """Write an empty store described by ``sb`` (index zeroed, then superblock)."""
+        if sb.slot_count < 1:
+            raise ValueError("the superblock has no slots")
+        meta = sb.index_offset
+        zero = AlignedBuffer(min(IO_CHUNK, sb.index_bytes))
+        try:
+            for off in range(meta, meta + sb.index_bytes, zero.nbytes):
+                n = min(zero.nbytes, meta + sb.index_bytes - off)
+                engine.write_from(off, zero.view[:n])
+        finally:
+            zero.close()
+        engine.flush()
+        head = AlignedBuffer(meta)
+        head.view[:META_BLOCK] = sb.encode()
+        engine.write_from(0, head.view[:meta])
+        engine.flush()
+        head.close()
+        image = AlignedBuffer(sb.index_bytes)
+        return cls(engine, sb, image, IndexScan())
+
+    @staticmethod
+    def read_superblock(engine: IOEngine) -> Superblock:
+        meta = round_up(META_BLOCK, engine.lba_size)
+        head = AlignedBuffer(meta)
+        try:
+            engine.read_into(0, head.view)
+            return Superblock.decode(head.view)
+        finally:
+            head.close()
+
+    @classmethod
+    def open(cls, engine: IOEngine) -> ObjectStore:
+        """Open an existing store: raises :class:`~kvtool.store.layout.NotAStore` or
+        :class:`~kvtool.store.layout.BadSuperblock`."""
+        sb = cls.read_superblock(engine)
+        end = sb.data_offset + sb.slot_count * sb.slot_bytes
+        if end > engine.size:
+            raise L.BadSuperblock(f"the store ends at byte {end} but the target has only "
+                                  f"{engine.size} bytes (truncated?)")
+        if sb.lba_size % engine.lba_size:
+            raise L.BadSuperblock(f"the store was formatted for {sb.lba_size}-byte blocks; "
+                                  f"this target needs multiples of {engine.lba_size}")
+        image = AlignedBuffer(sb.index_bytes)
+        for off in range(0, sb.index_bytes, IO_CHUNK):
+            n = min(IO_CHUNK, sb.index_bytes - off)
+            engine.read_into(sb.index_offset + off, image.view[off:off + n])
+        entries = np.frombuffer(image.view, dtype=ENTRY_DTYPE, count=sb.slot_count)
+        return cls(engine, sb, image, scan_index(sb, entries))
+
+    def close(self) -> None:
+        self.entries = np.empty(0, dtype=ENTRY_DTYPE)
+        self._image.close()
+
+    def _index_entries(self) -> None:
+        e = self.entries
+        bad = {p.slot for p in self.scan.problems}
+        slots = self.scan.live_slots
+        keys, gens = e["key"][slots], e["generation"][slots]
+        order = np.argsort(gens, kind="stable")
+        for slot, key in zip(slots[order].tolist(), keys[order].tolist(), strict=True):
+            old = self.by_key.get(key)
+            if old is not None:
+                self._retire.append(old)  # a crash left two generations: newest wins
+                self.scan.superseded += 1
+            self.by_key[key] = slot
+        self.scan.live = len(self.by_key)
+        self.generation = int(gens.max()) if gens.size else 0
+        used = set(self.by_key.values()) | bad | set(self._retire)
+        self._free = deque(s for s in range(self.sb.slot_count) if s not in used)
+
+    # ---------------------------------------------------------------- queries
+    @property
+    def free_slots(self) -> int:
+        return len(self._free)
+
+    def __len__(self) -> int:
+        return len(self.by_key)
+
+    def __contains__(self, key: int) -> bool:
+        return key in self.by_key
+
+    def live_slots(self) -> list[int]:
+        """Slots of live objects in slot order."""
+        return sorted(self.by_key.values())
+
+    # ---------------------------------------------------------------- index writes
+    def _write_index(self, slots: list[int]) -> None:
+        """Write the index blocks (whole LBAs) holding ``slots``' entries from the image,
+        one write per run of adjacent blocks."""
+        if not slots:
+            return
+        lba = self.engine.lba_size
+        blocks = sorted({s * ENTRY_BYTES // lba for s in slots})
+        runs: list[list[int]] = [[blocks[0], blocks[0]]]
+        for b in blocks[1:]:
+            if b == runs[-1][1] + 1 and (b - runs[-1][0]) * lba < IO_CHUNK:
+                runs[-1][1] = b
+            else:
+                runs.append([b, b])
+        for first, last in runs:
+            lo, hi = first * lba, min((last + 1) * lba, self.sb.index_bytes)
+            self.engine.write_from(self.sb.index_offset + lo, self._image.view[lo:hi])
+
+    def _commit(self, records: list[tuple[int, int, int, int, int]]) -> None:
+        """Steps 2–4 of the protocol for ``(slot, key, length, crc, ordinal)`` records
+        whose data writes have completed (an empty list just retires old entries)."""
+        self.engine.flush()
+        sb = self.sb
+        with self._lock:
+            last = {r[1]: r for r in records}
+            if len(last) < len(records):  # a key twice in one batch: the later one wins,
+                kept = set(map(id, last.values()))  # the earlier slot was never referenced
+                self._free.extend(r[0] for r in records if id(r) not in kept)
+                records = [r for r in records if id(r) in kept]
+            self.generation += 1
+            retire, self._retire = self._retire, []
+            touched = [r[0] for r in records]
+            for slot, key, *_ in records:
+                old = self.by_key.get(key)
+                if old is not None and old != slot:
+                    # The old version is zeroed by the *next* commit, once this one is
+                    # durable: zeroing it in the same index write could, if that write
+                    # tore, lose the key entirely.
+                    self._retire.append(old)
+                self.by_key[key] = slot
+            if records:
+                idx = np.array(touched, dtype=np.int64)
+                cols = list(zip(*records, strict=True))
+                new = np.zeros(len(records), dtype=ENTRY_DTYPE)
+                new["key"] = np.array(cols[1], dtype=np.uint64)
+                new["store_tag"] = sb.store_tag
+                new["offset"] = np.uint64(sb.data_offset) + idx.astype(np.uint64) * np.uint64(
+                    sb.slot_bytes)
+                new["length"] = np.array(cols[2], dtype=np.uint64)
+                new["generation"] = self.generation
+                new["ordinal"] = np.array(cols[4], dtype=np.uint64)
+                new["data_crc"] = np.array(cols[3], dtype=np.uint32)
+                new["lba_count"] = (new["length"] + np.uint64(sb.lba_size - 1)) // np.uint64(
+                    sb.lba_size)
+                new["flags"] = FLAG_VALID
+                L.seal(new)
+                self.entries[idx] = new
+            if retire:
+                self.entries[np.array(retire, dtype=np.int64)] = np.zeros(len(retire),
+                                                                          dtype=ENTRY_DTYPE)
+        self._write_index(sorted(touched + retire))
+        self.engine.flush()
+        with self._lock:
+            self._free.extend(retire)
+
+    def allocate(self) -> int:
+        with self._lock:
+            if not self._free:
+                raise StoreFull(f"no free slot: the store holds {self.sb.slot_count} objects")
+            return self._free.popleft()
+
+    def release(self, slot: int) -> None:
+        """Return a slot that was allocated but never committed."""
+        with self._lock:
+            self._free.appendleft(slot)
+
+    # ---------------------------------------------------------------- single objects
+    def put(self, key: int, data: bytes | memoryview | np.ndarray) -> None:
+        """Store ``data`` under ``key`` (replacing any older version); durable on return."""
+        view = as_bytes_view(data)
+        if not 0 < view.nbytes <= self.sb.slot_bytes:
+            raise ValueError(f"object of {view.nbytes} bytes does not fit a "
+                             f"{self.sb.slot_bytes}-byte slot")
+        slot = self.allocate()
+        try:
+            padded = padded_size(view.nbytes, self.sb.lba_size)
+            scratch = AlignedBuffer(padded)
+            try:
+                self.engine.write_from(self.sb.slot_offset(slot),
+                                       stage_for_write(view, scratch, padded))
+            finally:
+                scratch.close()
+        except BaseException:
+            self.release(slot)
+            raise
+        self._commit([(slot, key, view.nbytes, crc32c(view), ORDINAL_NONE)])
+        if self._retire:
+            self._commit([])  # retire the replaced version now that the new one is durable
+
+    def get(self, key: int) -> bytes:
+        """The object stored under ``key``; KeyError if absent, ObjectCorrupt on a bad CRC."""
+        slot = self.by_key[key]
+        ent = self.entries[slot]
+        length = int(ent["length"])
+        scratch = AlignedBuffer(padded_size(length, self.sb.lba_size))
+        try:
+            self.engine.read_into(int(ent["offset"]), scratch.view)
+            data = scratch.view[:length]
+            if crc32c(data) != int(ent["data_crc"]):
+                raise ObjectCorrupt(f"object {key:#018x} in slot {slot}: checksum mismatch")
+            return bytes(data)
+        finally:
+            scratch.close()
+
+    def get_into(self, key: int, out: memoryview) -> int:
+        """Read ``key``'s object into ``out`` (bounce path: only the object's bytes are
+        copied back); returns its length."""
+        slot = self.by_key[key]
+        ent = self.entries[slot]
+        length = int(ent["length"])
+        scratch = AlignedBuffer(padded_size(length, self.sb.lba_size))
+        try:
+            self.engine.read_into(int(ent["offset"]), scratch.view)
+            copy_into(out, scratch.view[:length])
+        finally:
+            scratch.close()
+        return length
+
+    def delete(self, key: int) -> None:
+        """Remove ``key``; durable on return. KeyError if absent."""
+        with self._lock:
+            slot = self.by_key.pop(key)
+            self._retire.append(slot)
+        self._commit([])
+
+    def writer(self, *, qd: int | None = None, batch_objects: int = 64,
+               on_commit: Callable[[list[tuple[int, int]]], None] | None = None) -> BatchWriter:
+        return BatchWriter(self, qd=qd or self.engine.qd, batch_objects=batch_objects,
+                           on_commit=on_commit)
+
+
+class StoreFull(Exception):
+    """No free slot left."""
+
+
+class ObjectCorrupt(Exception):
+    """An object's bytes do not match its index entry."""
+
+
+def scan_index(sb: Superblock, e: np.ndarray) -> IndexScan:
+    """Classify every entry: live (counted later), stale (another format or retired),
+    or a problem (non-zero bytes that fail the CRC or describe an impossible extent)."""
+    scan = IndexScan()
+    raw = e.view(np.uint8).reshape(-1, ENTRY_BYTES)
+    nz = np.flatnonzero(raw.any(axis=1))
+    if not nz.size:
+        return scan
+    sub = e[nz]
+    crc_ok = L.entry_crc(sub) == sub["entry_crc"]
+    tag_ok = sub["store_tag"] == np.uint64(sb.store_tag)
+    expect = np.uint64(sb.data_offset) + nz.astype(np.uint64) * np.uint64(sb.slot_bytes)
+    shape_ok = ((sub["offset"] == expect) & (sub["length"] > 0)
+                & (sub["length"] <= np.uint64(sb.slot_bytes)) & (sub["flags"] == FLAG_VALID))
+    for i in np.flatnonzero(~crc_ok).tolist():
+        slot = int(nz[i])
+        scan.problems.append(IndexProblem(slot, sb.index_offset + slot * ENTRY_BYTES,
+                                          int(sub["key"][i]), "index entry checksum mismatch"))
+    for i in np.flatnonzero(crc_ok & tag_ok & ~shape_ok).tolist():
+        slot = int(nz[i])
+        scan.problems.append(IndexProblem(slot, sb.index_offset + slot * ENTRY_BYTES,
+                                          int(sub["key"][i]), "index entry describes an "
+                                          "impossible extent"))
+    scan.stale = int(np.count_nonzero(crc_ok & ~tag_ok))
+    scan.live_slots = nz[crc_ok & tag_ok & shape_ok]
+    return scan
+
+
+def cpu_workers() -> int:
+    """Threads for checksums, payload generation and bounce copies (one per core)."""
+    return max(1, min(8, len(os.sched_getaffinity(0))))
+
+
+class BatchWriter:
+    """Pipelined bulk writes: ``qd`` writes in flight, committed ``batch_objects`` at a time.
+
+    ``put(key, fill, ordinal)`` queues one object. A CPU worker calls ``fill(out)`` to write
+    its bytes into ``out`` (a uint8 array of the object's length), computes its CRC32C and,
+    when the object is not a whole number of LBAs, stages it into an aligned scratch buffer
+    (the bounce path; aligned objects are filled in place and written zero-copy). The write
+    is then submitted to the engine, which keeps up to ``qd`` of them in flight, so CPU work
+    overlaps I/O instead of eating into the queue depth. A committer thread runs the commit
+    protocol for each completed batch in order and then calls
+    ``on_commit([(key, ordinal), ...])``: the acknowledgement. ``close()`` commits the
+    remainder; errors surface there or from the next ``put``.
+    """
+
+    def __init__(self, store: ObjectStore, *, qd: int, batch_objects: int,
+                 on_commit: Callable[[list[tuple[int, int]]], None] | None) -> None:
+        self.store = store
+        self.qd = qd
+        self.batch_objects = max(1, batch_objects)
+        self.on_commit = on_commit
+        sb = store.sb
+        self.object_bytes = sb.object_bytes
+        self.padded = sb.slot_bytes
+        self.aligned = self.object_bytes == self.padded
+        workers = cpu_workers()
+        self.window = qd + workers
+        self._buffers: queue.SimpleQueue[tuple[AlignedBuffer, np.ndarray]] = queue.SimpleQueue()
+        self._owned: list[AlignedBuffer] = []
+        for _ in range(self.window + 1):
+            ab = AlignedBuffer(self.padded)
+            self._owned.append(ab)
+            # The unaligned-size object lives in a plain heap array, as a KV engine's tensor
+            # would; the aligned buffer is the bounce scratch. Aligned objects skip it.
+            user = (np.frombuffer(ab.view, dtype=np.uint8, count=self.object_bytes)
+                    if self.aligned else np.empty(self.object_bytes, dtype=np.uint8))
+            self._buffers.put((ab, user))
+        self._cpu = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kvtool-prep")
+        # Completed objects arrive here in completion order (a record, or the exception of
+        # a failed fill/write), so one slow write never holds the queue depth down.
+        self._done: queue.SimpleQueue[tuple[int, int, int, int, int] | BaseException] = \
+            queue.SimpleQueue()
+        self._inflight = 0
+        self._unsent: set[int] = set()  # keys put but not yet handed to the committer
+        self._batch: list[tuple[int, int, int, int, int]] = []
+        self._commits: queue.Queue[list[tuple[int, int, int, int, int]] | None] = queue.Queue(2)
+        self._error: BaseException | None = None
+        self._committer = threading.Thread(target=self._commit_loop, name="kvtool-commit",
+                                           daemon=True)
+        self._committer.start()
+        self.committed = 0
+        self.bytes_committed = 0
+
+    def _prepare(self, slot: int, key: int, ordinal: int, fill: Callable[[np.ndarray], None],
+                 crc: int | None, bufs: tuple[AlignedBuffer, np.ndarray]) -> None:
+        ab, user = bufs
+        try:
+            fill(user)
+            if crc is None:
+                crc = crc32c(user)
+            view = ab.view if self.aligned else stage_for_write(
+                as_bytes_view(user), ab, self.padded)
+            fut = self.store.engine.submit_write(self.store.sb.slot_offset(slot), view)
+        except BaseException as exc:
+            self._buffers.put(bufs)
+            self._done.put(exc)
+            return
+        record = (slot, key, self.object_bytes, crc, ordinal)
+
+        def written(f: Future[None]) -> None:
+            self._buffers.put(bufs)
+            exc = f.exception()
+            self._done.put(record if exc is None else exc)
+
+        fut.add_done_callback(written)
+
+    def put(self, key: int, fill: Callable[[np.ndarray], None], ordinal: int = ORDINAL_NONE,
+            crc: int | None = None) -> None:
+        """Queue ``key``; ``crc``, when given, must be the CRC32C of the bytes ``fill``
+        writes (a deterministic payload knows it without a pass over the data)."""
+        self._raise_pending()
+        if key in self._unsent:
+            # The same key is still queued: let that version reach an earlier commit, so
+            # the later put gets the higher generation.
+            while self._inflight:
+                self._reap_one()
+            self._send_batch()
+        while self._inflight >= self.window:
+            self._reap_one()
+        self._unsent.add(key)
+        slot = self.store.allocate()
+        bufs = self._buffers.get()
+        self._cpu.submit(self._prepare, slot, key, ordinal, fill, crc, bufs)
+        self._inflight += 1
+
+    def _reap_one(self) -> None:
+        done = self._done.get()
+        self._inflight -= 1
+        if isinstance(done, BaseException):
+            raise done
+        self._batch.append(done)
+        if len(self._batch) >= self.batch_objects:
+            self._send_batch()
+
+    def _send_batch(self) -> None:
+        if self._batch:
+            batch, self._batch = self._batch, []
+            self._unsent.difference_update(r[1] for r in batch)
+            while True:
+                self._raise_pending()
+                try:
+                    self._commits.put(batch, timeout=0.2)
+                    return
+                except queue.Full:
+                    continue
+
+    def _commit_loop(self) -> None:
+        while True:
+            batch = self._commits.get()
+            if batch is None:
+                if self._error is None and self.store._retire:
+                    try:  # retire versions replaced by the last batch
+                        self.store._commit([])
+                    except BaseException as exc:
+                        self._error = exc
+                return
+            if self._error is not None:
+                continue
+            try:
+                self.store._commit(batch)
+                self.committed += len(batch)
+                self.bytes_committed += sum(r[2] for r in batch)
+                if self.on_commit is not None:
+                    self.on_commit([(r[1], r[4]) for r in batch])
+            except BaseException as exc:
+                self._error = exc
+
+    def _raise_pending(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def close(self) -> None:
+        """Wait for every queued object, commit them, and stop the threads."""
+        try:
+            while self._inflight:
+                self._reap_one()
+            self._send_batch()
+        finally:
+            while self._inflight:  # draining after an error: the first one is raised
+                self._done.get()
+                self._inflight -= 1
+            self._cpu.shutdown(wait=True)
+            self._commits.put(None)
+            self._committer.join()
+            for ab in self._owned:
+                ab.close()
+            self._owned = []
+        self._raise_pending()
+
+
+def read_slots(store: ObjectStore, slots: list[int], *, qd: int,
+               check: Callable[[int, np.ndarray], Any]) -> Iterator[tuple[int, Any]]:
+    """Read each slot's padded extent into aligned buffers with ``qd`` reads in flight,
+    run ``check(slot, extent)`` on a CPU worker, and yield ``(slot, result)`` in
+    completion order (so a slow read never holds the queue depth down).
+
+    ``extent`` is valid only during the call. When the read itself fails, the ``OSError``
+    is yielded in place of check's result.
+    """
+    sb = store.sb
+    workers = cpu_workers()
+    window = qd + workers
+    free: queue.SimpleQueue[AlignedBuffer] = queue.SimpleQueue()
+    owned = [AlignedBuffer(sb.slot_bytes) for _ in range(window)]
+    for b in owned:
+        free.put(b)
+    done: queue.SimpleQueue[tuple[int, Any, BaseException | None]] = queue.SimpleQueue()
+    cpu = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kvtool-check")
+
+    def checked(slot: int, buf: AlignedBuffer, read: Future[None]) -> None:
+        outcome: tuple[int, Any, BaseException | None]
+        try:
+            exc = read.exception()
+            if isinstance(exc, OSError):
+                outcome = (slot, exc, None)
+            elif exc is not None:
+                outcome = (slot, None, exc)
+            else:
+                outcome = (slot, check(slot, np.frombuffer(buf.view, dtype=np.uint8)), None)
+        except BaseException as err:
+            outcome = (slot, None, err)
+        free.put(buf)  # before reporting, so the next read finds a buffer at once
+        done.put(outcome)
+
+    def start(slot: int) -> None:
+        buf = free.get()
+        store.engine.submit_read(sb.slot_offset(slot), buf.view).add_done_callback(
+            lambda read: cpu.submit(checked, slot, buf, read))
+
+    inflight = 0
+    try:
+        for slot in slots:
+            if inflight >= window:
+                s, result, err = done.get()
+                inflight -= 1
+                if err is not None:
+                    raise err
+                yield s, result
+            start(slot)
+            inflight += 1
+        while inflight:
+            s, result, err = done.get()
+            inflight -= 1
+            if err is not None:
+                raise err
+            yield s, result
+    finally:
+        while inflight:  # draining after an error or an abandoned generator
+            done.get()
+            inflight -= 1
+        cpu.shutdown(wait=True)
+        for b in owned:
+            b.close()
+
+
+__all__ = ["BatchWriter", "IndexProblem", "IndexScan", "ObjectCorrupt", "ObjectStore",
+           "StoreFull", "read_slots"]

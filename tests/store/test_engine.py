@@ -1,0 +1,149 @@
+"""The O_DIRECT engine and the bounce/zero-copy object path, on a real file."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvtool.errors import UsageError
+from kvtool.store.bounce import io_path, read_object, write_object
+from kvtool.store.engine import AlignedBuffer, IOEngine, open_engine
+
+
+@pytest.fixture(params=["aio", "threads"])
+def engine(request: pytest.FixtureRequest, blank_file: Callable[[int], Path]) -> IOEngine:
+    e = open_engine(str(blank_file(8 << 20)), write=True, qd=4, submission=request.param)
+    assert e.describe()["submission"] == request.param
+    yield e  # type: ignore[misc]
+    e.close()
+
+
+def test_satisfies_the_protocol(engine: IOEngine) -> None:
+    assert isinstance(engine, IOEngine)
+    assert engine.size == 8 << 20 and engine.lba_size in (512, 4096)
+    assert engine.describe()["kind"] == "file"
+
+
+def test_round_trip_through_the_medium(engine: IOEngine) -> None:
+    buf = AlignedBuffer(1 << 20)
+    np.frombuffer(buf.view, dtype=np.uint8)[:] = np.arange(1 << 20) % 251
+    engine.write_from(4096, buf.view)
+    engine.flush()
+    back = AlignedBuffer(1 << 20)
+    engine.read_into(4096, back.view)
+    assert bytes(back.view) == bytes(buf.view)
+    # and it really is on the file, visible to an ordinary read
+    path = engine.describe()["target"]
+    with open(path, "rb") as f:
+        f.seek(4096)
+        assert f.read(1 << 20) == bytes(buf.view)
+
+
+def test_async_submissions(engine: IOEngine) -> None:
+    bufs = [AlignedBuffer(65536) for _ in range(16)]
+    for i, b in enumerate(bufs):
+        b.view[:] = bytes([i]) * 65536
+    futs = [engine.submit_write(i * 65536, b.view) for i, b in enumerate(bufs)]
+    for f in futs:
+        f.result()
+    outs = [AlignedBuffer(65536) for _ in range(16)]
+    for f in [engine.submit_read(i * 65536, o.view) for i, o in enumerate(outs)]:
+        f.result()
+    assert all(o.view[100] == i for i, o in enumerate(outs))
+
+
+def test_alignment_contract_is_enforced(engine: IOEngine) -> None:
+    buf = AlignedBuffer(8192)
+    lba = engine.lba_size
+    with pytest.raises(ValueError, match="logical block"):
+        engine.read_into(lba // 2, buf.view[:lba])
+    with pytest.raises(ValueError, match="logical block"):
+        engine.read_into(0, buf.view[:lba + 1])
+    with pytest.raises(ValueError, match="not aligned"):
+        engine.read_into(0, buf.view[1:lba + 1])
+    with pytest.raises(ValueError, match="past the namespace"):
+        engine.read_into(engine.size, buf.view[:lba])
+
+
+def test_read_only_engine_refuses_writes(blank_file: Callable[[int], Path]) -> None:
+    e = open_engine(str(blank_file(1 << 20)), write=False)
+    try:
+        with pytest.raises(PermissionError):
+            e.write_from(0, AlignedBuffer(4096).view)
+    finally:
+        e.close()
+
+
+def test_bad_targets(store_dir: Path) -> None:
+    with pytest.raises(UsageError, match="no such file") as exc:
+        open_engine(str(store_dir / "missing.img"), write=True)
+    assert exc.value.field == "TARGET"
+    with pytest.raises(UsageError, match="not a block device or regular file"):
+        open_engine(str(store_dir), write=False)
+    assert not (store_dir / "missing.img").exists()
+
+
+def test_create_and_lba_override(store_dir: Path) -> None:
+    path = store_dir / "new.img"
+    e = open_engine(str(path), write=True, create_bytes=3 << 20, lba=4096)
+    try:
+        assert e.lba_size == 4096 and e.size == 3 << 20
+        assert os.stat(path).st_blocks * 512 >= 3 << 20  # allocated, not sparse
+    finally:
+        e.close()
+    with pytest.raises(UsageError, match="power-of-two multiple"):
+        open_engine(str(path), write=False, lba=1000)
+
+
+@pytest.mark.parametrize("nbytes", [1, 511, 513, 4095, 1_002_240])
+def test_bounce_path_copies_back_only_the_object(engine: IOEngine, nbytes: int) -> None:
+    data = np.random.default_rng(nbytes).integers(0, 256, size=nbytes, dtype=np.uint8)
+    assert io_path(memoryview(data), engine.lba_size, engine.mem_align) == "bounce"
+    scratch = AlignedBuffer(2 << 20)
+    np.frombuffer(scratch.view, dtype=np.uint8)[:] = 0xEE  # dirty scratch: pad must be zeroed
+    write_object(engine, 1 << 20, memoryview(data), scratch).result()
+    out = np.full(nbytes + 100, 0x5A, dtype=np.uint8)
+    read_object(engine, 1 << 20, nbytes, memoryview(out), AlignedBuffer(2 << 20))
+    assert np.array_equal(out[:nbytes], data)
+    assert (out[nbytes:] == 0x5A).all()  # nothing past the object is touched
+    padded = -(-nbytes // engine.lba_size) * engine.lba_size
+    raw = AlignedBuffer(padded)
+    engine.read_into(1 << 20, raw.view)
+    assert not any(raw.view[nbytes:])  # the pad on the medium is zeros
+
+
+def test_zero_copy_path_for_aligned_objects(engine: IOEngine) -> None:
+    buf = AlignedBuffer(1 << 20)
+    assert io_path(buf.view, engine.lba_size, engine.mem_align) == "zero-copy"
+    buf.view[:] = b"\x42" * (1 << 20)
+    write_object(engine, 0, buf.view).result()
+    out = AlignedBuffer(1 << 20)
+    read_object(engine, 0, 1 << 20, out.view)
+    assert bytes(out.view) == bytes(buf.view)
+
+
+def test_failed_request_raises_from_its_future(engine: IOEngine) -> None:
+    """The file shrinks under the engine: the read past the new end comes back short, and
+    the future (not the reaper) reports it."""
+    os.truncate(engine.describe()["target"], 4 << 20)
+    buf = AlignedBuffer(1 << 20)
+    with pytest.raises(OSError):
+        engine.submit_read(6 << 20, buf.view).result(10)
+    engine.submit_read(0, buf.view).result(10)  # the engine keeps working
+
+
+def test_more_submissions_than_qd_all_complete(engine: IOEngine) -> None:
+    bufs = [AlignedBuffer(4096) for _ in range(64)]
+    for i, b in enumerate(bufs):
+        b.view[:] = bytes([i]) * 4096
+    for f in [engine.submit_write(i * 4096, b.view) for i, b in enumerate(bufs)]:
+        f.result(10)
+    engine.flush()
+    out = [AlignedBuffer(4096) for _ in range(64)]
+    for f in [engine.submit_read(i * 4096, o.view) for i, o in enumerate(out)]:
+        f.result(10)
+    assert [o.view[0] for o in out] == list(range(64))
