@@ -27,6 +27,7 @@ COMMAND_MODULES: list[str] = [
     "plan",
     "replay",
     "store",
+    "target",
     "trace",
     "verify",
 ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -76,18 +77,27 @@ _stdout: Console | None = None
 _stderr: Console | None = None
 
 
+def _width(stream: Any) -> int | None:
+    """Terminal width on a tty; otherwise $COLUMNS or 120, so logs and pipes get whole tables
+    instead of rich's 80-column default."""
+    isatty = getattr(stream, "isatty", None)
+    if isatty is not None and isatty():
+        return None
+    return int(os.environ.get("COLUMNS") or 0) or 120
+
+
 def console() -> Console:
     """Human output (stdout). Re-created per stream so CliRunner captures it."""
     global _stdout
     if _stdout is None or _stdout.file is not sys.stdout:
-        _stdout = Console(file=sys.stdout, highlight=False, soft_wrap=False)
+        _stdout = Console(file=sys.stdout, highlight=False, soft_wrap=False, width=_width(sys.stdout))
     return _stdout
 
 
 def err_console() -> Console:
     global _stderr
     if _stderr is None or _stderr.file is not sys.stderr:
-        _stderr = Console(file=sys.stderr, highlight=False, stderr=True)
+        _stderr = Console(file=sys.stderr, highlight=False, stderr=True, width=_width(sys.stderr))
     return _stderr
 
 

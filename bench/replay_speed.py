@@ -1,0 +1,115 @@
+"""Speed of ``kvtool replay`` against a minimal OrderedDict simulator, same run, same trace.
+
+Targets (issue 3): replaying the Mooncake conversation trace (``--format mooncake
+--block-tokens 512``) through one LRU tier takes at most 2× the time of the minimal
+simulator (bench/replay_minimal_sim.py), whole process including start-up; three tiers
+at most 3×. Each command runs ``--repeat`` times; the median wall time is compared.
+
+Besides the whole-process ratio through the CLI, it prints the ratio of the library path
+(``python -c`` importing only kvtool.cache and kvtool.trace), which separates the engine
+from the start-up of the CLI (which imports every command module).
+
+    python bench/replay_speed.py [TRACE] [--repeat 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_TRACE = HERE.parent.parent / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"
+CAP_TOKENS = 3_000_000
+BLOCK_TOKENS = 512
+
+LIBRARY = """
+import sys
+from kvtool.cache import CacheConfig, TierSpec, replay
+from kvtool.trace import read_trace
+from kvtool.units import Capacity
+tiers = [TierSpec(n, Capacity.parse(c)) for n, c in (a.split("=") for a in sys.argv[2:])]
+trace = read_trace(sys.argv[1], fmt="mooncake", block_tokens=512)
+[res] = replay(trace, [CacheConfig(tiers)], block_tokens=512)
+print(res["token_hit_ratio"])
+"""
+
+
+def timed(cmd: list[str]) -> tuple[float, float, str]:
+    """Wall seconds, CPU seconds (user+sys of the child) and stdout of one run."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, out
+
+
+def measure(cmds: dict[str, list[str]], repeat: int) -> dict[str, tuple[float, float, str]]:
+    """Median wall and CPU time of each command; runs are interleaved (round-robin) so
+    that load from other processes on a shared machine hits every command alike."""
+    runs: dict[str, list[tuple[float, float, str]]] = {name: [] for name in cmds}
+    for _ in range(repeat):
+        for name, cmd in cmds.items():
+            runs[name].append(timed(cmd))
+    return {name: (statistics.median(r[0] for r in rs), statistics.median(r[1] for r in rs),
+                   rs[0][2]) for name, rs in runs.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("trace", nargs="?", default=str(DEFAULT_TRACE))
+    ap.add_argument("--repeat", type=int, default=5)
+    args = ap.parse_args()
+    py = sys.executable
+    trace = args.trace
+    one = ["--dram", f"{CAP_TOKENS}tok"]
+    three = ["--gpu", f"{CAP_TOKENS // 3}tok", "--dram", f"{CAP_TOKENS}tok", "--nvme", "inf"]
+    kv = [py, "-m", "kvtool", "--json", "replay", trace, "--format", "mooncake",
+          "--block-tokens", str(BLOCK_TOKENS)]
+
+    cmds = {
+        "minimal": [py, str(HERE / "replay_minimal_sim.py"), trace,
+                    str(CAP_TOKENS // BLOCK_TOKENS), str(BLOCK_TOKENS)],
+        "start": [py, "-c", "import kvtool.cli.main"],
+        "cli1": kv + one,
+        "cli3": kv + three,
+        "lib1": [py, "-c", LIBRARY, trace, f"dram={CAP_TOKENS}tok"],
+        "lib3": [py, "-c", LIBRARY, trace, f"gpu={CAP_TOKENS // 3}tok", f"dram={CAP_TOKENS}tok",
+                 "nvme=inf"],
+    }
+    m = measure(cmds, args.repeat)
+    ref_wall, ref_cpu, ref_out = m["minimal"]
+    ref_ratio = float(ref_out)
+    cli_ratio = json.loads(m["cli1"][2])["token_hit_ratio"]
+    agree = abs(ref_ratio - cli_ratio) < 1e-12 and abs(ref_ratio - float(m["lib1"][2])) < 1e-12
+    print(f"trace: {trace}")
+    print(f"token hit ratio, 1 LRU tier of {CAP_TOKENS} tokens: minimal {ref_ratio:.6f}, "
+          f"kvtool {cli_ratio:.6f} ({'agree' if agree else 'DISAGREE'})")
+    print(f"median of {args.repeat} interleaved runs, whole process (wall s / CPU s):")
+    rows = [("minimal OrderedDict simulator", "minimal", None),
+            ("CLI start-up alone (import)", "start", None),
+            ("kvtool replay, 1 LRU tier (CLI)", "cli1", 2.0),
+            ("kvtool replay, 3 tiers (CLI)", "cli3", 3.0),
+            ("library replay, 1 LRU tier", "lib1", 2.0),
+            ("library replay, 3 tiers", "lib3", 3.0)]
+    for label, key, target in rows:
+        wall, cpu, _ = m[key]
+        line = f"  {label:33s} {wall:6.3f} / {cpu:6.3f}"
+        if target is not None:
+            rw, rc = wall / ref_wall, cpu / ref_cpu
+            verdict = "ok" if max(rw, rc) <= target else "OVER"
+            line += f"   ratio wall {rw:4.2f} cpu {rc:4.2f} (target ≤ {target:.0f}×: {verdict})"
+        print(line)
+    if not agree:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,272 @@
+"""Cache configurations from a TOML tiers file and from ``--compare`` specs.
+
+Tiers file (``kvtool replay --tiers FILE.toml``; every key optional)::
+
+    write_policy = "write-back"        # or "write-through" (default)
+    [gpu]
+    capacity = "2GiB"                  # bytes, 5859blk, 3000000tok or inf
+    policy = "lru-tail-first"
+    [dram]
+    capacity = "429.5GB"
+    policy = "lru"
+    watermark = 0.90                   # Mooncake batch eviction: evict ratio×used
+    evict_ratio = 0.05                 #   when more than watermark×capacity is used
+    [nvme]
+    capacity = "46.09TB"
+    [time]
+    prefill_tokens_per_s = 10000
+    tpot_ms = 20
+    concurrency = 16
+    [time.read_gbps]
+    dram = 25
+    nvme = 5.2
+
+Compare spec (``--compare``, repeatable): comma-separated ``key=value`` with keys
+``gpu``, ``dram``, ``nvme`` (capacities), ``policy`` (all tiers), ``gpu-policy`` /
+``dram-policy`` / ``nvme-policy``, ``write-policy``, ``watermark``, ``evict-ratio`` and
+``label``; e.g. ``dram=53.7GB,nvme=46.09TB,policy=lru,label=DRAM/8+NVMe``.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvtool.cache.engine import CacheConfig, TierSpec
+from kvtool.cache.hierarchy import WRITE_POLICIES
+from kvtool.cache.policies import POLICIES, WATERMARK_DEFAULTS
+from kvtool.cache.tier import TIER_NAMES, Watermark
+from kvtool.cache.timemodel import DEFAULT_READ_GBPS, TimeModel
+from kvtool.errors import InputError, UsageError
+from kvtool.units import Capacity
+
+_TIER_KEYS = {"capacity", "policy", "watermark", "evict_ratio", "window"}
+_TIME_KEYS = {"prefill_tokens_per_s", "tpot_ms", "concurrency", "read_gbps"}
+_TOP_KEYS = {"write_policy", "time", *TIER_NAMES}
+
+
+@dataclass
+class TierOptions:
+    """What a tiers file says about one tier (``None``: not said)."""
+
+    capacity: Capacity | None = None
+    policy: str | None = None
+    watermark: float | None = None
+    evict_ratio: float | None = None
+    window: int | None = None
+
+
+@dataclass
+class TiersFile:
+    """A parsed tiers file."""
+
+    tiers: dict[str, TierOptions] = field(default_factory=dict)
+    write_policy: str | None = None
+    time: dict[str, Any] = field(default_factory=dict)
+
+
+def _line_of(text: str, key: str, table: str | None) -> int | None:
+    """Best-effort line of ``key`` (inside ``[table]`` when given) for error messages."""
+    current: str | None = None
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        m = re.match(r"^\[\s*([A-Za-z0-9_.\-]+)\s*\]", line)
+        if m:
+            current = m.group(1)
+            if table is None and current == key:
+                return n
+            continue
+        if re.match(rf"^{re.escape(key)}\s*=", line) and (table is None or current == table):
+            return n
+    return None
+
+
+def load_tiers_file(path: str | Path) -> TiersFile:
+    """Parse and check a tiers file; errors name the file, line and field."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror}", file=path, field="--tiers") from None
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        m = re.search(r"line (\d+)", str(exc))
+        raise InputError(f"not valid TOML: {exc}", file=path,
+                         line=int(m.group(1)) if m else None) from None
+
+    def bad(message: str, key: str, table: str | None = None) -> InputError:
+        name = f"{table}.{key}" if table else key
+        return InputError(message, file=path, line=_line_of(text, key, table), field=name)
+
+    out = TiersFile()
+    for key, value in doc.items():
+        if key not in _TOP_KEYS:
+            raise bad(f"unknown key (use {', '.join(sorted(_TOP_KEYS))})", key)
+        if key == "write_policy":
+            if value not in WRITE_POLICIES:
+                raise bad(f"{value!r} is not a write policy (use {', '.join(WRITE_POLICIES)})",
+                          key)
+            out.write_policy = value
+        elif key == "time":
+            out.time = _time_table(value, bad)
+        else:
+            out.tiers[key] = _tier_table(key, value, bad)
+    return out
+
+
+def _tier_table(name: str, table: Any, bad: Any) -> TierOptions:
+    if not isinstance(table, dict):
+        raise bad("must be a table", name)
+    opts = TierOptions()
+    for key, value in table.items():
+        if key not in _TIER_KEYS:
+            raise bad(f"unknown key (use {', '.join(sorted(_TIER_KEYS))})", key, name)
+        if key == "capacity":
+            try:
+                opts.capacity = Capacity.parse(value if isinstance(value, str | int) else "?")
+            except UsageError as exc:
+                raise bad(exc.message, key, name) from None
+        elif key == "policy":
+            if value not in POLICIES:
+                raise bad(f"{value!r} is not a policy (use {', '.join(POLICIES)})", key, name)
+            opts.policy = value
+        elif key == "window":
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise bad(f"must be a whole number ≥ 1, got {value!r}", key, name)
+            opts.window = value
+        else:
+            if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value <= 1:
+                raise bad(f"must be a fraction in (0, 1], got {value!r}", key, name)
+            setattr(opts, key, float(value))
+    return opts
+
+
+def _time_table(table: Any, bad: Any) -> dict[str, Any]:
+    if not isinstance(table, dict):
+        raise bad("must be a table", "time")
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in _TIME_KEYS:
+            raise bad(f"unknown key (use {', '.join(sorted(_TIME_KEYS))})", key, "time")
+        if key == "read_gbps":
+            if not isinstance(value, dict):
+                raise bad("must be a table of tier = GB/s", key, "time")
+            for tier, rate in value.items():
+                if tier not in TIER_NAMES:
+                    raise bad(f"unknown tier (use {', '.join(TIER_NAMES)})", tier, "time.read_gbps")
+                if not isinstance(rate, int | float) or isinstance(rate, bool) or not rate > 0:
+                    raise bad(f"must be a positive number, got {rate!r}", tier, "time.read_gbps")
+            out[key] = {k: float(v) for k, v in value.items()}
+        elif key == "concurrency":
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise bad(f"must be a whole number ≥ 1, got {value!r}", key, "time")
+            out[key] = value
+        else:
+            if not isinstance(value, int | float) or isinstance(value, bool) or value < 0 or (
+                    key == "prefill_tokens_per_s" and value == 0):
+                raise bad(f"must be a positive number, got {value!r}", key, "time")
+            out[key] = float(value)
+    return out
+
+
+def make_watermark(policy: str, high: float | None, ratio: float | None) -> Watermark | None:
+    """The watermark a tier gets: explicit values, else the policy's implied one."""
+    if high is None and ratio is None:
+        if policy in WATERMARK_DEFAULTS:
+            return Watermark(*WATERMARK_DEFAULTS[policy])
+        return None
+    return Watermark(high if high is not None else 0.90, ratio if ratio is not None else 0.05)
+
+
+def build_config(capacities: dict[str, Capacity | None], *, policy: str | None,
+                 write_policy: str | None, watermark: float | None = None,
+                 evict_ratio: float | None = None, tier_policies: dict[str, str] | None = None,
+                 tiers_file: TiersFile | None = None, label: str = "") -> CacheConfig:
+    """One configuration from command-line values layered over a tiers file.
+
+    Precedence, per item: the command line, then the tiers file, then the defaults
+    (policy ``lru``, write policy ``write-through``, no watermark).
+    """
+    tf = tiers_file or TiersFile()
+    specs = []
+    for name in TIER_NAMES:
+        opts = tf.tiers.get(name, TierOptions())
+        cap = capacities.get(name) or opts.capacity
+        if cap is None or cap.is_zero:
+            continue
+        pol = (tier_policies or {}).get(name) or policy or opts.policy or "lru"
+        wm = make_watermark(pol, watermark if watermark is not None else opts.watermark,
+                            evict_ratio if evict_ratio is not None else opts.evict_ratio)
+        specs.append(TierSpec(name, cap, pol, wm, opts.window))
+    wp = write_policy or tf.write_policy or "write-through"
+    return CacheConfig(specs, wp, label)  # type: ignore[arg-type]
+
+
+def parse_compare(spec: str, *, policy: str | None, write_policy: str | None,
+                  tiers_file: TiersFile | None = None) -> CacheConfig:
+    """A ``--compare`` spec → configuration (other tiers come not from the base config)."""
+    caps: dict[str, Capacity | None] = {}
+    tier_policies: dict[str, str] = {}
+    values: dict[str, str] = {}
+    for part in (p.strip() for p in spec.split(",")):
+        if not part:
+            continue
+        key, eq, value = part.partition("=")
+        key, value = key.strip().lower(), value.strip()
+        if not eq or not value:
+            raise UsageError(f"{part!r} in {spec!r} is not key=value "
+                             "(example: dram=53.7GB,nvme=46.09TB)", field="--compare")
+        if key in TIER_NAMES:
+            caps[key] = Capacity.parse(value, field=f"--compare {key}")
+        elif key.endswith("-policy") and key[:-7] in TIER_NAMES:
+            tier_policies[key[:-7]] = value
+        elif key in {"policy", "write-policy", "watermark", "evict-ratio", "label"}:
+            values[key] = value
+        else:
+            raise UsageError(f"unknown key {key!r} in {spec!r} (use gpu, dram, nvme, policy, "
+                             "gpu-policy, dram-policy, nvme-policy, write-policy, watermark, "
+                             "evict-ratio, label)", field="--compare")
+    if not any(c is not None and not c.is_zero for c in caps.values()):
+        raise UsageError(f"{spec!r} names no tier with a non-zero size", field="--compare")
+    for pol in [values.get("policy"), *tier_policies.values()]:
+        if pol is not None and pol not in POLICIES:
+            raise UsageError(f"unknown policy {pol!r} in {spec!r} (use {', '.join(POLICIES)})",
+                             field="--compare")
+    fractions = {}
+    for key in ("watermark", "evict-ratio"):
+        if key in values:
+            try:
+                f = float(values[key])
+            except ValueError:
+                f = -1.0
+            if not 0 < f <= 1:
+                raise UsageError(f"{key} must be a fraction in (0, 1], got {values[key]!r}",
+                                 field="--compare")
+            fractions[key] = f
+    base = TiersFile(time=tiers_file.time) if tiers_file else None
+    return build_config(caps, policy=values.get("policy", policy),
+                        write_policy=values.get("write-policy", write_policy),
+                        watermark=fractions.get("watermark"),
+                        evict_ratio=fractions.get("evict-ratio"),
+                        tier_policies=tier_policies, tiers_file=base,
+                        label=values.get("label", ""))
+
+
+def time_model_from(file_values: dict[str, Any], *, prefill_tps: float | None,
+                    tpot_ms: float | None, read_gbps: dict[str, float],
+                    concurrency: int | None) -> TimeModel:
+    """The time model: command line over tiers file over defaults."""
+    rates = dict(DEFAULT_READ_GBPS)
+    rates.update(file_values.get("read_gbps", {}))
+    rates.update(read_gbps)
+    return TimeModel(
+        prefill_tokens_per_s=(prefill_tps if prefill_tps is not None
+                              else file_values.get("prefill_tokens_per_s", 10_000.0)),
+        tpot_ms=tpot_ms if tpot_ms is not None else file_values.get("tpot_ms", 20.0),
+        read_gbps=rates,
+        concurrency=concurrency if concurrency is not None else file_values.get("concurrency", 1),
+    )

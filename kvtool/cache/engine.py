@@ -1,0 +1,318 @@
+"""The replay engine: requests in serve order → tier hierarchy → per-round accounting.
+
+Library use (the CLI ``kvtool replay`` is a thin shell over this)::
+
+    from kvtool.cache import CacheConfig, TierSpec, replay
+    from kvtool.trace import read_trace
+    from kvtool.units import Capacity
+
+    trace = read_trace("trace.jsonl", fmt="mooncake", block_tokens=512)
+    cfg = CacheConfig([TierSpec("dram", Capacity.parse("3000000tok"))])
+    [result] = replay(trace, [cfg], block_tokens=trace.block_tokens)
+    result["token_hit_ratio"], result["cliff_round"]
+
+Several configurations replay the same request stream side by side, one pass over the
+trace (``--compare``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol
+
+from kvtool.cache.hierarchy import WRITE_POLICIES, TierHierarchy, WritePolicy
+from kvtool.cache.policies import POLICIES, WATERMARK_DEFAULTS, make_policy
+from kvtool.cache.stats import RoundStats, cliff_round
+from kvtool.cache.tier import TIER_NAMES, Tier, TierBackend, Watermark
+from kvtool.cache.timemodel import TimeModel
+from kvtool.errors import UsageError
+from kvtool.units import Capacity
+
+
+class RequestLike(Protocol):
+    """What the engine reads from a request (:class:`kvtool.trace.Request` has it)."""
+
+    @property
+    def input_length(self) -> int: ...
+    @property
+    def output_length(self) -> int: ...
+    @property
+    def block_keys(self) -> list[int]: ...
+    @property
+    def session(self) -> str | int | None: ...
+    @property
+    def round(self) -> int | None: ...
+    @property
+    def report_round(self) -> int: ...
+    @property
+    def line(self) -> int: ...
+
+
+@dataclass
+class TierSpec:
+    """One tier as the user configured it (capacity not yet resolved to blocks)."""
+
+    name: str
+    capacity: Capacity
+    policy: str = "lru"
+    watermark: Watermark | None = None
+    window: int | None = None
+    """``prefix-fair`` only: how many of the oldest leaves compete on depth (default 128)."""
+
+    def __post_init__(self) -> None:
+        if self.name not in TIER_NAMES:
+            raise UsageError(f"unknown tier {self.name!r} (use {', '.join(TIER_NAMES)})",
+                             field="tier")
+        if self.policy not in POLICIES:
+            raise UsageError(f"unknown policy {self.policy!r} (use {', '.join(POLICIES)})",
+                             field="--policy")
+        if self.watermark is None and self.policy in WATERMARK_DEFAULTS:
+            self.watermark = Watermark(*WATERMARK_DEFAULTS[self.policy])
+
+    def blocks(self, block_bytes: int | None, block_tokens: int) -> float:
+        """Capacity in whole blocks; a byte size needs ``block_bytes``."""
+        if self.capacity.unit == "bytes" and not block_bytes:
+            raise UsageError(f"{self.capacity} is a size in bytes: give --model/--dtype or "
+                             "--block-bytes, or use blk/tok units", field=f"--{self.name}")
+        return self.capacity.blocks(block_bytes or 0, block_tokens)
+
+
+@dataclass
+class CacheConfig:
+    """A whole cache: present tiers (highest first), write policy, and a label."""
+
+    tiers: list[TierSpec]
+    write_policy: WritePolicy = "write-through"
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        if self.write_policy not in WRITE_POLICIES:
+            raise UsageError(f"unknown write policy {self.write_policy!r} "
+                             f"(use {', '.join(WRITE_POLICIES)})", field="--write-policy")
+        order = {n: i for i, n in enumerate(TIER_NAMES)}
+        self.tiers = sorted((t for t in self.tiers if not t.capacity.is_zero),
+                            key=lambda t: order[t.name])
+        names = [t.name for t in self.tiers]
+        if len(set(names)) != len(names):
+            raise UsageError("a tier is given twice", field="tier")
+        if not self.tiers:
+            raise UsageError("no cache tier: give --gpu, --dram or --nvme with a non-zero size",
+                             field="--dram")
+        if not self.label:
+            self.label = " + ".join(f"{t.name} {t.capacity} {t.policy}" for t in self.tiers)
+
+    def build(self, block_bytes: int | None, block_tokens: int,
+              backends: dict[str, TierBackend] | None = None) -> TierHierarchy:
+        tiers = []
+        for spec in self.tiers:
+            cap = spec.blocks(block_bytes, block_tokens)
+            if cap <= 0:
+                raise UsageError(f"{spec.capacity} holds no whole block of {block_tokens} tokens"
+                                 + (f" ({block_bytes} B)" if block_bytes else ""),
+                                 field=f"--{spec.name}")
+            policy = make_policy(spec.policy, window=spec.window)
+            tiers.append(Tier(spec.name, cap, policy, watermark=spec.watermark,
+                              backend=(backends or {}).get(spec.name)))
+        return TierHierarchy(tiers, self.write_policy)
+
+
+class RequestOutcome(NamedTuple):
+    """One request's accounting (only built when asked for: ``Replay(per_request=...)``)."""
+
+    line: int
+    round: int
+    input_tokens: int
+    hit_tokens: dict[str, int]
+    recompute_tokens: int
+    blocks_written: dict[str, int]
+    evictions: dict[str, int]
+    ttft_s: float
+
+
+@dataclass
+class Replay:
+    """One configuration being replayed: feed it requests, then ask for :meth:`result`."""
+
+    config: CacheConfig
+    block_tokens: int
+    block_bytes: int | None = None
+    time_model: TimeModel = field(default_factory=TimeModel)
+    on_request: Callable[[RequestOutcome], None] | None = None
+    backends: dict[str, TierBackend] | None = None
+
+    def __post_init__(self) -> None:
+        self.cache = self.config.build(self.block_bytes, self.block_tokens, self.backends)
+        self.names = self.cache.names
+        self.rounds: dict[int, RoundStats] = {}
+        self.real_rounds = False
+        self._sessions: dict[str | int, int] = {}
+        self._anonymous = 0
+        self._spb = [self.time_model.seconds_per_block(n, self.block_bytes) for n in self.names]
+        self._load_costs = any(self._spb)
+        self._prefill = self.time_model.prefill_tokens_per_s
+        self._tpot = self.time_model.tpot_ms / 1000.0
+
+    def _session_id(self, session: str | int | None) -> int:
+        """A small int per session, in order of first appearance (the oracle's rank)."""
+        if session is None:
+            # Each session-less request is a session of its own, ranked by arrival.
+            self._anonymous += 1
+            return (1 << 40) + self._anonymous
+        ids = self._sessions
+        sid = ids.get(session)
+        if sid is None:
+            sid = ids[session] = len(ids)
+        return sid
+
+    def feed(self, req: RequestLike) -> None:
+        """Serve one request (requests must come in serve order)."""
+        r = req.report_round
+        st = self.rounds.get(r)
+        if st is None:
+            st = self.rounds[r] = RoundStats(len(self.names))
+        if not self.real_rounds and req.round is not None:
+            self.real_rounds = True
+        if self.on_request is not None:
+            self._feed_recorded(req, r, st)
+            return
+        # _serve, inlined: this runs once per request of every replay.
+        session = req.session
+        sid = self._sessions.get(session) if session is not None else None
+        if sid is None:
+            sid = self._session_id(session)
+        inp = req.input_length
+        B = self.block_tokens
+        per_tier = self.cache.serve(req.block_keys, inp, B, sid, st)
+        k = per_tier[0] if len(per_tier) == 1 else sum(per_tier)
+        hit = k * B
+        if hit > inp:
+            hit = inp
+        ttft = (inp - hit) / self._prefill
+        if k and self._load_costs:
+            for j, n in enumerate(per_tier):
+                if n:
+                    ttft += n * self._spb[j]
+        out = req.output_length
+        st.requests += 1
+        st.input_tokens += inp
+        st.output_tokens += out
+        st.ttft_s.append(ttft)
+        st.latency_s += ttft + out * self._tpot
+
+    def _serve(self, req: RequestLike, st: RoundStats) -> float:
+        B = self.block_tokens
+        inp = req.input_length
+        per_tier = self.cache.serve(req.block_keys, inp, B, self._session_id(req.session), st)
+        hit = sum(per_tier) * B
+        if hit > inp:
+            hit = inp
+        ttft = (inp - hit) / self._prefill
+        for j, n in enumerate(per_tier):
+            if n:
+                ttft += n * self._spb[j]
+        st.requests += 1
+        st.input_tokens += inp
+        st.output_tokens += req.output_length
+        st.ttft_s.append(ttft)
+        st.latency_s += ttft + req.output_length * self._tpot
+        return ttft
+
+    def _feed_recorded(self, req: RequestLike, r: int, st: RoundStats) -> None:
+        one = RoundStats(len(self.names))
+        ttft = self._serve(req, one)
+        st.add(one)
+        assert self.on_request is not None
+        self.on_request(RequestOutcome(
+            line=req.line, round=r, input_tokens=req.input_length,
+            hit_tokens=dict(zip(self.names, one.hit_tokens, strict=True)),
+            recompute_tokens=one.recompute_tokens,
+            blocks_written=dict(zip(self.names, one.blocks_written, strict=True)),
+            evictions=dict(zip(self.names, one.evictions, strict=True)), ttft_s=ttft))
+
+    def totals(self) -> RoundStats:
+        total = RoundStats(len(self.names))
+        for st in self.rounds.values():
+            total.add(st)
+        return total
+
+    def cliff_round(self) -> int | None:
+        if not self.real_rounds:
+            return None
+        return cliff_round({r: (st.hit_total, st.input_tokens) for r, st in self.rounds.items()})
+
+    def result(self) -> dict[str, Any]:
+        """The report of this configuration (schema: docs/replay.md)."""
+        conc = self.time_model.concurrency
+        tiers = []
+        for spec, tier in zip(self.config.tiers, self.cache.tiers, strict=True):
+            tiers.append({
+                "name": tier.name,
+                "capacity": str(spec.capacity),
+                "capacity_blocks": None if tier.capacity == math.inf else int(tier.capacity),
+                "capacity_bytes": (None if tier.capacity == math.inf or not self.block_bytes
+                                   else int(tier.capacity) * self.block_bytes),
+                "policy": spec.policy,
+                "watermark": (None if spec.watermark is None else
+                              {"high": spec.watermark.high, "ratio": spec.watermark.ratio}),
+                "window": getattr(tier.policy, "window", None),
+                "occupancy_blocks": len(tier),
+            })
+        kind = "round" if self.real_rounds else ("window" if len(self.rounds) > 1 else "none")
+        out: dict[str, Any] = {
+            "label": self.config.label,
+            "write_policy": self.config.write_policy,
+            "block_tokens": self.block_tokens,
+            "block_bytes": self.block_bytes,
+            "tiers": tiers,
+        }
+        out.update(self.totals().to_dict(self.names, self.block_bytes, conc))
+        out["cliff_round"] = self.cliff_round()
+        out["round_kind"] = kind
+        out["times_are_modelled"] = True
+        out["time_model"] = self.time_model.to_dict()
+        out["rounds"] = [{"round": r, **self.rounds[r].to_dict(self.names, self.block_bytes, conc)}
+                         for r in sorted(self.rounds)]
+        return out
+
+
+def replay(requests: Iterable[RequestLike], configs: Sequence[CacheConfig], *,
+           block_tokens: int, block_bytes: int | None = None,
+           time_model: TimeModel | None = None,
+           progress: Callable[[int], None] | None = None,
+           on_request: Callable[[int, RequestOutcome], None] | None = None
+           ) -> list[dict[str, Any]]:
+    """Replay ``requests`` through every configuration side by side; return their reports.
+
+    ``progress(n)`` is called every 1024 requests (and at the end) with the number served.
+    ``on_request(i, outcome)`` receives every request's accounting for configuration ``i``.
+    """
+    tm = time_model or TimeModel()
+
+    def recorder(i: int) -> Callable[[RequestOutcome], None] | None:
+        if on_request is None:
+            return None
+        return lambda outcome: on_request(i, outcome)
+
+    runs = [Replay(c, block_tokens, block_bytes, tm, on_request=recorder(i))
+            for i, c in enumerate(configs)]
+    feeds = [r.feed for r in runs]
+    n = 0
+    if len(feeds) == 1:
+        feed = feeds[0]
+        for req in requests:
+            feed(req)
+            n += 1
+            if progress is not None and not n & 1023:
+                progress(1024)
+    else:
+        for req in requests:
+            for f in feeds:
+                f(req)
+            n += 1
+            if progress is not None and not n & 1023:
+                progress(1024)
+    if progress is not None and n & 1023:
+        progress(n & 1023)
+    return [r.result() for r in runs]

@@ -1,0 +1,394 @@
+"""The tier hierarchy: lookup, store/touch, promotion, write policy, eviction.
+
+One call of :meth:`TierHierarchy.serve` is one request, in the order BRIEF §4 fixes:
+
+1. **Lookup.** Walk the request's blocks head → tail; each block is found in the highest
+   tier holding it; stop at the first block no tier holds. ``k`` blocks hit;
+   ``hit tokens = min(k·B, input_length)``, each hit block attributed to its tier.
+2. **Store/touch**, top tier first, each tier in its policy's order:
+
+   * the top tier touches every block and inserts every one it lacks (computed blocks,
+     and lower-tier hits *promoted* into it);
+   * ``write-through``: every lower tier touches the blocks it holds and inserts the
+     computed blocks and the blocks promoted from *below* it (an inclusive hierarchy:
+     a block hit in NVMe is copied into DRAM and GPU);
+   * ``write-back``: lower tiers only touch the blocks they hold; blocks reach them
+     when the tier above evicts (step 3).
+3. **Evict**, top tier first: each tier evicts down to its capacity (or its watermark
+   batch). Under ``write-back`` an evicted block the next tier lacks is written there
+   (demotion), before that tier evicts in turn; the bottom tier's victims are dropped.
+
+Counted per tier: hit blocks and tokens; blocks written (inserted); blocks read (hit
+loads, and the source copy of a demotion); evictions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+from kvtool.cache.policies import LruPolicy
+from kvtool.cache.stats import RoundStats
+from kvtool.cache.tier import Tier
+
+WritePolicy = Literal["write-through", "write-back"]
+WRITE_POLICIES: tuple[str, ...] = ("write-through", "write-back")
+
+
+class TierHierarchy:
+    """Tiers from highest (``gpu``) to lowest (``nvme``); only present tiers are listed.
+
+    Invariant between requests: every tier holds at most its capacity.
+    """
+
+    def __init__(self, tiers: Sequence[Tier], write_policy: WritePolicy = "write-through") -> None:
+        if not tiers:
+            raise ValueError("a cache needs at least one tier")
+        if write_policy not in WRITE_POLICIES:
+            raise ValueError(f"unknown write policy {write_policy!r}")
+        self.tiers = list(tiers)
+        self.write_back = write_policy == "write-back"
+        self.write_policy = write_policy
+        self._indexes = [t.policy.index for t in self.tiers]
+        self._policies = [t.policy for t in self.tiers]
+        self._backends = any(t.backend is not None for t in self.tiers)
+        # The fused path: head-first LRU in every tier, write-through, every tier but the
+        # last bounded (so ordered); it does every tier's store/touch in one pass.
+        self._fused = (
+            not self.write_back and not self._backends and len(self.tiers) in (2, 3)
+            and all(type(p) is LruPolicy for p in self._policies)
+            and all(p.ordered for p in self._policies[:-1]))  # type: ignore[attr-defined]
+
+    @property
+    def names(self) -> list[str]:
+        return [t.name for t in self.tiers]
+
+    def lookup(self, keys: list[int]) -> list[int]:
+        """Tier index of each leading hit block (stops at the first miss everywhere)."""
+        indexes = self._indexes
+        src: list[int] = []
+        add = src.append
+        first = indexes[0]
+        if len(indexes) == 2:
+            second = indexes[1]
+            for key in keys:
+                if key in first:
+                    add(0)
+                elif key in second:
+                    add(1)
+                else:
+                    break
+            return src
+        if len(indexes) == 3:
+            second, third = indexes[1], indexes[2]
+            for key in keys:
+                if key in first:
+                    add(0)
+                elif key in second:
+                    add(1)
+                elif key in third:
+                    add(2)
+                else:
+                    break
+            return src
+        rest = list(enumerate(indexes))[1:]
+        for key in keys:
+            if key in first:
+                add(0)
+                continue
+            for j, index in rest:
+                if key in index:
+                    add(j)
+                    break
+            else:
+                break
+        return src
+
+    def serve(self, keys: list[int], input_length: int, block_tokens: int, session: int,
+              stats: RoundStats) -> list[int]:
+        """Serve one request and count it into ``stats``; return hit blocks per tier.
+
+        ``stats.requests``/``input_tokens``/``output_tokens`` and times are the caller's;
+        this adds hits, recompute, writes, reads and evictions.
+        """
+        tiers = self.tiers
+        m = len(tiers)
+        if not self._backends:
+            if m == 1:
+                return self._serve_one(keys, input_length, block_tokens, session, stats)
+            if self._fused:
+                return self._serve_fused(keys, input_length, block_tokens, stats)
+            if not self.write_back:
+                return self._serve_through(keys, input_length, block_tokens, session, stats)
+        # 1. lookup
+        if m == 1:
+            index = self._indexes[0]
+            k = 0
+            for key in keys:
+                if key not in index:
+                    break
+                k += 1
+            src: list[int] | None = None
+            per_tier = [k]
+        else:
+            src = self.lookup(keys)
+            k = len(src)
+            per_tier = [src.count(j) for j in range(m)] if k else [0] * m
+        hit_tokens = k * block_tokens
+        if hit_tokens > input_length:
+            hit_tokens = input_length
+        if k:
+            excess = k * block_tokens - hit_tokens
+            hits = stats.hit_tokens
+            hit_blocks = stats.hit_blocks
+            reads = stats.blocks_read
+            for j in range(m):
+                n = per_tier[j]
+                if n:
+                    hits[j] += n * block_tokens
+                    hit_blocks[j] += n
+                    reads[j] += n
+            if excess:
+                self._cap_excess(src, k, block_tokens, excess, hits)
+        stats.recompute_tokens += input_length - hit_tokens
+
+        # 2. store / touch
+        written = stats.blocks_written
+        record: list[int] | None = [] if tiers[0].backend is not None else None
+        written[0] += tiers[0].policy.access(keys, session, record=record)
+        if self._backends:
+            self._notify(keys, src, k, record or [], 0)
+        low = min(src) if src else m
+        for i in range(1, m):
+            tier = tiers[i]
+            if self.write_back:
+                tier.policy.access(keys, session, admit=False)
+                continue
+            skip = None
+            if src is not None and low < i:
+                skip = {keys[p] for p in range(k) if src[p] < i}
+            record = [] if tier.backend is not None else None
+            written[i] += tier.policy.access(keys, session, skip=skip, record=record)
+            if record and tier.backend is not None:
+                tier.backend.on_write(tier.name, record)
+
+        # 3. evict, top down (write-back demotes into the next tier first)
+        evictions = stats.evictions
+        for i in range(m):
+            tier = tiers[i]
+            if tier.watermark is None and len(self._indexes[i]) <= tier.capacity:
+                continue
+            out = tier.evict_to_capacity()
+            if not out:
+                continue
+            evictions[i] += len(out)
+            if self.write_back and i + 1 < m:
+                below = tiers[i + 1]
+                down = below.policy.admit(out)
+                if down:
+                    stats.blocks_read[i] += len(down)
+                    written[i + 1] += len(down)
+                    if below.backend is not None:
+                        below.backend.on_write(below.name, down)
+        return per_tier
+
+    def _serve_fused(self, keys: list[int], input_length: int, block_tokens: int,
+                     stats: RoundStats) -> list[int]:
+        """:meth:`_serve_through` for 2 or 3 head-first LRU tiers, in one pass over the keys.
+
+        Same semantics, fewer membership tests: for a hit block the lookup already says
+        which tiers lack it (those above its source: promote) and which holds it (touch);
+        tiers below the source touch it if they hold it and never copy it down.
+        """
+        tiers = self.tiers
+        m = len(tiers)
+        src = self.lookup(keys)
+        k = len(src)
+        hit_tokens = 0
+        if k:
+            per_tier = [src.count(j) for j in range(m)]
+            hits, hit_blocks, reads = stats.hit_tokens, stats.hit_blocks, stats.blocks_read
+            for j in range(m):
+                n = per_tier[j]
+                if n:
+                    hits[j] += n * block_tokens
+                    hit_blocks[j] += n
+                    reads[j] += n
+            hit_tokens = k * block_tokens
+            if hit_tokens > input_length:
+                self._cap_excess(src, k, block_tokens, hit_tokens - input_length, hits)
+                hit_tokens = input_length
+        else:
+            per_tier = [0] * m
+        stats.recompute_tokens += input_length - hit_tokens
+        indexes = self._indexes
+        before = [len(ix) for ix in indexes]
+        last = indexes[-1]
+        last_ordered = self._policies[-1].ordered  # type: ignore[attr-defined]
+        t0 = indexes[0].move_to_end  # type: ignore[attr-defined]
+        i0 = indexes[0]
+        if m == 2:
+            t1 = last.move_to_end if last_ordered else None  # type: ignore[attr-defined]
+            for key, s in zip(keys, src, strict=False):
+                if s == 0:
+                    t0(key)
+                    if t1 is not None and key in last:
+                        t1(key)
+                else:
+                    i0[key] = None
+                    if t1 is not None:
+                        t1(key)
+            for key in keys[k:]:
+                if key in i0:
+                    t0(key)
+                else:
+                    i0[key] = None
+                if key in last:
+                    if t1 is not None:
+                        t1(key)
+                else:
+                    last[key] = None
+        else:
+            i1 = indexes[1]
+            t1 = i1.move_to_end  # type: ignore[attr-defined]
+            t2 = last.move_to_end if last_ordered else None  # type: ignore[attr-defined]
+            for key, s in zip(keys, src, strict=False):
+                if s == 0:
+                    t0(key)
+                    if key in i1:
+                        t1(key)
+                    if t2 is not None and key in last:
+                        t2(key)
+                elif s == 1:
+                    i0[key] = None
+                    t1(key)
+                    if t2 is not None and key in last:
+                        t2(key)
+                else:
+                    i0[key] = None
+                    i1[key] = None
+                    if t2 is not None:
+                        t2(key)
+            for key in keys[k:]:
+                if key in i0:
+                    t0(key)
+                else:
+                    i0[key] = None
+                if key in i1:
+                    t1(key)
+                else:
+                    i1[key] = None
+                if key in last:
+                    if t2 is not None:
+                        t2(key)
+                else:
+                    last[key] = None
+        written = stats.blocks_written
+        evictions = stats.evictions
+        for i, tier in enumerate(tiers):
+            ix = indexes[i]
+            written[i] += len(ix) - before[i]
+            if tier.watermark is not None or len(ix) > tier.capacity:
+                evictions[i] += len(tier.evict_to_capacity())
+        return per_tier
+
+    def _serve_through(self, keys: list[int], input_length: int, block_tokens: int,
+                       session: int, stats: RoundStats) -> list[int]:
+        """:meth:`serve` for write-through without backends (same semantics, fewer steps)."""
+        m = len(self.tiers)
+        src = self.lookup(keys)
+        k = len(src)
+        hit_tokens = 0
+        if k:
+            per_tier = [src.count(j) for j in range(m)]
+            hits, hit_blocks, reads = stats.hit_tokens, stats.hit_blocks, stats.blocks_read
+            for j in range(m):
+                n = per_tier[j]
+                if n:
+                    hits[j] += n * block_tokens
+                    hit_blocks[j] += n
+                    reads[j] += n
+            hit_tokens = k * block_tokens
+            if hit_tokens > input_length:
+                self._cap_excess(src, k, block_tokens, hit_tokens - input_length, hits)
+                hit_tokens = input_length
+            low, high = min(src), max(src)
+        else:
+            per_tier = [0] * m
+            low = high = m
+        stats.recompute_tokens += input_length - hit_tokens
+        written = stats.blocks_written
+        policies = self._policies
+        written[0] += policies[0].access(keys, session)
+        prefix: set[int] | None = None
+        for i in range(1, m):
+            if low >= i:
+                written[i] += policies[i].access(keys, session)
+                continue
+            # Blocks hit above this tier are not copied down (only computed ones are).
+            if high < i:
+                if prefix is None:
+                    prefix = set(keys[:k])
+                skip = prefix
+            else:
+                skip = {keys[p] for p in range(k) if src[p] < i}
+            written[i] += policies[i].access(keys, session, skip=skip)
+        evictions = stats.evictions
+        indexes = self._indexes
+        for i, tier in enumerate(self.tiers):
+            if tier.watermark is not None or len(indexes[i]) > tier.capacity:
+                evictions[i] += len(tier.evict_to_capacity())
+        return per_tier
+
+    def _serve_one(self, keys: list[int], input_length: int, block_tokens: int, session: int,
+                   stats: RoundStats) -> list[int]:
+        """:meth:`serve` for a single tier without a backend (the common, hot case)."""
+        index = self._indexes[0]
+        k = 0
+        for key in keys:
+            if key not in index:
+                break
+            k += 1
+        hit_tokens = k * block_tokens
+        if hit_tokens > input_length:
+            hit_tokens = input_length
+        if k:
+            stats.hit_tokens[0] += hit_tokens
+            stats.hit_blocks[0] += k
+            stats.blocks_read[0] += k
+        stats.recompute_tokens += input_length - hit_tokens
+        tier = self.tiers[0]
+        stats.blocks_written[0] += tier.policy.access(keys, session)
+        if len(index) > tier.capacity or tier.watermark is not None:
+            stats.evictions[0] += len(tier.evict_to_capacity())
+        return [k]
+
+    @staticmethod
+    def _cap_excess(src: list[int] | None, k: int, block_tokens: int, excess: int,
+                    hits: list[int]) -> None:
+        """Take the tokens beyond ``input_length`` off the tiers of the last hit blocks."""
+        p = k - 1
+        while excess > 0 and p >= 0:
+            j = 0 if src is None else src[p]
+            take = min(excess, block_tokens)
+            hits[j] -= take
+            excess -= take
+            p -= 1
+
+    def _notify(self, keys: list[int], src: list[int] | None, k: int, new: list[int],
+                top: int) -> None:
+        """Tell backends what the top tier read and wrote for this request."""
+        by_tier: dict[int, list[int]] = {}
+        for p in range(k):
+            by_tier.setdefault(0 if src is None else src[p], []).append(keys[p])
+        for j, ks in by_tier.items():
+            backend = self.tiers[j].backend
+            if backend is not None:
+                backend.on_read(self.tiers[j].name, ks)
+        backend = self.tiers[top].backend
+        if backend is not None and new:
+            backend.on_write(self.tiers[top].name, new)
+
+    def occupancy(self) -> dict[str, int]:
+        """Blocks each tier holds now."""
+        return {t.name: len(t) for t in self.tiers}

@@ -1,0 +1,110 @@
+"""Accounting: per-round counters, the collapse round, and the report dictionary.
+
+Counters are kept in blocks per tier (lists indexed like the hierarchy's tiers) and turned
+into bytes only when reported, so a replay without a known block size still reports
+blocks. The JSON schema built here is documented in docs/replay.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvtool.cache.timemodel import percentile
+
+
+class RoundStats:
+    """Everything counted for one round (or one reporting window), per tier.
+
+    Invariants: ``Σ hit_tokens + recompute_tokens == input_tokens``; each hit block is
+    counted once, in the tier it was attributed to; ``blocks_read`` counts blocks read
+    out of a tier (loads of hits, and copies made when it demotes a block);
+    ``blocks_written`` counts blocks inserted into a tier (computed, promoted, demoted).
+    """
+
+    __slots__ = ("blocks_read", "blocks_written", "evictions", "hit_blocks", "hit_tokens",
+                 "input_tokens", "latency_s", "output_tokens", "recompute_tokens", "requests",
+                 "ttft_s")
+
+    def __init__(self, tiers: int) -> None:
+        self.requests = 0
+        self.input_tokens = 0
+        self.output_tokens = 0
+        self.recompute_tokens = 0
+        self.hit_tokens = [0] * tiers
+        self.hit_blocks = [0] * tiers
+        self.blocks_written = [0] * tiers
+        self.blocks_read = [0] * tiers
+        self.evictions = [0] * tiers
+        self.ttft_s: list[float] = []
+        self.latency_s = 0.0
+
+    def add(self, other: RoundStats) -> None:
+        self.requests += other.requests
+        self.input_tokens += other.input_tokens
+        self.output_tokens += other.output_tokens
+        self.recompute_tokens += other.recompute_tokens
+        for mine, theirs in ((self.hit_tokens, other.hit_tokens),
+                             (self.hit_blocks, other.hit_blocks),
+                             (self.blocks_written, other.blocks_written),
+                             (self.blocks_read, other.blocks_read),
+                             (self.evictions, other.evictions)):
+            for i, v in enumerate(theirs):
+                mine[i] += v
+        self.ttft_s.extend(other.ttft_s)
+        self.latency_s += other.latency_s
+
+    @property
+    def hit_total(self) -> int:
+        return sum(self.hit_tokens)
+
+    @property
+    def token_hit_ratio(self) -> float:
+        return self.hit_total / self.input_tokens if self.input_tokens else 0.0
+
+    def to_dict(self, tier_names: list[str], block_bytes: int | None,
+                concurrency: int) -> dict[str, Any]:
+        def per_tier(values: list[int], scale: int | None = 1) -> dict[str, int | None]:
+            return {n: (v * scale if scale is not None else None)
+                    for n, v in zip(tier_names, values, strict=True)}
+
+        inp = self.input_tokens
+        ttft = sorted(self.ttft_s)
+        wall = self.latency_s / concurrency
+        return {
+            "requests": self.requests,
+            "input_tokens": inp,
+            "output_tokens": self.output_tokens,
+            "token_hit_ratio": self.token_hit_ratio,
+            "hit_tokens": {**per_tier(self.hit_tokens), "total": self.hit_total},
+            "hit_ratio_by_tier": {n: (v / inp if inp else 0.0)
+                                  for n, v in zip(tier_names, self.hit_tokens, strict=True)},
+            "recompute_tokens": self.recompute_tokens,
+            "blocks_written": per_tier(self.blocks_written),
+            "blocks_read": per_tier(self.blocks_read),
+            "bytes_written": per_tier(self.blocks_written, block_bytes),
+            "bytes_read": per_tier(self.blocks_read, block_bytes),
+            "evictions": per_tier(self.evictions),
+            "ttft_p50_s": percentile(ttft, 50),
+            "ttft_p99_s": percentile(ttft, 99),
+            "wall_s": wall,
+            "requests_per_s": (self.requests / wall) if wall > 0 else None,
+        }
+
+
+def cliff_round(ratios: dict[int, tuple[int, int]]) -> int | None:
+    """The collapse round (BRIEF §4), from ``{round: (hit_tokens, input_tokens)}``.
+
+    The first round r ≥ 3 whose token hit ratio is at least 25 % lower (relative) than
+    round r−1's; ``None`` when there is none. Compared in exact integer arithmetic:
+    ``hit_r / in_r <= 0.75 · hit_{r-1} / in_{r-1}`` with a positive ``hit_{r-1}``.
+    """
+    for r in sorted(ratios):
+        if r < 3 or (r - 1) not in ratios:
+            continue
+        hit, inp = ratios[r]
+        prev_hit, prev_inp = ratios[r - 1]
+        if prev_hit <= 0 or prev_inp <= 0 or inp <= 0:
+            continue
+        if 4 * hit * prev_inp <= 3 * prev_hit * inp:
+            return r
+    return None

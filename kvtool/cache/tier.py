@@ -1,0 +1,117 @@
+"""One cache tier: a capacity, an eviction policy, and an optional data mover.
+
+A :class:`Tier` is block *metadata* only: which keys it holds (its policy's index) and
+how many it may hold. Moving real bytes is the job of a :class:`TierBackend`, which the
+hierarchy calls after every metadata change; the default does nothing, so the replay
+engine simulates at any scale, and a later DRAM/NVMe backend plugs in without touching
+eviction logic.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+from kvtool.cache.policies import EvictionPolicy
+
+TIER_NAMES: tuple[str, ...] = ("gpu", "dram", "nvme")
+"""Tier names, highest (fastest, checked first) to lowest."""
+
+
+class TierBackend(Protocol):
+    """Moves the bytes behind a tier's blocks. Every method gets keys in the order the
+    metadata changed; it must not change metadata.
+
+    * ``on_write(tier, keys)`` — the blocks were just inserted into ``tier`` (computed,
+      promoted from below, or demoted from above); store their bytes;
+    * ``on_read(tier, keys)`` — a request loads these cached blocks from ``tier``;
+    * ``on_evict(tier, keys)`` — the blocks left ``tier``; free their space.
+    """
+
+    def on_write(self, tier: str, keys: list[int]) -> None: ...
+
+    def on_read(self, tier: str, keys: list[int]) -> None: ...
+
+    def on_evict(self, tier: str, keys: list[int]) -> None: ...
+
+
+class NullBackend:
+    """The simulation backend: metadata only, no bytes move."""
+
+    def on_write(self, tier: str, keys: list[int]) -> None:
+        return None
+
+    def on_read(self, tier: str, keys: list[int]) -> None:
+        return None
+
+    def on_evict(self, tier: str, keys: list[int]) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class Watermark:
+    """Mooncake-style batch eviction (semantics §4).
+
+    When a tier holds more than ``high × capacity`` blocks it evicts, in one batch, the
+    fraction ``max(ratio, used/capacity − high + ratio)`` of the blocks it holds (Mooncake
+    ``BatchEvict``: defaults 0.90 and 0.05), and never less than its overflow.
+    """
+
+    high: float = 0.90
+    ratio: float = 0.05
+
+
+class Tier:
+    """A named tier holding at most ``capacity`` blocks (``math.inf``: unbounded).
+
+    Invariant between requests: ``len(tier) <= capacity``. During a request the tier may
+    run over; :meth:`evict_to_capacity` brings it back (BRIEF §4: every tier evicts down
+    to its capacity before the next request).
+    """
+
+    __slots__ = ("backend", "capacity", "name", "policy", "watermark")
+
+    def __init__(self, name: str, capacity: float, policy: EvictionPolicy, *,
+                 watermark: Watermark | None = None, backend: TierBackend | None = None) -> None:
+        if not capacity > 0:
+            raise ValueError(f"tier {name}: capacity must be positive (0 means no tier)")
+        self.name = name
+        self.capacity = capacity
+        self.policy = policy
+        self.watermark = watermark
+        self.backend = backend
+        if hasattr(policy, "capacity"):
+            policy.capacity = capacity
+        if capacity == math.inf and hasattr(policy, "unbounded"):
+            policy.unbounded()
+
+    def __len__(self) -> int:
+        return len(self.policy.index)
+
+    def __contains__(self, key: int) -> bool:
+        return key in self.policy.index
+
+    def overflow(self) -> int:
+        """Blocks to evict now (0 when the tier is within its capacity or watermark)."""
+        used = len(self.policy.index)
+        cap = self.capacity
+        if cap == math.inf:
+            return 0
+        wm = self.watermark
+        if wm is None:
+            return used - int(cap) if used > cap else 0
+        if used <= wm.high * cap:
+            return 0
+        fraction = max(wm.ratio, used / cap - wm.high + wm.ratio)
+        return max(math.ceil(fraction * used), used - int(cap))
+
+    def evict_to_capacity(self) -> list[int]:
+        """Evict what :meth:`overflow` says, in policy order; return the evicted keys."""
+        n = self.overflow()
+        if not n:
+            return []
+        out = self.policy.evict(n)
+        if self.backend is not None and out:
+            self.backend.on_evict(self.name, out)
+        return out
