@@ -44,7 +44,21 @@ INTERNAL_ERROR = 3
 
 
 class KvtoolGroup(click.Group):
-    """A click group that turns kvtool's exceptions into one line and an exit code."""
+    """A click group that turns kvtool's exceptions into one line and an exit code.
+
+    Sub-commands are imported on first use: ``kvtool replay`` must not pay for numpy, the
+    store engines or the NVMe/TCP stack at start-up (bench/replay_speed.py measures the
+    whole process).
+    """
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(COMMAND_MODULES) | set(self.commands))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMAND_MODULES:
+            module = importlib.import_module(f"kvtool.cli.{cmd_name}")
+            self.add_command(module.command, cmd_name)
+        return self.commands.get(cmd_name)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -89,11 +103,6 @@ def cli(ctx: click.Context, json_: bool, debug: bool, quiet: bool) -> None:
     obj.json = obj.json or json_
     obj.debug = debug
     obj.quiet = quiet
-
-
-for _name in COMMAND_MODULES:
-    _mod = importlib.import_module(f"kvtool.cli.{_name}")
-    cli.add_command(_mod.command)
 
 
 def main() -> None:
