@@ -20,6 +20,7 @@ mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 mount -t tmpfs tmpfs /tmp
+mount -t tmpfs tmpfs /run
 
 arg() { # arg NAME DEFAULT
     v=$(tr ' ' '\n' </proc/cmdline | sed -n "s/^kvt\.$1=//p" | tail -n1)
@@ -56,7 +57,7 @@ log "eth0 up: $(ip -4 -o addr show eth0 | awk '{print $4}')"
 # --- backing store: brd is always loaded (the configfs backend needs a block device too) ---
 insmod /lib/modules/kernel/drivers/block/brd.ko rd_nr=1 rd_size=$((SIZE_MB * 1024))
 if [ "$BACKING" = file ]; then
-    DEV=/tmp/ns1.img
+    DEV=/run/ns1.img
     truncate -s "${SIZE_MB}M" "$DEV"
 else
     DEV=/dev/ram0
@@ -71,7 +72,10 @@ if [ "$(arg hostroot 0)" = 1 ]; then
     mkdir -p /mnt/ovl/up /mnt/ovl/work
     mount -t overlay overlay -o lowerdir=/mnt/lower,upperdir=/mnt/ovl/up,workdir=/mnt/ovl/work \
         /hostroot || fail "overlay mount"
-    for d in proc sys dev tmp; do mkdir -p "/hostroot/$d"; mount -o bind "/$d" "/hostroot/$d"; done
+    # /run is the guest's own scratch, shared with the chroot (files nvmet serves must live
+    # on a real guest file system: on the overlay nvmet sees a 0-bit block size). /tmp stays
+    # the host's, through the overlay, so a checkout or virtualenv under /tmp is visible.
+    for d in proc sys dev run; do mkdir -p "/hostroot/$d"; mount -o bind "/$d" "/hostroot/$d"; done
     # a bind of /sys does not carry its submounts: mount configfs again inside the chroot
     mount -t configfs configfs /hostroot/sys/kernel/config
     log "hostroot mounted at /hostroot"

@@ -36,7 +36,7 @@ from kvtool.target.model import Namespace, TargetConfig
 from kvtool.target.plan import Plan, TargetError
 
 BOOT_TIMEOUT = 300.0  # TCG boot + Python start in the guest on a loaded 2-core machine
-GUEST_DIR = "/tmp/kvtool"
+GUEST_DIR = "/run/kvtool"  # the guest's own tmpfs, bound into the chroot (emulator/qemu/init.sh)
 REPO = Path(__file__).resolve().parents[2]
 _children: dict[int, subprocess.Popen[bytes]] = {}
 
