@@ -5,41 +5,41 @@ from __future__ import annotations
 import mmap
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from kvtool.align import probe_device, statx_dioalign
 from kvtool.errors import UsageError
-from tests.align.loopdev import loop_device
 
 
 @pytest.mark.root
 @pytest.mark.integration
 @pytest.mark.parametrize("sector", [512, 4096])
-def test_loop_device(tmp_path: Path, sector: int) -> None:
-    with loop_device(tmp_path, size=64 << 20, sector_size=sector) as dev:
-        limits = probe_device(dev)
-        assert stat.S_ISBLK(os.stat(dev).st_mode)
-        assert limits.kind == "block" and limits.path == dev
-        assert limits.logical_block_size == sector
-        assert limits.physical_block_size >= sector
-        assert limits.size_bytes == 64 << 20
-        assert limits.dio_offset_align == sector
-        assert limits.dio_mem_align >= 1 and limits.dio_supported
-        assert limits.dio_source in ("statx", "blksszget")
-        # prove the limits are real: O_DIRECT at the probed alignment works, and half of it
-        # (offset) is refused by the kernel with EINVAL
-        buf = mmap.mmap(-1, 2 * sector)
-        fd = os.open(dev, os.O_RDONLY | os.O_DIRECT)
-        try:
-            assert os.preadv(fd, [memoryview(buf)[:sector]], sector) == sector
-            if sector > 512:
-                with pytest.raises(OSError):
-                    os.preadv(fd, [memoryview(buf)[:sector]], 512)
-        finally:
-            os.close(fd)
-            buf.close()
+def test_loop_device(loop_device: Callable[..., str], sector: int) -> None:
+    dev = loop_device(64 << 20, sector)
+    limits = probe_device(dev)
+    assert stat.S_ISBLK(os.stat(dev).st_mode)
+    assert limits.kind == "block" and limits.path == dev
+    assert limits.logical_block_size == sector
+    assert limits.physical_block_size >= sector
+    assert limits.size_bytes == 64 << 20
+    assert limits.dio_offset_align == sector
+    assert limits.dio_mem_align >= 1 and limits.dio_supported
+    assert limits.dio_source in ("statx", "blksszget")
+    # prove the limits are real: O_DIRECT at the probed alignment works, and half of it
+    # (offset) is refused by the kernel with EINVAL
+    buf = mmap.mmap(-1, 2 * sector)
+    fd = os.open(dev, os.O_RDONLY | os.O_DIRECT)
+    try:
+        assert os.preadv(fd, [memoryview(buf)[:sector]], sector) == sector
+        if sector > 512:
+            with pytest.raises(OSError):
+                os.preadv(fd, [memoryview(buf)[:sector]], 512)
+    finally:
+        os.close(fd)
+        buf.close()
 
 
 def test_regular_file(tmp_path: Path) -> None:

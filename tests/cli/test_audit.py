@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,6 @@ import pytest
 from kvtool.align.audit import SCHEMA, audit
 from kvtool.align.probe import probe_device
 from kvtool.geometry import ObjectSize
-from tests.align.loopdev import loop_device
 from tests.conftest import FIXTURES, run, run_json
 
 
@@ -165,20 +165,20 @@ def test_regular_file_device(tmp_path: Path) -> None:
 @pytest.mark.integration
 @pytest.mark.parametrize(("sector", "residue", "padded", "n_lbas"),
                          [(512, 256, 1_002_496, 1958), (4096, 2816, 1_003_520, 245)])
-def test_loop_device_audit(tmp_path: Path, sector: int, residue: int, padded: int,
+def test_loop_device_audit(loop_device: Callable[..., str], sector: int, residue: int, padded: int,
                            n_lbas: int) -> None:
-    with loop_device(tmp_path, size=64 << 20, sector_size=sector) as dev:
-        doc = run_json("audit", "--model", "deepseek-v4-flash", "--device", dev,
-                       "--layout", "packed:offset=0,count=64,stride=1003520")
-        assert doc["device"]["logical_block_size"] == sector
-        assert doc["lbas"] == [sector]
-        c = doc["checks"][0]
-        assert (c["residue"], c["padded_bytes"], c["lbas"]) == (residue, padded, n_lbas)
-        assert c["objects_fit"] == (64 << 20) // padded
-        lay = doc["layouts"][0]
-        assert lay["first_misaligned"]["problems"] == ["length"]
-        # library path gives the same answer
-        rep = audit([ObjectSize("block", 1_002_240, 1)], device=probe_device(dev))
-        assert rep.checks[0].plan.residue == residue
-        human = run("audit", "--model", "deepseek-v4-flash", "--device", dev)
-        assert human.exit_code == 0 and f"{sector} B" in human.stdout and dev in human.stdout
+    dev = loop_device(64 << 20, sector)
+    doc = run_json("audit", "--model", "deepseek-v4-flash", "--device", dev,
+                   "--layout", "packed:offset=0,count=64,stride=1003520")
+    assert doc["device"]["logical_block_size"] == sector
+    assert doc["lbas"] == [sector]
+    c = doc["checks"][0]
+    assert (c["residue"], c["padded_bytes"], c["lbas"]) == (residue, padded, n_lbas)
+    assert c["objects_fit"] == (64 << 20) // padded
+    lay = doc["layouts"][0]
+    assert lay["first_misaligned"]["problems"] == ["length"]
+    # library path gives the same answer
+    rep = audit([ObjectSize("block", 1_002_240, 1)], device=probe_device(dev))
+    assert rep.checks[0].plan.residue == residue
+    human = run("audit", "--model", "deepseek-v4-flash", "--device", dev)
+    assert human.exit_code == 0 and f"{sector} B" in human.stdout and dev in human.stdout

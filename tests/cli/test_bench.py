@@ -7,14 +7,13 @@ from pathlib import Path
 
 from tests.cli.test_load import _digest, _one_error_line
 from tests.conftest import run, run_json
-from tests.store.conftest import blank_file, store_dir  # noqa: F401
 
 
 def test_help_has_an_example() -> None:
     assert "xample" in run("bench", "--help").stdout
 
 
-def test_bench_sweep_schema(blank_file: Callable[[int], Path]) -> None:  # noqa: F811
+def test_bench_sweep_schema(blank_file: Callable[[int], Path]) -> None:
     path = blank_file(32 << 20)
     doc = run_json("bench", str(path), "--object-bytes", "1002240", "--qd", "1,2",
                    "--ops", "12", "--seconds", "5", "--region", "16MiB")
@@ -36,7 +35,7 @@ def test_bench_sweep_schema(blank_file: Callable[[int], Path]) -> None:  # noqa:
 
 
 def test_writes_refuse_a_store_and_read_only_writes_nothing(
-        blank_file: Callable[[int], Path]) -> None:  # noqa: F811
+        blank_file: Callable[[int], Path]) -> None:
     path = blank_file(16 << 20)
     run_json("load", str(path), "--object-bytes", "100000", "--count", "10")
     before = _digest(path)
@@ -49,7 +48,7 @@ def test_writes_refuse_a_store_and_read_only_writes_nothing(
     assert run_json("verify", str(path))["ok"]
 
 
-def test_bad_options(blank_file: Callable[[int], Path]) -> None:  # noqa: F811
+def test_bad_options(blank_file: Callable[[int], Path]) -> None:
     path = str(blank_file(8 << 20))
     _one_error_line(run("bench", path, "--object-bytes", "1MiB", "--path", "bounce"),
                     "no bounce path")

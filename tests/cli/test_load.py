@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from tests.conftest import run, run_json
-from tests.store.conftest import blank_file, loop_device, store_dir  # noqa: F401
 
 OBJ = "100000"  # 100,000 B: not a multiple of 512
 
@@ -35,7 +34,7 @@ def test_help_has_an_example() -> None:
     assert "xample" in run("load", "--help").stdout
 
 
-def test_load_creates_resumes_and_reports(store_dir: Path) -> None:  # noqa: F811
+def test_load_creates_resumes_and_reports(store_dir: Path) -> None:
     path = store_dir / "kv.img"
     doc = run_json("load", str(path), "--create", "64MiB", "--object-bytes", OBJ,
                    "--count", "40", "--qd", "4")
@@ -52,7 +51,7 @@ def test_load_creates_resumes_and_reports(store_dir: Path) -> None:  # noqa: F81
     assert human.exit_code == 0 and "resumed" in human.stdout
 
 
-def test_model_geometry_is_recorded(blank_file: Callable[[int], Path]) -> None:  # noqa: F811
+def test_model_geometry_is_recorded(blank_file: Callable[[int], Path]) -> None:
     path = blank_file(32 << 20)
     doc = run_json("load", str(path), "--model", "deepseek-v4-flash", "--dtype", "fp8",
                    "--count", "5")
@@ -62,7 +61,7 @@ def test_model_geometry_is_recorded(blank_file: Callable[[int], Path]) -> None: 
                               "block_tokens": 256, "tp": 1}
 
 
-def test_ack_file_lists_every_committed_key(store_dir: Path) -> None:  # noqa: F811
+def test_ack_file_lists_every_committed_key(store_dir: Path) -> None:
     path, acks = store_dir / "kv.img", store_dir / "acks.jsonl"
     run_json("load", str(path), "--create", "16MiB", "--object-bytes", OBJ, "--count", "23",
              "--batch", "5", "--ack-file", str(acks))
@@ -74,7 +73,7 @@ def test_ack_file_lists_every_committed_key(store_dir: Path) -> None:  # noqa: F
     assert {o["key"] for o in listed} == {k for x in lines for k in x["keys"]}
 
 
-def test_payload_file(store_dir: Path) -> None:  # noqa: F811
+def test_payload_file(store_dir: Path) -> None:
     tensor = store_dir / "kv.npy"
     np.save(tensor, np.random.default_rng(0).standard_normal(30_000).astype(np.float16))
     path = store_dir / "kv.img"
@@ -94,7 +93,7 @@ def test_payload_file(store_dir: Path) -> None:  # noqa: F811
     (["--object-bytes", OBJ, "--count", "0"], ["--count"]),
     (["--object-bytes", OBJ, "--count", "1", "--lba", "1000"], ["--lba"]),
 ])
-def test_bad_options_write_nothing(blank_file: Callable[[int], Path], args: list[str],  # noqa: F811
+def test_bad_options_write_nothing(blank_file: Callable[[int], Path], args: list[str],
                                    words: list[str]) -> None:
     path = blank_file(4 << 20)
     before = _digest(path)
@@ -102,14 +101,14 @@ def test_bad_options_write_nothing(blank_file: Callable[[int], Path], args: list
     assert _digest(path) == before
 
 
-def test_missing_target(store_dir: Path) -> None:  # noqa: F811
+def test_missing_target(store_dir: Path) -> None:
     path = store_dir / "nope.img"
     _one_error_line(run("load", str(path), "--object-bytes", OBJ, "--count", "1"),
                     "no such file", "TARGET")
     assert not path.exists()
 
 
-def test_too_small_for_one_object(blank_file: Callable[[int], Path]) -> None:  # noqa: F811
+def test_too_small_for_one_object(blank_file: Callable[[int], Path]) -> None:
     path = blank_file(2 << 20)
     before = _digest(path)
     _one_error_line(run("load", str(path), "--object-bytes", "8MiB", "--count", "1"),
@@ -117,7 +116,7 @@ def test_too_small_for_one_object(blank_file: Callable[[int], Path]) -> None:  #
     assert _digest(path) == before
 
 
-def test_more_objects_than_fit(blank_file: Callable[[int], Path]) -> None:  # noqa: F811
+def test_more_objects_than_fit(blank_file: Callable[[int], Path]) -> None:
     path = blank_file(4 << 20)
     before = _digest(path)
     _one_error_line(run("load", str(path), "--object-bytes", "1MiB", "--count", "9"),
@@ -125,7 +124,7 @@ def test_more_objects_than_fit(blank_file: Callable[[int], Path]) -> None:  # no
     assert _digest(path) == before
 
 
-def test_refuses_foreign_data_unless_forced(blank_file: Callable[[int], Path]) -> None:  # noqa: F811
+def test_refuses_foreign_data_unless_forced(blank_file: Callable[[int], Path]) -> None:
     path = blank_file(8 << 20)
     with open(path, "r+b") as f:
         f.seek(300_000)
@@ -139,7 +138,7 @@ def test_refuses_foreign_data_unless_forced(blank_file: Callable[[int], Path]) -
 
 
 @pytest.mark.integration
-def test_refuses_a_filesystem(blank_file: Callable[[int], Path]) -> None:  # noqa: F811
+def test_refuses_a_filesystem(blank_file: Callable[[int], Path]) -> None:
     if shutil.which("mkfs.ext4") is None:
         pytest.skip("mkfs.ext4 (e2fsprogs) is not installed")
     path = blank_file(16 << 20)
@@ -150,7 +149,7 @@ def test_refuses_a_filesystem(blank_file: Callable[[int], Path]) -> None:  # noq
     assert _digest(path) == before
 
 
-def test_incompatible_store_needs_force(blank_file: Callable[[int], Path]) -> None:  # noqa: F811
+def test_incompatible_store_needs_force(blank_file: Callable[[int], Path]) -> None:
     path = blank_file(8 << 20)
     first = run_json("load", str(path), "--object-bytes", OBJ, "--count", "3")
     before = _digest(path)
@@ -165,14 +164,14 @@ def test_incompatible_store_needs_force(blank_file: Callable[[int], Path]) -> No
 
 @pytest.mark.root
 @pytest.mark.integration
-def test_read_only_device(loop_device: Callable[..., str]) -> None:  # noqa: F811
+def test_read_only_device(loop_device: Callable[..., str]) -> None:
     dev = loop_device(8 << 20, 512, read_only=True)
     _one_error_line(run("load", dev, "--object-bytes", OBJ, "--count", "1"), "read-only")
 
 
 @pytest.mark.root
 @pytest.mark.integration
-def test_verify_works_on_a_device_made_read_only(loop_device: Callable[..., str]) -> None:  # noqa: F811
+def test_verify_works_on_a_device_made_read_only(loop_device: Callable[..., str]) -> None:
     if shutil.which("blockdev") is None:
         pytest.skip("blockdev (util-linux) is not installed")
     dev = loop_device(16 << 20, 4096)
@@ -187,7 +186,7 @@ def test_verify_works_on_a_device_made_read_only(loop_device: Callable[..., str]
 
 @pytest.mark.root
 @pytest.mark.integration
-def test_device_in_exclusive_use_is_refused(loop_device: Callable[..., str]) -> None:  # noqa: F811
+def test_device_in_exclusive_use_is_refused(loop_device: Callable[..., str]) -> None:
     import os
 
     dev = loop_device(8 << 20, 512)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tests.cli.test_load import _one_error_line
 from tests.conftest import run, run_json
-from tests.store.conftest import blank_file, flip_byte, store_dir  # noqa: F401
+from tests.store.conftest import flip_byte
 
 
 def test_help_has_an_example() -> None:
@@ -15,7 +15,7 @@ def test_help_has_an_example() -> None:
     assert "xample" in run("store", "--help").stdout
 
 
-def test_inspect(blank_file: Callable[[int], Path]) -> None:  # noqa: F811
+def test_inspect(blank_file: Callable[[int], Path]) -> None:
     path = blank_file(16 << 20)
     run_json("load", str(path), "--model", "deepseek-v4-flash", "--dtype", "fp8", "--count", "7")
     doc = run_json("store", "inspect", str(path), "--objects", "3")
@@ -29,7 +29,7 @@ def test_inspect(blank_file: Callable[[int], Path]) -> None:  # noqa: F811
     assert human.exit_code == 0 and "deepseek-v4-flash" in human.stdout
 
 
-def test_damaged_superblock_is_shown_and_fails(blank_file: Callable[[int], Path]) -> None:  # noqa: F811
+def test_damaged_superblock_is_shown_and_fails(blank_file: Callable[[int], Path]) -> None:
     path = blank_file(4 << 20)
     run_json("load", str(path), "--object-bytes", "4096", "--count", "2")
     flip_byte(path, 50)
@@ -37,6 +37,6 @@ def test_damaged_superblock_is_shown_and_fails(blank_file: Callable[[int], Path]
     assert r.exit_code == 1 and "checksum mismatch" in r.stdout
 
 
-def test_not_a_store(blank_file: Callable[[int], Path]) -> None:  # noqa: F811
+def test_not_a_store(blank_file: Callable[[int], Path]) -> None:
     _one_error_line(run("store", "inspect", str(blank_file(1 << 20))), "not a kvtool store",
                     "all zeros")

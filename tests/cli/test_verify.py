@@ -11,13 +11,13 @@ import pytest
 
 from tests.cli.test_load import _one_error_line
 from tests.conftest import run, run_json
-from tests.store.conftest import blank_file, flip_byte, store_dir  # noqa: F401
+from tests.store.conftest import flip_byte
 
 OBJ = "100000"
 
 
 @pytest.fixture
-def loaded(blank_file: Callable[[int], Path]) -> Path:  # noqa: F811
+def loaded(blank_file: Callable[[int], Path]) -> Path:
     path = blank_file(16 << 20)
     run_json("load", str(path), "--object-bytes", OBJ, "--count", "60", "--seed", "4")
     return path
@@ -62,15 +62,15 @@ def test_bad_sample(loaded: Path, bad: str) -> None:
     _one_error_line(run("verify", str(loaded), "--sample", bad), "--sample")
 
 
-def test_not_a_store(blank_file: Callable[[int], Path]) -> None:  # noqa: F811
+def test_not_a_store(blank_file: Callable[[int], Path]) -> None:
     _one_error_line(run("verify", str(blank_file(1 << 20))), "not a kvtool store")
 
 
-def test_missing_target(store_dir: Path) -> None:  # noqa: F811
+def test_missing_target(store_dir: Path) -> None:
     _one_error_line(run("verify", str(store_dir / "nope")), "no such file")
 
 
-def test_payload_file_must_match(store_dir: Path) -> None:  # noqa: F811
+def test_payload_file_must_match(store_dir: Path) -> None:
     a, b = store_dir / "a.npy", store_dir / "b.npy"
     np.save(a, np.arange(5000, dtype=np.int32))
     np.save(b, np.arange(5001, dtype=np.int32))

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,6 @@ from emulator.nvmetcp import Target, simple_config
 from emulator.nvmetcp.backing import FileBacking, MemoryBacking, open_backing
 from kvtool.errors import InputError
 from kvtool.nvme import host
-from tests.conftest import is_root
 
 NQN = "nqn.2026-01.io.kvtool:backing"
 HOSTNQN = "nqn.2026-01.io.kvtool:backing-host"
@@ -39,33 +37,21 @@ def test_open_backing_kinds(tmp_path: Path) -> None:
 
 @pytest.mark.integration
 @pytest.mark.root
-def test_block_device_namespace(tmp_path: Path) -> None:
-    if not is_root() or shutil.which("losetup") is None:
-        pytest.skip("needs root and losetup to attach a loop device")
-    img = tmp_path / "loop.img"
-    with open(img, "wb") as fh:
-        fh.truncate(8 << 20)
+def test_block_device_namespace(loop_device: Callable[..., str]) -> None:
+    dev = loop_device(8 << 20, 512)
+    target = Target(simple_config(nqn=NQN, backing=dev, hosts=[HOSTNQN],
+                                  listen=["127.0.0.1:0"])).start_in_thread()
     try:
-        dev = subprocess.run(["losetup", "-f", "--show", str(img)], check=True,
-                             capture_output=True, text=True).stdout.strip()
-    except subprocess.CalledProcessError as exc:
-        pytest.skip(f"losetup failed: {exc.stderr.strip()}")
-    try:
-        target = Target(simple_config(nqn=NQN, backing=dev, hosts=[HOSTNQN],
-                                      listen=["127.0.0.1:0"])).start_in_thread()
-        try:
-            ns = target.subsystems[NQN].namespaces[1]
-            assert ns.backing.kind == "block" and ns.backing.size == 8 << 20
-            data = os.urandom(256 * 1024)
-            with host.connect("127.0.0.1", target.port, NQN, hostnqn=HOSTNQN) as ctrl:
-                assert ctrl.identify_namespace(1).size_bytes == 8 << 20
-                ctrl.write(1, 2048, data)
-                ctrl.flush(1)
-                assert ctrl.read(1, 2048, len(data) // 512) == data
-        finally:
-            target.stop()
-        with open(dev, "rb") as fh:  # the bytes are on the device itself
-            fh.seek(2048 * 512)
-            assert fh.read(len(data)) == data
+        ns = target.subsystems[NQN].namespaces[1]
+        assert ns.backing.kind == "block" and ns.backing.size == 8 << 20
+        data = os.urandom(256 * 1024)
+        with host.connect("127.0.0.1", target.port, NQN, hostnqn=HOSTNQN) as ctrl:
+            assert ctrl.identify_namespace(1).size_bytes == 8 << 20
+            ctrl.write(1, 2048, data)
+            ctrl.flush(1)
+            assert ctrl.read(1, 2048, len(data) // 512) == data
     finally:
-        subprocess.run(["losetup", "-d", dev], check=False)
+        target.stop()
+    with open(dev, "rb") as fh:  # the bytes are on the device itself
+        fh.seek(2048 * 512)
+        assert fh.read(len(data)) == data

@@ -1,99 +1,10 @@
-"""Real storage for the store tests: files opened with O_DIRECT and loop devices.
-
-Files live under ``build/test-store/`` in the repository (a real filesystem: the
-checkout's), not under /tmp, which may be tmpfs; the fixture checks that the directory
-really accepts O_DIRECT and skips with the reason otherwise. Loop devices need root and
-``losetup``; they are always detached in ``finally``.
-"""
+"""Store-test helpers; the real-storage fixtures (``store_dir``, ``blank_file``,
+``loop_device``) are shared by every package and live in tests/conftest.py."""
 
 from __future__ import annotations
 
-import mmap
 import os
-import shutil
-import subprocess
-import uuid
-from collections.abc import Callable, Iterator
 from pathlib import Path
-
-import pytest
-
-from tests.conftest import REPO, is_root
-
-STORE_DIR = Path(os.environ.get("KVTOOL_TEST_STORE_DIR", REPO / "build" / "test-store"))
-
-
-def _odirect_ok(directory: Path) -> str | None:
-    probe = directory / f".odirect-{uuid.uuid4().hex}"
-    try:
-        fd = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o600)
-    except OSError as exc:
-        return f"{directory} does not support O_DIRECT ({exc.strerror})"
-    try:
-        buf = mmap.mmap(-1, 4096)
-        os.pwritev(fd, [buf], 0)
-        return None
-    except OSError as exc:
-        return f"{directory} rejects O_DIRECT writes ({exc.strerror})"
-    finally:
-        os.close(fd)
-        probe.unlink(missing_ok=True)
-
-
-@pytest.fixture
-def store_dir() -> Iterator[Path]:
-    """A fresh directory on a filesystem that supports O_DIRECT (removed afterwards)."""
-    STORE_DIR.mkdir(parents=True, exist_ok=True)
-    reason = _odirect_ok(STORE_DIR)
-    if reason:
-        pytest.skip(reason)
-    d = STORE_DIR / uuid.uuid4().hex[:12]
-    d.mkdir()
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
-
-
-def make_file(directory: Path, nbytes: int, name: str = "ns.img") -> Path:
-    """A zero-filled, fully allocated regular file."""
-    path = directory / name
-    with open(path, "wb") as f:
-        os.posix_fallocate(f.fileno(), 0, nbytes)
-    return path
-
-
-@pytest.fixture
-def blank_file(store_dir: Path) -> Callable[[int], Path]:
-    return lambda nbytes: make_file(store_dir, nbytes)
-
-
-@pytest.fixture
-def loop_device(store_dir: Path) -> Iterator[Callable[..., str]]:
-    """Factory: ``loop_device(nbytes, sector_size=512, read_only=False)`` → /dev/loopN."""
-    if not is_root():
-        pytest.skip("loop devices need root")
-    if shutil.which("losetup") is None:
-        pytest.skip("losetup (util-linux) is not installed")
-    attached: list[str] = []
-
-    def make(nbytes: int, sector_size: int = 512, read_only: bool = False) -> str:
-        backing = make_file(store_dir, nbytes, f"loop{len(attached)}.img")
-        cmd = ["losetup", "-f", "--show", f"--sector-size={sector_size}", "--direct-io=on"]
-        if read_only:
-            cmd.append("--read-only")
-        out = subprocess.run([*cmd, str(backing)], capture_output=True, text=True)
-        if out.returncode != 0:
-            pytest.fail(f"losetup failed: {out.stderr.strip()}")
-        dev = out.stdout.strip()
-        attached.append(dev)
-        return dev
-
-    try:
-        yield make
-    finally:
-        for dev in attached:
-            subprocess.run(["losetup", "-d", dev], check=False, capture_output=True)
 
 
 def flip_byte(path: str | Path, offset: int) -> int:
