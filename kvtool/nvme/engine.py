@@ -24,6 +24,7 @@ from kvtool.nvme import spec
 from kvtool.nvme.host import ConnectError, Controller
 from kvtool.nvme.queue import Command, TransportError
 from kvtool.nvme.url import default_hostnqn, parse_nvme_url
+from kvtool.store.engine import check_extent
 
 __all__ = ["NvmeTcpEngine", "open_nvme_tcp"]
 
@@ -49,13 +50,8 @@ class NvmeTcpEngine:
     # --- checks -------------------------------------------------------------------------
 
     def check(self, offset: int, buf: memoryview) -> None:
-        n = buf.nbytes
-        if offset < 0 or offset % self.lba_size or n % self.lba_size:
-            raise ValueError(f"I/O at offset {offset} of {n} bytes is not a multiple of the "
-                             f"{self.lba_size}-byte logical block")
-        if offset + n > self.size:
-            raise ValueError(f"I/O at offset {offset} of {n} bytes ends past the namespace "
-                             f"({self.size} bytes)")
+        # NVMe/TCP copies through socket buffers: no memory alignment, only whole LBAs
+        check_extent(offset, buf.nbytes, self.lba_size, self.size)
 
     def _writable(self) -> None:
         if not self.writable:

@@ -112,6 +112,16 @@ def buffer_address(buf: memoryview) -> int:
     return int(np.frombuffer(buf, dtype=np.uint8).ctypes.data) if buf.nbytes else 0
 
 
+def check_extent(offset: int, nbytes: int, lba_size: int, size: int) -> None:
+    """Raise ValueError unless the extent is whole logical blocks inside the namespace."""
+    if offset < 0 or offset % lba_size or nbytes % lba_size:
+        raise ValueError(f"I/O at offset {offset} of {nbytes} bytes is not a multiple of the "
+                         f"{lba_size}-byte logical block")
+    if offset + nbytes > size:
+        raise ValueError(f"I/O at offset {offset} of {nbytes} bytes ends past the namespace "
+                         f"({size} bytes)")
+
+
 class ThreadedEngine:
     """Base class: ``submit_*`` run the blocking calls on a pool of ``qd`` threads.
 
@@ -152,12 +162,7 @@ class ThreadedEngine:
     def check(self, offset: int, buf: memoryview) -> None:
         """Raise ValueError unless (offset, buf) obeys the alignment contract."""
         n = buf.nbytes
-        if offset < 0 or offset % self.lba_size or n % self.lba_size:
-            raise ValueError(f"I/O at offset {offset} of {n} bytes is not a multiple of the "
-                             f"{self.lba_size}-byte logical block")
-        if offset + n > self.size:
-            raise ValueError(f"I/O at offset {offset} of {n} bytes ends past the namespace "
-                             f"({self.size} bytes)")
+        check_extent(offset, n, self.lba_size, self.size)
         if n and buffer_address(buf) % self.mem_align:
             raise ValueError(f"buffer at {buffer_address(buf):#x} is not aligned to "
                              f"{self.mem_align} bytes (use AlignedBuffer)")
