@@ -26,10 +26,10 @@ def inspect(target: str, *, list_objects: int = 0) -> dict[str, Any]:
     try:
         try:
             store = ObjectStore.open(engine)
-        except NotAStore:
-            found = identify(read_head(engine)) or "nothing (all zeros)"
-            raise UsageError(f"{target} is not a kvtool store (it holds {found})",
-                             field="TARGET") from None
+        except NotAStore as exc:
+            head = read_head(engine)
+            found = f"it holds {identify(head) or 'nothing (all zeros)'}" if head else str(exc)
+            raise UsageError(f"{target} is not a kvtool store ({found})", field="TARGET") from None
         except OSError as exc:
             raise CheckFailed(f"{target}: cannot read the superblock or index: {exc}") from None
         except BadSuperblock as exc:

@@ -122,6 +122,9 @@ class ObjectStore:
     @staticmethod
     def read_superblock(engine: IOEngine) -> Superblock:
         meta = round_up(META_BLOCK, engine.lba_size)
+        if engine.size < meta:
+            raise L.NotAStore(f"the target has only {engine.size} usable bytes, less than a "
+                              f"kvtool superblock ({meta} bytes)")
         head = AlignedBuffer(meta)
         try:
             engine.read_into(0, head.view)

@@ -66,6 +66,14 @@ def test_not_a_store(blank_file: Callable[[int], Path]) -> None:
     _one_error_line(run("verify", str(blank_file(1 << 20))), "not a kvtool store")
 
 
+@pytest.mark.parametrize("nbytes", [0, 100, 4095])
+def test_smaller_than_a_superblock(store_dir: Path, nbytes: int) -> None:
+    tiny = store_dir / "tiny.bin"
+    tiny.write_bytes(b"x" * nbytes)
+    for cmd in (["verify"], ["store", "inspect"]):
+        _one_error_line(run(*cmd, str(tiny)), "not a kvtool store")
+
+
 def test_missing_target(store_dir: Path) -> None:
     _one_error_line(run("verify", str(store_dir / "nope")), "no such file")
 
