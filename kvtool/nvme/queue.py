@@ -32,6 +32,10 @@ class TransportError(ConnectionError):
     """The NVMe/TCP connection failed (closed, reset, timed out, protocol error)."""
 
 
+class Unreachable(TransportError):
+    """No connection could be made: nothing listens there, or the name does not resolve."""
+
+
 class NvmeStatusError(OSError):
     """A command completed with an error status."""
 
@@ -136,8 +140,8 @@ class HostQueue:
         try:
             sock = socket.create_connection((host, port), timeout=timeout)
         except OSError as exc:
-            raise TransportError(f"cannot connect to {host}:{port}: "
-                                 f"{exc.strerror or exc}") from None
+            raise Unreachable(f"cannot connect to {host}:{port}: "
+                              f"{exc.strerror or exc}") from None
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock = sock
         self.reader = _Reader(sock)

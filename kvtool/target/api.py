@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from kvtool.errors import InputError
+from kvtool.errors import InputError, UsageError
 from kvtool.target import state as st
 from kvtool.target.loader import load_config, parse_config
 from kvtool.target.model import TargetConfig
@@ -329,8 +329,12 @@ def discover(address: str, port: int = 4420, hostnqn: str | None = None,
     """
     from kvtool.nvme import host as nvme_host
     from kvtool.nvme.pdu import PduError
+    from kvtool.nvme.queue import Unreachable
     try:
         entries = nvme_host.discover(address, port, hostnqn=hostnqn, timeout=timeout)
+    except Unreachable as exc:
+        # nothing there: the address is wrong (bad input), not a target that refused
+        raise UsageError(f"no NVMe/TCP target at {address}:{port}: {exc}", field="ADDR") from None
     except (OSError, PduError) as exc:
         raise TargetError(f"discovery at {address}:{port} failed: {exc}") from None
     return [{"subtype": SUBTYPES.get(e.subtype, str(e.subtype)), "subnqn": e.subnqn,

@@ -206,3 +206,12 @@ def test_a_target_is_not_silently_moved_to_another_engine(tmp_path: Path, state_
     r = run("target", "up", str(cfg), "--engine", "qemu", "--dry-run")
     assert r.exit_code == 1 and "take it down first" in r.stderr
     assert state.load("clitest") is not None
+
+
+def test_discover_where_nothing_listens_is_bad_input() -> None:
+    port = free_port()  # bound and released: nothing listens there now
+    r = run("target", "discover", f"127.0.0.1:{port}")
+    assert r.exit_code == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        f"kvtool: error: field 'ADDR': no NVMe/TCP target at 127.0.0.1:{port}: "
+        f"cannot connect to 127.0.0.1:{port}: Connection refused"]
