@@ -24,7 +24,7 @@ import click
 
 from emulator.nvmetcp.config import MAX_MDTS, TargetConfig, simple_config
 from emulator.nvmetcp.target import Target
-from kvtool.errors import KvtoolError, UsageError
+from kvtool.errors import InputError, KvtoolError, UsageError
 
 EPILOG = """
 \b
@@ -71,9 +71,10 @@ def main(listen: tuple[str, ...], allow_remote: bool, nqn: str | None, backing: 
                       allow_any_host, config_file, mdts, queue_size, io_queues)
         try:
             target = Target(cfg)
-        except KvtoolError as exc:
-            if config_file:
-                raise
+        except InputError as exc:
+            if config_file:  # name the file: opening a backing does not know it
+                raise InputError(exc.message, file=exc.file or config_file, line=exc.line,
+                                 field=exc.field) from None
             raise UsageError(getattr(exc, "message", str(exc)),
                              field=_option(getattr(exc, "field", None) or "")) from None
     except KvtoolError as exc:
@@ -81,8 +82,10 @@ def main(listen: tuple[str, ...], allow_remote: bool, nqn: str | None, backing: 
         sys.exit(exc.exit_code)
     try:
         asyncio.run(_run(target, ready_file))
-    except OSError as exc:
-        click.echo(f"nvmetcp: error: cannot listen: {exc.strerror or exc}", err=True)
+    except (OSError, KvtoolError) as exc:
+        message = str(exc) if isinstance(exc, KvtoolError) else \
+            f"cannot listen: {exc.strerror or exc}"
+        click.echo(f"nvmetcp: error: {message}", err=True)
         target.close_backings()
         sys.exit(2)
 
@@ -136,6 +139,7 @@ def _option(config_field: str) -> str:
                            ("subsystems[0].allow_any_host", "--allow-any-host"),
                            ("subsystems[0].hosts", "--host"),
                            ("subsystems[0].namespaces[0].lba_size", "--lba"),
+                           ("subsystems[0].namespaces[0].size", "--size"),
                            ("subsystems[0].namespaces[0]", "--backing"),
                            ("listen", "--listen"), ("size", "--size")):
         if config_field.startswith(prefix):
@@ -155,8 +159,12 @@ async def _run(target: Target, ready_file: str | None) -> None:
                   "discovery": target.discovery_url()}
         path = Path(ready_file)
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(record) + "\n")
-        os.replace(tmp, path)
+        try:
+            tmp.write_text(json.dumps(record) + "\n")
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise UsageError(f"cannot write {path}: {exc.strerror or exc}",
+                             field="--ready-file") from None
     sys.stdout.write("ready " + " ".join(urls) + "\n")
     sys.stdout.flush()
     await target.serve()

@@ -75,7 +75,8 @@ class MemoryBacking(Backing):
 class FileBacking(Backing):
     """A regular file or a block device, opened read-write (buffered I/O)."""
 
-    def __init__(self, path: Path, *, create_size: int | None = None) -> None:
+    def __init__(self, path: Path, *, create_size: int | None = None,
+                 field: str = "backing", file: str | None = None) -> None:
         self.path = path
         flags = os.O_RDWR | os.O_CLOEXEC
         if create_size is not None and not path.exists():
@@ -84,7 +85,7 @@ class FileBacking(Backing):
             self._fd = os.open(path, flags, 0o600)
         except OSError as exc:
             raise InputError(f"cannot open backing {path}: {exc.strerror}",
-                             field="backing") from None
+                             file=file, field=field) from None
         st = os.fstat(self._fd)
         if stat.S_ISBLK(st.st_mode):
             self.kind = "block"
@@ -97,7 +98,7 @@ class FileBacking(Backing):
         else:
             os.close(self._fd)
             raise InputError(f"backing {path} is neither a regular file nor a block device",
-                             field="backing")
+                             file=file, field=field)
         self._lock = threading.Lock()
         self.description = f"{self.kind} {path} ({format_size(self.size)})"
 
@@ -133,12 +134,25 @@ def open_backing(spec: str, *, size: str | int | None = None, field: str = "back
     With ``size``, a missing path is created as a sparse file of that size.
     """
     path = Path(spec)
+    size_field = field[: -len("backing")] + "size" if field.endswith("backing") else "size"
+    if size is not None and not path.exists() and _is_size(spec):
+        # would otherwise create a file literally named "64MiB" in the working directory
+        raise InputError(f"the backing {spec!r} is a memory size; a creation size applies "
+                         "only to a file backing", file=file, field=size_field)
     if path.exists() or size is not None:
-        create = None if size is None else parse_size(size, field="size", allow_zero=False)
-        return FileBacking(path, create_size=create)
+        create = None if size is None else parse_size(size, field=size_field, allow_zero=False)
+        return FileBacking(path, create_size=create, field=field, file=file)
     try:
         nbytes = parse_size(spec, field=field, allow_zero=False)
     except InputError:
         raise InputError(f"{spec!r} is neither an existing file or block device nor a size "
                          "such as 64MiB", file=file, field=field) from None
     return MemoryBacking(nbytes)
+
+
+def _is_size(spec: str) -> bool:
+    try:
+        parse_size(spec, allow_zero=False)
+    except InputError:
+        return False
+    return True

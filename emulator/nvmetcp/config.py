@@ -78,6 +78,8 @@ class TargetConfig:
         if self.maxh2cdata < 4096 or self.maxh2cdata % 4 or self.maxh2cdata > (16 << 20):
             raise bad("maxh2cdata", "must be a multiple of 4 in 4096..16MiB, got "
                       f"{self.maxh2cdata}")
+        if not 0 <= self.kato_grace_s < float("inf"):  # also refuses nan
+            raise bad("kato_grace_s", f"must be a non-negative number, got {self.kato_grace_s}")
         if not 0 <= self.port_id <= 0xFFFE:
             raise bad("port_id", f"must be 0..65534, got {self.port_id}")
         if not self.subsystems:

@@ -444,7 +444,7 @@ class QueueConnection(asyncio.BufferedProtocol, Closable):
             self._complete(cid, status(spec.SC_CONNECT_INCOMPATIBLE_FORMAT, cs), 40)
             return
         cd = spec.ConnectData.decode(data)
-        subsys = self.state.find_subsystem(cd.subnqn, self.local)
+        subsys = self.state.find_subsystem(cd.subnqn)
         if subsys is None:
             log.info("connect from %s to unknown subsystem %r", self.peer, cd.subnqn)
             self._complete(cid, status(spec.SC_CONNECT_INVALID_PARAM, cs), (1 << 16) | 256)

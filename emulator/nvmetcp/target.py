@@ -54,7 +54,7 @@ class TargetState:
         self.genctr = 1
         self.listeners: list[tuple[str, int]] = []
 
-    def find_subsystem(self, nqn: str, local: tuple[str, int] | None) -> Subsystem | None:
+    def find_subsystem(self, nqn: str) -> Subsystem | None:
         if nqn == spec.DISCOVERY_NQN:
             return self.discovery
         return self.subsystems.get(nqn)

@@ -30,11 +30,40 @@ from emulator.qemu.guest import (
 )
 
 
+def _port_number(text: str, low: int) -> int:
+    """A TCP port in low..65535 (0 = pick a free one, where ``low`` allows it)."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not low <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port {low}..65535, got {text!r}")
+    return port
+
+
+def _port(text: str) -> int:
+    return _port_number(text, 1)
+
+
+def _port_or_0(text: str) -> int:
+    return _port_number(text, 0)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
 def _forward(text: str) -> tuple[int, int]:
     guest, _, host = text.partition(":")
     try:
-        return int(guest), int(host or 0)
-    except ValueError:
+        return _port(guest), _port_or_0(host or "0")
+    except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"expected GUEST_PORT[:HOST_PORT], got {text!r}") from None
 
 
@@ -50,19 +79,19 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--no-target", action="store_true",
                    help="configure no nvmet target (modules loaded, configfs mounted)")
     r.add_argument("--nqn", default=DEFAULT_NQN)
-    r.add_argument("--size-mb", type=int, default=64)
+    r.add_argument("--size-mb", type=_positive, default=64)
     r.add_argument("--backing", choices=("ram", "file"), default="ram")
     r.add_argument("--allow-host", action="append", default=[], metavar="HOSTNQN")
-    r.add_argument("--port", type=int, default=0,
+    r.add_argument("--port", type=_port_or_0, default=0,
                    help="host 127.0.0.1 port for the guest's port 4420 (default: a free one)")
     r.add_argument("--forward", action="append", type=_forward, default=[],
                    metavar="GUEST_PORT[:HOST_PORT]", help="another host -> guest forward")
-    r.add_argument("--guest-forward", action="append", type=int, default=[], metavar="PORT",
+    r.add_argument("--guest-forward", action="append", type=_port, default=[], metavar="PORT",
                    help=f"let the guest reach host 127.0.0.1:PORT at {GUESTFWD_ADDR}:PORT")
     r.add_argument("--hostroot", action="store_true", help="share host / read-only (9p)")
-    r.add_argument("--mem-mb", type=int, default=256)
+    r.add_argument("--mem-mb", type=_positive, default=256)
     e = sub.add_parser("exec", help="run a shell snippet in a running guest")
-    e.add_argument("control_port", type=int)
+    e.add_argument("control_port", type=_port)
     e.add_argument("shell")
     e.add_argument("--timeout", type=float, default=60.0)
     return ap

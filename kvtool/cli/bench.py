@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import click
@@ -87,8 +88,8 @@ def command(target: str, model: str | None, dtype: str | None, block_tokens: int
         if not patterns:
             raise UsageError("--read-only leaves no pattern to run", field="--pattern")
     paths = _csv(path_text, PATHS, "--path") if path_text else None
-    if seconds <= 0:
-        raise UsageError(f"must be positive, got {seconds}", field="--seconds")
+    if not 0 < seconds < math.inf:  # also refuses nan, which would compare false
+        raise UsageError(f"must be a positive number, got {seconds}", field="--seconds")
     if ops is not None and ops < 1:
         raise UsageError(f"must be at least 1, got {ops}", field="--ops")
     with object_progress("bench (cases)") as (advance, set_total):

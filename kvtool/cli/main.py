@@ -60,9 +60,17 @@ class KvtoolGroup(click.Group):
             self.add_command(module.command, cmd_name)
         return self.commands.get(cmd_name)
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            raise _usage_exit(exc) from None
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:  # bad option/argument of any sub-command
+            raise _usage_exit(exc) from None
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
             raise
         except KvtoolError as exc:
@@ -77,6 +85,13 @@ class KvtoolGroup(click.Group):
             _report(ctx, exc, f"kvtool: internal error: {type(exc).__name__}: {exc} "
                               "(run with --debug for the traceback)")
             raise click.exceptions.Exit(INTERNAL_ERROR) from None
+
+
+def _usage_exit(exc: click.UsageError) -> click.exceptions.Exit:
+    """Bad usage as one line (BRIEF §6), naming the command to ask for --help."""
+    where = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+    click.echo(f"kvtool: error: {exc.format_message()}{where}", err=True)
+    return click.exceptions.Exit(exc.exit_code)
 
 
 def _report(ctx: click.Context, exc: BaseException, line: str) -> None:

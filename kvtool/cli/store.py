@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvtool.cli.output import emit, json_option
-from kvtool.errors import CheckFailed
+from kvtool.errors import CheckFailed, UsageError
 from kvtool.units import format_size
 
 EPILOG = """
@@ -36,7 +36,9 @@ def inspect_command(target: str, list_objects: int) -> None:
     superblock is damaged, 2 when TARGET holds no kvtool store."""
     from kvtool.store.inspect import inspect
 
-    report = inspect(target, list_objects=max(0, list_objects))
+    if list_objects < 0:
+        raise UsageError(f"must not be negative, got {list_objects}", field="--objects")
+    report = inspect(target, list_objects=list_objects)
     emit(report, lambda c: render(c, report))
     if report["superblock_error"]:
         raise CheckFailed(f"{target}: {report['superblock_error']}")

@@ -52,7 +52,7 @@ def _plan_table(plan: Plan, title: str) -> Table:
     return table
 
 
-def _show_plan(name: str, dry_run: bool) -> Any:
+def _show_plan(name: str) -> Any:
     """Print the plan before anything is applied (stdout; nothing with --json)."""
     def show(plan: Plan) -> None:
         if want_json():
@@ -105,7 +105,7 @@ def up(config: str, backend: str | None, engine: str | None, configfs_root: str 
     cfg, _ = api.resolve(config, name, backend=backend, engine=engine, allow_remote=allow_remote,
                          check_paths=(engine or "") != "qemu")
     opts = api.Options(configfs_root=configfs_root, spdk_socket=spdk_socket)
-    result = api.up(cfg, opts, dry_run=dry_run, on_plan=_show_plan(cfg.name, dry_run),
+    result = api.up(cfg, opts, dry_run=dry_run, on_plan=_show_plan(cfg.name),
                     on_step=_progress)
     doc = {"name": cfg.name, "backend": cfg.backend, "engine": api.engine_of(cfg),
            **result.to_json()}
@@ -140,7 +140,7 @@ def down(config: str | None, backend: str | None, engine: str | None, configfs_r
     cfg, record = api.resolve(config, name, backend=backend, engine=engine, allow_remote=True,
                               check_paths=False)
     opts = api.Options(configfs_root=configfs_root, spdk_socket=spdk_socket)
-    result = api.down(cfg, record, opts, dry_run=dry_run, on_plan=_show_plan(cfg.name, dry_run),
+    result = api.down(cfg, record, opts, dry_run=dry_run, on_plan=_show_plan(cfg.name),
                       on_step=_progress)
     doc = {"name": cfg.name, "backend": cfg.backend, **result.to_json()}
 

@@ -14,6 +14,7 @@ import fcntl
 import os
 import stat
 import struct
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -131,24 +132,23 @@ class DirectEngine(ThreadedEngine):
             raise
 
     def read_into(self, offset: int, buf: memoryview) -> None:
-        self.check(offset, buf)
-        done, n = 0, buf.nbytes
-        while done < n:
-            got = os.preadv(self.fd, [buf[done:]], offset + done)
-            if got <= 0:
-                raise OSError(errno.EIO, f"short read at offset {offset + done} of {self.path}")
-            done += got
+        self._transfer(os.preadv, "read", offset, buf)
 
     def write_from(self, offset: int, buf: memoryview) -> None:
         if not self.writable:
             raise PermissionError(errno.EBADF, f"{self.path} is open read-only")
+        self._transfer(os.pwritev, "write", offset, buf)
+
+    def _transfer(self, op: Callable[[int, list[memoryview], int], int], what: str,
+                  offset: int, buf: memoryview) -> None:
+        """Run ``op`` (preadv/pwritev) until all of ``buf`` is done; a zero return is EIO."""
         self.check(offset, buf)
         done, n = 0, buf.nbytes
         while done < n:
-            put = os.pwritev(self.fd, [buf[done:]], offset + done)
-            if put <= 0:
-                raise OSError(errno.EIO, f"short write at offset {offset + done} of {self.path}")
-            done += put
+            got = op(self.fd, [buf[done:]], offset + done)
+            if got <= 0:
+                raise OSError(errno.EIO, f"short {what} at offset {offset + done} of {self.path}")
+            done += got
 
     def flush(self) -> None:
         os.fdatasync(self.fd)

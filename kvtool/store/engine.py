@@ -41,6 +41,8 @@ it may spread submissions over several I/O queues as long as the rules above hol
 from __future__ import annotations
 
 import mmap
+import os
+import re
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, Protocol, runtime_checkable
@@ -188,6 +190,8 @@ class ThreadedEngine:
 
 
 NVME_TCP_SCHEME = "nvme+tcp://"
+_URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+"""A URL-looking target that is not an existing path (e.g. ``nvme+rdma://``)."""
 
 
 def open_engine(target: str, *, write: bool, qd: int = DEFAULT_QD, **opts: Any) -> IOEngine:
@@ -198,19 +202,28 @@ def open_engine(target: str, *, write: bool, qd: int = DEFAULT_QD, **opts: Any) 
     missing, not a file or block device, read-only while ``write`` is asked, or cannot do
     O_DIRECT. ``opts``: ``hostnqn`` for NVMe/TCP; for paths, ``create_bytes`` creates a
     missing regular file of that size and ``lba`` overrides the logical block size (a
-    power-of-two multiple of the device's, e.g. to lay out a 4Kn store on a 512 B file);
+    power-of-two multiple of the device's, e.g. to lay out a 4Kn store on a 512 B file;
+    both are UsageErrors for an NVMe/TCP URL rather than silently ignored);
     ``submission`` ("auto", "aio", "threads") picks how the O_DIRECT engine keeps ``qd``
     requests in flight (native AIO when available, else a thread pool).
     """
     if target.startswith(NVME_TCP_SCHEME):
-        try:
-            from kvtool.nvme.engine import open_nvme_tcp  # type: ignore[import-not-found,unused-ignore]
-        except ImportError as exc:
-            raise UsageError(f"{target}: the NVMe/TCP engine is unavailable in this build "
-                             f"({exc})", field="TARGET") from None
+        from kvtool.nvme.engine import open_nvme_tcp  # lazy: kvtool.nvme.engine imports us
+
+        if opts.get("create_bytes"):
+            raise UsageError(f"{target}: an NVMe/TCP namespace cannot be created; --create "
+                             "applies to a regular file", field="--create")
+        if opts.get("lba"):
+            raise UsageError(f"{target}: an NVMe/TCP namespace has its own logical block "
+                             "size; --lba applies to a file or block device", field="--lba")
         engine: IOEngine = open_nvme_tcp(target, write=write, qd=qd,
                                          hostnqn=opts.get("hostnqn"))
         return engine
+    scheme = _URL_SCHEME.match(target)
+    if scheme and not os.path.lexists(target):
+        raise UsageError(f"{target}: unsupported URL scheme {scheme.group(0)!r}; the only URL "
+                         f"kvtool reads and writes is {NVME_TCP_SCHEME}HOST:PORT/SUBNQN[/NSID]",
+                         field="TARGET")
     from kvtool.store.direct import DirectEngine
 
     return DirectEngine.open(target, write=write, qd=qd, lba=opts.get("lba"),

@@ -28,6 +28,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -288,6 +289,20 @@ class ObjectStore:
 
     def get(self, key: int) -> bytes:
         """The object stored under ``key``; KeyError if absent, ObjectCorrupt on a bad CRC."""
+        with self._verified_object(key) as data:
+            return bytes(data)
+
+    def get_into(self, key: int, out: memoryview) -> int:
+        """Read ``key``'s object into ``out`` (bounce path: only the object's bytes are
+        copied back); returns its length. KeyError if absent, ObjectCorrupt on a bad CRC."""
+        with self._verified_object(key) as data:
+            copy_into(out, data)
+            return data.nbytes
+
+    @contextmanager
+    def _verified_object(self, key: int) -> Iterator[memoryview]:
+        """``key``'s bytes, read into aligned scratch and checked against the entry's CRC;
+        the view is valid only inside the ``with`` block."""
         slot = self.by_key[key]
         ent = self.entries[slot]
         length = int(ent["length"])
@@ -297,23 +312,9 @@ class ObjectStore:
             data = scratch.view[:length]
             if crc32c(data) != int(ent["data_crc"]):
                 raise ObjectCorrupt(f"object {key:#018x} in slot {slot}: checksum mismatch")
-            return bytes(data)
+            yield data
         finally:
             scratch.close()
-
-    def get_into(self, key: int, out: memoryview) -> int:
-        """Read ``key``'s object into ``out`` (bounce path: only the object's bytes are
-        copied back); returns its length."""
-        slot = self.by_key[key]
-        ent = self.entries[slot]
-        length = int(ent["length"])
-        scratch = AlignedBuffer(padded_size(length, self.sb.lba_size))
-        try:
-            self.engine.read_into(int(ent["offset"]), scratch.view)
-            copy_into(out, scratch.view[:length])
-        finally:
-            scratch.close()
-        return length
 
     def delete(self, key: int) -> None:
         """Remove ``key``; durable on return. KeyError if absent."""
@@ -568,22 +569,24 @@ def read_slots(store: ObjectStore, slots: list[int], *, qd: int,
             lambda read: cpu.submit(checked, slot, buf, read))
 
     inflight = 0
+
+    def finish() -> tuple[int, Any]:
+        """Take the next completion (any slot); re-raise its error."""
+        nonlocal inflight
+        s, result, err = done.get()
+        inflight -= 1
+        if err is not None:
+            raise err
+        return s, result
+
     try:
         for slot in slots:
             if inflight >= window:
-                s, result, err = done.get()
-                inflight -= 1
-                if err is not None:
-                    raise err
-                yield s, result
+                yield finish()
             start(slot)
             inflight += 1
         while inflight:
-            s, result, err = done.get()
-            inflight -= 1
-            if err is not None:
-                raise err
-            yield s, result
+            yield finish()
     finally:
         while inflight:  # draining after an error or an abandoned generator
             done.get()

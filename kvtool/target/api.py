@@ -330,11 +330,18 @@ def discover(address: str, port: int = 4420, hostnqn: str | None = None,
     from kvtool.nvme import host as nvme_host
     from kvtool.nvme.pdu import PduError
     from kvtool.nvme.queue import Unreachable
+    from kvtool.nvme.url import check_nqn
+    if not 0 < timeout < float("inf"):  # also refuses nan
+        raise UsageError(f"must be a positive number of seconds, got {timeout}",
+                         field="--timeout")
+    if hostnqn is not None:
+        check_nqn(hostnqn, field="--hostnqn")
     try:
         entries = nvme_host.discover(address, port, hostnqn=hostnqn, timeout=timeout)
     except Unreachable as exc:
         # nothing there: the address is wrong (bad input), not a target that refused
-        raise UsageError(f"no NVMe/TCP target at {address}:{port}: {exc}", field="ADDR") from None
+        raise UsageError(f"no NVMe/TCP target at {address}:{port}: {exc}",
+                         field="ADDRESS") from None
     except (OSError, PduError) as exc:
         raise TargetError(f"discovery at {address}:{port} failed: {exc}") from None
     return [{"subtype": SUBTYPES.get(e.subtype, str(e.subtype)), "subnqn": e.subnqn,

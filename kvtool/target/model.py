@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 BackendName = Literal["nvmet", "spdk", "emulator"]
@@ -162,7 +161,3 @@ class TargetConfig:
         """(file, line) of a key path such as ("subsystem", 0, "namespace", 1, "nsid")."""
         line = self.locator.line(path) if self.locator is not None else None
         return self.source, line
-
-
-def source_name(path: str | Path | None) -> str | None:
-    return None if path is None else str(path)

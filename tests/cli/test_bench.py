@@ -57,3 +57,6 @@ def test_bad_options(blank_file: Callable[[int], Path]) -> None:
                     "--pattern")
     _one_error_line(run("bench", path, "--object-bytes", "1MiB", "--region", "4KiB"),
                     "--region")
+    for seconds in ("0", "nan", "inf"):
+        _one_error_line(run("bench", path, "--object-bytes", "1MiB", "--seconds", seconds),
+                        "--seconds")

@@ -41,3 +41,17 @@ def test_python_dash_m() -> None:
     out = subprocess.run([sys.executable, "-m", "kvtool", "--version"], capture_output=True,
                          text=True, cwd=REPO, check=True)
     assert __version__ in out.stdout
+
+
+def test_usage_errors_are_one_line_naming_the_option() -> None:
+    for args, words in [
+        (["--nosuch"], ["--nosuch"]),
+        (["nosuch"], ["nosuch"]),
+        (["replay", "x.jsonl", "--policy", "bogus"], ["--policy", "bogus", "replay --help"]),
+        (["trace", "stats"], ["TRACE"]),
+    ]:
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 2, args
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("kvtool: error: "), result.stderr
+        assert all(w in lines[0] for w in words), lines[0]

@@ -27,6 +27,7 @@ def test_inspect(blank_file: Callable[[int], Path]) -> None:
     assert doc["objects"][1]["offset"] == (1 << 20) + 1_002_496
     human = run("store", "inspect", str(path))
     assert human.exit_code == 0 and "deepseek-v4-flash" in human.stdout
+    _one_error_line(run("store", "inspect", str(path), "--objects", "-1"), "--objects")
 
 
 def test_damaged_superblock_is_shown_and_fails(blank_file: Callable[[int], Path]) -> None:

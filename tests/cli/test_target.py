@@ -213,5 +213,11 @@ def test_discover_where_nothing_listens_is_bad_input() -> None:
     r = run("target", "discover", f"127.0.0.1:{port}")
     assert r.exit_code == 2, r.stderr
     assert r.stderr.strip().splitlines() == [
-        f"kvtool: error: field 'ADDR': no NVMe/TCP target at 127.0.0.1:{port}: "
+        f"kvtool: error: field 'ADDRESS': no NVMe/TCP target at 127.0.0.1:{port}: "
         f"cannot connect to 127.0.0.1:{port}: Connection refused"]
+    for option, value in (("--timeout", "-1"), ("--timeout", "0"), ("--timeout", "nan"),
+                          ("--hostnqn", "not-an-nqn")):
+        r = run("target", "discover", f"127.0.0.1:{port}", option, value)
+        assert r.exit_code == 2, r.stderr
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"field '{option}'" in lines[0], r.stderr

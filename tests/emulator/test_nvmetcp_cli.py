@@ -24,8 +24,8 @@ def run_target(*args: str) -> subprocess.Popen[str]:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def bad(*args: str) -> str:
-    proc = subprocess.run([sys.executable, "-m", "emulator.nvmetcp", *args], cwd=REPO,
+def bad(*args: str, cwd: Path = REPO) -> str:
+    proc = subprocess.run([sys.executable, "-m", "emulator.nvmetcp", *args], cwd=cwd,
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
@@ -73,6 +73,25 @@ def test_bad_options_one_line_exit_2(tmp_path: Path) -> None:
         {"nsid": 1, "backing": "1MiB", "lba_size": 1024}]}]}))
     err = bad("--config", str(cfg))
     assert "t.json" in err and "subsystems[0].namespaces[0].lba_size" in err
+    assert "field '--backing'" in bad("--nqn", NQN, "--backing", str(tmp_path),
+                                      "--allow-any-host")  # a directory
+    assert "field '--size'" in bad("--nqn", NQN, "--backing", str(tmp_path / "n.img"),
+                                   "--size", "0", "--allow-any-host")
+    err = bad("--nqn", NQN, "--backing", "1MiB", "--allow-any-host", "--listen", "127.0.0.1:0",
+              "--ready-file", str(tmp_path / "missing" / "ready.json"))
+    assert "field '--ready-file'" in err and "cannot listen" not in err
+    cfg.write_text(json.dumps({"subsystems": [{"nqn": NQN, "allow_any_host": True,
+                                               "namespaces": [{"nsid": 1, "backing": "/dev/null"}]}]}))
+    err = bad("--config", str(cfg))
+    assert "t.json" in err and "subsystems[0].namespaces[0].backing" in err
+    cfg.write_text(json.dumps({"kato_grace_s": -1, "subsystems": [
+        {"nqn": NQN, "allow_any_host": True, "namespaces": [{"nsid": 1, "backing": "1MiB"}]}]}))
+    assert "field 'kato_grace_s'" in bad("--config", str(cfg))
+    # a memory size plus "size" (file creation) is refused, not created as a file named 1MiB
+    cfg.write_text(json.dumps({"subsystems": [{"nqn": NQN, "allow_any_host": True, "namespaces": [
+        {"nsid": 1, "backing": "1MiB", "size": "2MiB"}]}]}))
+    err = bad("--config", str(cfg), cwd=tmp_path)
+    assert "subsystems[0].namespaces[0].size" in err and not (tmp_path / "1MiB").exists()
 
 
 def test_config_schema(tmp_path: Path) -> None:

@@ -131,6 +131,19 @@ def test_guest_rejects_bad_options() -> None:
         Guest(backing="nvme")
 
 
+@pytest.mark.parametrize("argv", [["run", "--port", "99999"], ["run", "--port", "-1"],
+                                  ["run", "--forward", "0:5"], ["run", "--forward", "22:70000"],
+                                  ["run", "--guest-forward", "0"], ["run", "--mem-mb", "0"],
+                                  ["exec", "0", "true"]])
+def test_command_line_rejects_bad_numbers_before_booting(
+        argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    from emulator.qemu.__main__ import main
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert "error: argument" in capsys.readouterr().err
+
+
 def test_icreq_golden_bytes() -> None:
     pdu = probe.build_icreq(digest=3)
     assert len(pdu) == 128

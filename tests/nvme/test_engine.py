@@ -79,6 +79,11 @@ def test_open_engine_dispatches_nvme_urls(target: Target) -> None:
         assert isinstance(eng, NvmeTcpEngine) and eng.nsid == 1
     finally:
         eng.close()
+    # file-only options are refused, not silently ignored (a 512 B layout under --lba 4096)
+    for opt, option in (("lba", "--lba"), ("create_bytes", "--create")):
+        with pytest.raises(UsageError) as info:
+            open_engine(url(target, tail="/1"), write=True, hostnqn=HOST_A, **{opt: 4096})
+        assert info.value.field == option
 
 
 @pytest.fixture(scope="module")

@@ -130,6 +130,8 @@ def test_flipped_data_byte_fails_get(engine: IOEngine) -> None:
         f.write(b"Q")
     with pytest.raises(ObjectCorrupt, match="checksum mismatch"):
         ObjectStore.open(engine).get(5)
+    with pytest.raises(ObjectCorrupt, match="checksum mismatch"):
+        ObjectStore.open(engine).get_into(5, memoryview(bytearray(OBJ)))
 
 
 def test_damaged_index_entry_is_a_problem_not_an_object(engine: IOEngine) -> None:

@@ -183,8 +183,8 @@ class NvmetBackend:
 
         for host in cfg.all_host_nqns():
             self._plan_host(plan, cfg, host, live)
-        for si, sub in enumerate(cfg.subsystems):
-            self._plan_subsystem(plan, cfg, si, sub, live)
+        for sub in cfg.subsystems:
+            self._plan_subsystem(plan, sub, live)
         for lst in cfg.listeners:
             self._plan_port(plan, lst, cfg, live)
         return plan
@@ -244,8 +244,7 @@ class NvmetBackend:
                          partial(h.set, attr, want),
                          partial(h.set, attr, have or "") if exists else _noop)
 
-    def _plan_subsystem(self, plan: Plan, cfg: TargetConfig, si: int, sub: Subsystem,
-                        live: bool) -> None:
+    def _plan_subsystem(self, plan: Plan, sub: Subsystem, live: bool) -> None:
         s = self.root.subsystem(sub.nqn)
         exists = live and s.exists
         if not exists:

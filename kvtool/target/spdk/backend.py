@@ -81,6 +81,18 @@ def bdev_delete_call(ns_backing: str, bdev: str, module: str = "aio") -> tuple[s
     return "bdev_nvme_detach_controller", {"name": nvme_controller_name(bdev)}
 
 
+def create_subsystem_params(sub: Subsystem) -> dict[str, Any]:
+    """``nvmf_create_subsystem`` parameters; optional fields only when the config sets them."""
+    params: dict[str, Any] = {"nqn": sub.nqn, "allow_any_host": sub.allow_any_host}
+    if sub.serial:
+        params["serial_number"] = sub.serial
+    if sub.model:
+        params["model_number"] = sub.model
+    if sub.max_namespaces:
+        params["max_namespaces"] = sub.max_namespaces
+    return params
+
+
 def listen_address(lst: Any) -> dict[str, str]:
     return {"trtype": lst.transport.upper(), "adrfam": "IPv4" if lst.family == "ipv4" else "IPv6",
             "traddr": lst.address, "trsvcid": str(lst.port)}
@@ -233,14 +245,8 @@ class SpdkBackend:
         for ns in stale:
             self._plan_bdev(plan, sub, ns, live)
         if have is None:
-            params: dict[str, Any] = {"nqn": sub.nqn, "allow_any_host": sub.allow_any_host}
-            if sub.serial:
-                params["serial_number"] = sub.serial
-            if sub.model:
-                params["model_number"] = sub.model
-            if sub.max_namespaces:
-                params["max_namespaces"] = sub.max_namespaces
-            plan.add("create", "subsystem", sub.nqn, "", self._call("nvmf_create_subsystem", params),
+            plan.add("create", "subsystem", sub.nqn, "",
+                     self._call("nvmf_create_subsystem", create_subsystem_params(sub)),
                      self._call("nvmf_delete_subsystem", {"nqn": sub.nqn}))
             have = {"namespaces": [], "hosts": [], "listen_addresses": [],
                     "allow_any_host": sub.allow_any_host}
@@ -389,14 +395,8 @@ def spdk_config(cfg: TargetConfig, major: int | None = None) -> dict[str, Any]:
         for ns in sub.namespaces:
             method, params = bdev_create_call(sub.nqn, ns)
             bdev_calls.append({"method": method, "params": params})
-        params = {"nqn": sub.nqn, "allow_any_host": sub.allow_any_host}
-        if sub.serial:
-            params["serial_number"] = sub.serial
-        if sub.model:
-            params["model_number"] = sub.model
-        if sub.max_namespaces:
-            params["max_namespaces"] = sub.max_namespaces
-        nvmf_calls.append({"method": "nvmf_create_subsystem", "params": params})
+        nvmf_calls.append({"method": "nvmf_create_subsystem",
+                           "params": create_subsystem_params(sub)})
         for ns in sub.namespaces:
             body: dict[str, Any] = {"nsid": ns.nsid, "bdev_name": bdev_name_for(sub.nqn, ns)}
             if ns.uuid:
