@@ -10,8 +10,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from kvtool.cli.load import object_progress, object_size_options, parse_lba, resolve_object
-from kvtool.cli.output import emit, json_option, note
+from kvtool.cli.load import object_size_options, parse_lba, resolve_object
+from kvtool.cli.output import emit, json_option, note, progress
 from kvtool.errors import UsageError
 from kvtool.units import format_size, parse_size
 
@@ -92,13 +92,13 @@ def command(target: str, model: str | None, dtype: str | None, block_tokens: int
         raise UsageError(f"must be a positive number, got {seconds}", field="--seconds")
     if ops is not None and ops < 1:
         raise UsageError(f"must be at least 1, got {ops}", field="--ops")
-    with object_progress("bench (cases)") as (advance, set_total):
+    with progress("bench (cases)") as bar:
         result = bench(target, object_bytes=size, qds=qds, patterns=patterns, paths=paths,
                        seconds=seconds, max_ops=ops,
                        region_bytes=parse_size(region, field="--region", allow_zero=False),
                        force=force, lba=parse_lba(lba),
                        create_bytes=parse_size(create, field="--create", allow_zero=False)
-                       if create else None, progress=advance, on_total=set_total)
+                       if create else None, progress=bar.advance, on_total=bar.set_total)
     if result["wrote"]:
         note(f"{target}: the first {format_size(result['region_bytes'])} now hold benchmark "
              "data")

@@ -2,24 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from rich import box
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 from rich.table import Table
 
-from kvtool.cli.output import emit, err_console, json_option, note, settings, want_json
+from kvtool.cli.output import emit, json_option, note, progress
 from kvtool.errors import UsageError
 from kvtool.units import format_size, parse_percent, parse_size
 
@@ -142,34 +133,14 @@ def command(target: str, model: str | None, dtype: str | None, block_tokens: int
                     if create else None)
     acks = AckFile(ack_file) if ack_file else None
     try:
-        with object_progress("load (committed objects)") as (advance, set_total):
-            result = load(target, spec, ack=acks, progress=advance, on_total=set_total)
+        with progress("load (committed objects)") as bar:
+            result = load(target, spec, ack=acks, progress=bar.advance, on_total=bar.set_total)
     finally:
         if acks is not None:
             acks.close()
     if result["replaced"]:
         note(f"replaced {result['replaced']}")
     emit(result, lambda c: render(c, result))
-
-
-@contextmanager
-def object_progress(description: str) -> Iterator[tuple[Callable[[int], None],
-                                                        Callable[[int], None]]]:
-    """A rich bar on stderr whose total is learnt once the library knows it; yields
-    ``(advance(n), set_total(n))``. Hidden when stderr is not a terminal or with -q."""
-    enabled = err_console().is_terminal and not settings().quiet and not want_json()
-    columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn(), TimeRemainingColumn()]
-    with Progress(*columns, console=err_console(), disable=not enabled) as bar:
-        task = bar.add_task(description, total=None)
-
-        def advance(n: int) -> None:
-            bar.advance(task, n)
-
-        def set_total(n: int) -> None:
-            bar.update(task, total=n)
-
-        yield advance, set_total
 
 
 def render(c: Console, r: dict[str, Any]) -> None:

@@ -25,6 +25,7 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
@@ -132,19 +133,32 @@ def note(message: str) -> None:
         err_console().print(message)
 
 
-@contextmanager
-def progress(description: str, total: float | None, *, unit: str = "") -> Iterator[Callable[..., None]]:
-    """A rich progress bar on stderr; yields ``advance(n=1)``.
+class Bar:
+    """One task of a rich progress bar: ``bar(n)`` / ``bar.advance(n)`` and ``bar.set_total(n)``
+    (for libraries that learn the total only once they have opened the target)."""
 
-    Hidden when stderr is not a terminal, so CI logs and ``--json`` pipes stay clean.
+    def __init__(self, progress: Progress, task: TaskID) -> None:
+        self._progress = progress
+        self._task = task
+
+    def advance(self, n: float = 1) -> None:
+        self._progress.advance(self._task, n)
+
+    __call__ = advance
+
+    def set_total(self, total: float) -> None:
+        self._progress.update(self._task, total=total)
+
+
+@contextmanager
+def progress(description: str, total: float | None = None, *, unit: str = "") -> Iterator[Bar]:
+    """A rich progress bar on stderr; yields a :class:`Bar`.
+
+    Hidden when stderr is not a terminal, with ``-q`` and with ``--json``, so CI logs and
+    machine output stay clean.
     """
-    enabled = err_console().is_terminal and not settings().quiet
+    enabled = err_console().is_terminal and not settings().quiet and not want_json()
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn(), TimeRemainingColumn()]
     with Progress(*columns, console=err_console(), disable=not enabled, transient=False) as bar:
-        task = bar.add_task(description + (f" ({unit})" if unit else ""), total=total)
-
-        def advance(n: float = 1) -> None:
-            bar.advance(task, n)
-
-        yield advance
+        yield Bar(bar, bar.add_task(description + (f" ({unit})" if unit else ""), total=total))

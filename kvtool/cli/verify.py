@@ -9,8 +9,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from kvtool.cli.load import DEFAULT_QD, object_progress
-from kvtool.cli.output import emit, json_option
+from kvtool.cli.load import DEFAULT_QD
+from kvtool.cli.output import emit, json_option, progress
 from kvtool.errors import CheckFailed
 from kvtool.units import format_size
 
@@ -48,10 +48,10 @@ def command(target: str, qd: int, sample: str | None, sample_seed: int | None,
     object and exit 1 if any."""
     from kvtool.store.verify import verify
 
-    with object_progress("verify (objects)") as (advance, set_total):
+    with progress("verify (objects)") as bar:
         report = verify(target, qd=qd, sample=sample, sample_seed=sample_seed,
                         payload_file=payload_file, checksums_only=checksums_only,
-                        progress=advance, on_total=set_total)
+                        progress=bar.advance, on_total=bar.set_total)
     emit(report, lambda c: render(c, report))
     if not report["ok"]:
         raise CheckFailed(f"{target}: {len(report['bad'])} problem(s) found "
