@@ -91,6 +91,9 @@ def load_tiers_file(path: str | Path) -> TiersFile:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise InputError(f"cannot read: {exc.strerror}", file=path, field="--tiers") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"not UTF-8 text (byte {exc.start})", file=path,
+                         field="--tiers") from None
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -166,9 +169,12 @@ def _time_table(table: Any, bad: Any) -> dict[str, Any]:
                 raise bad(f"must be a whole number ≥ 1, got {value!r}", key, "time")
             out[key] = value
         else:
-            if not isinstance(value, int | float) or isinstance(value, bool) or value < 0 or (
-                    key == "prefill_tokens_per_s" and value == 0):
-                raise bad(f"must be a positive number, got {value!r}", key, "time")
+            # Written so that NaN fails too; prefill_tokens_per_s divides, so 0 fails.
+            positive = key == "prefill_tokens_per_s"
+            if (not isinstance(value, int | float) or isinstance(value, bool)
+                    or not (value > 0 if positive else value >= 0)):
+                raise bad(f"must be a {'positive number' if positive else 'number ≥ 0'}, "
+                          f"got {value!r}", key, "time")
             out[key] = float(value)
     return out
 

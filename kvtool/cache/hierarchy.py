@@ -121,43 +121,16 @@ class TierHierarchy:
             if not self.write_back:
                 return self._serve_through(keys, input_length, block_tokens, session, stats)
         # 1. lookup
-        if m == 1:
-            index = self._indexes[0]
-            k = 0
-            for key in keys:
-                if key not in index:
-                    break
-                k += 1
-            src: list[int] | None = None
-            per_tier = [k]
-        else:
-            src = self.lookup(keys)
-            k = len(src)
-            per_tier = [src.count(j) for j in range(m)] if k else [0] * m
-        hit_tokens = k * block_tokens
-        if hit_tokens > input_length:
-            hit_tokens = input_length
-        if k:
-            excess = k * block_tokens - hit_tokens
-            hits = stats.hit_tokens
-            hit_blocks = stats.hit_blocks
-            reads = stats.blocks_read
-            for j in range(m):
-                n = per_tier[j]
-                if n:
-                    hits[j] += n * block_tokens
-                    hit_blocks[j] += n
-                    reads[j] += n
-            if excess:
-                self._cap_excess(src, k, block_tokens, excess, hits)
-        stats.recompute_tokens += input_length - hit_tokens
+        src = self.lookup(keys)
+        k = len(src)
+        per_tier = self._count_hits(src, input_length, block_tokens, stats)
 
         # 2. store / touch
         written = stats.blocks_written
         record: list[int] | None = [] if tiers[0].backend is not None else None
         written[0] += tiers[0].policy.access(keys, session, record=record)
         if self._backends:
-            self._notify(keys, src, k, record or [], 0)
+            self._notify(keys, src, record or [])
         low = min(src) if src else m
         for i in range(1, m):
             tier = tiers[i]
@@ -165,7 +138,7 @@ class TierHierarchy:
                 tier.policy.access(keys, session, admit=False)
                 continue
             skip = None
-            if src is not None and low < i:
+            if low < i:
                 skip = {keys[p] for p in range(k) if src[p] < i}
             record = [] if tier.backend is not None else None
             written[i] += tier.policy.access(keys, session, skip=skip, record=record)
@@ -204,23 +177,7 @@ class TierHierarchy:
         m = len(tiers)
         src = self.lookup(keys)
         k = len(src)
-        hit_tokens = 0
-        if k:
-            per_tier = [src.count(j) for j in range(m)]
-            hits, hit_blocks, reads = stats.hit_tokens, stats.hit_blocks, stats.blocks_read
-            for j in range(m):
-                n = per_tier[j]
-                if n:
-                    hits[j] += n * block_tokens
-                    hit_blocks[j] += n
-                    reads[j] += n
-            hit_tokens = k * block_tokens
-            if hit_tokens > input_length:
-                self._cap_excess(src, k, block_tokens, hit_tokens - input_length, hits)
-                hit_tokens = input_length
-        else:
-            per_tier = [0] * m
-        stats.recompute_tokens += input_length - hit_tokens
+        per_tier = self._count_hits(src, input_length, block_tokens, stats)
         indexes = self._indexes
         before = [len(ix) for ix in indexes]
         last = indexes[-1]
@@ -298,25 +255,8 @@ class TierHierarchy:
         m = len(self.tiers)
         src = self.lookup(keys)
         k = len(src)
-        hit_tokens = 0
-        if k:
-            per_tier = [src.count(j) for j in range(m)]
-            hits, hit_blocks, reads = stats.hit_tokens, stats.hit_blocks, stats.blocks_read
-            for j in range(m):
-                n = per_tier[j]
-                if n:
-                    hits[j] += n * block_tokens
-                    hit_blocks[j] += n
-                    reads[j] += n
-            hit_tokens = k * block_tokens
-            if hit_tokens > input_length:
-                self._cap_excess(src, k, block_tokens, hit_tokens - input_length, hits)
-                hit_tokens = input_length
-            low, high = min(src), max(src)
-        else:
-            per_tier = [0] * m
-            low = high = m
-        stats.recompute_tokens += input_length - hit_tokens
+        per_tier = self._count_hits(src, input_length, block_tokens, stats)
+        low, high = (min(src), max(src)) if k else (m, m)
         written = stats.blocks_written
         policies = self._policies
         written[0] += policies[0].access(keys, session)
@@ -363,31 +303,48 @@ class TierHierarchy:
             stats.evictions[0] += len(tier.evict_to_capacity())
         return [k]
 
-    @staticmethod
-    def _cap_excess(src: list[int] | None, k: int, block_tokens: int, excess: int,
-                    hits: list[int]) -> None:
-        """Take the tokens beyond ``input_length`` off the tiers of the last hit blocks."""
+    def _count_hits(self, src: list[int], input_length: int, block_tokens: int,
+                    stats: RoundStats) -> list[int]:
+        """Count a lookup's hits, loads and recomputed tokens; return hit blocks per tier.
+
+        ``hit tokens = min(k·B, input_length)``: the tokens beyond ``input_length`` come
+        off the tiers of the last hit blocks.
+        """
+        m = len(self.tiers)
+        k = len(src)
+        if not k:
+            stats.recompute_tokens += input_length
+            return [0] * m
+        per_tier = [src.count(j) for j in range(m)]
+        hits, hit_blocks, reads = stats.hit_tokens, stats.hit_blocks, stats.blocks_read
+        for j in range(m):
+            n = per_tier[j]
+            if n:
+                hits[j] += n * block_tokens
+                hit_blocks[j] += n
+                reads[j] += n
+        excess = k * block_tokens - input_length
         p = k - 1
         while excess > 0 and p >= 0:
-            j = 0 if src is None else src[p]
             take = min(excess, block_tokens)
-            hits[j] -= take
+            hits[src[p]] -= take
             excess -= take
             p -= 1
+        stats.recompute_tokens += max(0, input_length - k * block_tokens)
+        return per_tier
 
-    def _notify(self, keys: list[int], src: list[int] | None, k: int, new: list[int],
-                top: int) -> None:
-        """Tell backends what the top tier read and wrote for this request."""
+    def _notify(self, keys: list[int], src: list[int], new: list[int]) -> None:
+        """Tell backends what each tier read and the top tier wrote for this request."""
         by_tier: dict[int, list[int]] = {}
-        for p in range(k):
-            by_tier.setdefault(0 if src is None else src[p], []).append(keys[p])
+        for p, j in enumerate(src):
+            by_tier.setdefault(j, []).append(keys[p])
         for j, ks in by_tier.items():
             backend = self.tiers[j].backend
             if backend is not None:
                 backend.on_read(self.tiers[j].name, ks)
-        backend = self.tiers[top].backend
+        backend = self.tiers[0].backend
         if backend is not None and new:
-            backend.on_write(self.tiers[top].name, new)
+            backend.on_write(self.tiers[0].name, new)
 
     def occupancy(self) -> dict[str, int]:
         """Blocks each tier holds now."""

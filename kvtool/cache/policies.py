@@ -285,13 +285,24 @@ class _ChainPolicy(EvictionPolicy):
         self._push_leaves(new)
         return new
 
-    def _pop_lru(self) -> int | None:
+    def _pick(self) -> int | None:
+        """The next victim, or None when nothing is cached: the least recently used leaf."""
         heap = self._lru
         while heap:
             tick, key = heapq.heappop(heap)
             if self._valid(tick, key):
                 return key
         return None
+
+    def evict(self, n: int) -> list[int]:
+        out: list[int] = []
+        while len(out) < n:
+            key = self._pick()
+            if key is None:
+                break
+            self._remove(key)
+            out.append(key)
+        return out
 
 
 class RadixPolicy(_ChainPolicy):
@@ -305,16 +316,6 @@ class RadixPolicy(_ChainPolicy):
     """
 
     name = "radix"
-
-    def evict(self, n: int) -> list[int]:
-        out: list[int] = []
-        while len(out) < n:
-            key = self._pop_lru()
-            if key is None:
-                break
-            self._remove(key)
-            out.append(key)
-        return out
 
 
 class PrefixFairPolicy(_ChainPolicy):
@@ -392,16 +393,6 @@ class PrefixFairPolicy(_ChainPolicy):
                 if index.get(k) == t and k not in children:
                     heapq.heappush(win, (-depth.get(k, 1), t, k))
         return None
-
-    def evict(self, n: int) -> list[int]:
-        out: list[int] = []
-        while len(out) < n:
-            key = self._pick()
-            if key is None:
-                break
-            self._remove(key)
-            out.append(key)
-        return out
 
 
 class OraclePolicy(EvictionPolicy):

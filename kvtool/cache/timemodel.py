@@ -39,7 +39,7 @@ class TimeModel:
     def __post_init__(self) -> None:
         if not self.prefill_tokens_per_s > 0:
             raise ValueError("prefill_tokens_per_s must be positive")
-        if self.tpot_ms < 0:
+        if not self.tpot_ms >= 0:
             raise ValueError("tpot_ms must not be negative")
         if self.concurrency < 1:
             raise ValueError("concurrency must be at least 1")

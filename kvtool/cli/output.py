@@ -17,19 +17,13 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
+
+if TYPE_CHECKING:  # rich costs ~35 ms to import: only human output pays for it
+    from rich.console import Console
+    from rich.progress import Progress, TaskID
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -89,6 +83,8 @@ def _width(stream: Any) -> int | None:
 
 def console() -> Console:
     """Human output (stdout). Re-created per stream so CliRunner captures it."""
+    from rich.console import Console
+
     global _stdout
     if _stdout is None or _stdout.file is not sys.stdout:
         _stdout = Console(file=sys.stdout, highlight=False, soft_wrap=False, width=_width(sys.stdout))
@@ -96,6 +92,8 @@ def console() -> Console:
 
 
 def err_console() -> Console:
+    from rich.console import Console
+
     global _stderr
     if _stderr is None or _stderr.file is not sys.stderr:
         _stderr = Console(file=sys.stderr, highlight=False, stderr=True, width=_width(sys.stderr))
@@ -135,19 +133,22 @@ def note(message: str) -> None:
 
 class Bar:
     """One task of a rich progress bar: ``bar(n)`` / ``bar.advance(n)`` and ``bar.set_total(n)``
-    (for libraries that learn the total only once they have opened the target)."""
+    (for libraries that learn the total only once they have opened the target). Without a
+    ``Progress`` (``--json``, ``-q``) both do nothing."""
 
-    def __init__(self, progress: Progress, task: TaskID) -> None:
+    def __init__(self, progress: Progress | None = None, task: TaskID | None = None) -> None:
         self._progress = progress
         self._task = task
 
     def advance(self, n: float = 1) -> None:
-        self._progress.advance(self._task, n)
+        if self._progress is not None and self._task is not None:
+            self._progress.advance(self._task, n)
 
     __call__ = advance
 
     def set_total(self, total: float) -> None:
-        self._progress.update(self._task, total=total)
+        if self._progress is not None and self._task is not None:
+            self._progress.update(self._task, total=total)
 
 
 @contextmanager
@@ -157,8 +158,19 @@ def progress(description: str, total: float | None = None, *, unit: str = "") ->
     Hidden when stderr is not a terminal, with ``-q`` and with ``--json``, so CI logs and
     machine output stay clean.
     """
-    enabled = err_console().is_terminal and not settings().quiet and not want_json()
+    if want_json() or settings().quiet or not sys.stderr.isatty():
+        yield Bar()
+        return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn(), TimeRemainingColumn()]
-    with Progress(*columns, console=err_console(), disable=not enabled, transient=False) as bar:
+    with Progress(*columns, console=err_console(), transient=False) as bar:
         yield Bar(bar, bar.add_task(description + (f" ({unit})" if unit else ""), total=total))

@@ -55,7 +55,7 @@ def _read_gbps(_ctx: click.Context, _param: click.Parameter, values: tuple[str, 
 
 def _fraction(_ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
     if value is not None and not 0 < value <= 1:
-        raise UsageError(f"must be a fraction in (0, 1], got {value}", field=f"--{param.name}")
+        raise UsageError(f"must be a fraction in (0, 1], got {value}", field=param.opts[0])
     return value
 
 
@@ -132,8 +132,8 @@ def command(trace: str, gpu: Capacity | None, dram: Capacity | None, nvme: Capac
         raise UsageError(f"must be at least 1, got {concurrency}", field="--concurrency")
     if prefill_tps is not None and not prefill_tps > 0:
         raise UsageError(f"must be positive, got {prefill_tps}", field="--prefill-tps")
-    if tpot_ms is not None and tpot_ms < 0:
-        raise UsageError(f"must not be negative, got {tpot_ms}", field="--tpot-ms")
+    if tpot_ms is not None and not tpot_ms >= 0:
+        raise UsageError(f"must be a number ≥ 0, got {tpot_ms}", field="--tpot-ms")
     for path, option in ((csv_path, "--csv"), (plot_path, "--plot"),
                          (requests_csv, "--requests-csv")):
         # Fail before a long replay, not after it.

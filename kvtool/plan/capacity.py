@@ -45,11 +45,12 @@ from kvtool.units import Capacity
 
 AnswerKV = Literal["stored", "next-round"]
 WritePolicy = Literal["write-through", "write-back"]
-TIERS = ("gpu", "dram", "nvme")
 CLIFF_DROP = 0.25
 """BRIEF §4: a round whose hit ratio is at least 25 % (relative) below the previous one's."""
 MAX_ROUNDS = 10_000_000
 """Search limit for the onset round (beyond it the plan reports ``null``)."""
+MAX_PLANNED_ROUNDS = 100_000
+"""Largest ``--rounds``: the plan computes and reports every round up to it."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,9 @@ class Workload:
             if value < low:
                 raise UsageError(f"must be {'positive' if low else 'non-negative'}, got {value}",
                                  field=name)
+        if self.rounds > MAX_PLANNED_ROUNDS:
+            raise UsageError(f"at most {MAX_PLANNED_ROUNDS} rounds, got {self.rounds}",
+                             field="--rounds")
         if self.answer_kv not in ("stored", "next-round"):
             raise UsageError(f"unknown value {self.answer_kv!r} (use stored or next-round)",
                              field="--answer-kv")

@@ -22,6 +22,7 @@ the ``tokens`` form, so the two forms replay identically). Only full blocks get 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -33,6 +34,8 @@ from kvtool.errors import UsageError
 Form = Literal["tokens", "hash_ids"]
 VOCAB = 32_000
 """Token ids are drawn uniformly from ``[0, VOCAB)`` (a Llama-sized vocabulary)."""
+MAX_REQUEST_TOKENS = 100_000_000
+"""Longest request a generator makes (ten times any model's context window today)."""
 
 
 @dataclass(frozen=True)
@@ -52,12 +55,9 @@ class MultiTurn:
     def __post_init__(self) -> None:
         _positive(self.sessions, "--sessions")
         _positive(self.rounds, "--rounds")
-        _positive(self.block_tokens, "--block-tokens")
         _not_negative(self.input_tokens, "--input-tokens")
-        _not_negative(self.output_tokens, "--output-tokens")
-        _not_negative(self.system_prompt_tokens, "--system-prompt-tokens")
-        _form(self.form)
-        _interval(self.interval_ms)
+        _check_common(self)
+        _request_limit(self.input_length(self.rounds), "--input-tokens")
 
     def input_length(self, round_: int) -> int:
         """Input tokens of every session's round-``round_`` request (1-based)."""
@@ -86,11 +86,8 @@ class RandomPrompts:
             _positive(n, "--random-input-len")
         _positive(self.num_prompts, "--num-prompts")
         _positive(self.iterations, "--iterations")
-        _positive(self.block_tokens, "--block-tokens")
-        _not_negative(self.output_tokens, "--output-tokens")
-        _not_negative(self.system_prompt_tokens, "--system-prompt-tokens")
-        _form(self.form)
-        _interval(self.interval_ms)
+        _check_common(self)
+        _request_limit(self.system_prompt_tokens + max(self.input_lengths), "--random-input-len")
 
 
 def _positive(value: int, field: str) -> None:
@@ -103,14 +100,23 @@ def _not_negative(value: int, field: str) -> None:
         raise UsageError(f"must not be negative, got {value}", field=field)
 
 
-def _form(form: str) -> None:
-    if form not in ("tokens", "hash_ids"):
-        raise UsageError(f"unknown form {form!r} (use tokens or hash_ids)", field="--format")
+def _check_common(spec: MultiTurn | RandomPrompts) -> None:
+    """Check the parameters both workloads share."""
+    _positive(spec.block_tokens, "--block-tokens")
+    _not_negative(spec.output_tokens, "--output-tokens")
+    _not_negative(spec.system_prompt_tokens, "--system-prompt-tokens")
+    _not_negative(spec.seed, "--seed")
+    if spec.form not in ("tokens", "hash_ids"):
+        raise UsageError(f"unknown form {spec.form!r} (use tokens or hash_ids)", field="--format")
+    if spec.interval_ms is not None and not 0 <= spec.interval_ms < math.inf:
+        raise UsageError(f"must be a finite number >= 0, got {spec.interval_ms}",
+                         field="--interval-ms")
 
 
-def _interval(interval_ms: float | None) -> None:
-    if interval_ms is not None and not interval_ms >= 0:
-        raise UsageError(f"must not be negative, got {interval_ms}", field="--interval-ms")
+def _request_limit(longest: int, field: str) -> None:
+    if longest > MAX_REQUEST_TOKENS:
+        raise UsageError(f"the longest request would have {longest} tokens; at most "
+                         f"{MAX_REQUEST_TOKENS} are allowed", field=field)
 
 
 class _Ids:

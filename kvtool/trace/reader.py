@@ -285,7 +285,7 @@ class TraceReader:
         timed: bool | None = None
         for line, start, end, raw in self._lines():
             try:
-                req = parse(raw, line, keys=False)
+                req = parse(raw, keys=False)
                 has_ts = req.timestamp is not None
                 if timed is None:
                     timed = has_ts
@@ -337,7 +337,7 @@ class TraceReader:
         period = self._period
         for e in self._entries:
             try:
-                req = parse(buf[e.start:e.end], e.line, keys=True)
+                req = parse(buf[e.start:e.end], keys=True)
             except _BadLine as bad:  # pragma: no cover - only if the file changed under us
                 raise InputError(bad.message, file=self.path, line=e.line,
                                  field=bad.field) from None
@@ -356,7 +356,7 @@ class TraceReader:
                 f"{len(ids)} block ids, but input_length {input_length} allows at most "
                 f"{allowed} at {self.block_tokens} tokens per block", "hash_ids")
 
-    def _parse_mooncake(self, raw: bytes, line: int, *, keys: bool) -> _Parsed:
+    def _parse_mooncake(self, raw: bytes, *, keys: bool) -> _Parsed:
         rec: _MooncakeLine = _decode(_MOONCAKE_DECODER, raw)
         if (rec.timestamp is None or rec.input_length is None or rec.output_length is None
                 or rec.hash_ids is None):
@@ -369,7 +369,7 @@ class TraceReader:
         return _Parsed(rec.timestamp, rec.input_length, rec.output_length, rec.hash_ids,
                        self.block_tokens, None, None)
 
-    def _parse_kvtool(self, raw: bytes, line: int, *, keys: bool) -> _Parsed:
+    def _parse_kvtool(self, raw: bytes, *, keys: bool) -> _Parsed:
         rec: _Line = _decode(_KVTOOL_DECODER, raw)
         bt = self.block_tokens
         if rec.hash_ids is not None and rec.tokens is not None:

@@ -25,6 +25,8 @@ def _output(path: str | os.PathLike[str]) -> Iterator[IO[bytes]]:
         sys.stdout.buffer.flush()
         return
     target = Path(path)
+    if target.is_dir():
+        raise InputError("cannot write: Is a directory", file=target)
     tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
     try:
         f = open(tmp, "wb")  # noqa: SIM115 - closed below, renamed into place on success

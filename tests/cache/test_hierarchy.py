@@ -138,6 +138,42 @@ def test_backend_hook_sees_every_metadata_change() -> None:
     assert plain.result()["blocks_written"] == r.result()["blocks_written"]
 
 
+class Silent:
+    """A TierBackend that ignores every call: it only forces the general serve path."""
+
+    def on_write(self, tier: str, keys: list[int]) -> None:
+        pass
+
+    def on_read(self, tier: str, keys: list[int]) -> None:
+        pass
+
+    def on_evict(self, tier: str, keys: list[int]) -> None:
+        pass
+
+
+@pytest.mark.parametrize("write_policy", ["write-through", "write-back"])
+@pytest.mark.parametrize("caps", [("4blk",), ("2blk", "5blk"), ("2blk", "4blk", "8blk")])
+def test_general_path_counts_like_the_fast_paths(caps: tuple[str, ...],
+                                                 write_policy: str) -> None:
+    """With a backend every request takes the general serve path; the counts must not change.
+
+    Short last blocks (input_length < k·B) exercise the hit-token cap.
+    """
+    names = ("gpu", "dram", "nvme")[:len(caps)]
+    cfg = CacheConfig([TierSpec(n, Capacity.parse(c)) for n, c in zip(names, caps, strict=True)],
+                      write_policy)  # type: ignore[arg-type]
+    chains = [[1, 2, 3], [1, 2, 3, 4], [5, 6], [1, 2, 3, 4, 7], [5, 6, 8], [1, 2], [9, 10, 11]]
+    results = []
+    for backends in (None, {n: Silent() for n in names}):
+        r = Replay(cfg, B, backends=backends)  # type: ignore[arg-type]
+        for _ in range(2):
+            for i, keys in enumerate(chains):
+                r.feed(req(keys, session=i % 3, input_length=len(keys) * B - 100))
+        results.append(r.result())
+    assert results[0]["hit_tokens"]["total"] > 0 and sum(results[0]["evictions"].values()) > 0
+    assert results[0] == results[1]
+
+
 @pytest.mark.parametrize(("rounds", "expected"), [
     ({1: (0, 10), 2: (5, 10), 3: (3, 10)}, 3),
     ({1: (0, 10), 2: (8, 10), 3: (6, 10)}, 3),      # exactly 25 % lower

@@ -170,10 +170,36 @@ def test_bad_values_exit_2(trace: Path) -> None:
                         (["--compare", "dram"], "--compare"),
                         (["--compare", "dram=1blk,colour=red"], "--compare"),
                         (["--dram", "1blk", "--read-gbps", "nvme=fast"], "--read-gbps"),
+                        (["--dram", "1blk", "--evict-ratio", "0"], "--evict-ratio"),
+                        (["--dram", "1blk", "--watermark", "nan"], "--watermark"),
+                        (["--dram", "1blk", "--tpot-ms", "nan"], "--tpot-ms"),
                         ([], "--dram")]:
         result = run("replay", trace, *args)
         assert result.exit_code == 2, args
-        assert field in result.stderr and "Traceback" not in result.stderr, result.stderr
+        assert result.stderr.startswith(f"kvtool: error: field '{field}': "), result.stderr
+        assert len(result.stderr.splitlines()) == 1
+
+
+def test_binary_tiers_file_is_exit_2(trace: Path, tmp_path: Path) -> None:
+    toml = tmp_path / "tiers.toml"
+    toml.write_bytes(b'[dram]\ncapacity = "\xff"\n')
+    result = run("replay", trace, "--tiers", toml)
+    assert result.exit_code == 2
+    assert result.stderr == f"kvtool: error: {toml}: field '--tiers': not UTF-8 text (byte 19)\n"
+
+
+@pytest.mark.parametrize(("time", "field"), [
+    ("prefill_tokens_per_s = nan", "time.prefill_tokens_per_s"),
+    ("prefill_tokens_per_s = 0", "time.prefill_tokens_per_s"),
+    ("tpot_ms = nan", "time.tpot_ms"),
+    ("tpot_ms = -1", "time.tpot_ms"),
+])
+def test_bad_time_table_exit_2(trace: Path, tmp_path: Path, time: str, field: str) -> None:
+    toml = tmp_path / "tiers.toml"
+    toml.write_text(f'[dram]\ncapacity = "60blk"\n[time]\n{time}\n')
+    result = run("replay", trace, "--tiers", toml)
+    assert result.exit_code == 2, result.stderr
+    assert result.stderr.startswith(f"kvtool: error: {toml}:4: field '{field}': ")
 
 
 def test_mooncake_trace_replays(mooncake_traces: Path) -> None:

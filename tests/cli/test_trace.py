@@ -137,12 +137,26 @@ def test_gen_to_stdout(tmp_path: Path) -> None:
       "--iterations", "2"], "--iterations"),
     (["--sessions", "0", "--rounds", "2", "--input-tokens", "5", "--output-tokens", "1"],
      "--sessions"),
+    (["--sessions", "2", "--rounds", "2", "--input-tokens", "5", "--output-tokens", "1",
+      "--seed", "-1"], "--seed"),
+    (["--sessions", "2", "--rounds", "2", "--input-tokens", "99999999999999999999",
+      "--output-tokens", "1"], "--input-tokens"),
+    (["--sessions", "2", "--rounds", "2", "--input-tokens", "5", "--output-tokens", "1",
+      "--interval-ms", "inf"], "--interval-ms"),
 ])
 def test_gen_usage_errors(tmp_path: Path, args: list[str], field: str) -> None:
     result = run("trace", "gen", *args, "-o", str(tmp_path / "t.jsonl"))
     assert result.exit_code == 2
     assert result.stderr.startswith(f"kvtool: error: field '{field}': ")
     assert not (tmp_path / "t.jsonl").exists()
+
+
+def test_gen_to_a_directory_is_exit_2(tmp_path: Path) -> None:
+    result = run("trace", "gen", "--sessions", "1", "--rounds", "1", "--input-tokens", "5",
+                 "--output-tokens", "1", "-o", str(tmp_path))
+    assert result.exit_code == 2
+    assert result.stderr == f"kvtool: error: {tmp_path}: cannot write: Is a directory\n"
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_convert_cli(tmp_path: Path) -> None:

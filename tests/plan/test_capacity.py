@@ -160,6 +160,7 @@ def test_no_eviction_curve_matches_trace_stats_of_the_generated_workload(
     (lambda: Workload(1, -1, 1), "--input-tokens"),
     (lambda: Workload(1, 0, 0), "--input-tokens"),
     (lambda: Workload(1, 1, 1, rounds=0), "--rounds"),
+    (lambda: Workload(1, 1, 1, rounds=100_001), "--rounds"),
     (lambda: Workload(1, 1, 1, answer_kv="never"), "--answer-kv"),
     (lambda: Storage(0), "--block-bytes"),
     (lambda: Storage(1, replicas=0), "--replicas"),

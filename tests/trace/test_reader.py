@@ -82,7 +82,9 @@ def test_fixture_traces_read(tmp_path: Path) -> None:
 def test_reader_iterates_again(tmp_path: Path) -> None:
     path = write(tmp_path, [mc(0, 1000, [1, 2]), mc(1, 1000, [1, 3])])
     reader = read_trace(path)
-    assert list(reader) == list(reader)
+    first = list(reader)
+    assert [r.block_keys for r in first] == [[1, 2], [1, 3]]
+    assert list(reader) == first
 
 
 def test_stdin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
