@@ -177,7 +177,7 @@ def command(trace: str, gpu: Capacity | None, dram: Capacity | None, nvme: Capac
         from kvtool.cache.report import write_plot
 
         write_plot(results, plot_path, title=f"kvtool replay {Path(trace).name}")
-    head = {"trace": trace, "format": reader.format, "block_tokens": B,
+    head = {"schema": "kvtool.replay/1", "trace": trace, "format": reader.format, "block_tokens": B,
             "block_bytes": block_bytes, "bad_lines": bad}
     doc: dict[str, Any] = {**head, **results[0]} if len(results) == 1 else {
         **head, "configs": results}

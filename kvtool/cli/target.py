@@ -107,7 +107,8 @@ def up(config: str, backend: str | None, engine: str | None, configfs_root: str 
     opts = api.Options(configfs_root=configfs_root, spdk_socket=spdk_socket)
     result = api.up(cfg, opts, dry_run=dry_run, on_plan=_show_plan(cfg.name),
                     on_step=_progress)
-    doc = {"name": cfg.name, "backend": cfg.backend, "engine": api.engine_of(cfg),
+    doc = {"schema": "kvtool.target.up/1", "name": cfg.name, "backend": cfg.backend,
+           "engine": api.engine_of(cfg),
            **result.to_json()}
     if not dry_run:
         doc["status"] = api.status(cfg, result.record, opts)
@@ -142,7 +143,8 @@ def down(config: str | None, backend: str | None, engine: str | None, configfs_r
     opts = api.Options(configfs_root=configfs_root, spdk_socket=spdk_socket)
     result = api.down(cfg, record, opts, dry_run=dry_run, on_plan=_show_plan(cfg.name),
                       on_step=_progress)
-    doc = {"name": cfg.name, "backend": cfg.backend, **result.to_json()}
+    doc = {"schema": "kvtool.target.down/1", "name": cfg.name, "backend": cfg.backend,
+           **result.to_json()}
 
     def human(con: Console) -> None:
         if dry_run:
@@ -180,6 +182,7 @@ def status(config: str | None, backend: str | None, engine: str | None,
                              field="--url")
         click.echo(urls[0])
         return
+    doc = {"schema": "kvtool.target.status/1", **doc}
     emit(doc, lambda con: _status_tables(con, doc))
 
 
@@ -223,7 +226,8 @@ def discover(address: str, hostnqn: str | None, timeout: float) -> None:
     """Print the discovery log page of any NVMe/TCP target at ADDRESS[:PORT]."""
     host, port = _split_addr(address)
     entries = api.discover(host, port, hostnqn=hostnqn, timeout=timeout)
-    doc = {"address": host, "port": port, "entries": entries}
+    doc = {"schema": "kvtool.target.discover/1", "address": host, "port": port,
+           "entries": entries}
 
     def human(con: Console) -> None:
         table = Table(title=f"Discovery log of {host}:{port} ({len(entries)} entries)",

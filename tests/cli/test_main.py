@@ -55,3 +55,18 @@ def test_usage_errors_are_one_line_naming_the_option() -> None:
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("kvtool: error: "), result.stderr
         assert all(w in lines[0] for w in words), lines[0]
+
+
+def test_every_json_document_names_its_schema() -> None:
+    from tests.conftest import FIXTURES, run_json
+
+    trace = str(FIXTURES / "traces" / "multiturn-4x6.tokens.jsonl")
+    docs = {
+        "audit": run_json("audit", "--object-bytes", "1002240"),
+        "plan": run_json("plan", "--sessions", "4", "--input-tokens", "512", "--output-tokens",
+                         "256", "--dram", "64blk"),
+        "trace.stats": run_json("trace", "stats", trace),
+        "replay": run_json("replay", trace, "--dram", "32blk"),
+    }
+    for name, doc in docs.items():
+        assert doc["schema"] == f"kvtool.{name}/1", name
