@@ -6,6 +6,7 @@ import json
 import mmap
 import os
 import shutil
+import socket
 import subprocess
 import uuid
 from collections.abc import Callable, Iterator
@@ -42,6 +43,13 @@ def mooncake_traces() -> Path:
     if not (path / "conversation_trace.jsonl").exists():
         pytest.skip(f"public Mooncake traces not present at {path} (../shared is reference material)")
     return path
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def is_root() -> bool:

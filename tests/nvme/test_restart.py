@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,19 +20,13 @@ import pytest
 
 from kvtool.nvme import host
 from kvtool.nvme.queue import TransportError
-from tests.conftest import REPO
+from tests.conftest import REPO, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 NQN = "nqn.2026-01.io.kvtool:restart"
 HOSTNQN = "nqn.2026-01.io.kvtool:restart-host"
 BLOCK = 64 * 1024
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_target(port: int, backing: Path) -> subprocess.Popen[str]:

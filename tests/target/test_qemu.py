@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -21,18 +20,12 @@ import pytest
 from kvtool.nvme import host as nvme_host
 from kvtool.target import state
 from kvtool.target.guest import GUEST_DIR, _json_tail, guest_exec, kvtool_in_guest
-from tests.conftest import run, run_json
+from tests.conftest import free_port, run, run_json
 
 pytestmark = [pytest.mark.qemu, pytest.mark.integration, pytest.mark.slow]
 
 HOST = "nqn.2014-08.org.nvmexpress:uuid:33333333-3333-4333-8333-333333333333"
 NQN = "nqn.2026-01.io.kvtool:qemutest"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_nvmet_backend_on_the_guest_kernel(guest_image: object, tmp_path: Path,
@@ -113,7 +106,7 @@ port = {port}
         assert not state.pid_alive(record.pid)
         # the supervisor ran `target down` in the guest: its JSON is the log's last document
         log = Path(record.extra["log"]).read_text()
-        start = log.rindex('{\n  "name": "qemutest"')
+        start = log.rindex('{\n  "schema": "kvtool.target.down/1"')
         guest_down, _ = json.JSONDecoder().raw_decode(log[start:])
         assert guest_down["plan"]["operation"] == "down", log[-2000:]
         # unlink, port, 2 x (enable=0, namespace), allowed host, subsystem, host
