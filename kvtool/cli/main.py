@@ -36,8 +36,11 @@ EXAMPLES = """
 \b
 Examples:
   kvtool audit --model deepseek-v4-flash --dtype fp8 --lba 512
-  kvtool audit --object-bytes 1002240 --json
-  kvtool --json audit --device /dev/loop3
+  kvtool plan --sessions 112 --input-tokens 109030 --output-tokens 5000 --dram 429.5GB
+  kvtool replay trace.jsonl --dram 3000000tok --nvme 46.09TB --plot replay.png
+  kvtool target up fixtures/targets/demo.toml
+  kvtool load nvme+tcp://127.0.0.1:4420/nqn.2026-01.io.kvtool:demo/1 --object-bytes 1002240
+  kvtool --json verify /dev/loop3
 """
 
 INTERNAL_ERROR = 3
