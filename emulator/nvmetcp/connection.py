@@ -7,9 +7,10 @@ closed; command-level errors get a CQE with the NVMe status the Linux target wou
 Nothing a peer sends may raise out of :meth:`QueueConnection.data_received` — an
 unexpected exception is logged, answered with a TermReq and closes only this connection.
 
-Limits enforced: outstanding commands ≤ SQSIZE+1 (exceeding it is fatal), unique CIDs,
-MDTS (Invalid Field), in-capsule data size (SGL Offset Invalid), MAXH2CDATA per H2CData
-PDU, H2CData offsets exactly in sequence within the R2T's range.
+Limits enforced: outstanding commands ≤ SQSIZE+1 (exceeding it is fatal), unique CIDs
+(except a pending AER's: SPDK's host reuses those after abandoning them), MDTS (Invalid
+Field), in-capsule data size (SGL Offset Invalid), MAXH2CDATA per H2CData PDU, H2CData
+offsets exactly in sequence within the R2T's range.
 """
 
 from __future__ import annotations
@@ -324,6 +325,12 @@ class QueueConnection(asyncio.BufferedProtocol, Closable):
     def _accept_cid(self, cid: int) -> None:
         if self._state == _AWAIT_ICREQ:
             raise _Fatal("CapsuleCmd before ICReq", P.FES_PDU_SEQUENCE_ERROR, 0)
+        if cid in self.outstanding and cid in self.aers:
+            # SPDK's host completes its own AERs (ABORTED - SQ DELETION) when it detaches,
+            # then reuses their CIDs for the shutdown's Property Set/Get on this queue: the
+            # host has given that AER up, so it is forgotten, not a duplicate CID.
+            self.aers.remove(cid)
+            self.outstanding.discard(cid)
         if cid in self.outstanding:
             raise _Fatal(f"CID {cid} is already outstanding", P.FES_INVALID_HEADER_FIELD,
                          FEI_CID)

@@ -207,6 +207,55 @@ def test_queue_depth_is_enforced(target: Target) -> None:
         assert ctrl.active_namespaces() == [1, 2]  # the admin queue is unaffected
 
 
+def _raw_connect(s: socket.socket, cntlid: int = 0xFFFF, qid: int = 0) -> None:
+    """ICReq and Connect on a raw socket (a new controller's admin queue by default)."""
+    s.sendall(P.encode(P.ICReq()))
+    assert isinstance(_recv_pdus(s, P.ICResp)[0], P.ICResp)
+    data = spec.ConnectData(bytes(16), cntlid, NQN, HOST_A).encode()
+    connect = P.Sqe(spec.OPC_FABRICS, cid=1, nsid=spec.FCTYPE_CONNECT, cdw10=qid << 16,
+                    cdw11=31, sgl=P.SglDescriptor.in_capsule(1024))
+    s.sendall(P.encode(P.CapsuleCmd(connect, data)))
+    resp = _recv_pdus(s, P.CapsuleResp)[0]
+    assert isinstance(resp, P.CapsuleResp) and resp.cqe.ok
+
+
+def test_cid_of_an_abandoned_aer_may_be_reused(target: Target) -> None:
+    """SPDK's host completes its own AERs when it detaches and reuses their CIDs for the
+    shutdown's Property Set: the target answers it instead of cutting the queue off."""
+    with socket.create_connection(("127.0.0.1", target.port), timeout=5) as s:
+        _raw_connect(s)
+        enable = P.Sqe(spec.OPC_FABRICS, cid=2, nsid=spec.FCTYPE_PROPERTY_SET,
+                       cdw11=spec.PROP_CC, cdw12=spec.CC_DEFAULT_ENABLE)
+        s.sendall(P.encode(P.CapsuleCmd(enable)))
+        resp = _recv_pdus(s, P.CapsuleResp)[0]
+        assert isinstance(resp, P.CapsuleResp) and resp.cqe.ok
+        for cid in (3, 4):
+            s.sendall(P.encode(P.CapsuleCmd(P.Sqe(spec.ADMIN_ASYNC_EVENT, cid=cid))))
+        shutdown = P.Sqe(spec.OPC_FABRICS, cid=3, nsid=spec.FCTYPE_PROPERTY_SET,
+                         cdw11=spec.PROP_CC,
+                         cdw12=spec.CC_DEFAULT_ENABLE | spec.CC_SHN_NORMAL)
+        s.sendall(P.encode(P.CapsuleCmd(shutdown)))
+        got = _recv_pdus(s, P.CapsuleResp)
+        assert [type(p).__name__ for p in got] == ["CapsuleResp"]
+        resp = got[0]
+        assert isinstance(resp, P.CapsuleResp) and resp.cqe.cid == 3 and resp.cqe.ok
+
+
+def test_duplicate_cid_of_a_running_command_is_fatal(target: Target) -> None:
+    """Reusing the CID of a write still waiting for its data: a C2HTermReq, FEI the CID."""
+    with host.connect("127.0.0.1", target.port, NQN, hostnqn=HOST_A, io_queues=0) as ctrl, \
+            socket.create_connection(("127.0.0.1", target.port), timeout=5) as s:
+        _raw_connect(s, ctrl.cntlid, qid=1)
+        for _ in range(2):
+            sqe = P.Sqe(spec.IO_WRITE, cid=7, nsid=1, cdw12=0,
+                        sgl=P.SglDescriptor.transport(512))
+            s.sendall(P.encode(P.CapsuleCmd(sqe)))
+        got = _recv_pdus(s, P.TermReq)
+        assert [type(p).__name__ for p in got] == ["R2T", "TermReq"]
+        term = got[-1]
+        assert isinstance(term, P.TermReq) and term.fei == 10
+
+
 def test_malformed_pdu_over_socket_gets_term_req(target: Target) -> None:
     with socket.create_connection(("127.0.0.1", target.port), timeout=5) as s:
         s.sendall(P.encode(P.ICReq()))
