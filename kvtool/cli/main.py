@@ -23,6 +23,7 @@ from kvtool.errors import KvtoolError
 COMMAND_MODULES: list[str] = [
     "audit",
     "bench",
+    "experiment",
     "load",
     "plan",
     "replay",

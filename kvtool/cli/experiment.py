@@ -1,0 +1,122 @@
+"""``kvtool experiment list / run``: the published tiering experiments, re-run at laptop
+scale, kvtool's figure beside the published one (docs/experiments.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from kvtool.cli.output import emit, json_option, note, progress
+
+EPILOG_LIST = """
+\b
+Examples:
+  kvtool experiment list
+  kvtool experiment list --json
+"""
+
+EPILOG_RUN = """
+\b
+Examples:
+  kvtool experiment run gp7000-cliff --simulate
+  kvtool experiment run gp7000-cliff --simulate --out out/exp --json
+  kvtool experiment run fx100-parallel-read --out out/exp
+  kvtool experiment run fixtures/experiments/wqs-random-prompts.toml --simulate
+
+\b
+Writes NAME.json (schema kvtool.experiment/1), NAME.csv (the side-by-side table),
+NAME-rounds.csv (every configuration's rounds), NAME.png and trace.jsonl into --out.
+"""
+
+
+@click.group("experiment")
+def command() -> None:
+    """Re-run the published tiering experiments (GP7000, FX100, WQS) at laptop scale."""
+
+
+@command.command("list", epilog=EPILOG_LIST)
+@json_option
+def list_cmd() -> None:
+    """List the experiments in fixtures/experiments/."""
+    from kvtool.experiments import list_experiments
+
+    exps = list_experiments()
+    doc = {"schema": "kvtool.experiment-list/1",
+           "experiments": [{"name": e.name, "title": e.title, "source": e.source,
+                            "claim": e.claim, "kind": e.kind, "scale": e.scale}
+                           for e in exps]}
+
+    def human(con: Any) -> None:
+        from rich.table import Table
+
+        t = Table(title="experiments (kvtool experiment run NAME)", title_justify="left")
+        for col in ("name", "source", "claim"):
+            t.add_column(col)
+        for e in exps:
+            t.add_row(e.name, e.source, e.claim)
+        con.print(t)
+
+    emit(doc, human)
+
+
+@command.command("run", epilog=EPILOG_RUN)
+@click.argument("name")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Directory for JSON, CSV, PNG and the trace [default: out/experiments/NAME].")
+@click.option("--simulate", is_flag=True,
+              help="Replay on the metadata engine (no bytes move; times modelled).")
+@click.option("--scratch", type=click.Path(file_okay=False), default=None,
+              help="Directory on a real filesystem (O_DIRECT) for parallel-read targets "
+                   "[default: --out].")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+              help="Serve Prometheus metrics on 127.0.0.1:PORT while running.")
+@json_option
+def run_cmd(name: str, out_dir: str | None, simulate: bool, scratch: str | None,
+            metrics_port: int | None) -> None:
+    """Run one experiment (every configuration) and print the side-by-side table."""
+    from kvtool.experiments import find_experiment, run_experiment
+
+    exp = find_experiment(name)
+    out = Path(out_dir) if out_dir else Path("out") / "experiments" / exp.name
+    observer = None
+    if metrics_port is not None:
+        from kvtool.metrics import serve_metrics
+
+        observer = serve_metrics(metrics_port)
+        note(f"metrics on http://127.0.0.1:{observer.port}/metrics")
+    note(f"[bold]{exp.name}[/]: {exp.title} · writing into {out}")
+    doc = run_experiment(exp, out_dir=out, simulate=simulate,
+                         progress=lambda d, t: progress(d, t, unit="requests"),
+                         observer=observer, scratch=Path(scratch) if scratch else None)
+    emit(doc, lambda con: render(con, doc))
+
+
+def render(con: Any, doc: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    con.print(f"[bold]{doc['name']}[/] — {doc['title']}")
+    con.print(f"[dim]source:[/] {doc['source']}")
+    con.print(f"[dim]claim:[/] {doc['claim']}")
+    con.print(f"[dim]scale:[/] {doc['scale']}")
+    mode = {"simulate": "simulate (metadata engine: counts exact, no bytes moved, times "
+                        "modelled)",
+            "data": "data (real bytes through every tier)",
+            "measure": "measured on this machine"}.get(doc["mode"], doc["mode"])
+    con.print(f"[dim]mode:[/] {mode}")
+    t = Table(title="published vs kvtool", title_justify="left")
+    for col, just in (("claim", "left"), ("published", "right"), ("kvtool", "right"),
+                      ("unit", "left"), ("basis", "left")):
+        t.add_column(col, justify=just)  # type: ignore[arg-type]
+    for r in doc["rows"]:
+        t.add_row(r["claim"], r["published_text"], r["kvtool_text"], r["unit"],
+                  ("[green]" if r["measured"] else "[yellow]") + r["basis"] + "[/]")
+    con.print(t)
+    notes = [(r["claim"], r["differs"]) for r in doc["rows"] if r["differs"]]
+    for claim, why in notes:
+        con.print(f"[dim]• {claim}:[/] {why}")
+    if doc["notes"]:
+        con.print(f"[dim]{doc['notes']}[/]")
+    if doc.get("files"):
+        con.print("[dim]files:[/] " + " ".join(doc["files"].values()))

@@ -1,0 +1,363 @@
+"""The figures an experiment can put beside a published number (``[[figure]] metric``).
+
+Each metric reads the finished run (:class:`RunData`: every configuration's replay
+document, per-request times, or the parallel-read measurements) and returns a
+:class:`Value`: the number, how to print it, and its *basis*:
+
+* ``simulated`` — counted by the metadata engine (``--simulate``): exact for the
+  workload, but no byte moved;
+* ``counted`` — counted in data mode, where every block really moved and was checked;
+* ``modelled`` — a time from the replay time model (prefill rate, tier read rates, TPOT);
+* ``measured`` — timed on this machine (bytes read through a real engine).
+
+A row is *measured* when its basis is ``counted`` or ``measured``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+MEASURED_BASES = ("counted", "measured")
+
+
+@dataclass
+class RunData:
+    """What a run produced, for the metrics to read."""
+
+    mode: str
+    """``simulate`` or ``data`` (replay kinds), ``measure`` (parallel-read)."""
+    workload: dict[str, Any]
+    block_bytes: int | None = None
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Configuration label → its replay document."""
+    requests: dict[str, list[tuple[int, int, float]]] = field(default_factory=dict)
+    """Configuration label → (round, input tokens, TTFT s) of every request."""
+    reads: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Parallel-read target → ``{"serial": row, "parallel": row}``."""
+    plan_inputs: dict[str, Any] = field(default_factory=dict)
+    """Configuration label → its CacheConfig (for ``plan_collapse_round``)."""
+
+
+@dataclass(frozen=True)
+class Value:
+    value: float | None
+    text: str
+    basis: str
+
+    @property
+    def measured(self) -> bool:
+        return self.basis in MEASURED_BASES
+
+
+class FigureUnavailable(Exception):
+    """The figure cannot be computed in this mode (the row says why)."""
+
+
+@dataclass(frozen=True)
+class Metric:
+    args: Mapping[str, tuple[type | tuple[type, ...], bool]]
+    """Argument name → (accepted types, required)."""
+    kinds: tuple[str, ...]
+    fn: Callable[[RunData, dict[str, Any]], Value]
+    doc: str
+    config_args: tuple[str, ...] = ()
+
+    def check(self, args: dict[str, Any], labels: list[str], kind: str) -> str | None:
+        if kind not in self.kinds:
+            return f"this metric applies to workload kinds {', '.join(self.kinds)}"
+        for key, value in args.items():
+            spec = self.args.get(key)
+            if spec is None:
+                return f"unknown argument {key!r} (use {', '.join(sorted(self.args)) or 'none'})"
+            if not isinstance(value, spec[0]) or isinstance(value, bool):
+                return f"argument {key!r}: wrong type {type(value).__name__}"
+        for key, (_t, required) in self.args.items():
+            if required and key not in args:
+                return f"argument {key!r} is required"
+        for key in self.config_args:
+            if key in args and args[key] not in labels:
+                return f"argument {key!r}: no [[config]] labelled {args[key]!r}"
+        return None
+
+
+def _count_basis(run: RunData) -> str:
+    return "counted" if run.mode == "data" else "simulated"
+
+
+def _time_basis(run: RunData) -> str:
+    # In data mode loads are timed but prefill of misses is still modelled (no GPU), so a
+    # whole TTFT or wall time stays "modelled" unless every part of it was measured.
+    return "modelled"
+
+
+def _round(res: dict[str, Any], rnd: int | str | None) -> dict[str, Any]:
+    if rnd is None:
+        return res
+    rounds = res["rounds"]
+    if rnd == "last":
+        return rounds[-1]
+    for r in rounds:
+        if r["round"] == rnd:
+            return r
+    raise FigureUnavailable(f"no round {rnd}")
+
+
+def _pct(x: float) -> str:
+    return f"{x:.4f}"
+
+
+def _hit_ratio(run: RunData, a: dict[str, Any]) -> Value:
+    r = _round(run.results[a["config"]], a.get("round"))
+    return Value(r["token_hit_ratio"], _pct(r["token_hit_ratio"]), _count_basis(run))
+
+
+def _hit_ratio_ratio(run: RunData, a: dict[str, Any]) -> Value:
+    num = _round(run.results[a["num"]], a.get("round"))["token_hit_ratio"]
+    den = _round(run.results[a["den"]], a.get("round"))["token_hit_ratio"]
+    if den == 0:
+        return Value(math.inf, f"{_pct(num)} / 0 (∞)", _count_basis(run))
+    return Value(num / den, f"{num / den:,.1f}× ({_pct(den)} → {_pct(num)})", _count_basis(run))
+
+
+def _cliff(run: RunData, a: dict[str, Any]) -> Value:
+    c = run.results[a["config"]]["cliff_round"]
+    return Value(None if c is None else float(c), "none" if c is None else str(c),
+                 _count_basis(run))
+
+
+def _plan_collapse(run: RunData, a: dict[str, Any]) -> Value:
+    from kvtool.plan import Storage, Workload, plan
+
+    w = run.workload
+    cfg = run.plan_inputs[a["config"]]
+    dram = next((t.capacity for t in cfg.tiers if t.name == "dram"), None)
+    if dram is None:
+        raise FigureUnavailable("the configuration has no DRAM tier")
+    p = plan(Workload(w["sessions"], w["input_tokens"], w["output_tokens"],
+                      w.get("system_prompt_tokens", 0), w["rounds"], w.get("block_tokens", 256),
+                      "next-round"),
+             Storage(run.block_bytes), dram=dram)
+    c = p.as_given.collapse_round
+    return Value(c, "none" if c is None else f"{c:.2f}", "modelled")
+
+
+def _recompute(run: RunData, a: dict[str, Any]) -> Value:
+    r = _round(run.results[a["config"]], a.get("round"))
+    return Value(float(r["recompute_tokens"]), f"{r['recompute_tokens']:,}", _count_basis(run))
+
+
+def _recompute_ratio(run: RunData, a: dict[str, Any]) -> Value:
+    num = _round(run.results[a["num"]], a.get("round"))["recompute_tokens"]
+    den = _round(run.results[a["den"]], a.get("round"))["recompute_tokens"]
+    if den == 0:
+        return Value(math.inf, f"{num:,} → 0 (∞)", _count_basis(run))
+    return Value(num / den, f"{num / den:,.1f}× ({num:,} → {den:,})", _count_basis(run))
+
+
+def _wall(run: RunData, a: dict[str, Any]) -> Value:
+    r = _round(run.results[a["config"]], a.get("round"))
+    return Value(r["wall_s"], f"{r['wall_s']:.2f} s", _time_basis(run))
+
+
+def _wall_ratio(run: RunData, a: dict[str, Any]) -> Value:
+    num = _round(run.results[a["num"]], a.get("round"))["wall_s"]
+    den = _round(run.results[a["den"]], a.get("round"))["wall_s"]
+    return Value(num / den, f"{num / den:.2f}× ({num:.2f} s → {den:.2f} s)", _time_basis(run))
+
+
+def _throughput_ratio(run: RunData, a: dict[str, Any]) -> Value:
+    """Output-token throughput of ``num`` over ``den`` (equal work, so wall den / wall num)."""
+    rnd = a.get("round")
+    num = _round(run.results[a["num"]], rnd)
+    den = _round(run.results[a["den"]], rnd)
+    ratio = den["wall_s"] / num["wall_s"]
+    return Value(ratio, f"{ratio:.3f}", _time_basis(run))
+
+
+def put_blocks(rnd: dict[str, Any], tier: str, tiers: list[str]) -> int:
+    """Store puts (computed blocks written) into ``tier`` in one round.
+
+    Uses the engine's own ``put_blocks`` when the report has it. Older reports count
+    promotions and puts together in ``blocks_written``; there the two are equal only for
+    the bottom tier (nothing is promoted into it), so other tiers are refused.
+    """
+    if "put_blocks" in rnd:
+        return int(rnd["put_blocks"][tier] or 0)
+    if tier != tiers[-1]:
+        raise FigureUnavailable(f"this engine does not count puts into {tier} apart from "
+                                "promotions")
+    return int(rnd["blocks_written"][tier] or 0)
+
+
+def _puts_series(run: RunData, a: dict[str, Any]) -> list[int]:
+    res = run.results[a["config"]]
+    tiers = [t["name"] for t in res["tiers"]]
+    # Under write-through every computed block is put into every tier, so the bottom
+    # tier's puts are the store's puts; nothing is ever promoted into the bottom tier.
+    tier = a.get("tier", tiers[-1])
+    if tier not in tiers:
+        raise FigureUnavailable(f"the configuration has no {tier} tier")
+    first = a.get("from_round", 2)
+    return [put_blocks(r, tier, tiers) for r in res["rounds"] if r["round"] >= first]
+
+
+def _put_spread(run: RunData, a: dict[str, Any]) -> Value:
+    """max / min of the puts per round (from ``from_round``, default 2)."""
+    series = _puts_series(run, a)
+    bb = run.block_bytes
+    lo, hi = min(series), max(series)
+    if lo == 0:
+        return Value(math.inf, f"0 → {hi:,} blocks", _count_basis(run))
+
+    def amount(blocks: int) -> str:
+        return f"{blocks * bb / 1e9:,.2f} GB" if bb else f"{blocks:,} blocks"
+
+    return Value(hi / lo, f"{hi / lo:,.1f}× ({amount(lo)} → {amount(hi)} per round)",
+                 _count_basis(run))
+
+
+def _share(run: RunData, a: dict[str, Any]) -> Value:
+    """Share of input tokens served by a tier (``store`` = dram + nvme) or recomputed."""
+    res = run.results[a["config"]]
+    first = a.get("from_round", 1)
+    rounds = [r for r in res["rounds"] if r["round"] >= first]
+    total = sum(r["input_tokens"] for r in rounds)
+    what = a["of"]
+    if what == "recompute":
+        part = sum(r["recompute_tokens"] for r in rounds)
+    elif what == "store":
+        part = sum((r["hit_tokens"].get("dram") or 0) + (r["hit_tokens"].get("nvme") or 0)
+                   for r in rounds)
+    else:
+        part = sum(r["hit_tokens"].get(what) or 0 for r in rounds)
+    share = part / total if total else 0.0
+    return Value(100 * share, f"{100 * share:.1f} %", _count_basis(run))
+
+
+def _excess_recompute(run: RunData, a: dict[str, Any]) -> Value:
+    """Recomputed tokens of the reusable prefix (the previous round's prompts) as % of it,
+    per round from round 2; ``stat`` max or min over the rounds."""
+    rounds = run.results[a["config"]]["rounds"]
+    values = []
+    for prev, cur in itertools.pairwise(rounds):
+        reusable = prev["input_tokens"]
+        if reusable:
+            hit = cur["hit_tokens"]["total"]
+            values.append(100 * max(0, reusable - hit) / reusable)
+    if not values:
+        raise FigureUnavailable("fewer than two rounds")
+    v = max(values) if a.get("stat", "max") == "max" else min(values)
+    return Value(v, f"{v:.3f} %", _count_basis(run))
+
+
+def _errors(run: RunData, a: dict[str, Any]) -> Value:
+    res = run.results[a["config"]]
+    if run.mode != "data":
+        raise FigureUnavailable("no bytes move in --simulate")
+    n = int(res.get("corrupt_blocks", 0) or 0) + int(res.get("lost_blocks", 0) or 0)
+    return Value(float(n), f"{n}", "counted")
+
+
+def _ttfts(run: RunData, a: dict[str, Any], rnd: int) -> list[float]:
+    n = a["input_tokens"]
+    out = [t for r, inp, t in run.requests[a["config"]] if r == rnd and inp == n]
+    if not out:
+        raise FigureUnavailable(f"no round-{rnd} request of {n} input tokens")
+    return out
+
+
+def _ttft(run: RunData, a: dict[str, Any]) -> Value:
+    v = statistics.fmean(_ttfts(run, a, a.get("round", 2)))
+    return Value(v * 1000, f"{v * 1000:,.0f} ms", _time_basis(run))
+
+
+def _ttft_ratio(run: RunData, a: dict[str, Any]) -> Value:
+    """Mean TTFT of round ``base_round`` (nothing cached) over round ``round``."""
+    cold = statistics.fmean(_ttfts(run, a, a.get("base_round", 1)))
+    warm = statistics.fmean(_ttfts(run, a, a.get("round", 2)))
+    ratio = cold / warm if warm else math.inf
+    return Value(ratio, f"{ratio:.1f}× ({cold * 1000:,.0f} → {warm * 1000:,.0f} ms)",
+                 _time_basis(run))
+
+
+def _read(run: RunData, a: dict[str, Any]) -> dict[str, Any]:
+    t = run.reads.get(a["target"])
+    if t is None:
+        raise FigureUnavailable(f"target {a['target']} was not measured "
+                                f"({run.reads.get('_skipped', {}).get(a['target'], 'not run')})")
+    return t
+
+
+def _read_gbps(run: RunData, a: dict[str, Any]) -> Value:
+    row = _read(run, a)[a["mode"]]
+    return Value(row["gbps"], f"{row['gbps']:.2f} GB/s", "measured")
+
+
+def _read_speedup(run: RunData, a: dict[str, Any]) -> Value:
+    t = _read(run, a)
+    v = t["parallel"]["gbps"] / t["serial"]["gbps"]
+    return Value(v, f"{v:.2f}× ({t['serial']['gbps']:.2f} → {t['parallel']['gbps']:.2f} GB/s)",
+                 "measured")
+
+
+def _read_ttft(run: RunData, a: dict[str, Any]) -> Value:
+    row = _read(run, a)[a["mode"]]
+    return Value(row["ttft_s"], f"{row['ttft_s']:.3f} s", "measured")
+
+
+def _read_ttft_ratio(run: RunData, a: dict[str, Any]) -> Value:
+    t = _read(run, a)
+    v = t["serial"]["ttft_s"] / t["parallel"]["ttft_s"]
+    return Value(v, f"{v:.2f}× ({t['serial']['ttft_s']:.3f} → {t['parallel']['ttft_s']:.3f} s)",
+                 "measured")
+
+
+_Args = dict[str, tuple[type | tuple[type, ...], bool]]
+_REPLAY = ("multi-turn", "random-prompts")
+_RND: tuple[type, ...] = (int, str)
+_C: _Args = {"config": (str, True)}
+_R: _Args = {"round": (_RND, False)}
+_PAIR: _Args = {"num": (str, True), "den": (str, True), "round": (_RND, False)}
+_TARGET: _Args = {"target": (str, True)}
+_MODE: _Args = {"mode": (str, True)}
+
+METRICS: dict[str, Metric] = {
+    "cliff_round": Metric(_C, _REPLAY, _cliff, "collapse round (BRIEF §4)", ("config",)),
+    "plan_collapse_round": Metric(_C, ("multi-turn",), _plan_collapse,
+                                  "kvtool plan's collapse round for the config's DRAM tier",
+                                  ("config",)),
+    "hit_ratio": Metric({**_C, **_R}, _REPLAY, _hit_ratio, "token hit ratio (a round or all)",
+                        ("config",)),
+    "hit_ratio_ratio": Metric(_PAIR, _REPLAY, _hit_ratio_ratio, "hit ratio num / den",
+                              ("num", "den")),
+    "recompute_tokens": Metric({**_C, **_R}, _REPLAY, _recompute, "recomputed tokens",
+                               ("config",)),
+    "recompute_ratio": Metric(_PAIR, _REPLAY, _recompute_ratio, "recomputed tokens num / den",
+                              ("num", "den")),
+    "wall_s": Metric({**_C, **_R}, _REPLAY, _wall, "round wall time", ("config",)),
+    "wall_ratio": Metric(_PAIR, _REPLAY, _wall_ratio, "wall time num / den", ("num", "den")),
+    "throughput_ratio": Metric(_PAIR, _REPLAY, _throughput_ratio,
+                               "output throughput num / den", ("num", "den")),
+    "put_spread": Metric({**_C, "tier": (str, False), "from_round": (int, False)}, _REPLAY,
+                         _put_spread, "max / min store puts per round", ("config",)),
+    "share": Metric({**_C, "of": (str, True), "from_round": (int, False)}, _REPLAY, _share,
+                    "% of input tokens from a tier, the store, or recomputed", ("config",)),
+    "excess_recompute": Metric({**_C, "stat": (str, False)}, _REPLAY, _excess_recompute,
+                               "% of the reusable prefix recomputed", ("config",)),
+    "errors": Metric(_C, _REPLAY, _errors, "corrupt + lost blocks (data mode)", ("config",)),
+    "ttft_ms": Metric({**_C, "input_tokens": (int, True), "round": (int, False)}, _REPLAY,
+                      _ttft, "mean TTFT of requests of a length in a round", ("config",)),
+    "ttft_ratio": Metric({**_C, "input_tokens": (int, True), "round": (int, False),
+                          "base_round": (int, False)}, _REPLAY, _ttft_ratio,
+                         "TTFT cold / warm", ("config",)),
+    "read_gbps": Metric({**_TARGET, **_MODE}, ("parallel-read",), _read_gbps, "GB/s"),
+    "read_speedup": Metric(_TARGET, ("parallel-read",), _read_speedup, "parallel / serial GB/s"),
+    "read_ttft_s": Metric({**_TARGET, **_MODE}, ("parallel-read",), _read_ttft, "cold TTFT"),
+    "read_ttft_ratio": Metric(_TARGET, ("parallel-read",), _read_ttft_ratio,
+                              "serial / parallel TTFT"),
+}

@@ -1,0 +1,288 @@
+"""Experiments as data: the TOML files under ``fixtures/experiments/`` and their schema.
+
+An experiment file names a published claim, the workload that re-creates it at laptop
+scale, the cache configurations compared, and the figures to put side by side::
+
+    [experiment]
+    name = "gp7000-cliff"                  # must equal the file name's stem
+    title = "GP7000 long-output cliff"
+    source = "GP7000 report (seeds/000), figure 3"
+    claim = "DRAM-only LRU collapses at round 8 (plan 8.6); DRAM/8 + NVMe rises"
+    scale = "C=112 → 16 sessions; DRAM 429.5 GB → 1,024 blocks (same R = capacity/writes)"
+
+    [workload]                             # kind: multi-turn, random-prompts, parallel-read
+    kind = "multi-turn"
+    sessions = 16
+    ...
+
+    [time]                                 # the replay time model (docs/replay.md)
+    prefill_tokens_per_s = 10000
+
+    [[config]]                             # one per configuration, the --compare syntax
+    label = "DRAM only"
+    tiers = "dram=1024blk,policy=lru"
+
+    [[figure]]                             # one row of the side-by-side table
+    claim = "collapse round, DRAM only"
+    published = 8
+    unit = "round"
+    metric = "cliff_round"                 # kvtool.experiments.figures.METRICS
+    args = { config = "DRAM only" }
+    differs = "why kvtool's figure can differ at this scale"
+
+Errors name the file, line and key (exit 2).
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvtool.errors import InputError
+
+KINDS = ("multi-turn", "random-prompts", "parallel-read")
+
+_EXPERIMENT_KEYS = {"name", "title", "source", "claim", "scale", "notes"}
+_TOP_KEYS = {"experiment", "workload", "time", "config", "figure"}
+_CONFIG_KEYS = {"label", "tiers"}
+_FIGURE_KEYS = {"claim", "published", "published_text", "unit", "metric", "args", "differs"}
+
+_MULTI_TURN = {"sessions": int, "rounds": int, "input_tokens": int, "output_tokens": int,
+               "system_prompt_tokens": int, "block_tokens": int, "seed": int}
+_RANDOM = {"input_lengths": list, "num_prompts": int, "iterations": int, "output_tokens": int,
+           "block_tokens": int, "seed": int}
+_PARALLEL = {"requests": int, "tokens_per_request": int, "chunk_tokens": int,
+             "serial_qd": int, "parallel_qd": int, "targets": list, "repeats": int,
+             "prefill_tokens_per_s": float}
+_COMMON = {"kind": str, "model": str, "dtype": str, "block_bytes": int}
+_WORKLOAD_KEYS: dict[str, dict[str, type]] = {
+    "multi-turn": {**_COMMON, **_MULTI_TURN},
+    "random-prompts": {**_COMMON, **_RANDOM},
+    "parallel-read": {**_COMMON, **_PARALLEL},
+}
+_REQUIRED = {
+    "multi-turn": ("sessions", "rounds", "input_tokens", "output_tokens"),
+    "random-prompts": ("input_lengths", "num_prompts", "iterations"),
+    "parallel-read": ("requests", "tokens_per_request", "chunk_tokens", "targets"),
+}
+PARALLEL_TARGETS = ("file", "loop", "nvme-tcp")
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One row of the table: a published number and how kvtool computes its own."""
+
+    claim: str
+    published: float | None
+    unit: str
+    metric: str
+    args: dict[str, Any] = field(default_factory=dict)
+    published_text: str | None = None
+    differs: str = ""
+
+
+@dataclass(frozen=True)
+class ConfigSpec:
+    label: str
+    tiers: str
+    """The ``--compare`` syntax: ``dram=128blk,nvme=inf,policy=lru``."""
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    title: str
+    source: str
+    claim: str
+    scale: str
+    kind: str
+    workload: dict[str, Any]
+    configs: list[ConfigSpec]
+    figures: list[Figure]
+    time: dict[str, Any] = field(default_factory=dict)
+    notes: str = ""
+    path: Path | None = None
+
+    def config(self, label: str) -> ConfigSpec:
+        for c in self.configs:
+            if c.label == label:
+                return c
+        raise KeyError(label)
+
+
+def _line_of(text: str, key: str, table: str | None, nth: int = 0) -> int | None:
+    """Best-effort line of ``key`` inside ``[table]``/``[[table]]`` number ``nth``."""
+    current: str | None = None
+    seen: dict[str, int] = {}
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        m = re.match(r"^\[\[?\s*([A-Za-z0-9_.\-]+)\s*\]\]?", line)
+        if m:
+            current = m.group(1)
+            seen[current] = seen.get(current, -1) + 1
+            if table is None and current == key:
+                return n
+            continue
+        if (re.match(rf"^{re.escape(key)}\s*=", line)
+                and (table is None or (current == table and seen.get(table, 0) == nth))):
+            return n
+    return None
+
+
+def load_experiment(path: str | Path) -> Experiment:
+    """Parse and check one experiment file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror}", file=path) from None
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        m = re.search(r"line (\d+)", str(exc))
+        raise InputError(f"not valid TOML: {exc}", file=path,
+                         line=int(m.group(1)) if m else None) from None
+
+    def bad(message: str, key: str, table: str | None = None, nth: int = 0) -> InputError:
+        name = f"{table}.{key}" if table else key
+        return InputError(message, file=path, line=_line_of(text, key, table, nth), field=name)
+
+    for key in doc:
+        if key not in _TOP_KEYS:
+            raise bad(f"unknown table (use {', '.join(sorted(_TOP_KEYS))})", key)
+    head = _table(doc, "experiment", bad)
+    for key in head:
+        if key not in _EXPERIMENT_KEYS:
+            raise bad(f"unknown key (use {', '.join(sorted(_EXPERIMENT_KEYS))})", key, "experiment")
+    for key in ("name", "title", "source", "claim", "scale"):
+        if not isinstance(head.get(key), str) or not head[key].strip():
+            raise bad("required: a non-empty string", key, "experiment")
+    if head["name"] != path.stem:
+        raise bad(f"must equal the file name's stem {path.stem!r}", "name", "experiment")
+
+    workload = _table(doc, "workload", bad)
+    kind = workload.get("kind")
+    if kind not in KINDS:
+        raise bad(f"must be one of {', '.join(KINDS)}", "kind", "workload")
+    allowed = _WORKLOAD_KEYS[kind]
+    for key, value in workload.items():
+        want = allowed.get(key)
+        if want is None:
+            raise bad(f"unknown key for kind {kind!r} (use {', '.join(sorted(allowed))})",
+                      key, "workload")
+        ok = (isinstance(value, int | float) and not isinstance(value, bool)
+              if want is float else isinstance(value, want) and not isinstance(value, bool))
+        if not ok:
+            raise bad(f"must be {want.__name__}, got {value!r}", key, "workload")
+        if want is int and value < 0:
+            raise bad(f"must not be negative, got {value}", key, "workload")
+    for key in _REQUIRED[kind]:
+        if key not in workload:
+            raise bad(f"required for kind {kind!r}", key, "workload")
+    if kind == "parallel-read":
+        for t in workload["targets"]:
+            if t not in PARALLEL_TARGETS:
+                raise bad(f"unknown target {t!r} (use {', '.join(PARALLEL_TARGETS)})",
+                          "targets", "workload")
+    if kind == "random-prompts":
+        for n in workload["input_lengths"]:
+            if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
+                raise bad(f"must be positive whole numbers, got {n!r}", "input_lengths",
+                          "workload")
+
+    time = doc.get("time", {})
+    if not isinstance(time, dict):
+        raise bad("must be a table", "time")
+    if time:
+        from kvtool.cache.config import _time_table
+
+        time = _time_table(time, lambda msg, key, table=None: bad(msg, key, table))
+
+    configs: list[ConfigSpec] = []
+    raw_configs = doc.get("config", [])
+    if not isinstance(raw_configs, list):
+        raise bad("must be an array of tables ([[config]])", "config")
+    for i, c in enumerate(raw_configs):
+        for key in c:
+            if key not in _CONFIG_KEYS:
+                raise bad(f"unknown key (use {', '.join(sorted(_CONFIG_KEYS))})", key, "config", i)
+        for key in ("label", "tiers"):
+            if not isinstance(c.get(key), str) or not c[key].strip():
+                raise bad("required: a non-empty string", key, "config", i)
+        if any(x.label == c["label"] for x in configs):
+            raise bad(f"label {c['label']!r} given twice", "label", "config", i)
+        from kvtool.cache.config import parse_compare
+
+        try:
+            parse_compare(c["tiers"], policy=None, write_policy=None)
+        except InputError as exc:
+            raise bad(exc.message, "tiers", "config", i) from None
+        configs.append(ConfigSpec(c["label"], c["tiers"]))
+    if kind != "parallel-read" and not configs:
+        raise bad("a replay experiment needs at least one [[config]]", "config")
+
+    from kvtool.experiments.figures import METRICS
+
+    figures: list[Figure] = []
+    raw_figures = doc.get("figure", [])
+    if not isinstance(raw_figures, list) or not raw_figures:
+        raise bad("required: at least one [[figure]]", "figure")
+    for i, f in enumerate(raw_figures):
+        for key in f:
+            if key not in _FIGURE_KEYS:
+                raise bad(f"unknown key (use {', '.join(sorted(_FIGURE_KEYS))})", key, "figure", i)
+        for key in ("claim", "unit", "metric"):
+            if not isinstance(f.get(key), str) or not f[key].strip():
+                raise bad("required: a non-empty string", key, "figure", i)
+        metric = METRICS.get(f["metric"])
+        if metric is None:
+            raise bad(f"unknown metric (use {', '.join(sorted(METRICS))})", "metric", "figure", i)
+        pub = f.get("published")
+        if pub is not None and (not isinstance(pub, int | float) or isinstance(pub, bool)):
+            raise bad(f"must be a number, got {pub!r}", "published", "figure", i)
+        args = f.get("args", {})
+        if not isinstance(args, dict):
+            raise bad("must be an inline table", "args", "figure", i)
+        problem = metric.check(args, [c.label for c in configs], kind)
+        if problem:
+            raise bad(problem, "args", "figure", i)
+        figures.append(Figure(f["claim"], None if pub is None else float(pub), f["unit"],
+                              f["metric"], args, f.get("published_text"), f.get("differs", "")))
+    return Experiment(head["name"], head["title"], head["source"], head["claim"], head["scale"],
+                      kind, workload, configs, figures, time, head.get("notes", ""), path)
+
+
+def _table(doc: dict[str, Any], key: str, bad: Any) -> dict[str, Any]:
+    value = doc.get(key)
+    if not isinstance(value, dict):
+        raise bad("required table", key)
+    return value
+
+
+def experiments_dir() -> Path:
+    """``fixtures/experiments`` of the checkout kvtool runs from."""
+    return Path(__file__).resolve().parents[2] / "fixtures" / "experiments"
+
+
+def list_experiments(directory: Path | None = None) -> list[Experiment]:
+    d = directory or experiments_dir()
+    if not d.is_dir():
+        raise InputError("no experiments directory (kvtool runs from a source checkout: "
+                         "fixtures/experiments/)", file=d)
+    return [load_experiment(p) for p in sorted(d.glob("*.toml"))]
+
+
+def find_experiment(name: str, directory: Path | None = None) -> Experiment:
+    """An experiment by name, or a path to an experiment file."""
+    if name.endswith(".toml") or "/" in name:
+        return load_experiment(name)
+    d = directory or experiments_dir()
+    path = d / f"{name}.toml"
+    if not path.exists():
+        known = sorted(p.stem for p in d.glob("*.toml")) if d.is_dir() else []
+        raise InputError(f"no experiment {name!r} (known: {', '.join(known) or 'none'})",
+                         field="NAME")
+    return load_experiment(path)

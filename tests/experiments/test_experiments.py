@@ -1,0 +1,98 @@
+"""Experiments as data: the fixture files load, run on the metadata engine, and match plan."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+from kvtool.experiments import find_experiment, list_experiments, run_experiment
+from kvtool.plan import Storage, Workload, plan
+from kvtool.units import Capacity
+from tests.conftest import run, run_json
+
+REPLAY_EXPERIMENTS = ["gp7000-cliff", "gp7000-working-set", "gp7000-50-rounds",
+                      "gp7000-hit-supply", "gp7000-read-path", "wqs-random-prompts"]
+
+
+def test_list_names_every_fixture() -> None:
+    doc = run_json("experiment", "list")
+    names = {e["name"] for e in doc["experiments"]}
+    assert set(REPLAY_EXPERIMENTS) <= names
+    for e in doc["experiments"]:
+        assert e["source"] and e["claim"]
+
+
+def test_cliff_collapse_round_equals_plan_within_one_round() -> None:
+    """The cliff experiment's DRAM-only collapse round (replay) vs kvtool plan's, ±1."""
+    exp = find_experiment("gp7000-cliff")
+    doc = run_experiment(exp, out_dir=None, simulate=True)
+    dram_only = next(c for c in doc["configs"] if c["label"] == "DRAM only")
+    tiered = next(c for c in doc["configs"] if c["label"] == "DRAM/8 + NVMe")
+    w = exp.workload
+    predicted = plan(Workload(w["sessions"], w["input_tokens"], w["output_tokens"],
+                              rounds=w["rounds"], block_tokens=w["block_tokens"],
+                              answer_kv="next-round"),
+                     Storage(None), dram=Capacity.parse("1090blk")).as_given.collapse_round
+    # The plan is computed here independently of the experiment's own plan row.
+    assert predicted is not None and dram_only["cliff_round"] is not None
+    assert abs(dram_only["cliff_round"] - predicted) <= 1
+    rows = {r["claim"]: r for r in doc["rows"]}
+    assert rows["collapse round predicted by the capacity formula"]["kvtool"] == \
+        pytest.approx(predicted)
+    assert tiered["cliff_round"] is None
+    ratios = [r["token_hit_ratio"] for r in tiered["rounds"]]
+    assert all(b >= a for a, b in itertools.pairwise(ratios))  # monotonic
+    # Store puts: DRAM-only explodes after the collapse, the tiered run stays flat.
+    spread = {r["args"]["config"]: r["kvtool"] for r in doc["rows"] if r["metric"] == "put_spread"}
+    assert spread["DRAM only"] > 10
+    assert spread["DRAM/8 + NVMe"] == pytest.approx(1.0, abs=0.05)
+
+
+def test_run_cli_writes_json_csv_png(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    doc = run_json("experiment", "run", "gp7000-read-path", "--simulate", "--out", str(out))
+    assert doc["schema"] == "kvtool.experiment/1" and doc["mode"] == "simulate"
+    for row in doc["rows"]:
+        assert set(row) >= {"claim", "published", "kvtool", "unit", "measured"}
+        assert row["measured"] is False  # nothing moves in --simulate
+    assert [c["schema"] for c in doc["configs"]] == ["kvtool.replay/1"] * 2
+    assert json.loads((out / "gp7000-read-path.json").read_text())["rows"] == doc["rows"]
+    assert (out / "gp7000-read-path.png").read_bytes()[:4] == b"\x89PNG"
+    csv_lines = (out / "gp7000-read-path.csv").read_text().splitlines()
+    assert csv_lines[0].startswith("claim,published,kvtool,unit,measured")
+    assert len(csv_lines) == 1 + len(doc["rows"])
+
+
+def test_human_table(tmp_path: Path) -> None:
+    result = run("experiment", "run", "gp7000-hit-supply", "--simulate", "--out", str(tmp_path))
+    assert result.exit_code == 0, result.stderr
+    assert "published vs kvtool" in result.stdout and "87–91" in result.stdout
+
+
+def test_every_fixture_loads() -> None:
+    assert {e.name for e in list_experiments()} >= set(REPLAY_EXPERIMENTS)
+
+
+@pytest.mark.parametrize(("old", "new", "where"), [
+    ('metric = "throughput_ratio"', 'metric = "no-such"', "metric"),
+    ('num = "NVMe tier"', 'num = "nope"', "args"),
+])
+def test_bad_experiment_file_is_one_line_exit_2(tmp_path: Path, old: str, new: str,
+                                                where: str) -> None:
+    src = find_experiment("gp7000-read-path").path
+    assert src is not None
+    body = src.read_text().replace(old, new, 1)
+    bad = tmp_path / "gp7000-read-path.toml"
+    bad.write_text(body)
+    result = run("experiment", "run", str(bad), "--simulate", "--out", str(tmp_path / "o"))
+    assert result.exit_code == 2
+    assert str(bad) in result.stderr and f"figure.{where}" in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_unknown_experiment_exit_2() -> None:
+    result = run("experiment", "run", "no-such-experiment", "--simulate")
+    assert result.exit_code == 2 and "gp7000-cliff" in result.stderr
