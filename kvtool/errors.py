@@ -38,6 +38,11 @@ class InputError(KvtoolError):
         self.field = field
         super().__init__(self._format())
 
+    def rename_field(self, field: str) -> None:
+        """Name the field as the user knows it (the CLI maps parameter names to flags)."""
+        self.field = field
+        self.args = (self._format(),)
+
     def _format(self) -> str:
         where = ""
         if self.file is not None:

@@ -18,7 +18,7 @@ from kvtool.cache.policies import (
     RadixPolicy,
     make_policy,
 )
-from kvtool.cache.stats import RoundStats, cliff_round
+from kvtool.cache.stats import RoundStats
 from kvtool.cache.tier import TIER_NAMES, NullBackend, Tier, TierBackend, Watermark
 from kvtool.cache.timemodel import TimeModel
 
@@ -43,7 +43,6 @@ __all__ = [
     "TierSpec",
     "TimeModel",
     "Watermark",
-    "cliff_round",
     "make_policy",
     "replay",
 ]

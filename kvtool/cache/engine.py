@@ -24,9 +24,10 @@ from typing import Any, NamedTuple, Protocol
 
 from kvtool.cache.hierarchy import WRITE_POLICIES, TierHierarchy, WritePolicy
 from kvtool.cache.policies import POLICIES, WATERMARK_DEFAULTS, make_policy
-from kvtool.cache.stats import RoundStats, cliff_round
+from kvtool.cache.stats import RoundStats
 from kvtool.cache.tier import TIER_NAMES, Tier, TierBackend, Watermark
 from kvtool.cache.timemodel import TimeModel
+from kvtool.collapse import collapse_round
 from kvtool.errors import UsageError
 from kvtool.units import Capacity
 
@@ -240,7 +241,7 @@ class Replay:
     def cliff_round(self) -> int | None:
         if not self.real_rounds:
             return None
-        return cliff_round({r: (st.hit_total, st.input_tokens) for r, st in self.rounds.items()})
+        return collapse_round({r: (st.hit_total, st.input_tokens) for r, st in self.rounds.items()})
 
     def result(self) -> dict[str, Any]:
         """The report of this configuration (schema: docs/replay.md)."""

@@ -1,4 +1,4 @@
-"""Accounting: per-round counters, the collapse round, and the report dictionary.
+"""Accounting: per-round counters and the report dictionary (the collapse round: kvtool.collapse).
 
 Counters are kept in blocks per tier (lists indexed like the hierarchy's tiers) and turned
 into bytes only when reported, so a replay without a known block size still reports
@@ -89,22 +89,3 @@ class RoundStats:
             "wall_s": wall,
             "requests_per_s": (self.requests / wall) if wall > 0 else None,
         }
-
-
-def cliff_round(ratios: dict[int, tuple[int, int]]) -> int | None:
-    """The collapse round (BRIEF §4), from ``{round: (hit_tokens, input_tokens)}``.
-
-    The first round r ≥ 3 whose token hit ratio is at least 25 % lower (relative) than
-    round r−1's; ``None`` when there is none. Compared in exact integer arithmetic:
-    ``hit_r / in_r <= 0.75 · hit_{r-1} / in_{r-1}`` with a positive ``hit_{r-1}``.
-    """
-    for r in sorted(ratios):
-        if r < 3 or (r - 1) not in ratios:
-            continue
-        hit, inp = ratios[r]
-        prev_hit, prev_inp = ratios[r - 1]
-        if prev_hit <= 0 or prev_inp <= 0 or inp <= 0:
-            continue
-        if 4 * hit * prev_inp <= 3 * prev_hit * inp:
-            return r
-    return None

@@ -13,6 +13,7 @@ from rich.table import Table
 from kvtool.align.audit import AuditReport, audit
 from kvtool.align.layout import read_extents
 from kvtool.align.probe import probe_device
+from kvtool.cli.options import block_size_options
 from kvtool.cli.output import emit, json_option
 from kvtool.errors import CheckFailed, UsageError
 from kvtool.geometry import KVGeometry, Layout, ObjectSize, custom, from_toml, lookup
@@ -47,15 +48,9 @@ def _positive_size(text: str, field: str) -> int:
 
 
 @click.command("audit", epilog=EPILOG)
-@click.option("--model", "-m", help="Preset model (case-insensitive; e.g. deepseek-v4-flash, "
-              "llama-3-70b, qwen2.5-32b).")
-@click.option("--dtype", help="KV dtype: fp8, bf16, fp16, fp32, or fp8_ds_mla (DeepSeek). "
-              "Default: the model's.")
+@block_size_options
 @click.option("--block-tokens", type=int, default=256, show_default=True,
               help="Tokens per block (chunk).")
-@click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel size.")
-@click.option("--object-bytes", "object_bytes", metavar="SIZE",
-              help="Audit one object of this size instead of a model's (e.g. 1002240, 1MiB).")
 @click.option("--geometry", "geometry_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Custom model geometry from a TOML file (docs/geometry.md).")
 @click.option("--layers", type=int, help="Custom model: number of layers.")
@@ -76,14 +71,14 @@ def _positive_size(text: str, field: str) -> int:
 @click.option("--strict", is_flag=True, help="Exit 1 when any check fails (padding needed, "
               "misaligned or overlapping extent).")
 @json_option
-def command(model: str | None, dtype: str | None, block_tokens: int, tp: int,
-            object_bytes: str | None, geometry_file: Path | None, layers: int | None,
+def command(model: str | None, dtype: str | None, tp: int | None, block_bytes: int | None,
+            block_tokens: int, geometry_file: Path | None, layers: int | None,
             kv_heads: int | None, head_dim: int | None, kv_lora_rank: int | None,
             rope_dim: int | None, lbas: tuple[str, ...], mem_align: str | None,
             device: Path | None, layouts: tuple[str, ...], strict: bool) -> None:
     """Audit KV object sizes and placements against 512 B / 4 KiB alignment.
 
-    Computes the KV object size from a model's geometry (or takes --object-bytes), its
+    Computes the KV object size from a model's geometry (or takes --block-bytes), its
     residue modulo each LBA size, the padded size and LBA count, the padding waste, and
     the strategy: write as is, or pad and bounce through an aligned scratch buffer
     (copying back only the original bytes on read). --device probes a real block device
@@ -105,23 +100,26 @@ def command(model: str | None, dtype: str | None, block_tokens: int, tp: int,
             extent_lists.append((s, read_extents(s)))
 
     custom_given = any(v is not None for v in (layers, kv_heads, head_dim, kv_lora_rank, rope_dim))
-    given = [name for name, v in (("--model", model), ("--object-bytes", object_bytes),
+    given = [name for name, v in (("--model", model), ("--block-bytes", block_bytes),
                                   ("--geometry", geometry_file)) if v is not None]
     if custom_given:
         given.append("--layers/--kv-heads/...")
     if len(given) > 1:
         raise UsageError(f"give only one of {', '.join(given)}", field=given[1].split("/")[0])
-    if object_bytes is not None and (dtype is not None or tp != 1 or block_tokens != 256):
-        raise UsageError("--dtype, --tp and --block-tokens describe a model; --object-bytes "
-                         "is already a size", field="--object-bytes")
+    if block_bytes is not None and (dtype is not None or tp is not None or block_tokens != 256):
+        raise UsageError("--dtype, --tp and --block-tokens describe a model; --block-bytes "
+                         "is already a size", field="--block-bytes")
+    if not given and not custom_given and (dtype is not None or tp is not None):
+        raise UsageError("--dtype and --tp describe a model: give --model, --geometry or "
+                         "--layers/...", field="--dtype" if dtype is not None else "--tp")
 
-    if object_bytes is not None and object_layout == "layer":
+    if block_bytes is not None and object_layout == "layer":
         raise UsageError("--layout layer splits a model's block into per-layer objects; give "
-                         "--model or --geometry, not --object-bytes", field="--layout")
+                         "--model or --geometry, not --block-bytes", field="--layout")
     geometry: KVGeometry | None = None
     objects: list[ObjectSize] = []
-    if object_bytes is not None:
-        objects = [ObjectSize("object", _positive_size(object_bytes, "--object-bytes"), 1)]
+    if block_bytes is not None:
+        objects = [ObjectSize("object", block_bytes, 1)]
         object_layout_out: str | None = None
     else:
         if model is not None:
@@ -136,12 +134,13 @@ def command(model: str | None, dtype: str | None, block_tokens: int, tp: int,
         else:
             spec_ = None
         if spec_ is not None:
-            geometry = spec_.geometry(dtype=dtype, block_tokens=block_tokens, tp=tp)
+            geometry = spec_.geometry(dtype=dtype, block_tokens=block_tokens,
+                                      tp=1 if tp is None else tp)
             objects = list(geometry.object_sizes(object_layout))
         object_layout_out = object_layout if geometry is not None else None
 
     if not objects and device is None and not rules and not extent_lists:
-        raise UsageError("nothing to audit: give --model, --object-bytes, --geometry, "
+        raise UsageError("nothing to audit: give --model, --block-bytes, --geometry, "
                          "--device or --layout", field="--model")
     limits = probe_device(device) if device is not None else None
     lba_values = [_positive_size(v, "--lba") for v in lbas]

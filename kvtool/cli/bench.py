@@ -10,7 +10,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from kvtool.cli.load import object_size_options, parse_lba, resolve_object
+from kvtool.cli.load import block_tokens_option, parse_lba, resolve_object
+from kvtool.cli.options import block_size_options
 from kvtool.cli.output import emit, json_option, note, progress
 from kvtool.errors import UsageError
 from kvtool.units import format_size, parse_size
@@ -22,7 +23,7 @@ EPILOG = """
 \b
 Example:
   kvtool bench /var/tmp/bench.img --create 2GiB --model deepseek-v4-flash --dtype fp8
-  kvtool bench /dev/loop3 --object-bytes 32MiB --qd 1,8,32 --seconds 3 --force
+  kvtool bench /dev/loop3 --block-bytes 32MiB --qd 1,8,32 --seconds 3 --force
   kvtool bench /dev/nvme1n1 --model llama-3-70b --read-only --pattern rand-read --json
 
 \b
@@ -55,7 +56,8 @@ def _qds(text: str) -> list[int]:
 
 @click.command("bench", epilog=EPILOG)
 @click.argument("target")
-@object_size_options
+@block_size_options
+@block_tokens_option
 @click.option("--qd", "qd_text", default="1,4,16", show_default=True,
               help="Queue depths to sweep (comma-separated).")
 @click.option("--pattern", "pattern_text", default=",".join(PATTERNS), show_default=True,
@@ -73,14 +75,15 @@ def _qds(text: str) -> list[int]:
               "target's).")
 @click.option("--create", metavar="SIZE", help="Create TARGET as a regular file of this size.")
 @json_option
-def command(target: str, model: str | None, dtype: str | None, block_tokens: int, tp: int,
-            object_bytes: str | None, qd_text: str, pattern_text: str, path_text: str | None,
+def command(target: str, model: str | None, dtype: str | None, tp: int | None,
+            block_bytes: int | None, block_tokens: int, qd_text: str, pattern_text: str,
+            path_text: str | None,
             seconds: float, ops: int | None, region: str, read_only: bool, force: bool,
             lba: str | None, create: str | None) -> None:
     """Measure GB/s, IOPS and latency (p50/p99/p99.9) of object-sized I/O on TARGET."""
     from kvtool.store.bench import bench
 
-    size, _ = resolve_object(model, dtype, block_tokens, tp, object_bytes)
+    size, _ = resolve_object(model, dtype, block_tokens, tp, block_bytes)
     qds = _qds(qd_text)
     patterns = _csv(pattern_text, PATTERNS, "--pattern")
     if read_only:

@@ -10,6 +10,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from kvtool.cli.options import block_size_from, block_size_options
 from kvtool.cli.output import emit, json_option, note, progress
 from kvtool.errors import UsageError
 from kvtool.units import format_size, parse_percent, parse_size
@@ -25,7 +26,7 @@ EPILOG = """
 \b
 Example:
   kvtool load /dev/loop3 --model deepseek-v4-flash --dtype fp8 --fill 80% --qd 16
-  kvtool load /var/tmp/kv.img --create 4GiB --object-bytes 32MiB --count 100
+  kvtool load /var/tmp/kv.img --create 4GiB --block-bytes 32MiB --count 100
   kvtool load /dev/nvme1n1 --model llama-3-70b --tp 4 --count 10000 --ack-file acks.jsonl
 
 \b
@@ -39,42 +40,23 @@ docs/store-layout.md, docs/store.md.
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def object_size_options(f: F) -> F:
-    """--model/--dtype/--block-tokens/--tp or --object-bytes (shared with bench)."""
-    for opt in reversed([
-        click.option("--model", "-m", help="Preset model whose per-block KV object to store "
-                     "(e.g. deepseek-v4-flash, llama-3-70b)."),
-        click.option("--dtype", help="KV dtype (fp8, bf16, ...). Default: the model's."),
-        click.option("--block-tokens", type=int, default=256, show_default=True,
-                     help="Tokens per block (one object per block)."),
-        click.option("--tp", type=int, default=1, show_default=True,
-                     help="Tensor-parallel size (objects are per rank)."),
-        click.option("--object-bytes", metavar="SIZE",
-                     help="Object size instead of a model's (e.g. 1002240, 32MiB)."),
-    ]):
-        f = opt(f)
-    return f
+def block_tokens_option(f: F) -> F:
+    return click.option("--block-tokens", type=int, default=256, show_default=True,
+                        help="Tokens per block (one object per block).")(f)
 
 
-def resolve_object(model: str | None, dtype: str | None, block_tokens: int, tp: int,
-                   object_bytes: str | None) -> tuple[int, Geometry]:
-    """The object size and the geometry record for the superblock."""
-    from kvtool.geometry import resolve
+def resolve_object(model: str | None, dtype: str | None, block_tokens: int, tp: int | None,
+                   block_bytes: int | None) -> tuple[int, Geometry]:
+    """The object size (one block as one rank stores it) and the superblock's geometry."""
     from kvtool.store.layout import Geometry
 
-    if object_bytes is not None and model is not None:
-        raise UsageError("give either --model or --object-bytes, not both",
-                         field="--object-bytes")
-    if object_bytes is not None:
-        n = parse_size(object_bytes, field="--object-bytes", allow_zero=False)
-        return n, Geometry(block_tokens=block_tokens)
-    if model is None:
-        raise UsageError("say what to store: --model NAME (with --dtype) or --object-bytes "
+    size = block_size_from(model, dtype, tp, block_bytes, block_tokens)
+    if size is None:
+        raise UsageError("say what to store: --model NAME (with --dtype) or --block-bytes "
                          "SIZE", field="--model")
-    if block_tokens <= 0:
-        raise UsageError(f"must be positive, got {block_tokens}", field="--block-tokens")
-    g = resolve(model, dtype=dtype, block_tokens=block_tokens, tp=tp)
-    return int(g.block_bytes), Geometry(str(g.model), str(g.dtype), block_tokens, tp)
+    if size.model is None:
+        return size.block_bytes, Geometry(block_tokens=block_tokens)
+    return size.block_bytes, Geometry(size.model, str(size.dtype), block_tokens, size.tp)
 
 
 def parse_lba(text: str | None) -> int | None:
@@ -88,7 +70,8 @@ def parse_lba(text: str | None) -> int | None:
 
 @click.command("load", epilog=EPILOG)
 @click.argument("target")
-@object_size_options
+@block_size_options
+@block_tokens_option
 @click.option("--count", type=int, help="Number of objects to store.")
 @click.option("--fill", metavar="PERCENT", help="Store objects up to this share of the "
               "target's slots (e.g. 80%). Default: 100% when --count is absent.")
@@ -109,8 +92,9 @@ def parse_lba(text: str | None) -> int | None:
 @click.option("--create", "create", metavar="SIZE",
               help="Create TARGET as a regular file of this size when it does not exist.")
 @json_option
-def command(target: str, model: str | None, dtype: str | None, block_tokens: int, tp: int,
-            object_bytes: str | None, count: int | None, fill: str | None, qd: int, seed: int,
+def command(target: str, model: str | None, dtype: str | None, tp: int | None,
+            block_bytes: int | None, block_tokens: int, count: int | None, fill: str | None,
+            qd: int, seed: int,
             force: bool, payload_file: str | None, ack_file: str | None, batch: int,
             lba: str | None, create: str | None) -> None:
     """Write KV objects onto TARGET (block device, file, or nvme+tcp:// URL) with an
@@ -118,7 +102,7 @@ def command(target: str, model: str | None, dtype: str | None, block_tokens: int
     acknowledged."""
     from kvtool.store.load import AckFile, LoadSpec, load
 
-    size, geometry = resolve_object(model, dtype, block_tokens, tp, object_bytes)
+    size, geometry = resolve_object(model, dtype, block_tokens, tp, block_bytes)
     if count is not None and fill is not None:
         raise UsageError("give either --count or --fill, not both", field="--count")
     if count is not None and count < 1:

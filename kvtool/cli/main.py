@@ -16,7 +16,7 @@ import click
 
 from kvtool import __version__
 from kvtool.cli.output import Settings, err_console
-from kvtool.errors import KvtoolError
+from kvtool.errors import KvtoolError, UsageError
 
 # One module per command under kvtool/cli/, each exposing ``command`` (a click command or
 # group). Keep this list sorted; add a line when a command lands.
@@ -61,6 +61,7 @@ class KvtoolGroup(click.Group):
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in self.commands and cmd_name in COMMAND_MODULES:
             module = importlib.import_module(f"kvtool.cli.{cmd_name}")
+            _name_flags(module.command)
             self.add_command(module.command, cmd_name)
         return self.commands.get(cmd_name)
 
@@ -89,6 +90,31 @@ class KvtoolGroup(click.Group):
             _report(ctx, exc, f"kvtool: internal error: {type(exc).__name__}: {exc} "
                               "(run with --debug for the traceback)")
             raise click.exceptions.Exit(INTERNAL_ERROR) from None
+
+
+def _name_flags(cmd: click.Command) -> None:
+    """Make ``cmd`` report library errors in its own flags.
+
+    The library names the parameter it was given (``field="block_bytes"``); the user typed
+    ``--block-bytes``. A :class:`~kvtool.errors.UsageError` whose field is the name of one
+    of ``cmd``'s options is rewritten to that option's flag on its way out.
+    """
+    flags = {p.name: next((o for o in p.opts if o.startswith("--")), p.opts[0])
+             for p in cmd.params if isinstance(p, click.Option) and p.name}
+    invoke = cmd.invoke
+
+    def invoke_naming_flags(ctx: click.Context) -> Any:
+        try:
+            return invoke(ctx)
+        except UsageError as exc:
+            if exc.file is None and exc.field in flags:
+                exc.rename_field(flags[exc.field])
+            raise
+
+    cmd.invoke = invoke_naming_flags  # type: ignore[method-assign]
+    if isinstance(cmd, click.Group):
+        for sub in cmd.commands.values():
+            _name_flags(sub)
 
 
 def _usage_exit(exc: click.UsageError) -> click.exceptions.Exit:

@@ -9,10 +9,11 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from kvtool.cli.options import block_size_from, block_size_options
 from kvtool.cli.output import emit, json_option
 from kvtool.errors import UsageError
 from kvtool.plan.capacity import AnswerKV, Storage, Workload, WritePolicy, plan
-from kvtool.units import Capacity, format_size, parse_percent, parse_size
+from kvtool.units import Capacity, format_size, parse_percent
 
 EPILOG = """
 \b
@@ -55,15 +56,10 @@ def _watermark(text: str) -> float:
               help="NVMe tier (absent: the with-NVMe scenario uses one sized to the need).")
 @click.option("--block-tokens", type=int, default=256, show_default=True,
               help="Tokens per block B.")
-@click.option("--model", help="Model preset for bytes per token (e.g. deepseek-v4-flash).")
-@click.option("--dtype", help="KV dtype for --model (default: the model's).")
-@click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel size.")
-@click.option("--block-bytes", metavar="SIZE", help="Bytes per block copy s instead of --model.")
+@block_size_options
 @click.option("--watermark", "watermark", default="100%", show_default=True, metavar="h",
               help="Usable fraction h of each tier (Mooncake evicts at 90%).")
 @click.option("--replicas", type=int, default=1, show_default=True, help="Replicas ρ.")
-@click.option("--per-rank-dup", "per_rank_dup", type=int,
-              help="Per-rank duplication t (default: from --model and --tp, else 1).")
 @click.option("--answer-kv", type=click.Choice(["stored", "next-round"]), default="stored",
               show_default=True,
               help="stored: an answer's KV is written in its own round (vLLM offload, "
@@ -74,22 +70,23 @@ def _watermark(text: str) -> float:
 @json_option
 def command(sessions: int, input_tokens: int, output_tokens: int, system_prompt_tokens: int,
             rounds: int, dram: str, gpu: str | None, nvme: str | None, block_tokens: int,
-            model: str | None, dtype: str | None, tp: int, block_bytes: str | None,
-            watermark: str, replicas: int, per_rank_dup: int | None, answer_kv: str,
+            model: str | None, dtype: str | None, tp: int | None, block_bytes: int | None,
+            watermark: str, replicas: int, answer_kv: str,
             write_policy: str) -> None:
     """Predict when a prefix cache collapses and what each tier must hold.
 
-    Uses the capacity formula R = h·M / (ρ·t·C·b·Δ) (BRIEF §4), refined with block
-    rounding and a shared system prompt: the cache first evicts a live block in the
-    first round whose footprint exceeds h·M. Prints which terms it used, the capacity
-    needed to hold --rounds rounds, and hit ratios with and without an NVMe tier.
+    Uses the capacity formula (docs/definitions.md) per tensor-parallel rank,
+    R = h·M / (ρ·C·b·Δ) with M one rank's tier and b = s/B one rank's bytes per token,
+    refined with block rounding and a shared system prompt: the cache first evicts a
+    live block in the first round whose footprint exceeds h·M. Prints which terms it
+    used, the capacity needed to hold --rounds rounds, and hit ratios with and without
+    an NVMe tier.
     """
     workload = Workload(sessions, input_tokens, output_tokens, system_prompt_tokens, rounds,
                         block_tokens, cast(AnswerKV, answer_kv))
-    s, t = _geometry(model, dtype, tp, block_bytes, block_tokens)
-    storage = Storage(s, replicas, per_rank_dup if per_rank_dup is not None else t,
-                      _watermark(watermark), cast(WritePolicy, write_policy), model,
-                      dtype, tp)
+    size = block_size_from(model, dtype, tp, block_bytes, block_tokens)
+    storage = Storage(size.block_bytes if size else None, replicas, _watermark(watermark),
+                      cast(WritePolicy, write_policy), size)
     caps = {name: _capacity(text, f"--{name}") for name, text in
             (("gpu", gpu), ("dram", dram), ("nvme", nvme))}
     dram_cap = caps["dram"]
@@ -98,23 +95,6 @@ def command(sessions: int, input_tokens: int, output_tokens: int, system_prompt_
         raise UsageError("a DRAM tier is required (the formula's M)", field="--dram")
     result = plan(workload, storage, dram=dram_cap, gpu=caps["gpu"], nvme=caps["nvme"]).to_dict()
     emit(result, lambda con: _render(con, result))
-
-
-def _geometry(model: str | None, dtype: str | None, tp: int, block_bytes: str | None,
-              block_tokens: int) -> tuple[int | None, int]:
-    """(s, default t) from --model or --block-bytes; (None, 1) when neither is given."""
-    if model and block_bytes:
-        raise UsageError("give --model or --block-bytes, not both", field="--block-bytes")
-    if block_bytes:
-        return parse_size(block_bytes, field="--block-bytes", allow_zero=False), 1
-    if model:
-        from kvtool.geometry import resolve
-
-        geo = resolve(model, dtype=dtype, block_tokens=block_tokens, tp=tp)
-        return geo.copy_block_bytes, geo.per_rank_duplication
-    if dtype:
-        raise UsageError("--dtype needs --model", field="--dtype")
-    return None, 1
 
 
 def _amount(d: dict[str, Any]) -> str:
@@ -132,7 +112,9 @@ def _num(x: float | None, fmt: str = ".2f") -> str:
 def _render(con: Console, r: dict[str, Any]) -> None:
     w, st, f = r["workload"], r["storage"], r["formula"]
     terms = f["terms"]
-    what = (f"{st['model']} {st['dtype'] or ''} tp={st['tp']}".strip() if st["model"]
+    bs = st["block_size"]
+    what = (f"{bs['model']} {bs['dtype']} tp={bs['tp']}: {format_size(bs['block_bytes'])}"
+            f"/block per rank (t={bs['per_rank_duplication']})" if bs and bs["model"]
             else f"{format_size(st['block_bytes'])}/block" if st["block_bytes"]
             else "sizes in blocks")
     con.print(f"[bold]kvtool plan[/]: C={w['sessions']} sessions, N={w['input_tokens']:,} new + "
@@ -141,7 +123,7 @@ def _render(con: Console, r: dict[str, Any]) -> None:
     b = terms["b"]
     m = format_size(terms["M"]) if terms["M"] is not None else f"{terms['M_blocks']:,.0f} blocks"
     con.print(f"formula: {f['expression']} with h={terms['h']:g}, M={m}, ρ={terms['rho']}, "
-              f"t={terms['t']}, C={terms['C']}, b={_num(b, ',.1f')} B/token, "
+              f"C={terms['C']}, b={_num(b, ',.1f')} B/token, "
               f"Δ={terms['delta']:,} tokens → R = {_num(f['R'])}")
     con.print("terms used:")
     for line in f["uses"]:
@@ -152,7 +134,7 @@ def _render(con: Console, r: dict[str, Any]) -> None:
     head.add_column(justify="right")
     head.add_row("collapse round (refined)", _num(r["collapse_round"]))
     head.add_row("first round with eviction", _num(r["eviction_round"], "d"))
-    head.add_row("expected cliff round (lru, BRIEF §4 rule)", _num(r["cliff_round"], "d"))
+    head.add_row("expected cliff round (lru, docs/definitions.md)", _num(r["cliff_round"], "d"))
     need = r["capacity_needed"]
     head.add_row(f"capacity to hold {need['rounds']} rounds", _amount(need))
     for tier, d in r["tiers"].items():

@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from kvtool.cli.options import block_size_from, block_size_options
 from kvtool.cli.output import emit, json_option, note, progress, want_json
 from kvtool.errors import UsageError
 from kvtool.units import Capacity, format_size
@@ -80,10 +81,7 @@ def _fraction(_ctx: click.Context, param: click.Parameter, value: float | None) 
               help="Tokens per block [default: the trace's; 256 kvtool, 512 Mooncake].")
 @click.option("--format", "fmt", type=click.Choice(["auto", "kvtool", "mooncake"]),
               default="auto", show_default=True, help="Trace format.")
-@click.option("--model", default=None, help="Model preset for bytes per block (kvtool audit --help).")
-@click.option("--dtype", default=None, help="KV dtype of --model (default: the preset's).")
-@click.option("--tp", type=int, default=1, show_default=True, help="Tensor parallelism of --model.")
-@click.option("--block-bytes", type=int, default=None, help="Bytes per block (instead of --model).")
+@block_size_options
 @click.option("--compare", "compares", multiple=True, metavar="SPEC",
               help="Add a configuration to replay side by side (repeatable; see below).")
 @click.option("--skip-bad", type=int, default=0, show_default=True,
@@ -105,7 +103,7 @@ def _fraction(_ctx: click.Context, param: click.Parameter, value: float | None) 
 def command(trace: str, gpu: Capacity | None, dram: Capacity | None, nvme: Capacity | None,
             policy: str | None, tiers_file: str | None, write_policy: str | None,
             watermark: float | None, evict_ratio: float | None, block_tokens: int | None,
-            fmt: str, model: str | None, dtype: str | None, tp: int, block_bytes: int | None,
+            fmt: str, model: str | None, dtype: str | None, tp: int | None, block_bytes: int | None,
             compares: tuple[str, ...], skip_bad: int, prefill_tps: float | None,
             tpot_ms: float | None, read_gbps: dict[str, float], concurrency: int | None,
             csv_path: str | None, requests_csv: str | None, plot_path: str | None) -> None:
@@ -113,7 +111,7 @@ def command(trace: str, gpu: Capacity | None, dram: Capacity | None, nvme: Capac
 
     Reports the token hit ratio by tier, recomputed tokens, bytes written and read per
     tier, evictions, the collapse round, and modelled TTFT / round time, per round and in
-    total (definitions: BRIEF §4, docs/definitions.md).
+    total (definitions: docs/definitions.md).
     """
     from kvtool.cache import replay
     from kvtool.cache.config import (
@@ -124,10 +122,6 @@ def command(trace: str, gpu: Capacity | None, dram: Capacity | None, nvme: Capac
     )
     from kvtool.trace import read_trace
 
-    if block_bytes is not None and model is not None:
-        raise UsageError("give --model or --block-bytes, not both", field="--block-bytes")
-    if block_bytes is not None and block_bytes <= 0:
-        raise UsageError(f"must be positive, got {block_bytes}", field="--block-bytes")
     if concurrency is not None and concurrency < 1:
         raise UsageError(f"must be at least 1, got {concurrency}", field="--concurrency")
     if prefill_tps is not None and not prefill_tps > 0:
@@ -142,10 +136,8 @@ def command(trace: str, gpu: Capacity | None, dram: Capacity | None, nvme: Capac
     tf = load_tiers_file(tiers_file) if tiers_file else None
     reader = read_trace(trace, fmt=fmt, block_tokens=block_tokens, skip_bad=skip_bad)
     B = reader.block_tokens
-    if model is not None:
-        from kvtool.geometry import resolve
-
-        block_bytes = resolve(model, dtype=dtype, block_tokens=B, tp=tp).block_bytes
+    size = block_size_from(model, dtype, tp, block_bytes, B)
+    block_bytes = size.block_bytes if size else None
     configs = []
     caps = {"gpu": gpu, "dram": dram, "nvme": nvme}
     if any(c is not None for c in caps.values()) or tf is not None or not compares:
@@ -178,7 +170,8 @@ def command(trace: str, gpu: Capacity | None, dram: Capacity | None, nvme: Capac
 
         write_plot(results, plot_path, title=f"kvtool replay {Path(trace).name}")
     head = {"schema": "kvtool.replay/1", "trace": trace, "format": reader.format, "block_tokens": B,
-            "block_bytes": block_bytes, "bad_lines": bad}
+            "block_bytes": block_bytes, "block_size": size.to_dict() if size else None,
+            "bad_lines": bad}
     doc: dict[str, Any] = {**head, **results[0]} if len(results) == 1 else {
         **head, "configs": results}
     if bad and not want_json():
@@ -211,7 +204,9 @@ def _render(con: Any, results: list[dict[str, Any]], head: dict[str, Any]) -> No
     con.print(f"[bold]kvtool replay[/] {head['trace']} ({head['format']}, "
               f"{head['block_tokens']} tokens/block"
               + (f", {format_size(head['block_bytes'], binary=False)}/block"
-                 if head["block_bytes"] else "") + ")")
+                 if head["block_bytes"] else "")
+              + (f" per rank of {head['block_size']['tp']}"
+                 if head["block_size"] and head["block_size"]["tp"] > 1 else "") + ")")
     if len(results) == 1:
         _render_one(con, results[0], Table)
     else:

@@ -11,6 +11,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from kvtool.cli.options import block_size_from, block_size_options
 from kvtool.cli.output import emit, json_option, note
 from kvtool.errors import UsageError
 from kvtool.trace.convert import convert_trace
@@ -19,7 +20,7 @@ from kvtool.trace.reader import TraceReader, read_trace
 from kvtool.trace.schema import DEFAULT_WINDOW_MS
 from kvtool.trace.stats import trace_stats
 from kvtool.trace.writer import write_records
-from kvtool.units import format_size, parse_size
+from kvtool.units import format_size
 
 
 def _reader_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -76,14 +77,11 @@ Examples:
 """)
 @click.argument("trace", type=click.Path(dir_okay=False, allow_dash=True))
 @_reader_options
-@click.option("--model", help="Model preset: adds the unique blocks' footprint in bytes.")
-@click.option("--dtype", help="KV dtype for --model (default: the model's).")
-@click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel size.")
-@click.option("--block-bytes", metavar="SIZE", help="Bytes per block instead of --model.")
+@block_size_options
 @click.option("--no-reuse", is_flag=True, help="Skip the reuse-distance histogram (faster).")
 @json_option
 def stats_cmd(trace: str, fmt: str, block_tokens: int | None, skip_bad: int, window_ms: float,
-              model: str | None, dtype: str | None, tp: int, block_bytes: str | None,
+              model: str | None, dtype: str | None, tp: int | None, block_bytes: int | None,
               no_reuse: bool) -> None:
     """Requests, sessions, tokens, unique blocks, the theoretical maximum hit ratio.
 
@@ -93,30 +91,16 @@ def stats_cmd(trace: str, fmt: str, block_tokens: int | None, skip_bad: int, win
     of more than that many blocks would hit it.
     """
     with _open(trace, fmt, block_tokens, skip_bad, window_ms) as reader:
-        bb = _block_bytes(model, dtype, tp, block_bytes, reader.block_tokens)
-        result = trace_stats(reader, reuse=not no_reuse, block_bytes=bb)
+        size = block_size_from(model, dtype, tp, block_bytes, reader.block_tokens)
+        result = trace_stats(reader, reuse=not no_reuse,
+                             block_bytes=size.block_bytes if size else None)
         result = {"schema": "kvtool.trace.stats/1", "trace": str(trace),
                   "format": reader.format, "timed": reader.timed,
                   "window_ms": reader.window_ms,
+                  "block_size": size.to_dict() if size else None,
                   **result, "bad_lines": [{"line": n, "message": m} for n, m in reader.bad_lines]}
         _report_bad(reader)
     emit(result, lambda con: _render_stats(con, result))
-
-
-def _block_bytes(model: str | None, dtype: str | None, tp: int, block_bytes: str | None,
-                 block_tokens: int) -> int | None:
-    if model and block_bytes:
-        raise UsageError("give --model or --block-bytes, not both", field="--block-bytes")
-    if block_bytes:
-        return parse_size(block_bytes, field="--block-bytes", allow_zero=False)
-    if model:
-        from kvtool.geometry import resolve
-
-        geo = resolve(model, dtype=dtype, block_tokens=block_tokens, tp=tp)
-        return geo.all_ranks_block_bytes
-    if dtype:
-        raise UsageError("--dtype needs --model", field="--dtype")
-    return None
 
 
 def _render_stats(con: Console, r: dict[str, Any]) -> None:
@@ -138,7 +122,9 @@ def _render_stats(con: Console, r: dict[str, Any]) -> None:
         ("unique blocks", f"{r['unique_blocks']:,}"),
     ]
     if r["unique_bytes"] is not None:
-        rows.append(("unique blocks' footprint", format_size(r["unique_bytes"])))
+        tp = r["block_size"]["tp"]
+        rows.append(("unique blocks' footprint" + (f" (one rank of {tp})" if tp > 1 else ""),
+                     format_size(r["unique_bytes"])))
     rows += [
         ("max token hit ratio (infinite cache)", f"{r['max_token_hit_ratio']:.4f}"),
         ("max block hit ratio", f"{r['max_block_hit_ratio']:.4f}"),

@@ -5,6 +5,7 @@
 (1002240, 3915.0)
 """
 
+from kvtool.geometry.blocksize import BlockSize, block_size
 from kvtool.geometry.custom import custom, from_toml
 from kvtool.geometry.dtypes import DTYPE_BYTES, KNOWN_DTYPES, canonical_dtype
 from kvtool.geometry.model import (
@@ -24,12 +25,14 @@ __all__ = [
     "LAYOUTS",
     "MODELS",
     "PRESETS",
+    "BlockSize",
     "Component",
     "ComponentSpec",
     "KVGeometry",
     "Layout",
     "ModelSpec",
     "ObjectSize",
+    "block_size",
     "canonical_dtype",
     "custom",
     "from_toml",

@@ -3,7 +3,9 @@
 The workload: C sessions served round robin, each adding Δ = N + M tokens per round (N new
 input tokens, an M-token answer) after a system prompt of S tokens that every session
 shares. The cache stores whole blocks of B tokens, s bytes each (s = b·B for b bytes per
-token), ρ replicas, t copies across tensor-parallel ranks.
+token), ρ replicas. Sizes are per tensor-parallel rank (docs/definitions.md): s is the KV
+object one rank stores per block and M one rank's tier, so the reference's per-rank
+duplication t is inside s (s ≈ t·s_copy/tp) and does not appear again below.
 
 Footprint (unique stored bytes) after round r, with block rounding and the system
 prompt's full blocks counted once::
@@ -11,12 +13,13 @@ prompt's full blocks counted once::
     L_r = S + r·Δ                       (answer KV stored in its own round)
         = S + r·N + (r−1)·M             (--answer-kv next-round: stored when re-sent)
     U_r = ⌊S/B⌋ + C·(⌊L_r/B⌋ − ⌊S/B⌋)    unique blocks
-    F_r = ρ·t·s·U_r
+    F_r = ρ·s·U_r
 
 Onset: a tier (or hierarchy) of capacity M with watermark h first evicts a live block in
 round ``r* = min{r : F_r > h·M}``. ``collapse_round`` interpolates within that round:
 ``(r*−1) + (h·M − F_{r*−1}) / (F_{r*} − F_{r*−1})``; with S = 0 and no rounding it equals
-the closed form ``R = h·M / (ρ·t·C·b·Δ)``.
+the closed form ``R = h·M / (ρ·C·b·Δ)`` (the reference's ``h·M / (ρ·t·C·b·Δ)`` with its
+M the tiers of all ranks together and b a full copy's bytes per token).
 
 Hit ratios per round (token hit ratio, BRIEF §4):
 
@@ -38,15 +41,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from fractions import Fraction
+from typing import TYPE_CHECKING, Any, Literal
 
+from kvtool.collapse import collapse_round
 from kvtool.errors import UsageError
 from kvtool.units import Capacity
 
+if TYPE_CHECKING:
+    from kvtool.geometry.blocksize import BlockSize
+
 AnswerKV = Literal["stored", "next-round"]
 WritePolicy = Literal["write-through", "write-back"]
-CLIFF_DROP = 0.25
-"""BRIEF §4: a round whose hit ratio is at least 25 % (relative) below the previous one's."""
 MAX_ROUNDS = 10_000_000
 """Search limit for the onset round (beyond it the plan reports ``null``)."""
 MAX_PLANNED_ROUNDS = 100_000
@@ -115,26 +121,21 @@ class Workload:
 
 @dataclass(frozen=True)
 class Storage:
-    """How blocks occupy capacity: s bytes per block copy, ρ replicas, t rank copies, h."""
+    """How blocks occupy capacity: s bytes per block (one rank's), ρ replicas, watermark h."""
 
     block_bytes: int | None
     """s; ``None`` when no geometry was given (capacities must then be blocks or tokens)."""
     replicas: int = 1
-    per_rank_duplication: int = 1
     watermark: float = 1.0
     write_policy: WritePolicy = "write-through"
-    model: str | None = None
-    dtype: str | None = None
-    tp: int = 1
+    size: BlockSize | None = None
+    """Where s comes from (model, dtype, tp, t, a full copy's bytes), when known."""
 
     def __post_init__(self) -> None:
         if self.block_bytes is not None and self.block_bytes <= 0:
             raise UsageError(f"must be positive, got {self.block_bytes}", field="--block-bytes")
         if self.replicas < 1:
             raise UsageError(f"must be at least 1, got {self.replicas}", field="--replicas")
-        if self.per_rank_duplication < 1:
-            raise UsageError(f"must be at least 1, got {self.per_rank_duplication}",
-                             field="--per-rank-dup")
         if not 0 < self.watermark <= 1:
             raise UsageError(f"must be in (0, 1], got {self.watermark}", field="--watermark")
         if self.write_policy not in ("write-through", "write-back"):
@@ -143,8 +144,8 @@ class Storage:
 
     @property
     def copies(self) -> int:
-        """ρ·t: stored copies of every block."""
-        return self.replicas * self.per_rank_duplication
+        """ρ: stored copies of every block (t is inside s)."""
+        return self.replicas
 
     @property
     def unit_bytes(self) -> int:
@@ -285,11 +286,7 @@ class Plan:
             k = min(w.sessions, max(0, math.floor((limit - shared) / per_session))) \
                 if per_session > 0 else w.sessions
             best.append(self.round_ratio(r, hit_all=False, kept=k / w.sessions))
-        cliff = None
-        for r in range(3, w.rounds + 1):
-            if lru[r - 2] > 0 and lru[r - 1] <= (1 - CLIFF_DROP) * lru[r - 2]:
-                cliff = r
-                break
+        cliff = collapse_round({r: (Fraction(x), 1) for r, x in enumerate(lru, start=1)})
         return Scenario(name, tiers, limit, collapse, eviction, cliff, lru, best, writes)
 
     def overall(self, ratios: list[float]) -> float:
@@ -301,7 +298,7 @@ class Plan:
 
     # -- report --------------------------------------------------------------------------
     def simple_r(self) -> float | None:
-        """R = h·M / (ρ·t·C·b·Δ) with M the as-given hierarchy's capacity."""
+        """R = h·M / (ρ·C·b·Δ) with M the as-given hierarchy's capacity."""
         w, s = self.w, self.s
         denom = s.copies * w.sessions * (s.unit_bytes / w.block_tokens) * w.delta
         cap = self.as_given.capacity
@@ -334,16 +331,22 @@ class Plan:
         w, s = self.w, self.s
         b = s.unit_bytes / w.block_tokens if s.block_bytes is not None else None
         g = self.as_given
+        tdup = s.size.per_rank_duplication if s.size else 1
+        tp = s.size.tp if s.size else 1
         terms: dict[str, Any] = {
             "h": s.watermark, "M": self._bytes(g.capacity / s.watermark),
             "M_blocks": self._blocks(g.capacity / s.watermark),
-            "rho": s.replicas, "t": s.per_rank_duplication, "C": w.sessions, "b": b,
+            "rho": s.replicas, "t": tdup, "C": w.sessions, "b": b,
             "delta": w.delta, "S": w.system_prompt_tokens, "B": w.block_tokens,
             "s": s.block_bytes,
         }
         uses = [
-            "R = h·M / (ρ·t·C·b·Δ) (reference §7.2), refined: r* = min{r : F_r > h·M}",
-            "F_r = ρ·t·s·U_r with U_r = ⌊S/B⌋ + C·(⌊L_r/B⌋ − ⌊S/B⌋): block rounding, "
+            "R = h·M / (ρ·C·b·Δ), refined: r* = min{r : F_r > h·M}",
+            f"per rank (docs/definitions.md): s = one rank's KV object per block, M = one "
+            f"rank's tier; t = {tdup} rank(s) hold each byte, already inside s, so this is "
+            f"the reference formula h·M / (ρ·t·C·b·Δ) with M = all {tp} rank(s)' tiers and "
+            f"b = a full copy's bytes per token",
+            "F_r = ρ·s·U_r with U_r = ⌊S/B⌋ + C·(⌊L_r/B⌋ − ⌊S/B⌋): block rounding, "
             "shared system prompt counted once, partial blocks not stored",
             ("L_r = S + r·Δ (answer KV stored in its own round)" if w.answer_kv == "stored"
              else "L_r = S + r·N + (r−1)·M (answer KV stored when the next round re-sends it)"),
@@ -376,11 +379,11 @@ class Plan:
                          "output_tokens": w.output_tokens,
                          "system_prompt_tokens": w.system_prompt_tokens, "rounds": w.rounds,
                          "block_tokens": w.block_tokens, "answer_kv": w.answer_kv},
-            "storage": {"model": s.model, "dtype": s.dtype, "tp": s.tp,
-                        "block_bytes": s.block_bytes, "bytes_per_token": b,
-                        "replicas": s.replicas, "per_rank_duplication": s.per_rank_duplication,
-                        "watermark": s.watermark, "write_policy": s.write_policy},
-            "formula": {"expression": "R = h·M / (ρ·t·C·b·Δ)", "terms": terms,
+            "storage": {"block_bytes": s.block_bytes, "bytes_per_token": b,
+                        "block_size": s.size.to_dict() if s.size else None,
+                        "replicas": s.replicas, "watermark": s.watermark,
+                        "write_policy": s.write_policy},
+            "formula": {"expression": "R = h·M / (ρ·C·b·Δ)", "terms": terms,
                         "R": self.simple_r(), "uses": uses},
             "collapse_round": g.collapse_round,
             "eviction_round": g.eviction_round,

@@ -12,8 +12,8 @@ from kvtool.cache import (
     Tier,
     TierHierarchy,
     TierSpec,
-    cliff_round,
 )
+from kvtool.collapse import collapse_round
 from kvtool.units import Capacity
 from tests.cache.helpers import req
 
@@ -184,7 +184,7 @@ def test_general_path_counts_like_the_fast_paths(caps: tuple[str, ...],
     ({1: (0, 10), 2: (8, 10), 3: (8, 10), 4: (8, 10), 5: (1, 10), 6: (0, 10)}, 5),
 ])
 def test_cliff_round(rounds: dict[int, tuple[int, int]], expected: int | None) -> None:
-    assert cliff_round(rounds) == expected
+    assert collapse_round(rounds) == expected
 
 
 def test_per_round_accounting_and_modelled_times() -> None:

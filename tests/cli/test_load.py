@@ -84,10 +84,10 @@ def test_payload_file(store_dir: Path) -> None:
 
 
 @pytest.mark.parametrize(("args", "words"), [
-    (["--count", "1"], ["--model", "--object-bytes"]),
+    (["--count", "1"], ["--model", "--block-bytes"]),
     (["--object-bytes", OBJ, "--model", "llama-3-8b", "--count", "1"], ["not both"]),
     (["--model", "no-such-model", "--count", "1"], ["unknown model", "--model"]),
-    (["--object-bytes", "12 parsecs", "--count", "1"], ["--object-bytes"]),
+    (["--object-bytes", "12 parsecs", "--count", "1"], ["--block-bytes"]),
     (["--object-bytes", OBJ, "--count", "1", "--fill", "10%"], ["--count"]),
     (["--object-bytes", OBJ, "--fill", "180%"], ["--fill"]),
     (["--object-bytes", OBJ, "--count", "0"], ["--count"]),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvtool.geometry import block_size
 from kvtool.plan import Storage, Workload, plan
 from kvtool.units import Capacity
 from tests.conftest import REPO, run, run_json
@@ -22,8 +23,9 @@ def test_report_case_json() -> None:
     assert doc["storage"]["block_bytes"] == 1_002_240
     assert any("block rounding" in u for u in doc["formula"]["uses"])
     # Same as the library with the same inputs.
-    lib = plan(Workload(112, 109030, 5000), Storage(1_002_240, model="deepseek-v4-flash",
-                                                    dtype="fp8"),
+    size = block_size("deepseek-v4-flash", dtype="fp8")
+    assert size is not None
+    lib = plan(Workload(112, 109030, 5000), Storage(1_002_240, size=size),
                dram=Capacity.parse("429.5GB")).to_dict()
     assert doc == lib
 
@@ -50,7 +52,7 @@ def test_human_output_states_the_formula_terms() -> None:
     result = run(*REPORT)
     assert result.exit_code == 0, result.stderr
     out = result.stdout
-    assert "R = h·M / (ρ·t·C·b·Δ)" in out and "R = 8.59" in out
+    assert "R = h·M / (ρ·C·b·Δ)" in out and "R = 8.59" in out
     assert "terms used" in out and "block rounding" in out
     assert "collapse round" in out and "8.59" in out
     assert "not measurements" in out

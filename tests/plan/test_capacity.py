@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvtool.errors import UsageError
-from kvtool.geometry import resolve
+from kvtool.geometry import block_size, resolve
 from kvtool.plan import Storage, Workload, plan
 from kvtool.trace import read_trace
 from kvtool.trace.gen import MultiTurn, multi_turn
@@ -61,18 +61,34 @@ def test_system_prompt_is_stored_once_and_rounded_to_blocks() -> None:
     assert d["rounds"][2]["hit_ratio"]["lru"] == pytest.approx(512 / 1312)
 
 
-@pytest.mark.parametrize(("h", "rho", "t", "expected"), [(1.0, 1, 1, 2.5), (0.9, 1, 1, 2.25),
-                                                         (1.0, 2, 1, 1.25), (1.0, 1, 2, 1.25),
-                                                         (0.8, 2, 2, 0.5)])
-def test_watermark_replicas_and_rank_copies(h: float, rho: int, t: int,
-                                            expected: float) -> None:
-    d = plan(Workload(4, 192, 64), Storage(1000, rho, t, h), dram=GB("10000")).to_dict()
+@pytest.mark.parametrize(("h", "rho", "expected"), [(1.0, 1, 2.5), (0.9, 1, 2.25),
+                                                    (1.0, 2, 1.25), (0.8, 2, 1.0)])
+def test_watermark_and_replicas(h: float, rho: int, expected: float) -> None:
+    d = plan(Workload(4, 192, 64), Storage(1000, rho, h), dram=GB("10000")).to_dict()
     assert d["formula"]["R"] == pytest.approx(expected)
     assert d["collapse_round"] == pytest.approx(expected)
-    assert d["formula"]["terms"] | {} == d["formula"]["terms"]
     terms = d["formula"]["terms"]
-    assert (terms["h"], terms["rho"], terms["t"], terms["C"], terms["delta"]) == (h, rho, t, 4,
+    assert (terms["h"], terms["rho"], terms["t"], terms["C"], terms["delta"]) == (h, rho, 1, 4,
                                                                                   256)
+
+
+@pytest.mark.parametrize(("model", "tp", "s", "t"), [
+    ("llama-3-70b", 1, 83_886_080, 1), ("llama-3-70b", 8, 83_886_080 // 8, 1),
+    ("deepseek-v3", 1, None, 1), ("deepseek-v3", 8, None, 8)])
+def test_sizes_are_per_rank(model: str, tp: int, s: int | None, t: int) -> None:
+    """A tier of M bytes holds M / s blocks with s one rank's object: GQA sharded over 8 ranks
+    fits 8x the blocks, MLA (every rank holds a full copy) the same number."""
+    size = block_size(model, tp=tp)
+    assert size is not None
+    assert size.per_rank_duplication == t and (s is None or size.block_bytes == s)
+    one = block_size(model)
+    assert one is not None and size.copy_bytes == one.copy_bytes
+    w = Workload(4, 192, 64)
+    d = plan(w, Storage(size.block_bytes, size=size), dram=GB("10GB")).to_dict()
+    d1 = plan(w, Storage(one.block_bytes, size=one), dram=GB("10GB")).to_dict()
+    assert d["formula"]["R"] == pytest.approx(d1["formula"]["R"] * tp / t)
+    assert d["formula"]["terms"]["t"] == t
+    assert d["storage"]["block_size"] == size.to_dict()
 
 
 def test_write_policy_sets_the_hierarchy_capacity() -> None:
@@ -164,7 +180,6 @@ def test_no_eviction_curve_matches_trace_stats_of_the_generated_workload(
     (lambda: Workload(1, 1, 1, answer_kv="never"), "--answer-kv"),
     (lambda: Storage(0), "--block-bytes"),
     (lambda: Storage(1, replicas=0), "--replicas"),
-    (lambda: Storage(1, per_rank_duplication=0), "--per-rank-dup"),
     (lambda: Storage(1, watermark=1.5), "--watermark"),
     (lambda: plan(Workload(1, 1, 1), Storage(1), dram=GB("0")), "--dram"),
 ])
