@@ -327,7 +327,7 @@ _TARGET: _Args = {"target": (str, True)}
 _MODE: _Args = {"mode": (str, True)}
 
 METRICS: dict[str, Metric] = {
-    "cliff_round": Metric(_C, _REPLAY, _cliff, "collapse round (BRIEF §4)", ("config",)),
+    "cliff_round": Metric(_C, _REPLAY, _cliff, "collapse round (docs/definitions.md)", ("config",)),
     "plan_collapse_round": Metric(_C, ("multi-turn",), _plan_collapse,
                                   "kvtool plan's collapse round for the config's DRAM tier",
                                   ("config",)),

@@ -30,16 +30,15 @@ ProgressFactory = Callable[[str, float | None], Any]
 
 
 def block_bytes_of(exp: Experiment) -> int | None:
-    """Bytes per block: the workload's ``block_bytes``, else its model's geometry."""
-    w = exp.workload
-    if "block_bytes" in w:
-        return int(w["block_bytes"])
-    if "model" in w:
-        from kvtool.geometry import resolve
+    """Bytes per block (docs/definitions.md): the workload's ``block_bytes``, else its
+    model's geometry."""
+    from kvtool.geometry import block_size
 
-        tokens = w.get("chunk_tokens") or w.get("block_tokens", 256)
-        return resolve(w["model"], dtype=w.get("dtype"), block_tokens=tokens).block_bytes
-    return None
+    w = exp.workload
+    tokens = w.get("chunk_tokens") or w.get("block_tokens", 256)
+    size = block_size(w.get("model"), dtype=w.get("dtype"), block_tokens=tokens,
+                      block_bytes=int(w["block_bytes"]) if "block_bytes" in w else None)
+    return size.block_bytes if size else None
 
 
 def write_trace(exp: Experiment, path: Path) -> int:
