@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from emulator.nvmetcp.backing import Backing, open_backing
 from emulator.nvmetcp.config import SubsystemConfig, TargetConfig
+from emulator.nvmetcp.logpages import ERROR_LOG_SLOTS, ErrorEntry, SmartCounters
 from kvtool.errors import InputError
 from kvtool.nvme import spec
 
@@ -28,6 +29,17 @@ class Namespace:
     backing: Backing
     lba_size: int
     subnqn: str
+    smart: SmartCounters = field(default_factory=SmartCounters)
+
+    def count_read(self, nbytes: int) -> None:
+        s = self.smart
+        self.smart = SmartCounters(s.bytes_read + nbytes, s.bytes_written, s.reads + 1,
+                                   s.writes, s.errors)
+
+    def count_write(self, nbytes: int) -> None:
+        s = self.smart
+        self.smart = SmartCounters(s.bytes_read, s.bytes_written + nbytes, s.reads,
+                                   s.writes + 1, s.errors)
 
     @property
     def nblocks(self) -> int:
@@ -35,7 +47,8 @@ class Namespace:
 
     def identify(self) -> bytes:
         return spec.NamespaceInfo(self.nsid, self.nblocks, self.nblocks, self.nblocks,
-                                  self.lba_size, self.uuid.bytes, self.uuid.bytes[:8]).encode()
+                                  self.lba_size, self.uuid.bytes, self.uuid.bytes[:8],
+                                  spec.DLFEAT_READS_ZERO | spec.DLFEAT_WZ_DEALLOCATE).encode()
 
     @property
     def uuid(self) -> uuid.UUID:
@@ -57,6 +70,12 @@ class Controller:
         self.csts = 0
         self.aec = 0
         self.queues: dict[int, Closable] = {}
+        self.errors: list[ErrorEntry] = []  # the newest ERROR_LOG_SLOTS failed commands
+        self.error_count = 0
+        self.changed_ns: set[int] = set()
+        self.events: list[int] = []  # asynchronous events waiting for an AER (CQE DW0)
+        self.masked_events: set[int] = set()  # log pages whose event waits to be read
+        self.notify: Callable[[], None] | None = None  # the admin queue delivers events
         self.last_seen = time.monotonic()
         self._timer: asyncio.TimerHandle | None = None
         self.deleted = False
@@ -67,6 +86,25 @@ class Controller:
 
     def touch(self) -> None:
         self.last_seen = time.monotonic()
+
+    def record_error(self, sqid: int, cid: int, st: int, nsid: int, lba: int = 0,
+                     location: int = 0xFFFF) -> None:
+        self.error_count += 1
+        self.errors.append(ErrorEntry(self.error_count, sqid, cid, st, location, lba, nsid))
+        if len(self.errors) > ERROR_LOG_SLOTS:
+            del self.errors[0]
+
+    def namespace_changed(self, nsid: int) -> None:
+        """Note ``nsid`` in the Changed Namespace List; raise the notice if the host asked
+        for it and has not yet an unread one (the Linux target's rule)."""
+        self.changed_ns.add(nsid)
+        if not self.aec & spec.AEN_CFG_NS_ATTR or spec.LID_CHANGED_NS in self.masked_events:
+            return
+        self.masked_events.add(spec.LID_CHANGED_NS)
+        self.events.append((spec.LID_CHANGED_NS << 16) | (spec.AER_NOTICE_NS_CHANGED << 8)
+                           | spec.AER_TYPE_NOTICE)
+        if self.notify is not None:
+            self.notify()
 
     def set_cc(self, new: int) -> None:
         """Property Set CC, with the kernel's transitions (nvmet_update_cc)."""
@@ -160,6 +198,10 @@ class Subsystem:
                 self.controllers[cntlid] = ctrl
                 return ctrl
         raise RuntimeError("no free controller ID")
+
+    def namespaces_changed(self, nsid: int) -> None:
+        for ctrl in list(self.controllers.values()):
+            ctrl.namespace_changed(nsid)
 
     def delete_controller(self, ctrl: Controller, *, reason: str) -> None:
         if ctrl.deleted:

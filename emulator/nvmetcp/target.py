@@ -17,11 +17,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections.abc import Callable
 
+from emulator.nvmetcp.backing import open_backing
 from emulator.nvmetcp.config import TargetConfig, parse_listen
 from emulator.nvmetcp.connection import QueueConnection
+from emulator.nvmetcp.logpages import ERROR_LOG_SLOTS
 from emulator.nvmetcp.model import (
     Controller,
+    Namespace,
     Subsystem,
     build_subsystems,
     discovery_subsystem,
@@ -33,6 +37,10 @@ from kvtool.nvme import spec
 log = logging.getLogger("emulator.nvmetcp")
 
 VS_1_3 = spec.vs_value(1, 3, 0)
+
+
+async def _call(fn: Callable[[], None]) -> None:
+    fn()
 
 
 def _url_host(host: str) -> str:
@@ -67,10 +75,16 @@ class TargetState:
             vid=0, ssvid=0, sn=sub.serial, mn=sub.model, fr=__version__[:8],
             mdts=cfg.mdts, cntlid=ctrl.cntlid, ver=self.vs,
             cntrltype=2 if disc else 1, kas=10, sqes=0x66, cqes=0x44,
-            maxcmd=cfg.max_queue_size, nn=0 if disc else 1024, oncs=0, vwc=0 if disc else 1,
+            maxcmd=cfg.max_queue_size, nn=0 if disc else 1024,
+            oncs=0 if disc else spec.ONCS_DSM | spec.ONCS_WRITE_ZEROES, vwc=0 if disc else 1,
             sgls=(1 << 0) | (1 << 20), subnqn=sub.nqn,
             ioccsz=0 if disc else (64 + cfg.in_capsule_data_size) // 16,
             iorcsz=0 if disc else 1, icdoff=0, msdbd=0 if disc else 1,
+            ctratt=spec.CTRATT_HOST_ID_128 | spec.CTRATT_TBKAS,
+            oaes=0 if disc else spec.AEN_CFG_NS_ATTR,
+            lpa=spec.LPA_EXTENDED if disc else (spec.LPA_PER_NS_SMART | spec.LPA_EFFECTS
+                                                | spec.LPA_EXTENDED),
+            elpe=0 if disc else ERROR_LOG_SLOTS - 1,
         ).encode()
 
     def discovery_log(self, hostnqn: str, local: tuple[str, int] | None) -> bytes:
@@ -206,6 +220,55 @@ class Target:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    # --- namespaces while running -------------------------------------------------------
+
+    def add_namespace(self, subnqn: str, nsid: int, backing: str, *, lba_size: int = 512,
+                      timeout: float = 10.0) -> None:
+        """Attach a namespace to a running subsystem; connected hosts get the Changed
+        Namespace List notice (if they enabled it), as with Linux nvmet's ``enable``."""
+        sub = self.subsystems.get(subnqn)
+        if sub is None:
+            raise ValueError(f"no subsystem {subnqn}")
+        if lba_size not in (512, 4096) or not 1 <= nsid < 0xFFFFFFFF:
+            raise ValueError("lba_size must be 512 or 4096 and nsid 1..0xFFFFFFFE")
+        opened = open_backing(backing, field="backing")
+        if opened.size < lba_size:
+            opened.close()
+            raise ValueError(f"backing {backing} is smaller than one block")
+        ns = Namespace(nsid, opened, lba_size, subnqn)
+
+        def attach() -> None:
+            if nsid in sub.namespaces:
+                opened.close()
+                raise ValueError(f"namespace {nsid} already exists on {subnqn}")
+            sub.namespaces[nsid] = ns
+            sub.namespaces_changed(nsid)
+
+        self._on_loop(attach, timeout)
+
+    def remove_namespace(self, subnqn: str, nsid: int, *, timeout: float = 10.0) -> None:
+        """Detach a namespace (its backing is flushed and closed); hosts are notified."""
+        sub = self.subsystems.get(subnqn)
+        if sub is None:
+            raise ValueError(f"no subsystem {subnqn}")
+
+        def detach() -> None:
+            ns = sub.namespaces.pop(nsid, None)
+            if ns is None:
+                raise ValueError(f"no namespace {nsid} on {subnqn}")
+            sub.namespaces_changed(nsid)
+            ns.backing.close()
+
+        self._on_loop(detach, timeout)
+
+    def _on_loop(self, fn: Callable[[], None], timeout: float) -> None:
+        loop = self._loop
+        if loop is None or self._thread is None:
+            fn()  # not serving from a thread: the caller is the loop's own thread or none
+            return
+        fut = asyncio.run_coroutine_threadsafe(_call(fn), loop)
+        fut.result(timeout)
 
     # --- introspection --------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -303,6 +304,12 @@ class Controller:
             what=f"Get Log Page {lid:#x}", data_in=memoryview(buf))
         return bytes(buf)
 
+    def smart_log(self, nsid: int = 0xFFFFFFFF) -> spec.SmartLog:
+        """SMART / Health Information (log page 0x02): the controller's (all namespaces) or
+        one namespace's I/O counters."""
+        return spec.SmartLog.decode(self.get_log_page(spec.LID_SMART, spec.SMART_LOG_LEN,
+                                                      nsid=nsid))
+
     def discovery_log(self) -> list[DiscoveryEntry]:
         """Get Log Page 0x70, re-read until GENCTR is stable (the Linux host's algorithm)."""
         for _ in range(10):
@@ -387,18 +394,39 @@ class Controller:
         """Write whole blocks; returns once the target acknowledged every block."""
         self._rw(spec.IO_WRITE, nsid, slba, memoryview(data).cast("B"))
 
-    def flush(self, nsid: int) -> None:
-        """NVMe Flush: every write completed before this call becomes durable."""
+    def write_zeroes(self, nsid: int, slba: int, nlb: int) -> None:
+        """Write Zeroes over ``nlb`` blocks (at most 65536 per command) from ``slba``."""
+        if not 1 <= nlb <= 0x10000:
+            raise ValueError("Write Zeroes covers 1..65536 blocks per command")
+        self._simple_io(P.Sqe(spec.IO_WRITE_ZEROES, nsid=nsid, cdw10=slba & 0xFFFFFFFF,
+                              cdw11=slba >> 32, cdw12=nlb - 1),
+                        f"Write Zeroes nsid {nsid} lba {slba}+{nlb}")
+
+    def deallocate(self, nsid: int, ranges: list[tuple[int, int]]) -> None:
+        """Dataset Management, Deallocate: ``ranges`` of (slba, nlb), at most 256; the
+        target may drop the blocks (they read as zeros on kvtool's target)."""
+        if not 1 <= len(ranges) <= 256:
+            raise ValueError("Dataset Management takes 1..256 ranges")
+        data = b"".join(struct.pack("<IIQ", 0, nlb, slba) for slba, nlb in ranges)
+        self._simple_io(P.Sqe(spec.IO_DSM, nsid=nsid, cdw10=len(ranges) - 1,
+                              cdw11=1 << 2), f"Deallocate nsid {nsid}", data)
+
+    def _simple_io(self, sqe: P.Sqe, what: str, data: bytes | None = None) -> None:
         while True:
             generation = self.generation
             try:
                 q = self._queue()
-                q.execute(P.Sqe(spec.IO_FLUSH, nsid=nsid), what=f"Flush nsid {nsid}")
+                q.execute(sqe, what=what,
+                          data_out=memoryview(data) if data is not None else None)
                 return
             except TransportError as exc:
                 if self._closed:
                     raise
                 self._recover(generation, exc)
+
+    def flush(self, nsid: int) -> None:
+        """NVMe Flush: every write completed before this call becomes durable."""
+        self._simple_io(P.Sqe(spec.IO_FLUSH, nsid=nsid), f"Flush nsid {nsid}")
 
     # --- teardown -----------------------------------------------------------------------
 

@@ -33,6 +33,8 @@ ADMIN_KEEP_ALIVE = 0x18
 IO_FLUSH = 0x00
 IO_WRITE = 0x01
 IO_READ = 0x02
+IO_WRITE_ZEROES = 0x08
+IO_DSM = 0x09
 
 # Fabrics command types
 FCTYPE_PROPERTY_SET = 0x00
@@ -50,11 +52,30 @@ CNS_CS_CONTROLLER = 0x06
 FID_NUMBER_OF_QUEUES = 0x07
 FID_ASYNC_EVENT_CONFIG = 0x0B
 FID_KEEP_ALIVE_TIMER = 0x0F
+FID_HOST_ID = 0x81
+
+# Identify Controller bits
+ONCS_DSM = 1 << 2
+ONCS_WRITE_ZEROES = 1 << 3
+CTRATT_HOST_ID_128 = 1 << 0
+CTRATT_TBKAS = 1 << 6  # traffic based keep alive: any command resets the timer
+LPA_PER_NS_SMART = 1 << 0
+LPA_EFFECTS = 1 << 1
+LPA_EXTENDED = 1 << 2  # NUMDU and LPO in Get Log Page
+DLFEAT_READS_ZERO = 0x1  # deallocated blocks read as zeros
+DLFEAT_WZ_DEALLOCATE = 1 << 3
+
+# Asynchronous events
+AEN_CFG_NS_ATTR = 1 << 8  # Async Event Configuration / OAES: Namespace Attribute Notices
+AER_TYPE_NOTICE = 0x2
+AER_NOTICE_NS_CHANGED = 0x00
 
 # Log pages
 LID_ERROR = 0x01
 LID_SMART = 0x02
 LID_FW_SLOT = 0x03
+LID_CHANGED_NS = 0x04
+LID_CMD_EFFECTS = 0x05
 LID_DISCOVERY = 0x70
 
 # Property offsets
@@ -215,6 +236,10 @@ class ControllerInfo:
     iorcsz: int
     icdoff: int
     msdbd: int
+    ctratt: int = 0
+    oaes: int = 0
+    lpa: int = 0
+    elpe: int = 0
     raw: bytes = field(default=b"", repr=False)
 
     @property
@@ -236,9 +261,12 @@ class ControllerInfo:
         out[76] = 0x2  # CMIC: may have several controllers (one per host)
         out[77] = self.mdts
         struct.pack_into("<HI", out, 78, self.cntlid, self.ver)
-        struct.pack_into("<I", out, 96, 0)  # CTRATT
+        struct.pack_into("<I", out, 92, self.oaes)
+        struct.pack_into("<I", out, 96, self.ctratt)
         out[111] = self.cntrltype
         out[259] = 3  # AERL: 4 outstanding AERs (0's based)
+        out[261] = self.lpa
+        out[262] = self.elpe
         struct.pack_into("<H", out, 320, self.kas)
         out[512] = self.sqes
         out[513] = self.cqes
@@ -269,7 +297,9 @@ class ControllerInfo:
             kas=struct.unpack_from("<H", raw, 320)[0], sqes=raw[512], cqes=raw[513],
             maxcmd=maxcmd, nn=nn, oncs=struct.unpack_from("<H", raw, 520)[0], vwc=raw[525],
             sgls=struct.unpack_from("<I", raw, 536)[0], subnqn=_cstr(raw[768:1024]),
-            ioccsz=ioccsz, iorcsz=iorcsz, icdoff=icdoff, msdbd=msdbd, raw=raw,
+            ioccsz=ioccsz, iorcsz=iorcsz, icdoff=icdoff, msdbd=msdbd,
+            ctratt=struct.unpack_from("<I", raw, 96)[0],
+            oaes=struct.unpack_from("<I", raw, 92)[0], lpa=raw[261], elpe=raw[262], raw=raw,
         )
 
 
@@ -287,6 +317,7 @@ class NamespaceInfo:
     lba_size: int
     nguid: bytes = bytes(16)
     eui64: bytes = bytes(8)
+    dlfeat: int = 0
 
     @property
     def size_bytes(self) -> int:
@@ -302,6 +333,7 @@ class NamespaceInfo:
         out[25] = 0  # NLBAF: one format (0's based)
         out[26] = 0  # FLBAS: format 0, no extended metadata
         out[30] = 1  # NMIC: shared (several hosts' controllers may attach it)
+        out[33] = self.dlfeat
         out[104:120] = self.nguid[:16].ljust(16, b"\0")
         out[120:128] = self.eui64[:8].ljust(8, b"\0")
         lbads = self.lba_size.bit_length() - 1
@@ -318,7 +350,7 @@ class NamespaceInfo:
         lbaf = struct.unpack_from("<I", raw, 128 + 4 * fmt)[0]
         lbads = (lbaf >> 16) & 0xFF
         return cls(nsid, nsze, ncap, nuse, 1 << lbads if lbads else 0,
-                   raw[104:120], raw[120:128])
+                   raw[104:120], raw[120:128], raw[33])
 
 
 def encode_ns_list(nsids: list[int]) -> bytes:
@@ -346,6 +378,35 @@ def encode_ns_descriptors(nguid: bytes, uuid: bytes) -> bytes:
     out[20:24] = bytes([3, 16, 0, 0])
     out[24:40] = uuid[:16].ljust(16, b"\0")
     return bytes(out)
+
+
+# --- SMART / Health log -------------------------------------------------------------------------
+
+SMART_LOG_LEN = 512
+
+
+@dataclass(frozen=True, slots=True)
+class SmartLog:
+    """SMART / Health Information (log page 0x02). Data units are thousands of 512-byte
+    units, rounded up: 1 means 1..1000 × 512 B moved."""
+
+    critical_warning: int
+    data_units_read: int
+    data_units_written: int
+    host_reads: int
+    host_writes: int
+    error_log_entries: int
+
+    @classmethod
+    def decode(cls, raw: bytes | memoryview) -> SmartLog:
+        raw = bytes(raw)
+        if len(raw) < SMART_LOG_LEN:
+            raise ValueError(f"SMART log is {len(raw)} bytes, expected 512")
+
+        def u128(off: int) -> int:
+            return int.from_bytes(raw[off: off + 16], "little")
+
+        return cls(raw[0], u128(32), u128(48), u128(64), u128(80), u128(176))
 
 
 # --- Discovery log ------------------------------------------------------------------------------

@@ -1,0 +1,183 @@
+"""NVM command set on the target's I/O queues: Read, Write, Flush, Write Zeroes, Dataset
+Management (deallocate).
+
+Order of checks as Linux nvmet: controller ready, namespace, the data length the command
+needs (Data SGL Length Invalid), then the LBA range. A range past the end is LBA Out of
+Range, as the specification says; Linux answers Internal Error there (the block layer's
+EIO), which a host cannot tell from a media failure.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from typing import TYPE_CHECKING
+
+from emulator.nvmetcp.model import Controller, Namespace
+from emulator.nvmetcp.sgl import expect_len, transfer_len
+from kvtool.nvme import pdu as P
+from kvtool.nvme import spec
+from kvtool.nvme.spec import status
+
+if TYPE_CHECKING:
+    from emulator.nvmetcp.connection import QueueConnection
+
+log = logging.getLogger("emulator.nvmetcp")
+
+_DIRECT_MIN = 64 * 1024  # larger reads are sent from the backing's memory without a copy
+_DSM_RANGE = struct.Struct("<IIQ")  # context attributes, NLB (1's based), SLBA
+_DSM_AD = 1 << 2
+
+
+def dispatch(conn: QueueConnection, ctrl: Controller, sqe: P.Sqe,
+             data: bytes | memoryview) -> None:
+    if not ctrl.ready:
+        conn.complete(sqe.cid, status(spec.SC_CMD_SEQ_ERROR))
+        return
+    handler = _HANDLERS.get(sqe.opcode)
+    if handler is None:
+        conn.complete(sqe.cid, status(spec.SC_INVALID_OPCODE))
+        return
+    ns = ctrl.subsys.namespaces.get(sqe.nsid)
+    if ns is None:
+        conn.complete(sqe.cid, status(spec.SC_INVALID_NS))
+        return
+    handler(conn, ns, sqe, data)
+
+
+def _range_ok(conn: QueueConnection, ns: Namespace, sqe: P.Sqe, slba: int, nlb: int) -> bool:
+    if slba + nlb > ns.nblocks:
+        conn.complete(sqe.cid, status(spec.SC_LBA_OUT_OF_RANGE))
+        return False
+    return True
+
+
+def _io_error(conn: QueueConnection, ns: Namespace, cid: int, what: str,
+              exc: OSError) -> None:
+    log.error("%s of namespace %d failed: %s", what, ns.nsid, exc)
+    sc = spec.SC_INTERNAL if what == "flush" else spec.SC_DATA_TRANSFER_ERROR
+    conn.complete(cid, status(sc, dnr=False))
+
+
+def flush(conn: QueueConnection, ns: Namespace, sqe: P.Sqe, data: bytes | memoryview) -> None:
+    if not expect_len(conn, sqe, data, 0):
+        return
+    try:
+        ns.backing.flush()
+    except OSError as exc:
+        _io_error(conn, ns, sqe.cid, "flush", exc)
+        return
+    conn.complete(sqe.cid)
+
+
+def read(conn: QueueConnection, ns: Namespace, sqe: P.Sqe, data: bytes | memoryview) -> None:
+    slba, nlb = sqe.slba, sqe.nlb
+    length = nlb * ns.lba_size
+    if not expect_len(conn, sqe, data, length) or not _range_ok(conn, ns, sqe, slba, nlb):
+        return
+    if length > conn.state.max_transfer:
+        conn.complete(sqe.cid, status(spec.SC_INVALID_FIELD))
+        return
+    offset = slba * ns.lba_size
+    try:
+        view = ns.backing.view(offset, length) if length > _DIRECT_MIN else None
+        payload = view if view is not None else ns.backing.read(offset, length)
+    except OSError as exc:
+        _io_error(conn, ns, sqe.cid, "read", exc)
+        return
+    ns.count_read(length)
+    conn.send_data(sqe.cid, payload)
+
+
+def write(conn: QueueConnection, ns: Namespace, sqe: P.Sqe, data: bytes | memoryview) -> None:
+    slba, nlb = sqe.slba, sqe.nlb
+    length = nlb * ns.lba_size
+    if not expect_len(conn, sqe, data, length) or not _range_ok(conn, ns, sqe, slba, nlb):
+        return
+    if length > conn.state.max_transfer:
+        conn.complete(sqe.cid, status(spec.SC_INVALID_FIELD))
+        return
+    offset = slba * ns.lba_size
+    cid = sqe.cid
+    if data:
+        _store(conn, ns, cid, offset, data)
+        return
+    direct = ns.backing.view(offset, length)
+
+    def finish(received: memoryview) -> None:
+        if direct is None:
+            _store(conn, ns, cid, offset, received)
+        else:  # the data already sits in the backing's memory
+            ns.count_write(length)
+            conn.complete(cid)
+
+    conn.receive_data(cid, length, direct, finish)
+
+
+def _store(conn: QueueConnection, ns: Namespace, cid: int, offset: int,
+           data: bytes | bytearray | memoryview) -> None:
+    try:
+        ns.backing.write(offset, data)
+    except OSError as exc:
+        _io_error(conn, ns, cid, "write", exc)
+        return
+    ns.count_write(len(data))
+    conn.complete(cid)
+
+
+def write_zeroes(conn: QueueConnection, ns: Namespace, sqe: P.Sqe,
+                 data: bytes | memoryview) -> None:
+    slba, nlb = sqe.slba, sqe.nlb
+    if not expect_len(conn, sqe, data, 0) or not _range_ok(conn, ns, sqe, slba, nlb):
+        return
+    try:
+        ns.backing.write_zeroes(slba * ns.lba_size, nlb * ns.lba_size)
+    except OSError as exc:
+        _io_error(conn, ns, sqe.cid, "write zeroes", exc)
+        return
+    conn.complete(sqe.cid)
+
+
+def dataset_management(conn: QueueConnection, ns: Namespace, sqe: P.Sqe,
+                       data: bytes | memoryview) -> None:
+    """Deallocate (AD) zeroes the ranges; the read/write hints (IDR, IDW) are accepted and
+    ignored, as Linux does. The range list may come in-capsule or after an R2T."""
+    nr = (sqe.cdw10 & 0xFF) + 1
+    need = nr * _DSM_RANGE.size
+    have = transfer_len(sqe, data)
+    if have < need:  # Linux: at least the ranges NR announces (nvmet_check_data_len_lte)
+        conn.complete(sqe.cid, status(spec.SC_SGL_DATA_LEN_INVALID))
+        return
+    if data:
+        _deallocate(conn, ns, sqe, bytes(data[:need]))
+        return
+    conn.receive_data(sqe.cid, have, None,
+                      lambda received: _deallocate(conn, ns, sqe, bytes(received[:need])))
+
+
+def _deallocate(conn: QueueConnection, ns: Namespace, sqe: P.Sqe, ranges: bytes) -> None:
+    if not sqe.cdw11 & _DSM_AD:
+        conn.complete(sqe.cid)
+        return
+    todo = []
+    for _attrs, nlb, slba in _DSM_RANGE.iter_unpack(ranges):
+        if slba + nlb > ns.nblocks:
+            conn.complete(sqe.cid, status(spec.SC_LBA_OUT_OF_RANGE))
+            return
+        todo.append((slba, nlb))
+    try:
+        for slba, nlb in todo:
+            ns.backing.write_zeroes(slba * ns.lba_size, nlb * ns.lba_size)
+    except OSError as exc:
+        _io_error(conn, ns, sqe.cid, "deallocate", exc)
+        return
+    conn.complete(sqe.cid)
+
+
+_HANDLERS = {
+    spec.IO_READ: read,
+    spec.IO_WRITE: write,
+    spec.IO_FLUSH: flush,
+    spec.IO_WRITE_ZEROES: write_zeroes,
+    spec.IO_DSM: dataset_management,
+}
