@@ -11,8 +11,8 @@ streamed straight into its destination). Nothing a peer sends may raise out of
 a TermReq and closes only this connection.
 
 Limits enforced here: outstanding commands ≤ SQSIZE+1 (exceeding it is fatal), unique
-CIDs (except a pending AER's: SPDK's host reuses those after abandoning them), MAXH2CDATA per H2CData PDU, H2CData offsets exactly in sequence within the R2T's
-range.
+CIDs (except a pending AER's: SPDK's host reuses those after abandoning them), MAXH2CDATA
+per H2CData PDU, H2CData offsets exactly in sequence within the R2T's range.
 """
 
 from __future__ import annotations
