@@ -58,19 +58,30 @@ Examples:
 @click.option("--io-queues", type=int, help="Max I/O queues per controller (default 8).")
 @click.option("--ready-file", type=click.Path(dir_okay=False),
               help="Write a JSON readiness record here once listening.")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+              help="Serve Prometheus metrics on 127.0.0.1:PORT (commands, bytes, errors).")
 @click.option("-v", "--verbose", count=True, help="Log to stderr (-v info, -vv debug).")
 def main(listen: tuple[str, ...], allow_remote: bool, nqn: str | None, backing: str | None,
          size: str | None, lba: str, hosts: tuple[str, ...], allow_any_host: bool,
          config_file: str | None, mdts: int | None, queue_size: int | None,
-         io_queues: int | None, ready_file: str | None, verbose: int) -> None:
+         io_queues: int | None, ready_file: str | None, metrics_port: int | None,
+         verbose: int) -> None:
     """Run kvtool's userspace NVMe/TCP target until SIGTERM/SIGINT."""
     logging.basicConfig(level=[logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)],
                         format="nvmetcp: %(levelname)s: %(message)s", stream=sys.stderr)
     try:
         cfg = _config(listen, allow_remote, nqn, backing, size, int(lba), hosts,
                       allow_any_host, config_file, mdts, queue_size, io_queues)
+        metrics = None
+        if metrics_port is not None:
+            from emulator.nvmetcp.metrics import TargetMetrics
+            from kvtool.metrics import serve_registry
+
+            metrics = TargetMetrics()
+            port = serve_registry(metrics.registry, metrics_port)
+            logging.getLogger("emulator.nvmetcp").info("metrics on 127.0.0.1:%d", port)
         try:
-            target = Target(cfg)
+            target = Target(cfg, metrics=metrics)
         except InputError as exc:
             if config_file:  # name the file: opening a backing does not know it
                 raise InputError(exc.message, file=exc.file or config_file, line=exc.line,

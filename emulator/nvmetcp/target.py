@@ -23,6 +23,7 @@ from emulator.nvmetcp.backing import open_backing
 from emulator.nvmetcp.config import TargetConfig, parse_listen
 from emulator.nvmetcp.connection import QueueConnection
 from emulator.nvmetcp.logpages import ERROR_LOG_SLOTS
+from emulator.nvmetcp.metrics import TargetMetrics
 from emulator.nvmetcp.model import (
     Controller,
     Namespace,
@@ -107,9 +108,10 @@ class TargetState:
 class Target:
     """An NVMe/TCP target serving ``config`` (see the module docstring)."""
 
-    def __init__(self, config: TargetConfig) -> None:
+    def __init__(self, config: TargetConfig, *, metrics: TargetMetrics | None = None) -> None:
         config.validate()
         self.config = config
+        self.metrics = metrics
         self.subsystems = build_subsystems(config)  # opens the backings; may raise InputError
         self.state: TargetState | None = None
         self.addresses: list[tuple[str, int]] = []
@@ -131,7 +133,8 @@ class Target:
         try:
             for addr in self.config.listen:
                 host, port = parse_listen(addr)
-                listener = Listener(loop, host, port, lambda: QueueConnection(state))
+                conn = self.metrics.connection_class() if self.metrics else QueueConnection
+                listener = Listener(loop, host, port, lambda c=conn: c(state))  # type: ignore[misc]
                 self._servers.append(listener)
                 self.addresses.append((str(listener.address[0]), int(listener.address[1])))
         except OSError:

@@ -99,6 +99,8 @@ def _fraction(_ctx: click.Context, param: click.Parameter, value: float | None) 
               help="Write one row per request (and configuration) to this CSV file.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="Write a PNG: hit ratio and bytes written per round (needs the plot extra).")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+              help="Serve Prometheus metrics on 127.0.0.1:PORT while replaying.")
 @json_option
 def command(trace: str, gpu: Capacity | None, dram: Capacity | None, nvme: Capacity | None,
             policy: str | None, tiers_file: str | None, write_policy: str | None,
@@ -106,7 +108,8 @@ def command(trace: str, gpu: Capacity | None, dram: Capacity | None, nvme: Capac
             fmt: str, model: str | None, dtype: str | None, tp: int | None, block_bytes: int | None,
             compares: tuple[str, ...], skip_bad: int, prefill_tps: float | None,
             tpot_ms: float | None, read_gbps: dict[str, float], concurrency: int | None,
-            csv_path: str | None, requests_csv: str | None, plot_path: str | None) -> None:
+            csv_path: str | None, requests_csv: str | None, plot_path: str | None,
+            metrics_port: int | None) -> None:
     """Replay a request trace through a GPU → DRAM → NVMe prefix cache.
 
     Reports the token hit ratio by tier, recomputed tokens, bytes written and read per
@@ -153,10 +156,18 @@ def command(trace: str, gpu: Capacity | None, dram: Capacity | None, nvme: Capac
         from kvtool.cache.report import RequestCsv
 
         per_request = RequestCsv(requests_csv, [c.label for c in configs])
+    on_request: Any = per_request
+    if metrics_port is not None:
+        from kvtool.metrics import serve_metrics
+
+        metrics = serve_metrics(metrics_port)
+        metrics.block_bytes, metrics.block_tokens = block_bytes, B
+        note(f"metrics on http://127.0.0.1:{metrics.port}/metrics")
+        on_request = _metered([c.label for c in configs], metrics, per_request)
     try:
         with progress("replay", len(reader), unit="requests") as advance:
             results = replay(reader, configs, block_tokens=B, block_bytes=block_bytes,
-                             time_model=tm, progress=advance, on_request=per_request)
+                             time_model=tm, progress=advance, on_request=on_request)
     finally:
         if per_request is not None:
             per_request.close()
@@ -178,6 +189,17 @@ def command(trace: str, gpu: Capacity | None, dram: Capacity | None, nvme: Capac
         for b in bad:
             note(f"[yellow]skipped bad line {b['line']}: {b['message']}[/]")
     emit(doc, lambda con: _render(con, results, head))
+
+
+def _metered(labels: list[str], metrics: Any, also: Any) -> Any:
+    """An ``on_request`` sink feeding Prometheus counters, then ``also`` (when given)."""
+
+    def sink(i: int, outcome: Any) -> None:
+        metrics.request(labels[i], outcome)
+        if also is not None:
+            also(i, outcome)
+
+    return sink
 
 
 # -- human output -----------------------------------------------------------------------

@@ -98,6 +98,8 @@ def run_replay_kind(exp: Experiment, trace: Path, *, simulate: bool,
     tm = time_model_from(exp.time, prefill_tps=None, tpot_ms=None, read_gbps={},
                          concurrency=None)
     reader = read_trace(trace, fmt="kvtool")
+    if observer is not None:
+        observer.block_bytes, observer.block_tokens = bb, reader.block_tokens
     labels = [c.label for c in configs]
     per_request: dict[str, list[tuple[int, int, float]]] = {label: [] for label in labels}
 

@@ -1,0 +1,110 @@
+"""Prometheus metrics: scraped over real HTTP on 127.0.0.1 and checked against the run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from emulator.nvmetcp import Target
+from emulator.nvmetcp.metrics import TargetMetrics
+from kvtool.cache import CacheConfig, TierSpec, replay
+from kvtool.metrics import ReplayMetrics, serve_registry
+from kvtool.nvme import host, spec
+from kvtool.nvme import pdu as P
+from kvtool.nvme.queue import NvmeStatusError
+from kvtool.trace import read_trace
+from kvtool.units import Capacity
+from tests.conftest import FIXTURES, REPO, free_port, run
+from tests.nvme.conftest import HOST_A, NQN, make_config
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_replay_counters_match_the_report() -> None:
+    trace = read_trace(FIXTURES / "traces" / "multiturn-8x12.jsonl")
+    cfg = CacheConfig([TierSpec("dram", Capacity.parse("40blk")),
+                       TierSpec("nvme", Capacity.parse("inf"))], label="t")
+    m = ReplayMetrics(block_bytes=4096, block_tokens=trace.block_tokens)
+    port = serve_registry(m.registry, 0)
+    [res] = replay(trace, [cfg], block_tokens=trace.block_tokens, block_bytes=4096,
+                   on_request=lambda i, o: m.request("t", o))
+    got = scrape(port)
+    assert got[("kvtool_requests_total", (("config", "t"),))] == res["requests"]
+    assert got[("kvtool_recompute_tokens_total", (("config", "t"),))] == res["recompute_tokens"]
+    for tier in ("dram", "nvme"):
+        key = (("config", "t"), ("tier", tier))
+        assert got.get(("kvtool_hit_tokens_total", key), 0) == res["hit_tokens"][tier]
+        assert got.get(("kvtool_evictions_total", key), 0) == res["evictions"][tier]
+        assert got.get(("kvtool_blocks_written_total", key), 0) == res["blocks_written"][tier]
+    assert res["hit_tokens"]["nvme"] > 0 and res["evictions"]["dram"] > 0  # the test can fail
+    assert got[("kvtool_request_ttft_seconds_count", (("config", "t"),))] == res["requests"]
+
+
+def test_replay_cli_metrics_port_busy_is_exit_2() -> None:
+    port = free_port()
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        result = run("replay", str(FIXTURES / "traces" / "multiturn-8x12.jsonl"),
+                     "--dram", "40blk", "--metrics-port", str(port))
+    assert result.exit_code == 2 and "--metrics-port" in result.stderr
+
+
+@pytest.mark.integration
+def test_target_counts_commands_bytes_and_errors() -> None:
+    metrics = TargetMetrics()
+    port = serve_registry(metrics.registry, 0)
+    with Target(make_config(), metrics=metrics) as target, \
+            host.connect("127.0.0.1", target.port, NQN, hostnqn=HOST_A) as ctrl:
+        data = bytes(range(256)) * 64  # 16 KiB
+        for i in range(3):
+            ctrl.write(1, i * 32, data)
+        assert ctrl.read(1, 0, 32) == data
+        with pytest.raises(NvmeStatusError):  # past the end: LBA out of range
+            ctrl.io[0].execute(P.Sqe(spec.IO_READ, nsid=1, cdw10=(64 << 20) // 512, cdw12=0),
+                               what="read", data_in=memoryview(bytearray(512)))
+        got = scrape(port)
+        assert got[("kvtool_nvmetcp_commands_total", (("opcode", "write"), ("queue", "io")))] == 3
+        assert got[("kvtool_nvmetcp_commands_total", (("opcode", "read"), ("queue", "io")))] == 2
+        assert got[("kvtool_nvmetcp_bytes_total", (("direction", "write"),))] == 3 * len(data)
+        assert got[("kvtool_nvmetcp_bytes_total", (("direction", "read"),))] == len(data) + 512
+        assert got[("kvtool_nvmetcp_errors_total", (("sc", "0x80"), ("sct", "0x0")))] == 1
+        assert got[("kvtool_nvmetcp_connections", ())] >= 2  # admin + I/O queue
+
+
+@pytest.mark.integration
+def test_emulator_cli_metrics_port() -> None:
+    mport, tport = free_port(), free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "emulator.nvmetcp", "--listen", f"127.0.0.1:{tport}",
+         "--nqn", NQN, "--backing", "8MiB", "--allow-any-host", "--metrics-port", str(mport)],
+        cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().startswith("ready ")
+        with host.connect("127.0.0.1", tport, NQN, hostnqn=HOST_A) as ctrl:
+            ctrl.write(1, 0, b"\1" * 4096)
+        deadline = time.monotonic() + 5
+        while True:
+            got = scrape(mport)
+            key = ("kvtool_nvmetcp_commands_total", (("opcode", "write"), ("queue", "io")))
+            if got.get(key) == 1 or time.monotonic() > deadline:
+                break
+        assert got.get(key) == 1
+    finally:
+        proc.terminate()
+        proc.wait(10)
