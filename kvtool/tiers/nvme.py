@@ -1,0 +1,236 @@
+"""The NVMe tier: kvtool's object store on any store URL, holding whole KV blocks.
+
+The namespace (file, block device, or ``nvme+tcp://`` namespace of the emulator, the
+kernel target or SPDK) is formatted as a kvtool store (superblock, index area, slots of
+the block's size padded to whole LBAs) and blocks go to slots. Like vLLM's and LMCache's
+local-disk backends, the key → slot map of this cache lives in memory: a replay starts
+cold, so no index entry is committed per block (no flush per put); content is proven on
+every load instead (the caller compares it with the block's deterministic payload).
+
+Every write is staged through an aligned buffer of the padded slot size (the bounce path,
+which a misaligned object such as DeepSeek-V4-Flash's 1,002,240 B needs anyway), so the
+caller's row is free again when :meth:`prepare_store` returns and the write completes in
+the background — overlapped with the next request. Loads keep ``read_qd`` reads in flight.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from kvtool.store.engine import AlignedBuffer, IOEngine
+from kvtool.store.layout import Geometry, new_superblock
+from kvtool.store.objectstore import ObjectStore
+from kvtool.tiers.base import DataTier, TierError, TransferJob
+
+IO_TIMEOUT_S = 30.0
+"""Longest wait for one transfer before the tier is declared failed."""
+
+
+class NvmeTier(DataTier):
+    """Blocks in the slots of a freshly formatted kvtool store on ``engine``."""
+
+    backend = "objectstore"
+
+    def __init__(self, engine: IOEngine, *, block_bytes: int, url: str,
+                 max_slots: int | None = None, read_qd: int = 16, write_qd: int = 16,
+                 seed: int = 0, geometry: Geometry | None = None, name: str = "nvme") -> None:
+        self.name = name
+        self.url = url
+        self.engine = engine
+        self.block_bytes = block_bytes
+        self.read_qd = max(1, read_qd)
+        self.write_qd = max(1, write_qd)
+        sb = new_superblock(device_bytes=engine.size, object_bytes=block_bytes,
+                            lba_size=engine.lba_size,
+                            physical_block_size=getattr(engine, "physical_block_size",
+                                                        engine.lba_size),
+                            seed=seed, created_ns=time.time_ns(), geometry=geometry)
+        if max_slots is not None and max_slots < sb.slot_count:
+            sb = replace(sb, slot_count=max_slots)
+        if sb.slot_count < 1:
+            raise TierError(name, url, f"{engine.size} bytes hold no {block_bytes}-byte block")
+        self.sb = sb
+        self.slots = sb.slot_count
+        self.metadata_bytes = sb.index_offset + sb.index_bytes
+        """Bytes formatting writes (superblock and zeroed index), besides the blocks."""
+        self.padded = sb.slot_bytes
+        try:
+            self.store = ObjectStore.format(engine, sb)
+        except Exception as exc:
+            raise self._error(exc) from None
+        self.slot_of: dict[int, int] = {}
+        self._pending: dict[int, Future[None]] = {}
+        self._free: deque[int] = deque(range(sb.slot_count))
+        self._wstage: queue.SimpleQueue[AlignedBuffer] = queue.SimpleQueue()
+        self._owned = [AlignedBuffer(self.padded) for _ in range(self.write_qd + self.read_qd)]
+        for ab in self._owned[:self.write_qd]:
+            self._wstage.put(ab)
+        self._rstage = [np.frombuffer(ab.view, dtype=np.uint8)
+                        for ab in self._owned[self.write_qd:]]
+        self._rviews = [ab.view for ab in self._owned[self.write_qd:]]
+        self.dead: str | None = None
+
+    # ------------------------------------------------------------------ helpers
+    def _error(self, exc: BaseException) -> TierError:
+        text = str(exc) or type(exc).__name__
+        return TierError(self.name, self.url, text.splitlines()[0])
+
+    def __contains__(self, key: int) -> bool:
+        return key in self.slot_of
+
+    def __len__(self) -> int:
+        return len(self.slot_of)
+
+    def _settle(self, key: int) -> None:
+        """Wait for an in-flight write of ``key`` (a read or a reuse of its slot follows)."""
+        fut = self._pending.pop(key, None)
+        if fut is not None:
+            try:
+                fut.result(timeout=IO_TIMEOUT_S)
+            except FutureTimeout:
+                raise TierError(self.name, self.url, "a write did not complete in "
+                                f"{IO_TIMEOUT_S:.0f} s") from None
+            except Exception as exc:
+                raise self._error(exc) from None
+
+    # ------------------------------------------------------------------ loads
+    def prepare_load(self, keys: Sequence[int], dsts: Sequence[np.ndarray]) -> TransferJob:
+        job = TransferJob(list(keys), [False] * len(keys))
+        todo = []
+        for i, key in enumerate(keys):
+            slot = self.slot_of.get(key)
+            if slot is None:
+                continue
+            self._settle(key)
+            todo.append((i, slot))
+        job.nbytes = len(todo) * self.block_bytes
+        # One load at a time per tier (the read buffers are the tier's): the caller
+        # completes a load before it prepares the next.
+        job.state = (deque(todo), list(dsts), deque(), list(range(self.read_qd)))
+        self._fill_window(job)
+        return job
+
+    def _fill_window(self, job: TransferJob) -> None:
+        todo, _dsts, inflight, free = job.state
+        while todo and free:
+            i, slot = todo.popleft()
+            b = free.pop()
+            try:
+                fut = self.engine.submit_read(self.sb.slot_offset(slot), self._rviews[b])
+            except Exception as exc:
+                raise self._error(exc) from None
+            inflight.append((i, b, fut))
+
+    def complete_load(self, job: TransferJob) -> list[bool]:
+        _todo, dsts, inflight, free = job.state
+        n = self.block_bytes
+        while inflight:
+            i, b, fut = inflight.popleft()
+            try:
+                fut.result(timeout=IO_TIMEOUT_S)
+            except FutureTimeout:
+                raise TierError(self.name, self.url, "a read did not complete in "
+                                f"{IO_TIMEOUT_S:.0f} s") from None
+            except Exception as exc:
+                raise self._error(exc) from None
+            np.copyto(dsts[i], self._rstage[b][:n])
+            free.append(b)
+            job.ok[i] = True
+            self._fill_window(job)
+        return job.ok
+
+    # ------------------------------------------------------------------ stores
+    def prepare_store(self, keys: Sequence[int], srcs: Sequence[np.ndarray]) -> TransferJob:
+        job = TransferJob(list(keys), [])
+        n = self.block_bytes
+        for key, src in zip(keys, srcs, strict=True):
+            slot = self.slot_of.get(key)
+            if slot is None:
+                if not self._free:
+                    raise RuntimeError(f"{self.name} tier: all {self.slots} slots in use "
+                                       "(the engine sized it too small)")
+                slot = self._free.popleft()
+            else:
+                self._settle(key)
+            try:
+                ab = self._wstage.get(timeout=IO_TIMEOUT_S)
+            except queue.Empty:
+                raise TierError(self.name, self.url, "writes did not complete in "
+                                f"{IO_TIMEOUT_S:.0f} s") from None
+            np.copyto(np.frombuffer(ab.view, dtype=np.uint8, count=n), src)
+            try:
+                fut = self.engine.submit_write(self.sb.slot_offset(slot), ab.view)
+            except Exception as exc:
+                self._wstage.put(ab)
+                self._free.appendleft(slot)
+                raise self._error(exc) from None
+            fut.add_done_callback(self._returner(ab))
+            self.slot_of[key] = slot
+            self._pending[key] = fut
+            job.futures.append(fut)
+            job.ok.append(True)
+            job.nbytes += n
+        return job
+
+    def _returner(self, ab: AlignedBuffer) -> Callable[[Future[None]], None]:
+        """A done-callback that hands the staging buffer back for the next write."""
+        def done(_f: Future[None]) -> None:
+            self._wstage.put(ab)
+        return done
+
+    def complete_store(self, job: TransferJob) -> None:
+        for key, fut in zip(job.keys, job.futures, strict=True):
+            try:
+                fut.result(timeout=IO_TIMEOUT_S)
+            except FutureTimeout:
+                raise TierError(self.name, self.url, "a write did not complete in "
+                                f"{IO_TIMEOUT_S:.0f} s") from None
+            except Exception as exc:
+                raise self._error(exc) from None
+            if self._pending.get(key) is fut:
+                del self._pending[key]
+
+    # ------------------------------------------------------------------ space
+    def evict(self, keys: Sequence[int]) -> None:
+        for key in keys:
+            slot = self.slot_of.pop(key, None)
+            if slot is None:
+                continue
+            fut = self._pending.pop(key, None)
+            if fut is not None:
+                # the slot is reused only after its write has landed
+                with contextlib.suppress(Exception):
+                    fut.result(timeout=IO_TIMEOUT_S)
+            self._free.append(slot)
+
+    def drain(self) -> None:
+        """Wait for every write in flight (end of a run)."""
+        for key in list(self._pending):
+            self._settle(key)
+
+    def close(self) -> None:
+        try:
+            for fut in list(self._pending.values()):
+                with contextlib.suppress(Exception):
+                    fut.result(timeout=IO_TIMEOUT_S)
+            self._pending.clear()
+        finally:
+            self.store.close()
+            for ab in self._owned:
+                ab.close()
+            self._owned = []
+            self.engine.close()
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "slot_bytes": self.padded,
+                "lba_size": self.engine.lba_size, "engine": self.engine.describe()}

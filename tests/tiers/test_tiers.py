@@ -1,0 +1,110 @@
+"""The data tiers on their own: DRAM pool, GPU block pool, NVMe tier on a real O_DIRECT
+file, and the tier option syntax."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvtool.errors import UsageError
+from kvtool.store.engine import open_engine
+from kvtool.store.payload import Payload
+from kvtool.tiers import DramTier, GpuBlockPool, TierOption
+from kvtool.tiers.nvme import NvmeTier
+
+BB = 1_002_240  # DeepSeek-V4-Flash FP8, 256 tokens: ≡ 256 (mod 512), the bounce path
+
+
+def blocks(keys: list[int], nbytes: int = BB) -> list[np.ndarray]:
+    p = Payload(nbytes, 7)
+    out = []
+    for k in keys:
+        a = np.empty(nbytes, dtype=np.uint8)
+        p.fill(k, a)
+        out.append(a)
+    return out
+
+
+def test_dram_round_trip_and_eviction() -> None:
+    t = DramTier(3, 4096)
+    src = blocks([1, 2, 3], 4096)
+    t.complete_store(t.prepare_store([1, 2, 3], src))
+    assert t.lookup([1, 2, 3, 4]) == 3
+    dst = [np.zeros(4096, np.uint8) for _ in range(3)]
+    assert t.complete_load(t.prepare_load([3, 9, 1], dst)) == [True, False, True]
+    assert np.array_equal(dst[0], src[2]) and np.array_equal(dst[2], src[0])
+    with pytest.raises(RuntimeError):
+        t.prepare_store([4], blocks([4], 4096))
+    t.evict([2])
+    t.prepare_store([4], blocks([4], 4096))
+    assert 4 in t and 2 not in t
+
+
+def test_gpu_pool_reference_counts_and_free_queue() -> None:
+    pool = GpuBlockPool(4, 64)
+    a, b = pool.allocate(2)
+    pool.cache(10, a)
+    pool.cache(11, b)
+    pool.release([a, b])  # cached, no request holds them: neither is free
+    assert pool.free_blocks == 2
+    pool.touch([a])  # a request uses block a
+    pool.uncache(10)  # evicted while in use: freed when the request lets go
+    assert pool.free_blocks == 2 and 10 not in pool
+    pool.release([a])
+    assert pool.free_blocks == 3
+    pool.uncache(11)
+    assert pool.free_blocks == 4
+    with pytest.raises(RuntimeError):
+        pool.allocate(5)
+
+
+def test_nvme_tier_on_odirect_file(blank_file) -> None:  # type: ignore[no-untyped-def]
+    path = blank_file(64 << 20)
+    engine = open_engine(str(path), write=True, qd=8)
+    tier = NvmeTier(engine, block_bytes=BB, url=str(path), read_qd=4, write_qd=4)
+    try:
+        keys = list(range(100, 120))
+        src = blocks(keys)
+        job = tier.prepare_store(keys, src)
+        for a in src:  # the tier copied them: the caller's rows may change at once
+            a[:] = 0
+        tier.complete_store(job)
+        dst = [np.empty(BB, np.uint8) for _ in keys]
+        assert all(tier.complete_load(tier.prepare_load(keys, dst)))
+        for k, d in zip(keys, dst, strict=True):
+            assert np.array_equal(d, blocks([k])[0])
+        tier.evict(keys[:5])
+        assert tier.lookup(keys) == 0 and tier.lookup(keys[5:]) == 15
+        # a read right after a write of the same key waits for that write
+        new = blocks([999])
+        tier.prepare_store([999], new)
+        out = [np.empty(BB, np.uint8)]
+        assert tier.complete_load(tier.prepare_load([999], out)) == [True]
+        assert np.array_equal(out[0], new[0])
+    finally:
+        tier.close()
+
+
+@pytest.mark.parametrize(("text", "cap", "place"), [
+    ("1GiB", "1 GiB", None),
+    ("300blk", "300blk", None),
+    ("nvme+tcp://127.0.0.1:4420/nqn.2026-01.io.kvtool:demo/1", None,
+     "nvme+tcp://127.0.0.1:4420/nqn.2026-01.io.kvtool:demo/1"),
+    ("/dev/loop3", None, "/dev/loop3"),
+    ("2GiB@/var/tmp/kv.img", "2 GiB", "/var/tmp/kv.img"),
+    ("2GiB@nvme+tcp://127.0.0.1:4420/n/1", "2 GiB", "nvme+tcp://127.0.0.1:4420/n/1"),
+])
+def test_tier_option_syntax(text: str, cap: str | None, place: str | None) -> None:
+    opt = TierOption.parse(text, tier="nvme")
+    assert (str(opt.capacity) if opt.capacity else None) == cap
+    assert opt.place == place
+
+
+def test_tier_option_errors() -> None:
+    with pytest.raises(UsageError, match="local pool"):
+        TierOption.parse("1GiB@/tmp/x", tier="dram")
+    with pytest.raises(UsageError, match="SIZE@PLACE"):
+        TierOption.parse("@/tmp/x", tier="nvme")
+    with pytest.raises(UsageError, match="not a size"):
+        TierOption.parse("lots", tier="dram")
+    assert str(TierOption.parse("2GiB@/x.img", tier="nvme")) == "2 GiB@/x.img"
