@@ -26,6 +26,7 @@ COMMAND_MODULES: list[str] = [
     "experiment",
     "load",
     "plan",
+    "pool",
     "replay",
     "store",
     "target",

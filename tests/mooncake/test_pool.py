@@ -1,0 +1,85 @@
+"""kvtool pool and the Mooncake client against a real master on loopback."""
+
+from __future__ import annotations
+
+import os
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kvtool.errors import UsageError
+from kvtool.mooncake import parse_mooncake_url
+from tests.conftest import run, run_json
+
+pytestmark = [pytest.mark.integration, pytest.mark.mooncake]
+
+
+def test_url_forms() -> None:
+    u = parse_mooncake_url("mooncake://127.0.0.1:50051")
+    assert (u.master, u.metadata_url) == ("127.0.0.1:50051", "http://127.0.0.1:8080/metadata")
+    u = parse_mooncake_url("mooncake://127.0.0.1:5/?metadata=127.0.0.1:7")
+    assert u.metadata_url == "http://127.0.0.1:7/metadata" and str(u).endswith("metadata=127.0.0.1:7")
+    for bad in ("mooncake://host", "mooncake://h:0", "mooncake://h:1?x=1", "http://h:1"):
+        with pytest.raises(UsageError):
+            parse_mooncake_url(bad)
+
+
+def test_status_up_idempotent_and_url(pool: dict[str, Any]) -> None:
+    assert pool["running"] and pool["changed"]
+    doc = run_json("pool", "status", "--name", "t")
+    assert doc["running"] and doc["url"] == pool["url"]
+    assert doc["master"]["port"] == pool["ports"][0]
+    rpc, meta, metrics = pool["ports"]
+    again = run_json("pool", "up", "--name", "t", "--rpc-port", str(rpc),
+                     "--metadata-port", str(meta), "--metrics-port", str(metrics))
+    assert again["changed"] is False and again["master"]["pid"] == doc["master"]["pid"]
+    with urllib.request.urlopen(doc["metrics_url"], timeout=5) as r:
+        assert b"master_" in r.read()  # the master's own Prometheus metrics
+
+
+def test_client_put_get_bytes_equal(pool: dict[str, Any]) -> None:
+    from kvtool.mooncake.client import MooncakeClient
+
+    size = 1_002_240  # a DeepSeek-V4-Flash FP8 block: not a multiple of 512
+    objs = [np.frombuffer(os.urandom(size), dtype=np.uint8) for _ in range(6)]
+    with MooncakeClient(pool["url"], segment_bytes=64 << 20, buffer_bytes=16 << 20) as c:
+        for i, o in enumerate(objs):
+            c.put(f"t/{i}", o)
+        out = np.zeros(size, dtype=np.uint8)
+        assert c.get_into("t/3", out) == size and np.array_equal(out, objs[3])
+        c.register(out)  # zero-copy path
+        assert c.get_into("t/5", out) == size and np.array_equal(out, objs[5])
+        assert c.exists("t/0") and not c.exists("t/none")
+        assert c.get_into("t/none", out) == 0
+        c.remove("t/0")
+        assert not c.exists("t/0")
+
+
+def test_down_stops_processes(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("mooncake.store")
+    from tests.conftest import free_port
+
+    monkeypatch.setenv("KVTOOL_STATE_DIR", str(tmp_path))
+    ports = [str(free_port()) for _ in range(3)]
+    doc = run_json("pool", "up", "--name", "d", "--rpc-port", ports[0], "--metadata-port",
+                   ports[1], "--metrics-port", ports[2])
+    pids = [doc["master"]["pid"], doc["metadata"]["pid"]]
+    assert run_json("pool", "down", "--name", "d")["changed"] is True
+    for pid in pids:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            cmdline = b""  # gone
+        assert b"mooncake" not in cmdline
+    assert run_json("pool", "status", "--name", "d")["running"] is False
+    assert run_json("pool", "down", "--name", "d")["changed"] is False
+
+
+def test_port_in_use_is_exit_2(pool: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+                               tmp_path: Any) -> None:
+    monkeypatch.setenv("KVTOOL_STATE_DIR", str(tmp_path))
+    result = run("pool", "up", "--name", "x", "--rpc-port", str(pool["ports"][0]))
+    assert result.exit_code == 2 and "in use" in result.stderr
