@@ -92,6 +92,18 @@ class MooncakeClient:
         out.view(np.uint8).reshape(-1)[:n] = np.frombuffer(data, dtype=np.uint8, count=n)
         return n
 
+    def batch_put_from(self, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[int]:
+        """Put objects from registered memory; per key 0 or a Mooncake error code."""
+        return list(self._store.batch_put_from(keys, ptrs, sizes))
+
+    def batch_get_into(self, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[int]:
+        """Read objects into registered memory; per key the bytes read (≤ 0: absent)."""
+        return [int(n) for n in self._store.batch_get_into(keys, ptrs, sizes)]
+
+    def batch_remove(self, keys: list[str]) -> None:
+        """:meth:`remove` for many keys in one call."""
+        self._store.batch_remove(keys, True)
+
     def exists(self, key: str) -> bool:
         return bool(self._store.is_exist(key) == 1)
 

@@ -83,3 +83,37 @@ def test_port_in_use_is_exit_2(pool: dict[str, Any], monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("KVTOOL_STATE_DIR", str(tmp_path))
     result = run("pool", "up", "--name", "x", "--rpc-port", str(pool["ports"][0]))
     assert result.exit_code == 2 and "in use" in result.stderr
+
+
+def test_mooncake_tier_protocol(pool: dict[str, Any]) -> None:
+    """The DRAM tier on Mooncake: store, load byte-exact, miss, evict, capacity."""
+    from kvtool.store.payload import Payload
+    from kvtool.tiers.mooncake import MooncakeTier
+
+    bb = 1_002_240
+    p = Payload(bb, 3)
+    src = []
+    for k in range(40):
+        a = np.empty(bb, dtype=np.uint8)
+        p.fill(k, a)
+        src.append(a)
+    tier = MooncakeTier(pool["url"], slots=40, block_bytes=bb)
+    try:
+        tier.complete_store(tier.prepare_store(list(range(40)), src))  # 3 batches
+        assert tier.lookup([0, 1, 2, 99, 3]) == 3 and len(tier) == 40
+        dst = [np.zeros(bb, np.uint8) for _ in range(20)]
+        keys = [39, 99, *range(18)]
+        assert tier.complete_load(tier.prepare_load(keys, dst)) == [True, False] + [True] * 18
+        assert np.array_equal(dst[0], src[39]) and all(
+            np.array_equal(dst[i + 2], src[i]) for i in range(18))
+        with pytest.raises(RuntimeError):
+            tier.prepare_store([40], [src[0]])  # full
+        tier.evict([5, 6])
+        assert 5 not in tier and not tier.client.exists(tier._key(5))
+        assert tier.complete_load(tier.prepare_load([5], dst[:1])) == [False]
+        tier.prepare_store([5], [src[7]])  # a new block in a freed slot
+        tier.prepare_store([5], [src[5]])  # re-put replaces
+        assert tier.complete_load(tier.prepare_load([5], dst[:1])) == [True]
+        assert np.array_equal(dst[0], src[5])
+    finally:
+        tier.close()
