@@ -1,6 +1,6 @@
 """The reference for bench/replay_speed.py: a minimal OrderedDict prefix-cache simulator.
 
-One LRU tier (head-first), BRIEF §4 lookup (prefix hit stops at the first missing block;
+One LRU tier (head-first), docs/definitions.md lookup (prefix hit stops at the first missing block;
 hit tokens = min(k·B, input_length)), then touch/insert head → tail, then evict to
 capacity. Reads Mooncake JSONL with the standard json module. Prints the token hit ratio.
 

@@ -2,7 +2,7 @@
 
 Data flows one way: requests (:mod:`kvtool.trace`) → :class:`TierHierarchy` (tiers, each a
 :class:`Tier` with an :class:`EvictionPolicy`) → :class:`RoundStats` → a report dict.
-Definitions are BRIEF §4 (docs/definitions.md); engine semantics are in docs/replay.md.
+Definitions are in docs/definitions.md; engine semantics are in docs/replay.md.
 Block hashing is not here: keys come from :mod:`kvtool.trace.hashing` or the trace.
 """
 

@@ -1,6 +1,6 @@
 """The tier hierarchy: lookup, store/touch, promotion, write policy, eviction.
 
-One call of :meth:`TierHierarchy.serve` is one request, in the order BRIEF §4 fixes:
+One call of :meth:`TierHierarchy.serve` is one request, in the order docs/definitions.md fixes:
 
 1. **Lookup.** Walk the request's blocks head → tail; each block is found in the highest
    tier holding it; stop at the first block no tier holds. ``k`` blocks hit;

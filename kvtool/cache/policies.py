@@ -18,14 +18,14 @@ Keys are plain ints (the chained block keys of :mod:`kvtool.trace.hashing` or a
 Mooncake trace's ``hash_ids``): no per-block objects, so that a tier of ten million
 blocks fits in about 110 bytes per block (bench/replay_memory.py).
 
-Policies (BRIEF §4; engine semantics in docs/replay.md):
+Policies (docs/definitions.md; engine semantics in docs/replay.md):
 
 ========================  ===============================================================
 ``lru``                   head-first LRU: insertion-ordered store, touched head → tail
 ``lru-tail-first``        vLLM's free queue: touched tail → head, so tails go first
 ``radix``                 SGLang: LRU among blocks with no cached child (leaf-only)
 ``prefix-fair``           kvtool's policy: leaf-only, deepest of the oldest leaves first
-``oracle``                the §7.3 bound: keep a fixed subset of sessions
+``oracle``                the fixed-subset bound (docs/plan.md): keep a fixed subset of sessions
 ``mooncake``              ``lru`` with watermark batch eviction (a tier option)
 ========================  ===============================================================
 """
@@ -87,7 +87,7 @@ class LruPolicy(EvictionPolicy):
     Order: a request touches its blocks head → tail, so within a chain the head is the
     *least* recent block. Eviction takes the least recently touched block first, which
     under memory pressure is every session's chain head: one eviction kills the whole
-    session's reuse (BRIEF §1, the chain-head cliff) and leaves its suffix as dead weight.
+    session's reuse (the chain-head cliff: docs/example-collapse.md) and leaves its suffix as dead weight.
 
     Representation: an :class:`~collections.OrderedDict` from key to ``None``; the front
     is the next victim. O(1) touch, insert and evict.
@@ -161,13 +161,13 @@ class LruPolicy(EvictionPolicy):
 
 
 class LruTailFirstPolicy(LruPolicy):
-    """Tail-first LRU, vLLM's ``FreeKVCacheBlockQueue`` (semantics §1.3).
+    """Tail-first LRU, vLLM's ``FreeKVCacheBlockQueue`` (docs/replay.md).
 
     Order: a request touches its blocks tail → head, so within a chain the head is the
     *most* recent and the tail goes first; across chains, LRU by last use. A cold chain
     shrinks from its tail and keeps a usable prefix until its head goes. Under strict
     round-robin traffic larger than the tier it still collapses, within about one round
-    (semantics §7.3): every session's reuse distance is a whole round.
+    (docs/plan.md): every session's reuse distance is a whole round.
     """
 
     name = "lru-tail-first"
@@ -312,7 +312,7 @@ class RadixPolicy(_ChainPolicy):
     when a leaf goes and its parent becomes a leaf, the parent joins the candidates with
     its own last-access time. So a chain is always evicted tail-first and a shared head
     (a system prompt) goes only after every chain under it: no dead suffix can exist.
-    It does not remove the cyclic-access cliff (semantics §7.3).
+    It does not remove the cyclic-access cliff (docs/plan.md).
     """
 
     name = "radix"
@@ -396,7 +396,7 @@ class PrefixFairPolicy(_ChainPolicy):
 
 
 class OraclePolicy(EvictionPolicy):
-    """The fixed-subset bound of semantics §7.3: keep the earliest sessions, drop the newest.
+    """The fixed-subset bound of docs/plan.md: keep the earliest sessions, drop the newest.
 
     For cyclic (round-robin multi-turn) access with a working set larger than the tier,
     the best a policy can do is keep a fixed subset of sessions and let the others miss

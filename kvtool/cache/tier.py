@@ -51,7 +51,7 @@ class NullBackend:
 
 @dataclass(frozen=True)
 class Watermark:
-    """Mooncake-style batch eviction (semantics §4).
+    """Mooncake-style batch eviction (docs/replay.md).
 
     When a tier holds more than ``high × capacity`` blocks it evicts, in one batch, the
     fraction ``max(ratio, used/capacity − high + ratio)`` of the blocks it holds (Mooncake
@@ -66,7 +66,7 @@ class Tier:
     """A named tier holding at most ``capacity`` blocks (``math.inf``: unbounded).
 
     Invariant between requests: ``len(tier) <= capacity``. During a request the tier may
-    run over; :meth:`evict_to_capacity` brings it back (BRIEF §4: every tier evicts down
+    run over; :meth:`evict_to_capacity` brings it back (docs/definitions.md: every tier evicts down
     to its capacity before the next request).
     """
 

@@ -1,6 +1,6 @@
 """The ``kvtool`` group: global options, error → exit-code mapping, sub-command registry.
 
-Exit codes (BRIEF §5): 0 success; 1 a check failed (:class:`~kvtool.errors.CheckFailed`);
+Exit codes (README, docs/json.md): 0 success; 1 a check failed (:class:`~kvtool.errors.CheckFailed`);
 2 bad usage or input (click usage errors, :class:`~kvtool.errors.InputError`); 3 an
 internal error (a bug: please report it with the ``--debug`` traceback).
 """
@@ -38,8 +38,10 @@ EXAMPLES = """
 \b
 Examples:
   kvtool audit --model deepseek-v4-flash --dtype fp8 --lba 512
-  kvtool plan --sessions 112 --input-tokens 109030 --output-tokens 5000 --dram 429.5GB
-  kvtool replay trace.jsonl --dram 3000000tok --nvme 46.09TB --plot replay.png
+  kvtool plan --sessions 112 --input-tokens 109030 --output-tokens 5000 --dram 429.5GB \\
+      --model deepseek-v4-flash
+  kvtool replay trace.jsonl --model deepseek-v4-flash --dram 3000000tok --nvme 46.09TB \\
+      --plot replay.png
   kvtool target up fixtures/targets/demo.toml
   kvtool load nvme+tcp://127.0.0.1:4420/nqn.2026-01.io.kvtool:demo/1 --object-bytes 1002240
   kvtool --json verify /dev/loop3
@@ -119,7 +121,7 @@ def _name_flags(cmd: click.Command) -> None:
 
 
 def _usage_exit(exc: click.UsageError) -> click.exceptions.Exit:
-    """Bad usage as one line (BRIEF §6), naming the command to ask for --help."""
+    """Bad usage as one line (docs/json.md), naming the command to ask for --help."""
     where = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
     click.echo(f"kvtool: error: {exc.format_message()}{where}", err=True)
     return click.exceptions.Exit(exc.exit_code)
@@ -143,7 +145,8 @@ def cli(ctx: click.Context, json_: bool, debug: bool, quiet: bool) -> None:
     """kvtool: build, validate and size KV-cache storage tiers (GPU → DRAM → NVMe/NVMe-oF).
 
     Every command has --help with examples and --json for machine output. Exit codes:
-    0 success, 1 a check failed, 2 bad usage or input.
+    0 success, 1 a check failed, 2 bad usage or input, 3 an internal error (a bug:
+    --debug shows the traceback).
     """
     obj = ctx.ensure_object(Settings)
     obj.json = obj.json or json_

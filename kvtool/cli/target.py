@@ -21,7 +21,7 @@ EXAMPLES_UP = """
 \b
 Example:
   kvtool target up fixtures/targets/demo.toml
-  kvtool target up fixtures/targets/spdk-production.toml --dry-run
+  kvtool target up fixtures/targets/spdk-production.toml --allow-remote --dry-run
   kvtool target up /etc/nvmet/config.json --backend nvmet --configfs-root /sys/kernel/config/nvmet
 """
 

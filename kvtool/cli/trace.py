@@ -59,7 +59,7 @@ def _report_bad(reader: TraceReader) -> None:
 @click.group("trace", epilog="""
 \b
 Examples:
-  kvtool trace stats fixtures/traces/multiturn-4x6.jsonl
+  kvtool trace stats fixtures/traces/multiturn-4x6.tokens.jsonl
   kvtool trace gen --sessions 16 --rounds 20 --input-tokens 2000 --output-tokens 500 -o t.jsonl
   kvtool trace convert mooncake.jsonl --to kvtool -o t.jsonl
 """)
@@ -71,7 +71,7 @@ def command() -> None:
 @command.command("stats", epilog="""
 \b
 Examples:
-  kvtool trace stats fixtures/traces/multiturn-4x6.jsonl
+  kvtool trace stats fixtures/traces/multiturn-4x6.tokens.jsonl
   kvtool trace stats conversation_trace.jsonl --format mooncake --block-tokens 512 --json
   kvtool trace stats t.jsonl --model deepseek-v4-flash --dtype fp8
 """)
@@ -85,7 +85,7 @@ def stats_cmd(trace: str, fmt: str, block_tokens: int | None, skip_bad: int, win
               no_reuse: bool) -> None:
     """Requests, sessions, tokens, unique blocks, the theoretical maximum hit ratio.
 
-    The maximum is the token hit ratio of an infinite cache (BRIEF §4): each request hits
+    The maximum is the token hit ratio of an infinite cache (docs/definitions.md): each request hits
     its leading blocks seen before, min(k·B, input_length) tokens. The reuse distance of a
     block is the number of distinct other blocks used since its previous use: an LRU cache
     of more than that many blocks would hit it.

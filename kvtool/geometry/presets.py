@@ -1,6 +1,6 @@
 """Preset model geometries, each with the source its numbers come from.
 
-Numbers follow ../shared/reference/prefix-cache-semantics.md §6 (copied into
+Numbers follow docs/geometry.md (copied into
 docs/geometry.md so the project does not depend on ../shared at run time).
 """
 
@@ -48,7 +48,7 @@ PRESETS: tuple[ModelSpec, ...] = (
           "llama-3-70b-instruct", "llama-3.1-70b-instruct", "meta-llama-3.1-70b-instruct")),
     _gqa("qwen2.5-32b", 64, 8, 128,
          "Qwen2.5-32B config.json (64 layers, 8 KV heads, head_dim 128); recalled, not "
-         "re-verified (prefix-cache-semantics.md §6)",
+         "re-verified (docs/geometry.md)",
          ("qwen2.5-32b-instruct", "qwen-2.5-32b", "qwen25-32b")),
     _gqa("qwen3-235b-a22b", 94, 4, 128, _LMCACHE_CALC + " for Qwen3-235B-A22B",
          ("qwen3-235b", "qwen-3-235b-a22b", "qwen3-235b-a22b-instruct-2507")),
@@ -66,7 +66,7 @@ PRESETS: tuple[ModelSpec, ...] = (
     ModelSpec(
         name="deepseek-v3.2", attention="mla", layers=61, kv_lora_rank=512, qk_rope_head_dim=64,
         source=_DEEPSEEK_V3_SOURCE + "; DSA indexer key 128 fp8 + 4 B scale = 132 B/layer "
-               "(recalled, prefix-cache-semantics.md §6)",
+               "(recalled, docs/geometry.md)",
         components=(ComponentSpec("latent", "latent", 61, elements=_DS_LATENT,
                                   records={"fp8_ds_mla": _DS_MLA_V3_RECORD}),
                     ComponentSpec("indexer", "indexer", 61, fixed_bytes=_DSA_INDEXER)),
@@ -79,7 +79,7 @@ PRESETS: tuple[ModelSpec, ...] = (
         source="vLLM PR #56893 (fp8_ds_mla V4 record 584 B, pages rounded up to the 576-B TMA "
                "stride); layer mix 2 SWA + 21 CSA (ratio 4, with indexer) + 20 HCA (ratio 128) "
                "from sglang-jax RFC #1678 / tenstorrent #54945; decomposition of 1,002,240 B per "
-               "256-token block is a strong hypothesis (prefix-cache-semantics.md §6)",
+               "256-token block is a strong hypothesis (docs/geometry.md)",
         components=(
             ComponentSpec("csa", "latent", 21, records={"fp8_ds_mla": _DS_MLA_V4_RECORD},
                           tokens_per_entry=4, pad_to=_V4_TMA_STRIDE),

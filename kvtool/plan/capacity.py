@@ -1,10 +1,10 @@
-"""Capacity planning for multi-turn KV-cache workloads (reference §7; BRIEF §4).
+"""Capacity planning for multi-turn KV-cache workloads (docs/plan.md).
 
 The workload: C sessions served round robin, each adding Δ = N + M tokens per round (N new
 input tokens, an M-token answer) after a system prompt of S tokens that every session
 shares. The cache stores whole blocks of B tokens, s bytes each (s = b·B for b bytes per
 token), ρ replicas. Sizes are per tensor-parallel rank (docs/definitions.md): s is the KV
-object one rank stores per block and M one rank's tier, so the reference's per-rank
+object one rank stores per block and M one rank's tier, so the classic per-rank
 duplication t is inside s (s ≈ t·s_copy/tp) and does not appear again below.
 
 Footprint (unique stored bytes) after round r, with block rounding and the system
@@ -18,21 +18,21 @@ prompt's full blocks counted once::
 Onset: a tier (or hierarchy) of capacity M with watermark h first evicts a live block in
 round ``r* = min{r : F_r > h·M}``. ``collapse_round`` interpolates within that round:
 ``(r*−1) + (h·M − F_{r*−1}) / (F_{r*} − F_{r*−1})``; with S = 0 and no rounding it equals
-the closed form ``R = h·M / (ρ·C·b·Δ)`` (the reference's ``h·M / (ρ·t·C·b·Δ)`` with its
+the closed form ``R = h·M / (ρ·C·b·Δ)`` (the classic ``h·M / (ρ·t·C·b·Δ)`` with its
 M the tiers of all ranks together and b a full copy's bytes per token).
 
-Hit ratios per round (token hit ratio, BRIEF §4):
+Hit ratios per round (token hit ratio, docs/definitions.md):
 
 * **no eviction** (infinite cache): a round-r request hits the previous round's stored
   full blocks;
 * **lru** (head-first, the reports' DRAM store): sessions served before the crossing
   point in round r* still hit; from then on every session's chain head is the oldest
   block when it is needed, so each later request finds only the (always recent) shared
-  system-prompt blocks — the cascade of §7.3;
+  system-prompt blocks — the head-first cascade of docs/plan.md;
 * **best** (oracle: keep a fixed subset of sessions): the k sessions that fit in h·M
   keep hitting, the others hit the system prompt only.
 
-``cliff_round`` applies BRIEF §4's collapse rule (first r ≥ 3 with a ≥ 25 % relative
+``cliff_round`` applies the collapse rule of docs/definitions.md (first r ≥ 3 with a ≥ 25 % relative
 drop) to the lru curve. A hierarchy's capacity is the largest tier's with write-through
 (every tier below holds a copy of every block) and the sum of the tiers with write-back.
 """
@@ -168,7 +168,7 @@ class Scenario:
     lru: list[float] = field(repr=False)
     best: list[float] = field(repr=False)
     lru_writes: list[float] = field(repr=False)
-    """Model units written per round under lru, recompute included (§7.3)."""
+    """Model units written per round under lru, recompute included (docs/plan.md)."""
 
 
 def capacity_units(cap: Capacity, storage: Storage, block_tokens: int, field_name: str) -> float:
@@ -353,7 +353,7 @@ class Plan:
             ("M = largest tier (write-through: lower tiers hold every block)"
              if s.write_policy == "write-through" else "M = sum of the tiers (write-back)"),
             "collapse_round interpolates F linearly inside round r*",
-            "lru: head-first cascade after the crossing point (§7.3); best: keep a fixed "
+            "lru: head-first cascade after the crossing point (docs/plan.md); best: keep a fixed "
             "subset of sessions",
         ]
         rounds = []

@@ -1,10 +1,11 @@
 """O_DIRECT engine on a block device or a regular file (``os.preadv``/``os.pwritev``).
 
-Every transfer bypasses the page cache, so the alignment rules of the kernel apply
-(reference: nvmeof.md §5): offset and length multiples of the logical block size, buffer
-address aligned to ``dio_mem_align`` (page-aligned ``mmap`` buffers always qualify).
+Every transfer bypasses the page cache, so the kernel's alignment rules apply (open(2)
+O_DIRECT, statx STATX_DIOALIGN; docs/store.md): offset and length multiples of the
+logical block size, buffer address aligned to ``dio_mem_align`` (page-aligned ``mmap``
+buffers always qualify).
 ``preadv``/``pwritev`` release the GIL, so a pool of ``qd`` threads keeps ``qd`` requests
-in flight (nvmeof.md §6: from Python this matches io_uring).
+in flight (from Python this matches io_uring: docs/store.md).
 """
 
 from __future__ import annotations

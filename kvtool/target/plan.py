@@ -3,7 +3,7 @@
 A backend compares the desired state with what it reads from the target and returns a
 :class:`Plan`. :func:`apply` runs the steps in order; when one fails it runs the ``undo``
 of every step that already succeeded, newest first, so the target is left as it was
-before the run (BRIEF §6: an interrupted ``target up`` leaves no half-built target).
+before the run (docs/target.md: an interrupted ``target up`` leaves no half-built target).
 An empty plan means the target already matches the config: ``up`` is then a no-op.
 """
 

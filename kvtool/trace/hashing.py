@@ -3,7 +3,7 @@
 Block *k*'s key covers block *k−1*'s key and block *k*'s token ids (vLLM v1 style), so
 two requests share block *k*'s key exactly when they share every token up to the end of
 block *k*. Only **full** blocks are hashed: a trailing partial block has no key and is
-never cached (BRIEF §4, "Chain hash").
+never cached (docs/definitions.md, "Chain hash").
 
 Invariants:
 

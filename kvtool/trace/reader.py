@@ -1,6 +1,6 @@
 """Streaming trace reader: kvtool and Mooncake JSONL → :class:`Request` in serve order.
 
-Serve order (BRIEF §4, "Order"): timestamp order, file order on ties; a trace without
+Serve order (docs/definitions.md, "Order"): timestamp order, file order on ties; a trace without
 timestamps is served round by round (every session's round 1, then round 2, …), file
 order within a round.
 

@@ -1,6 +1,6 @@
 """The request record every trace reader yields, and the trace formats.
 
-kvtool JSONL is a superset of Mooncake's (BRIEF §5): one JSON object per line with
+kvtool JSONL is a superset of Mooncake's (docs/trace.md): one JSON object per line with
 ``timestamp`` (ms), ``input_length``, ``output_length`` and ``hash_ids``, plus optional
 ``session``, ``round``, ``block_tokens``, or ``tokens`` (token ids to hash into chained
 block keys) instead of ``hash_ids``. The full schema is in docs/trace.md.
@@ -16,7 +16,7 @@ TraceFormat = Literal["kvtool", "mooncake"]
 FORMATS: tuple[str, ...] = ("auto", "kvtool", "mooncake")
 
 DEFAULT_BLOCK_TOKENS: dict[str, int] = {"kvtool": 256, "mooncake": 512}
-"""Block size when neither the trace nor ``--block-tokens`` says (BRIEF §4)."""
+"""Block size when neither the trace nor ``--block-tokens`` says (docs/definitions.md)."""
 
 DEFAULT_WINDOW_MS = 60_000.0
 """Reporting window for timed traces without sessions or rounds (Mooncake's): one minute."""
@@ -69,5 +69,5 @@ class Request(msgspec.Struct, frozen=True):
         return self.period if self.period is not None else 1
 
     def hit_tokens(self, blocks: int) -> int:
-        """Tokens covered by a prefix hit of ``blocks`` leading blocks (BRIEF §4)."""
+        """Tokens covered by a prefix hit of ``blocks`` leading blocks (docs/definitions.md)."""
         return min(blocks * self.block_tokens, self.input_length)

@@ -71,7 +71,7 @@ def test_tail_first_and_radix_collapse_differently(results: dict[str, dict[str, 
     cliff = lru["cliff_round"]
     for name in ("lru-tail-first", "radix"):
         res = results[name]
-        assert res["cliff_round"] is not None            # they collapse too (§7.3)…
+        assert res["cliff_round"] is not None            # they collapse too (docs/plan.md)…
         assert ratio(res, cliff) > ratio(lru, cliff)     # …but keep prefixes longer
         assert res["recompute_tokens"] < lru["recompute_tokens"]
 

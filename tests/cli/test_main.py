@@ -14,10 +14,13 @@ def test_version() -> None:
     assert __version__ in result.output
 
 
-def test_help_lists_examples() -> None:
+def test_help_lists_examples_and_every_exit_code() -> None:
     result = CliRunner().invoke(cli, ["--help"])
     assert result.exit_code == 0
     assert "Examples:" in result.output
+    text = " ".join(result.output.split())
+    for code in ("0 success", "1 a check failed", "2 bad usage", "3 an internal error"):
+        assert code in text, code
 
 
 def test_every_command_has_help_with_example() -> None:

@@ -230,7 +230,7 @@ def test_kernel_target_boots_answers_icreq_runs_commands_and_stops(
 ) -> None:
     guest = kernel_target.guest
     icresp = probe.probe(kernel_target.host, kernel_target.port)
-    # the Linux target's ICResp (nvmeof.md §2.2): PFV 0, CPDA 0, MAXH2CDATA 4 MiB
+    # the Linux target's ICResp (NVMe/TCP transport spec, ICResp PDU): PFV 0, CPDA 0, MAXH2CDATA 4 MiB
     assert (icresp.pfv, icresp.cpda, icresp.maxh2cdata) == (0, 0, 4 << 20)
     assert probe.probe(kernel_target.host, kernel_target.port, digest=3).dgst == 3
 

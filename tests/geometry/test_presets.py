@@ -1,4 +1,4 @@
-"""Every preset against sizes computed by hand here (prefix-cache-semantics.md §6).
+"""Every preset against sizes computed by hand here (docs/geometry.md).
 
 The arithmetic is written out in each case — not taken from the code under test.
 """
@@ -35,7 +35,7 @@ def test_gqa_presets(model: str, dtype: str, per_token: int, block: int) -> None
     g = resolve(model, dtype=dtype, block_tokens=B)
     assert g.bytes_per_token == per_token
     assert g.block_bytes == g.copy_block_bytes == per_token * B == block
-    assert g.block_bytes % 4096 == 0  # §6: every MHA model is 4 KiB-aligned at 256 tokens
+    assert g.block_bytes % 4096 == 0  # docs/geometry.md: every MHA model is 4 KiB-aligned at 256 tokens
     # per-layer object: one layer's K and V for the block
     layers = {"llama-3-8b": 32, "llama-3-70b": 80, "qwen2.5-32b": 64, "qwen3-235b-a22b": 94,
               "qwen3-coder-480b-a35b": 62}[model]

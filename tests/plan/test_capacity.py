@@ -38,7 +38,7 @@ def test_hand_computed_small_case() -> None:
     assert best == pytest.approx([0, 256 / 448, 0.75 * 512 / 704, 0.5 * 768 / 960,
                                   0.5 * 1024 / 1216])
     assert d["capacity_needed"]["bytes"] == 20000
-    # Under lru a missing session rewrites its whole chain (§7.3): half the sessions in
+    # Under lru a missing session rewrites its whole chain (docs/plan.md): half the sessions in
     # round 3 (4·(0.5·1 + 0.5·3) blocks), all of them from round 4 (4·r blocks).
     assert [row["lru_writes_bytes"] for row in d["rounds"]] == pytest.approx(
         [4000, 4000, 8000, 16000, 20000])
@@ -135,7 +135,7 @@ def test_capacities_in_blocks_without_geometry() -> None:
 
 
 def test_report_sanity_check() -> None:
-    """Reference §7.4: 429.5 GB, 3915 B/token, C = 112, Δ ≈ 114 030 → R = 8.59."""
+    """docs/plan.md, the report's case: 429.5 GB, 3915 B/token, C = 112, Δ ≈ 114 030 → R = 8.59."""
     geo = resolve("deepseek-v4-flash", dtype="fp8")
     assert (geo.copy_block_bytes, geo.bytes_per_token) == (1_002_240, 3915.0)
     w = Workload(112, 109_030, 5_000, rounds=20)
@@ -190,7 +190,7 @@ def test_bad_values_name_the_option(make: object, field: str) -> None:
 
 
 def test_onset_search_finds_far_rounds() -> None:
-    # R ≈ 195.9 (reference §7.4, Δ = 5 000 output tokens only).
+    # R ≈ 195.9 (docs/plan.md, Δ = 5 000 output tokens only).
     d = plan(Workload(112, 0, 5000, rounds=3), Storage(1_002_240), dram=GB("429.5GB")).to_dict()
     assert d["formula"]["R"] == pytest.approx(195.9, abs=0.05)
     assert math.ceil(d["collapse_round"]) == d["eviction_round"]

@@ -1,5 +1,5 @@
 """SIGKILL ``kvtool load`` at random points, many times; every acknowledged object must
-verify afterwards (BRIEF §6: nothing committed is ever lost)."""
+verify afterwards (docs/store.md: nothing committed is ever lost)."""
 
 from __future__ import annotations
 

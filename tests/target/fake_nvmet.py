@@ -3,7 +3,7 @@
 This machine's kernel has no configfs/nvmet, so :class:`FakeNvmetKernel` plays the kernel:
 it subclasses kvtool's real :class:`~kvtool.target.nvmet.configfs.ConfigFS` (whose ``os``
 calls then run against pyfakefs) and, before each operation, applies the rules the kernel
-applies (drivers/nvme/target/configfs.c, summarised in nvmeof.md §1.1 and §1.4):
+applies (drivers/nvme/target/configfs.c, summarised in docs/target.md):
 
 * ``mkdir`` of a subsystem/namespace/port/host auto-creates its attributes and default
   groups (``namespaces/``, ``allowed_hosts/``, ``passthru/``; ``subsystems/``, ``referrals/``,

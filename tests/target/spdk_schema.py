@@ -3,7 +3,7 @@
 Transcribed from ``schema/schema.yaml`` of spdk/spdk at commit
 01c847295f80fa498110e9121af461a6ccaea9e5 (the 26.09-pre development line; the PyPI
 client used is ``spdk`` 26.9). Two methods are not in the part of the file that was read and
-come from nvmeof.md §4 (the same source tree, 3230130e): ``bdev_uring_create``/``_delete``.
+come from SPDK's python/spdk/rpc (source tree 3230130e): ``bdev_uring_create``/``_delete``.
 ``spdk_get_version`` takes no parameters (SPDK's ``rpc_spdk_get_version``).
 
 SPDK's decoder is strict (lib/json/json_util.c): an unknown key, a missing required key or a
@@ -12,7 +12,7 @@ those rules, so the test peer rejects any request a real ``spdk_tgt`` would reje
 
 ``LEGACY`` lists parameters that older targets accept and this schema no longer has:
 ``io_unit_size`` (and ``num_shared_buffers``/``buf_cache_size``) of ``nvmf_create_transport``
-were removed in SPDK 26.01 (nvmeof.md §4); a peer playing SPDK 25.x accepts them.
+were removed in SPDK 26.01; a peer playing SPDK 25.x accepts them.
 """
 
 from __future__ import annotations

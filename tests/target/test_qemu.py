@@ -71,7 +71,7 @@ port = {port}
         assert rc == 0, out
         assert _json_tail(out)["applied"] == 0
 
-        # the real kernel refuses what the simulated one refuses (nvmeof.md §1.4)
+        # the real kernel refuses what the simulated one refuses (docs/target.md)
         root = "/sys/kernel/config/nvmet"
         for shell, words in [
             (f"echo /tmp/x > {root}/subsystems/{NQN}/namespaces/1/device_path", "busy"),

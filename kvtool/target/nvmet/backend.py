@@ -1,5 +1,6 @@
 """The kernel nvmet backend: diff a :class:`~kvtool.target.model.TargetConfig` against
-configfs and plan the changes in the order the kernel requires (nvmeof.md §1.2/§1.3).
+configfs and plan the changes in the order the kernel requires (docs/target.md; Linux
+drivers/nvme/target/configfs.c).
 
 Ownership: the config owns its subsystems (by NQN), its ports (by listener id) and the
 hosts it names. ``up`` creates or corrects exactly those; ``down`` removes exactly those,
@@ -389,7 +390,7 @@ class NvmetBackend:
 
     # ---------------------------------------------------------------- down
     def plan_down(self, cfg: TargetConfig, *, keep_hosts: set[str] | None = None) -> Plan:
-        """Steps that remove what ``cfg`` owns, in teardown order (nvmeof.md §1.3)."""
+        """Steps that remove what ``cfg`` owns, in teardown order (docs/target.md, "Order")."""
         plan = Plan(self.name, "down")
         if not self.root.exists:
             plan.notes.append(f"{self.cfs.root} does not exist: nothing to remove")

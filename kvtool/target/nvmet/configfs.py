@@ -9,7 +9,7 @@ All I/O goes through :class:`ConfigFS`, which uses ``os.open``/``os.write`` so t
 kernel's errno surfaces at the call (configfs parses each ``write()`` on its own; a
 buffered ``open().write()`` would only fail at close) and turns it into a
 :class:`ConfigfsError` that explains the errno as nvmet means it
-(reference: nvmeof.md §1.4).
+(Linux drivers/nvme/target/configfs.c; docs/target.md).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class ConfigfsError(TargetError):
 
 
 def explain(op: str, rel: str, err: int, value: str | None = None) -> str:
-    """What an errno from nvmet configfs means for this operation (nvmeof.md §1.4)."""
+    """What an errno from nvmet configfs means for this operation (docs/target.md)."""
     parts = rel.split("/")
     leaf = parts[-1] if parts else ""
     top = parts[0] if parts else ""

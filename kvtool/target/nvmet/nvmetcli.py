@@ -2,7 +2,7 @@
 
 nvmetcli saves the configfs tree as ``{"hosts", "ports", "subsystems"}`` with attribute
 groups (``attr``, ``device``, ``addr``, ``param``, ``dhchap``) holding strings
-(nvmeof.md §1.5). kvtool reads such a file as a config (``kvtool target up
+(nvmetcli's nvmet/nvme.py save/restore format). kvtool reads such a file as a config (``kvtool target up
 config.json --backend nvmet`` reconciles instead of clear+restore), writes the
 desired state in that format, and dumps a live tree the way ``nvmetcli save`` does.
 """

@@ -2,8 +2,9 @@
 
 ``spdk.rpc.client.JSONRPCClient`` speaks SPDK's wire format (bare JSON-RPC 2.0 objects on
 a Unix stream socket). Methods are called by name: the per-method wrappers were removed in
-SPDK 26.01 (nvmeof.md §4). Errors come back as text; :class:`SpdkError` keeps the method,
-the parameters and SPDK's ``{"code", "message"}`` so the CLI can print one line.
+SPDK 26.01 (python/spdk/rpc in the SPDK tree; docs/target.md). Errors come back as text;
+:class:`SpdkError` keeps the method, the parameters and SPDK's ``{"code", "message"}`` so
+the CLI can print one line.
 """
 
 from __future__ import annotations
