@@ -44,7 +44,7 @@ def collect() -> list[str]:
             if cur is not None:
                 cur += " " + s.rstrip("\\").strip()
             elif s.startswith("kvtool "):
-                cur = s.rstrip("\\").strip()
+                cur = s.split("  #")[0].rstrip("\\").strip()
             if cur is not None and not s.endswith("\\"):
                 if cur not in out:
                     out.append(cur)
@@ -151,6 +151,15 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path
     shutil.rmtree(dev, ignore_errors=True)
 
 
+def _skip_reason(example: str) -> str | None:
+    if example in SKIP:
+        return SKIP[example]
+    if example.startswith("kvtool pool"):
+        return ("starts a Mooncake Store (the mooncake extra) on its default ports: "
+                "tests/mooncake/test_pool.py runs it on free ports")
+    return None
+
+
 def _args(example: str, dev: Path, subs: dict[str, str], extra: list[str]) -> list[str]:
     words = shlex.split(example)[1:]
     paths = {**PATHS, **subs}
@@ -158,7 +167,7 @@ def _args(example: str, dev: Path, subs: dict[str, str], extra: list[str]) -> li
 
 
 ALL = collect()
-GENERIC = [e for e in ALL if e not in SKIP and e not in TARGET_SEQUENCE]
+GENERIC = [e for e in ALL if e not in TARGET_SEQUENCE]
 
 
 def test_every_example_is_accounted_for() -> None:
@@ -168,10 +177,14 @@ def test_every_example_is_accounted_for() -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.parametrize("example", GENERIC)
 def test_example_runs(example: str, world: tuple[Path, Path],
                       monkeypatch: pytest.MonkeyPatch) -> None:
     wd, dev = world
+    reason = _skip_reason(example)
+    if reason:
+        pytest.skip(reason)
     if "fx100-parallel-read" in example and not (
             FIXTURES / "experiments" / "fx100-parallel-read.toml").exists():
         pytest.skip("fx100-parallel-read is not in fixtures/experiments yet")
@@ -185,6 +198,7 @@ def test_example_runs(example: str, world: tuple[Path, Path],
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_target_examples_run_in_order(world: tuple[Path, Path],
                                       monkeypatch: pytest.MonkeyPatch) -> None:
     wd, _ = world
