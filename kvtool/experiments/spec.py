@@ -54,7 +54,7 @@ _MULTI_TURN = {"sessions": int, "rounds": int, "input_tokens": int, "output_toke
                "system_prompt_tokens": int, "block_tokens": int, "seed": int}
 _RANDOM = {"input_lengths": list, "num_prompts": int, "iterations": int, "output_tokens": int,
            "block_tokens": int, "seed": int}
-_PARALLEL = {"requests": int, "tokens_per_request": int, "chunk_tokens": int,
+_PARALLEL = {"requests": int, "tokens_per_request": int, "chunk_tokens": int, "chunk_bytes": int,
              "serial_qd": int, "parallel_qd": int, "targets": list, "repeats": int,
              "prefill_tokens_per_s": float}
 _COMMON = {"kind": str, "model": str, "dtype": str, "block_bytes": int}

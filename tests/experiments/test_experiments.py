@@ -13,6 +13,7 @@ from kvtool.plan import Storage, Workload, plan
 from kvtool.units import Capacity
 from tests.conftest import run, run_json
 
+ALL = ["fx100-parallel-read"]
 REPLAY_EXPERIMENTS = ["gp7000-cliff", "gp7000-working-set", "gp7000-50-rounds",
                       "gp7000-hit-supply", "gp7000-read-path", "wqs-random-prompts"]
 
