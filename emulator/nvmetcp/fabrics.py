@@ -29,7 +29,6 @@ IPO_IN_DATA = 1 << 16
 IPO_CNTLID = IPO_IN_DATA | 16
 IPO_SUBNQN = IPO_IN_DATA | 256
 IPO_HOSTNQN = IPO_IN_DATA | 512
-IPO_RECFMT = 40
 IPO_QID = 42
 IPO_SQSIZE = 44
 
@@ -90,8 +89,8 @@ def property_set(conn: QueueConnection, sqe: P.Sqe, data: bytes | memoryview) ->
 def connect(conn: QueueConnection, sqe: P.Sqe, data: bytes | memoryview) -> None:
     cid = sqe.cid
     cs = spec.SCT_COMMAND_SPECIFIC
-    if conn.connected:
-        conn.complete(cid, status(spec.SC_CONNECT_CTRL_BUSY, cs))
+    if conn.connected:  # Linux: only Property Get/Set are fabrics commands on a live queue
+        conn.complete(cid, status(spec.SC_INVALID_OPCODE))
         return
     if not expect_len(conn, sqe, data, spec.CONNECT_DATA_LEN):
         return
@@ -101,7 +100,7 @@ def connect(conn: QueueConnection, sqe: P.Sqe, data: bytes | memoryview) -> None
     state = conn.state
     cfg = state.config
     if recfmt != 0:
-        conn.complete(cid, status(spec.SC_CONNECT_INCOMPATIBLE_FORMAT, cs), IPO_RECFMT)
+        conn.complete(cid, status(spec.SC_CONNECT_INCOMPATIBLE_FORMAT, cs))  # no IPO here
         return
     cd = spec.ConnectData.decode(data)
     subsys = state.find_subsystem(cd.subnqn)

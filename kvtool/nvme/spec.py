@@ -371,12 +371,15 @@ def decode_ns_list(raw: bytes | memoryview) -> list[int]:
 
 
 def encode_ns_descriptors(nguid: bytes, uuid: bytes) -> bytes:
-    """Namespace Identification Descriptor list (CNS 0x03): NGUID (type 2), UUID (type 3)."""
+    """Namespace Identification Descriptor list (CNS 0x03): NGUID (type 2), UUID (type 3),
+    Command Set Identifier (type 4: 0, NVM), as Linux nvmet lists them."""
     out = bytearray(IDENTIFY_DATA_LEN)
     out[0:4] = bytes([2, 16, 0, 0])
     out[4:20] = nguid[:16].ljust(16, b"\0")
     out[20:24] = bytes([3, 16, 0, 0])
     out[24:40] = uuid[:16].ljust(16, b"\0")
+    out[40:44] = bytes([4, 1, 0, 0])
+    out[44] = 0
     return bytes(out)
 
 
