@@ -2,6 +2,7 @@
 
 * :class:`InputError` (and :class:`UsageError`) — bad usage or bad input: exit 2, one line.
 * :class:`CheckFailed` — a check ran and failed (corruption found, a bar missed): exit 1.
+* :class:`AuthenticationFailed` — DH-HMAC-CHAP refused (either side): exit 1.
 
 Library code raises these; only the CLI decides how they are shown.
 """
@@ -55,6 +56,12 @@ class InputError(KvtoolError):
 
 class UsageError(InputError):
     """A command-line value is wrong (``field`` is the option name, e.g. ``--lba``)."""
+
+
+class AuthenticationFailed(KvtoolError):
+    """In-band authentication (DH-HMAC-CHAP) failed; the message says which side: exit 1."""
+
+    exit_code = 1
 
 
 class CheckFailed(KvtoolError):

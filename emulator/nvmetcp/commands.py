@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from emulator.nvmetcp import admin, fabrics, nvm
+from emulator.nvmetcp.auth import AUTH_REQUIRED
 from emulator.nvmetcp.sgl import check_pointer
 from kvtool.nvme import pdu as P
 from kvtool.nvme import spec
@@ -32,6 +33,8 @@ def dispatch(conn: QueueConnection, sqe: P.Sqe, data: bytes | memoryview) -> Non
     ctrl = conn.ctrl
     if not conn.connected or ctrl is None:
         conn.complete(sqe.cid, status(spec.SC_INVALID_OPCODE))
+    elif conn.auth is not None and not conn.auth.authenticated:
+        conn.complete(sqe.cid, AUTH_REQUIRED)  # DH-HMAC-CHAP first (nvmet_check_auth_status)
     elif conn.qid == 0:
         admin.dispatch(conn, ctrl, sqe, data)
     else:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from kvtool.errors import InputError
+from kvtool.nvme.dhchap import dhgroup_id, hash_id
 from kvtool.nvme.spec import DISCOVERY_NQN, NQN_MAX
 
 DEFAULT_LISTEN = "127.0.0.1:4420"
@@ -41,8 +42,20 @@ class SubsystemConfig:
 
 
 @dataclass
+class HostKeyConfig:
+    """DH-HMAC-CHAP for one host NQN: key files (mode 0600), allowed hashes and DH groups."""
+
+    nqn: str
+    dhchap_key_file: str
+    dhchap_ctrl_key_file: str | None = None  # set: the controller proves itself too
+    dhchap_hashes: list[str] = field(default_factory=list)  # preference order; [] = all
+    dhchap_dhgroups: list[str] = field(default_factory=list)
+
+
+@dataclass
 class TargetConfig:
     subsystems: list[SubsystemConfig] = field(default_factory=list)
+    host_keys: list[HostKeyConfig] = field(default_factory=list)
     listen: list[str] = field(default_factory=lambda: [DEFAULT_LISTEN])
     allow_remote: bool = False
     port_id: int = 1
@@ -84,6 +97,22 @@ class TargetConfig:
             raise bad("port_id", f"must be 0..65534, got {self.port_id}")
         if not self.subsystems:
             raise bad("subsystems", "at least one subsystem is needed")
+        key_nqns: set[str] = set()
+        for i, hk in enumerate(self.host_keys):
+            check_nqn(hk.nqn, field=f"host_keys[{i}].nqn", file=file)
+            if hk.nqn in key_nqns:
+                raise bad(f"host_keys[{i}].nqn", f"duplicate host {hk.nqn}")
+            key_nqns.add(hk.nqn)
+            for j, name in enumerate(hk.dhchap_hashes):
+                try:
+                    hash_id(name)
+                except ValueError as exc:
+                    raise bad(f"host_keys[{i}].dhchap_hashes[{j}]", str(exc)) from None
+            for j, name in enumerate(hk.dhchap_dhgroups):
+                try:
+                    dhgroup_id(name)
+                except ValueError as exc:
+                    raise bad(f"host_keys[{i}].dhchap_dhgroups[{j}]", str(exc)) from None
         seen: set[str] = set()
         for i, sub in enumerate(self.subsystems):
             where = f"subsystems[{i}]"
@@ -122,6 +151,8 @@ class TargetConfig:
     def from_dict(cls, doc: Any, *, file: str | None = None) -> TargetConfig:
         """Build from the JSON document; unknown keys and wrong types are errors."""
         top = _fields(doc, "", cls, file)
+        keys = [HostKeyConfig(**_fields(kdoc, f"host_keys[{i}]", HostKeyConfig, file))
+                for i, kdoc in enumerate(_list(top.pop("host_keys", []), "host_keys", file))]
         subs = []
         for i, sdoc in enumerate(_list(top.pop("subsystems", []), "subsystems", file)):
             sfields = _fields(sdoc, f"subsystems[{i}]", SubsystemConfig, file)
@@ -131,7 +162,7 @@ class TargetConfig:
                 nss.append(NamespaceConfig(**_fields(
                     ndoc, f"subsystems[{i}].namespaces[{j}]", NamespaceConfig, file)))
             subs.append(SubsystemConfig(namespaces=nss, **sfields))
-        return cls(subsystems=subs, **top).validate(file=file)
+        return cls(subsystems=subs, host_keys=keys, **top).validate(file=file)
 
     @classmethod
     def load(cls, path: str | Path) -> TargetConfig:
@@ -153,7 +184,9 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "model": (str,), "listen": (list,), "allow_remote": (bool,), "port_id": (int,),
     "mdts": (int,), "max_queue_size": (int,), "max_io_queues": (int,),
     "in_capsule_data_size": (int,), "maxh2cdata": (int,), "kato_grace_s": (int, float),
-    "subsystems": (list,), "namespaces": (list,),
+    "subsystems": (list,), "namespaces": (list,), "host_keys": (list,),
+    "dhchap_key_file": (str,), "dhchap_ctrl_key_file": (str, type(None)),
+    "dhchap_hashes": (list,), "dhchap_dhgroups": (list,),
 }
 
 
@@ -174,7 +207,8 @@ def _fields(doc: Any, where: str, cls: type, file: str | None) -> dict[str, Any]
         if not isinstance(value, types):
             raise InputError(f"expected {types[0].__name__}, got {type(value).__name__}",
                              file=file, field=fld)
-        if key in ("hosts", "listen") and not all(isinstance(v, str) for v in cast("list[Any]", value)):
+        lists = ("hosts", "listen", "dhchap_hashes", "dhchap_dhgroups")
+        if key in lists and not all(isinstance(v, str) for v in cast("list[Any]", value)):
             raise InputError("expected a list of strings", file=file, field=fld)
         if key == "size" and isinstance(value, int):
             value = str(value)
@@ -235,6 +269,7 @@ def simple_config(*, nqn: str, backing: str, size: str | None = None, lba_size: 
 
 
 __all__ = [
+    "HostKeyConfig",
     "NamespaceConfig",
     "SubsystemConfig",
     "TargetConfig",

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 
 from emulator.nvmetcp import commands
 from emulator.nvmetcp.model import Closable, Controller, Subsystem
+from kvtool.nvme import dhchap, spec
 from kvtool.nvme import pdu as P
-from kvtool.nvme import spec
 from kvtool.nvme.spec import status
 
 if TYPE_CHECKING:
@@ -101,6 +101,7 @@ class QueueConnection(asyncio.BufferedProtocol, Closable):
         self._current: P.Sqe | None = None  # the command being dispatched
         self.peer = "?"
         self.local: tuple[str, int] | None = None
+        self.auth: dhchap.ControllerAuth | None = None  # DH-HMAC-CHAP on this queue
 
     # --- asyncio.Protocol ---------------------------------------------------------------
 

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from emulator.nvmetcp import auth
 from emulator.nvmetcp.admin import deliver_events
 from emulator.nvmetcp.sgl import expect_len
 from kvtool.nvme import pdu as P
@@ -148,13 +149,16 @@ def connect(conn: QueueConnection, sqe: P.Sqe, data: bytes | memoryview) -> None
         ctrl.queues[qid] = conn
         ctrl.touch()
     conn.bind(ctrl, subsys, qid, sqsize, cattr)
-    log.info("%s connected %s qid %d cntlid %d (host %s)", conn.peer, subsys.nqn, qid,
-             ctrl.cntlid, cd.hostnqn)
-    conn.complete(cid, 0, ctrl.cntlid)
+    authreq = auth.on_connect(conn, cd.hostnqn, subsys.nqn, subsys.is_discovery)
+    log.info("%s connected %s qid %d cntlid %d (host %s%s)", conn.peer, subsys.nqn, qid,
+             ctrl.cntlid, cd.hostnqn, ", DH-HMAC-CHAP" if authreq else "")
+    conn.complete(cid, 0, ctrl.cntlid | authreq)
 
 
 HANDLERS: dict[int, FabricsHandler] = {
     spec.FCTYPE_CONNECT: connect,
     spec.FCTYPE_PROPERTY_GET: property_get,
     spec.FCTYPE_PROPERTY_SET: property_set,
+    auth.FCTYPE_AUTH_SEND: auth.on_command,
+    auth.FCTYPE_AUTH_RECEIVE: auth.on_command,
 }

@@ -19,6 +19,7 @@ import logging
 import threading
 from collections.abc import Callable
 
+from emulator.nvmetcp.auth import load_host_keys
 from emulator.nvmetcp.backing import open_backing
 from emulator.nvmetcp.config import TargetConfig, parse_listen
 from emulator.nvmetcp.connection import QueueConnection
@@ -34,6 +35,7 @@ from emulator.nvmetcp.model import (
 from emulator.nvmetcp.transport import Listener
 from kvtool import __version__
 from kvtool.nvme import spec
+from kvtool.nvme.dhchap import HostKeys
 
 log = logging.getLogger("emulator.nvmetcp")
 
@@ -52,8 +54,10 @@ class TargetState:
     """Everything the connections share (event-loop confined)."""
 
     def __init__(self, config: TargetConfig, subsystems: dict[str, Subsystem],
-                 loop: asyncio.AbstractEventLoop) -> None:
+                 loop: asyncio.AbstractEventLoop,
+                 host_keys: dict[str, HostKeys] | None = None) -> None:
         self.config = config
+        self.host_keys = host_keys or {}  # host NQN → DH-HMAC-CHAP keys
         self.subsystems = subsystems
         self.discovery = discovery_subsystem()
         self.loop = loop
@@ -112,6 +116,7 @@ class Target:
         config.validate()
         self.config = config
         self.metrics = metrics
+        self.host_keys = load_host_keys(config)  # may raise InputError (mode, format)
         self.subsystems = build_subsystems(config)  # opens the backings; may raise InputError
         self.state: TargetState | None = None
         self.addresses: list[tuple[str, int]] = []
@@ -128,7 +133,7 @@ class Target:
         loop = asyncio.get_running_loop()
         self._loop = loop
         self._stop_event = asyncio.Event()
-        state = TargetState(self.config, self.subsystems, loop)
+        state = TargetState(self.config, self.subsystems, loop, self.host_keys)
         self.state = state
         try:
             for addr in self.config.listen:

@@ -1,6 +1,6 @@
 """Command-line launcher for kvtool's QEMU kernel guest.
 
-  python -m emulator.qemu build                 build (or reuse) the cached kernel + initramfs
+  python -m emulator.qemu build [--kernel 6.12] build (or reuse) the cached kernel + initramfs
   python -m emulator.qemu run [options]         boot a guest, print one JSON ready line, serve
                                                 until SIGINT/SIGTERM
   python -m emulator.qemu exec PORT 'shell'     run shell in a guest via its control port
@@ -19,7 +19,7 @@ import sys
 import threading
 from types import FrameType
 
-from emulator.qemu.build import BuildError, cache_dir, ensure_built
+from emulator.qemu.build import KERNELS, BuildError, cache_dir, ensure_built
 from emulator.qemu.guest import (
     DEFAULT_NQN,
     GUESTFWD_ADDR,
@@ -75,6 +75,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--workdir", help="cache directory (default $KVTOOL_QEMU_DIR or "
                    "/var/tmp/kvtool-qemu)")
     b.add_argument("--no-nvme-cli", action="store_true", help="leave nvme-cli out")
+    b.add_argument("--kernel", choices=KERNELS, default="6.1",
+                   help="6.1 (bookworm) or 6.12 (bookworm-backports: NVMe DH-HMAC-CHAP)")
     r = sub.add_parser("run", help="boot a guest and keep it up")
     r.add_argument("--no-target", action="store_true",
                    help="configure no nvmet target (modules loaded, configfs mounted)")
@@ -90,6 +92,7 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"let the guest reach host 127.0.0.1:PORT at {GUESTFWD_ADDR}:PORT")
     r.add_argument("--hostroot", action="store_true", help="share host / read-only (9p)")
     r.add_argument("--mem-mb", type=_positive, default=256)
+    r.add_argument("--kernel", choices=KERNELS, default="6.1", help="guest kernel series")
     e = sub.add_parser("exec", help="run a shell snippet in a running guest")
     e.add_argument("control_port", type=_port)
     e.add_argument("shell")
@@ -107,17 +110,19 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.cmd == "build":
-            image = ensure_built(args.workdir, with_nvme_cli=not args.no_nvme_cli)
+            image = ensure_built(args.workdir, with_nvme_cli=not args.no_nvme_cli,
+                                 kernel=args.kernel)
             print(json.dumps({"kernel": str(image.kernel), "initrd": str(image.initrd),
                               "kernel_version": image.kernel_version,
-                              "cache": str(cache_dir(args.workdir))}))
+                              "cache": str(cache_dir(args.workdir, args.kernel))}))
             return 0
         if args.cmd == "exec":
             return _exec(args.control_port, args.shell, args.timeout)
         forwards = dict(args.forward)
         forwards[TARGET_PORT] = args.port
-        guest = Guest(target=not args.no_target, nqn=args.nqn, size_mb=args.size_mb,
-                      backing=args.backing, allowed_hosts=args.allow_host, forwards=forwards,
+        guest = Guest(ensure_built(kernel=args.kernel), target=not args.no_target, nqn=args.nqn,
+                      size_mb=args.size_mb, backing=args.backing,
+                      allowed_hosts=args.allow_host, forwards=forwards,
                       guest_forwards=args.guest_forward, hostroot=args.hostroot,
                       mem_mb=args.mem_mb)
         stop = threading.Event()

@@ -5,7 +5,15 @@ nvme-tcp, configfs, virtio, 9p and overlay modules (and, optionally, nvme-cli). 
 only ``apt-get download``ed and unpacked into the cache directory: nothing is installed into
 the host root except qemu-system-x86 when it is missing.
 
-Cache: ``$KVTOOL_QEMU_DIR`` (default ``/var/tmp/kvtool-qemu``). ``ensure_built`` is idempotent
+Two kernels: ``6.1`` (bookworm's, the default) and ``6.12`` (bookworm-backports: the one with
+NVMe in-band authentication, ``CONFIG_NVME_TARGET_AUTH``/``CONFIG_NVME_AUTH``). The 6.12
+kernel package comes through a private apt state for bookworm-backports inside the cache
+directory, so the system's apt sources stay untouched; its ``.ko.xz`` modules are unpacked
+into the initramfs (busybox insmod reads plain ``.ko`` only). Adapted from the 6.12 recipe
+(../shared/reference/qemu-nvmet-612/build.sh).
+
+Cache: ``$KVTOOL_QEMU_DIR`` (default ``/var/tmp/kvtool-qemu``); 6.12: ``$KVTOOL_QEMU_612_DIR``
+(default ``/var/tmp/kvtool-qemu-612``). ``ensure_built`` is idempotent
 and safe to call from several processes at once (an flock serializes builders); an image is
 rebuilt when a file is missing or when its inputs (init script, module list, this builder's
 version) change. Never commit the output.
@@ -30,6 +38,11 @@ from emulator.qemu import cpio, moddeps, vmlinux
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_DIR = Path("/var/tmp/kvtool-qemu")
+KERNELS = ("6.1", "6.12")
+_DIRS = {"6.1": ("KVTOOL_QEMU_DIR", DEFAULT_DIR),
+         "6.12": ("KVTOOL_QEMU_612_DIR", Path("/var/tmp/kvtool-qemu-612"))}
+BPO_SOURCE = ("deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] "
+              "http://deb.debian.org/debian bookworm-backports main")
 QEMU = "qemu-system-x86_64"
 BUILDER_VERSION = "1"
 
@@ -39,9 +52,20 @@ CORE_MODULES = [
     "configfs", "virtio_pci", "virtio_net", "crct10dif_generic", "crc64_rocksoft_generic",
     "crc32c_generic", "nvmet", "nvmet-tcp", "nvme-tcp",
 ]
+# 6.12: nvmet, nvme-core and nvme-tcp depend on these (the DH/HMAC/SHA-2 crypto is built in)
+AUTH_MODULES = ["nvme-keyring", "nvme-auth"]
 HOSTROOT_MODULES = ["9pnet_virtio", "9p", "overlay"]
 NVME_CLI_PACKAGES = ["nvme-cli", "libnvme1", "libjson-c5", "libuuid1"]
 GUEST_HOSTNQN = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-00000000kvt0"
+# 6.12's nvme-fabrics refuses a host NQN whose host ID another NQN already uses: the 6.12
+# guest's default identity is a real UUID pair (hostnqn + hostid), as the recipe ships it.
+GUEST_HOSTID_612 = "6b767430-0000-4000-8000-000000000000"
+GUEST_HOSTNQN_612 = "nqn.2014-08.org.nvmexpress:uuid:" + GUEST_HOSTID_612
+
+
+def guest_hostnqn(kernel: str = "6.1") -> str:
+    """The host NQN the guest's own nvme-cli presents by default."""
+    return GUEST_HOSTNQN_612 if kernel == "6.12" else GUEST_HOSTNQN
 
 
 class BuildError(RuntimeError):
@@ -57,10 +81,33 @@ class GuestImage:
     kernel_version: str
     with_nvme_cli: bool
     workdir: Path
+    series: str = "6.1"  # "6.1" | "6.12"
+
+    @property
+    def hostnqn(self) -> str:
+        return guest_hostnqn(self.series)
 
 
-def cache_dir(workdir: Path | str | None = None) -> Path:
-    return Path(workdir or os.environ.get("KVTOOL_QEMU_DIR") or DEFAULT_DIR)
+def cache_dir(workdir: Path | str | None = None, kernel: str = "6.1") -> Path:
+    env, default = _DIRS[kernel]
+    return Path(workdir or os.environ.get(env) or default)
+
+
+def _check_kernel(kernel: str) -> None:
+    if kernel not in KERNELS:
+        raise BuildError(f"unknown guest kernel {kernel!r} (choose {', '.join(KERNELS)})")
+
+
+def _bpo_apt(wd: Path) -> list[str]:
+    """apt options for a private bookworm-backports state under ``wd`` (created on first use)."""
+    bpo = wd / "apt-bpo"
+    (bpo / "lists" / "partial").mkdir(parents=True, exist_ok=True)
+    (bpo / "etc").mkdir(exist_ok=True)
+    src = bpo / "etc" / "sources.list"
+    if not src.exists():
+        src.write_text(BPO_SOURCE + "\n")
+    return ["-o", f"Dir::Etc::sourcelist={src}", "-o", "Dir::Etc::sourceparts=-",
+            "-o", f"Dir::State::Lists={bpo / 'lists'}"]
 
 
 def _run(cmd: list[str], *, cwd: Path | None = None, what: str) -> str:
@@ -93,9 +140,12 @@ def ensure_qemu() -> str:
     return found
 
 
-def _kernel_package() -> str:
+def _kernel_package(apt: list[str] | None = None) -> str:
+    """The kernel package linux-image-amd64 depends on (``apt``: options of a private state)."""
+    apt = apt or []
+
     def query() -> str:
-        out = _run(["apt-cache", "depends", "linux-image-amd64"], what="apt-cache depends")
+        out = _run(["apt-cache", *apt, "depends", "linux-image-amd64"], what="apt-cache depends")
         for line in out.splitlines():
             parts = line.split()
             if (len(parts) == 2 and parts[0] == "Depends:"
@@ -109,18 +159,19 @@ def _kernel_package() -> str:
     except BuildError:
         pkg = ""
     if not pkg:
-        _apt_update()
+        _apt_update(apt)
         pkg = query()
     if not pkg:
         raise BuildError("apt knows no linux-image-amd64 kernel package (apt sources?)")
     return pkg
 
 
-def _apt_update() -> None:
-    _run(["apt-get", "update", "-q"], what="apt-get update (is the Debian mirror reachable?)")
+def _apt_update(apt: list[str] | None = None) -> None:
+    _run(["apt-get", *(apt or []), "update", "-q"],
+         what="apt-get update (is the Debian mirror reachable?)")
 
 
-def _download(debs: Path, packages: list[str]) -> None:
+def _download(debs: Path, packages: list[str], apt: list[str] | None = None) -> None:
     """apt-get download each missing package; a .deb appears in ``debs`` only when complete."""
     debs.mkdir(parents=True, exist_ok=True)
     updated = False
@@ -130,14 +181,14 @@ def _download(debs: Path, packages: list[str]) -> None:
         scratch = debs / ".partial"
         shutil.rmtree(scratch, ignore_errors=True)
         scratch.mkdir()
-        cmd = ["apt-get", "download", pkg]
+        cmd = ["apt-get", *(apt or []), "download", pkg]
         what = f"apt-get download {pkg} (is the Debian mirror reachable?)"
         try:
             _run(cmd, cwd=scratch, what=what)
         except BuildError:
             if updated:
                 raise
-            _apt_update()
+            _apt_update(apt)
             updated = True
             _run(cmd, cwd=scratch, what=what)
         for deb in scratch.glob("*.deb"):
@@ -145,10 +196,17 @@ def _download(debs: Path, packages: list[str]) -> None:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _inputs_digest(kernel_pkg: str, with_nvme_cli: bool) -> str:
+def _core_modules(kernel: str) -> list[str]:
+    return CORE_MODULES + AUTH_MODULES if kernel == "6.12" else CORE_MODULES
+
+
+def _inputs_digest(kernel_pkg: str, with_nvme_cli: bool, kernel: str = "6.1") -> str:
     h = hashlib.sha256()
-    for part in (BUILDER_VERSION, kernel_pkg, str(with_nvme_cli), " ".join(CORE_MODULES),
-                 " ".join(HOSTROOT_MODULES), GUEST_HOSTNQN):
+    parts = [BUILDER_VERSION, kernel_pkg, str(with_nvme_cli), " ".join(CORE_MODULES),
+             " ".join(HOSTROOT_MODULES), GUEST_HOSTNQN]
+    if kernel != "6.1":  # the 6.1 digest stays what it was: its cached image stays valid
+        parts += [kernel, " ".join(AUTH_MODULES), GUEST_HOSTNQN_612, "moddeps-xz"]
+    for part in parts:
         h.update(part.encode() + b"\0")
     h.update((HERE / "init.sh").read_bytes())
     return h.hexdigest()[:16]
@@ -173,57 +231,65 @@ def _read_stamp(path: Path) -> dict[str, str]:
     return data if isinstance(data, dict) else {}
 
 
-def ensure_built(workdir: Path | str | None = None, *, with_nvme_cli: bool = True) -> GuestImage:
+def ensure_built(workdir: Path | str | None = None, *, with_nvme_cli: bool = True,
+                 kernel: str = "6.1") -> GuestImage:
     """Build the guest kernel and initramfs unless an up-to-date build is cached; return paths.
 
+    ``kernel``: "6.1" (bookworm) or "6.12" (bookworm-backports, with NVMe authentication).
     Raises BuildError with the reason (not root, apt unreachable, package missing) when the
     image cannot be built.
     """
+    _check_kernel(kernel)
     ensure_qemu()
-    wd = cache_dir(workdir)
+    wd = cache_dir(workdir, kernel)
     initrd_name = "initramfs.cpio" if with_nvme_cli else "initramfs-nocli.cpio"
     with _locked(wd):
         stamp_path = wd / (initrd_name + ".json")
         stamp = _read_stamp(stamp_path)
-        kernel = wd / "vmlinux"
+        vmlinux_path = wd / "vmlinux"
         initrd = wd / initrd_name
         # Offline-friendly: a complete cached build is reused without asking apt, as long as
         # the inputs kept in this repository are unchanged.
-        if (stamp and kernel.exists() and initrd.exists()
+        if (stamp and vmlinux_path.exists() and initrd.exists()
                 and stamp.get("digest") == _inputs_digest(stamp.get("kernel_package", ""),
-                                                          with_nvme_cli)):
-            return GuestImage(kernel, initrd, stamp["kernel_version"], with_nvme_cli, wd)
+                                                          with_nvme_cli, kernel)):
+            return GuestImage(vmlinux_path, initrd, stamp["kernel_version"], with_nvme_cli, wd,
+                              kernel)
         if os.geteuid() != 0:
             raise BuildError(f"no cached guest image in {wd}, and building one needs root "
                              "(apt-get download, dpkg -x)")
         # the kernel is shared by both initramfs flavours: its modules must match it
-        pinned = _read_stamp(wd / "vmlinux.json").get("kernel_package") if kernel.exists() else None
+        pinned = (_read_stamp(wd / "vmlinux.json").get("kernel_package")
+                  if vmlinux_path.exists() else None)
         if not pinned:
-            kernel.unlink(missing_ok=True)
+            vmlinux_path.unlink(missing_ok=True)
+        apt = _bpo_apt(wd) if kernel == "6.12" else None
         try:
-            kernel_pkg = pinned or _kernel_package()
-            _build(wd, kernel_pkg, with_nvme_cli, initrd)
+            kernel_pkg = pinned or _kernel_package(apt)
+            _build(wd, kernel_pkg, with_nvme_cli, initrd, kernel, apt)
         except BuildError:
             if pinned:
                 raise
             # stale package lists name a kernel the mirror no longer has: refresh, retry once
-            _apt_update()
-            kernel_pkg = _kernel_package()
-            _build(wd, kernel_pkg, with_nvme_cli, initrd)
+            _apt_update(apt)
+            kernel_pkg = _kernel_package(apt)
+            _build(wd, kernel_pkg, with_nvme_cli, initrd, kernel, apt)
         kver = kernel_pkg[len("linux-image-"):]
         stamp_path.write_text(json.dumps({
-            "digest": _inputs_digest(kernel_pkg, with_nvme_cli),
+            "digest": _inputs_digest(kernel_pkg, with_nvme_cli, kernel),
             "kernel_package": kernel_pkg,
             "kernel_version": kver,
         }))
-        return GuestImage(kernel, initrd, kver, with_nvme_cli, wd)
+        return GuestImage(vmlinux_path, initrd, kver, with_nvme_cli, wd, kernel)
 
 
-def _build(wd: Path, kernel_pkg: str, with_nvme_cli: bool, initrd: Path) -> None:
+def _build(wd: Path, kernel_pkg: str, with_nvme_cli: bool, initrd: Path, series: str = "6.1",
+           apt: list[str] | None = None) -> None:
     kver = kernel_pkg[len("linux-image-"):]
     packages = [kernel_pkg, "busybox-static"] + (NVME_CLI_PACKAGES if with_nvme_cli else [])
     debs = wd / "debs"
-    _download(debs, packages)
+    _download(debs, [kernel_pkg], apt)  # from bookworm-backports for 6.12
+    _download(debs, packages[1:])
     x = wd / "x"
     shutil.rmtree(x, ignore_errors=True)
     x.mkdir()
@@ -238,7 +304,7 @@ def _build(wd: Path, kernel_pkg: str, with_nvme_cli: bool, initrd: Path) -> None
             (wd / "vmlinux.json").write_text(json.dumps({"kernel_package": kernel_pkg}))
         root = wd / "root"
         shutil.rmtree(root, ignore_errors=True)
-        _initramfs_tree(root, x, moddir, with_nvme_cli)
+        _initramfs_tree(root, x, moddir, with_nvme_cli, series)
         tmp = initrd.with_suffix(".tmp")
         with tmp.open("wb") as out:
             cpio.write_newc(root, out)
@@ -249,7 +315,8 @@ def _build(wd: Path, kernel_pkg: str, with_nvme_cli: bool, initrd: Path) -> None
         shutil.rmtree(x, ignore_errors=True)
 
 
-def _initramfs_tree(root: Path, x: Path, moddir: Path, with_nvme_cli: bool) -> None:
+def _initramfs_tree(root: Path, x: Path, moddir: Path, with_nvme_cli: bool,
+                    series: str = "6.1") -> None:
     for d in ("bin", "sbin", "usr/bin", "usr/sbin", "lib/modules", "proc", "sys", "dev", "tmp",
               "run", "etc", "mnt"):
         (root / d).mkdir(parents=True, exist_ok=True)
@@ -257,20 +324,26 @@ def _initramfs_tree(root: Path, x: Path, moddir: Path, with_nvme_cli: bool) -> N
     shutil.copyfile(HERE / "init.sh", root / "init")
     (root / "init").chmod(0o755)
 
-    core = moddeps.resolve(moddir, CORE_MODULES)
-    everything = moddeps.resolve(moddir, CORE_MODULES + HOSTROOT_MODULES)
-    (root / "modules.load").write_text("".join(m + "\n" for m in core))
-    (root / "modules-9p.load").write_text("".join(m + "\n" for m in everything if m not in core))
-    for m in [*everything, "kernel/drivers/block/brd.ko"]:
-        dest = root / "lib" / "modules" / m
+    modules = _core_modules(series)
+    core = moddeps.resolve(moddir, modules)
+    everything = moddeps.resolve(moddir, modules + HOSTROOT_MODULES + ["brd"])
+    plain = moddeps.plain
+    (root / "modules.load").write_text("".join(plain(m) + "\n" for m in core))
+    (root / "modules-9p.load").write_text("".join(
+        plain(m) + "\n" for m in everything if m not in core and "/brd.ko" not in m))
+    for m in everything:
+        dest = root / "lib" / "modules" / plain(m)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(moddir / m, dest)
+        if plain(m) == m:
+            shutil.copy2(moddir / m, dest)
+        else:
+            dest.write_bytes(moddeps.read_module(moddir / m))
 
     if with_nvme_cli:
-        _add_nvme_cli(root, x)
+        _add_nvme_cli(root, x, series)
 
 
-def _add_nvme_cli(root: Path, x: Path) -> None:
+def _add_nvme_cli(root: Path, x: Path, series: str = "6.1") -> None:
     """nvme-cli is dynamically linked: ship it with its own libs plus the host's (Debian 12)."""
     libdir = root / "usr" / "lib" / "x86_64-linux-gnu"
     libdir.mkdir(parents=True, exist_ok=True)
@@ -293,4 +366,6 @@ def _add_nvme_cli(root: Path, x: Path) -> None:
     shutil.copyfile(Path("/lib64/ld-linux-x86-64.so.2").resolve(),
                     root / "lib64" / "ld-linux-x86-64.so.2")
     (root / "lib64" / "ld-linux-x86-64.so.2").chmod(0o755)
-    (root / "etc" / "nvme" / "hostnqn").write_text(GUEST_HOSTNQN + "\n")
+    (root / "etc" / "nvme" / "hostnqn").write_text(guest_hostnqn(series) + "\n")
+    if series == "6.12":
+        (root / "etc" / "nvme" / "hostid").write_text(GUEST_HOSTID_612 + "\n")

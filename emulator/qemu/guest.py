@@ -222,7 +222,9 @@ class Guest:
         # QEMU's option syntax: a literal comma inside a value is written twice
         netdev = ",".join(part.replace(",", ",,") if "cmd:" in part else part for part in net)
         argv = [
-            "qemu-system-x86_64", "-accel", "tcg,thread=multi,tb-size=64", "-cpu", "qemu64",
+            # +rdrand: TCG emulates it, and the guest's CRNG is ready at once (6.12's
+            # nvme gen-dhchap-key would otherwise fail on getrandom(GRND_NONBLOCK))
+            "qemu-system-x86_64", "-accel", "tcg,thread=multi,tb-size=64", "-cpu", "qemu64,+rdrand",
             "-m", str(self.mem_mb), "-smp", "1", "-machine", "q35", "-nodefaults", "-no-reboot",
             "-display", "none", "-kernel", str(self.image.kernel), "-initrd", str(self.image.initrd),
             "-append", self.cmdline(), "-serial", f"file:{self._rundir / 'console.log'}",

@@ -9,9 +9,37 @@ Adapted from the qemu-nvmet recipe (../shared/reference/qemu-nvmet/moddeps.py, k
 
 from __future__ import annotations
 
+import gzip
+import lzma
 import os
 import re
+import subprocess
 from pathlib import Path
+
+# Debian's 6.12 packages ship compressed modules (.ko.xz); busybox insmod needs plain .ko.
+SUFFIXES = (".ko", ".ko.xz", ".ko.zst", ".ko.gz")
+
+
+def plain(relpath: str) -> str:
+    """The module's path with the compression suffix dropped (``….ko``)."""
+    for suffix in SUFFIXES[1:]:
+        if relpath.endswith(suffix):
+            return relpath[: -len(suffix) + 3]
+    return relpath
+
+
+def read_module(path: Path) -> bytes:
+    """The uncompressed bytes of a ``.ko``, ``.ko.xz``, ``.ko.zst`` or ``.ko.gz`` module."""
+    data = path.read_bytes()
+    name = path.name
+    if name.endswith(".xz"):
+        return lzma.decompress(data)
+    if name.endswith(".gz"):
+        return gzip.decompress(data)
+    if name.endswith(".zst"):
+        return subprocess.run(["zstd", "-dcq"], input=data, capture_output=True,
+                              check=True).stdout
+    return data
 
 
 class ModuleNotFound(LookupError):
@@ -26,13 +54,14 @@ def _index(moddir: Path) -> dict[str, str]:
     idx: dict[str, str] = {}
     for root, _dirs, files in os.walk(moddir / "kernel"):
         for f in files:
-            if f.endswith(".ko"):
-                idx[_norm(f[:-3])] = os.path.relpath(os.path.join(root, f), moddir)
+            suffix = next((x for x in SUFFIXES if f.endswith(x)), None)
+            if suffix is not None:
+                idx[_norm(f[: -len(suffix)])] = os.path.relpath(os.path.join(root, f), moddir)
     return idx
 
 
 def _modinfo(path: Path) -> tuple[list[str], list[str]]:
-    data = path.read_bytes()
+    data = read_module(path)
     deps: list[str] = []
     soft: list[str] = []
     m = re.search(rb"\x00depends=([^\x00]*)\x00", data)
@@ -53,7 +82,7 @@ def resolve(moddir: Path, names: list[str]) -> list[str]:
     builtin: set[str] = set()
     bfile = moddir / "modules.builtin"
     if bfile.exists():
-        builtin = {_norm(os.path.basename(line.strip())[:-3]) for line in bfile.open()}
+        builtin = {_norm(os.path.basename(plain(line.strip()))[:-3]) for line in bfile.open()}
     order: list[str] = []
     seen: set[str] = set()
 

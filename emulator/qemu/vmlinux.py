@@ -8,6 +8,9 @@ Adapted from the qemu-nvmet recipe (../shared/reference/qemu-nvmet/extract_vmlin
 from __future__ import annotations
 
 import lzma
+import shutil
+import struct
+import subprocess
 import zlib
 from pathlib import Path
 
@@ -23,6 +26,22 @@ def _try(data: bytes, how: str) -> bytes | None:
         return None
 
 
+def _zstd_payload(bzimage: bytes) -> bytes | None:
+    """A zstd payload (Debian's 6.12), found through the boot header's payload_offset/length.
+
+    Decompressed by the ``zstd`` CLI; the le32 size the kernel appends is cut off first.
+    """
+    if bzimage[0x202:0x206] != b"HdrS" or not shutil.which("zstd"):
+        return None
+    pm = ((bzimage[0x1F1] or 4) + 1) * 512
+    off, length = struct.unpack_from("<II", bzimage, 0x248)
+    payload = bzimage[pm + off: pm + off + length]
+    if not payload.startswith(b"\x28\xb5\x2f\xfd"):
+        return None
+    proc = subprocess.run(["zstd", "-dcq"], input=payload[:-4], capture_output=True, check=False)
+    return proc.stdout if proc.stdout.startswith(b"\x7fELF") else None
+
+
 def extract_elf(bzimage: bytes) -> bytes:
     """The ELF payload of ``bzimage``; raises ValueError when none is found.
 
@@ -36,7 +55,11 @@ def extract_elf(bzimage: bytes) -> bytes:
             if out is not None and out.startswith(b"\x7fELF"):
                 return out
             off = bzimage.find(magic, off + 1)
-    raise ValueError("no XZ- or gzip-compressed ELF payload found in the bzImage")
+    elf = _zstd_payload(bzimage)
+    if elf is not None:
+        return elf
+    raise ValueError("no XZ-, gzip- or zstd-compressed ELF payload found in the bzImage "
+                     "(zstd needs the zstd command)")
 
 
 def extract_file(bzimage: Path, out: Path) -> int:

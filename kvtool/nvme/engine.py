@@ -19,9 +19,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 from typing import Any
 
-from kvtool.errors import UsageError
+from kvtool.errors import AuthenticationFailed, UsageError
 from kvtool.nvme import spec
-from kvtool.nvme.host import ConnectError, Controller
+from kvtool.nvme.host import AuthenticationError, ConnectError, Controller, HostCredentials
 from kvtool.nvme.queue import Command, TransportError
 from kvtool.nvme.url import default_hostnqn, parse_nvme_url
 from kvtool.store.engine import check_extent
@@ -176,18 +176,21 @@ class NvmeTcpEngine:
 
 
 def open_nvme_tcp(url: str, *, write: bool, qd: int = 32, hostnqn: str | None = None,
-                  **opts: Any) -> NvmeTcpEngine:
+                  credentials: HostCredentials | None = None, **opts: Any) -> NvmeTcpEngine:
     """Connect to ``nvme+tcp://HOST:PORT/SUBNQN[/NSID][?hostnqn=]`` and return the engine.
 
     Host NQN: ``hostnqn`` argument, else the URL's ``?hostnqn=``, else the machine default
     (:func:`kvtool.nvme.url.default_hostnqn`). ``opts``: ``io_queues`` (default 1, 2 when
     qd ≥ 16), ``header_digest``, ``data_digest``, ``timeout`` (s), ``reconnect`` (s).
-    Failing to connect raises :class:`~kvtool.errors.UsageError` (field ``TARGET``).
+    ``credentials``: host NQN and DH-HMAC-CHAP secrets (its ``hostnqn`` wins over the URL's).
+    Failing to connect raises :class:`~kvtool.errors.UsageError` (field ``TARGET``); failed
+    authentication raises :class:`~kvtool.errors.AuthenticationFailed` (exit 1).
     """
     if qd < 1:
         raise UsageError(f"queue depth must be at least 1, got {qd}", field="--qd")
     parsed = parse_nvme_url(url)
-    nqn = hostnqn or parsed.hostnqn or default_hostnqn()
+    creds = credentials or HostCredentials()
+    nqn = hostnqn or creds.hostnqn or parsed.hostnqn or default_hostnqn()
     io_queues = int(opts.get("io_queues") or (2 if qd >= 16 else 1))
     depth = max(2, -(-qd // io_queues))
     try:
@@ -196,7 +199,10 @@ def open_nvme_tcp(url: str, *, write: bool, qd: int = 32, hostnqn: str | None = 
                           header_digest=bool(opts.get("header_digest", False)),
                           data_digest=bool(opts.get("data_digest", False)),
                           timeout=float(opts.get("timeout", 10.0)),
-                          reconnect=float(opts.get("reconnect", 10.0)))
+                          reconnect=float(opts.get("reconnect", 10.0)),
+                          dhchap_secret=creds.secret, dhchap_ctrl_secret=creds.ctrl_secret)
+    except AuthenticationError as exc:
+        raise AuthenticationFailed(str(exc)) from None
     except ConnectError as exc:
         raise UsageError(str(exc), field="TARGET") from None
     except OSError as exc:

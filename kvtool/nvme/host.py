@@ -23,8 +23,9 @@ import time
 from collections.abc import Callable
 from types import TracebackType
 
+from kvtool.nvme import dhchap, spec
 from kvtool.nvme import pdu as P
-from kvtool.nvme import spec
+from kvtool.nvme.hostauth import AuthenticationError, HostCredentials, authenticate
 from kvtool.nvme.queue import Command, HostQueue, NvmeStatusError, TransportError
 from kvtool.nvme.spec import ControllerInfo, DiscoveryEntry, NamespaceInfo
 from kvtool.nvme.url import default_hostnqn, hostid_for
@@ -34,8 +35,18 @@ log = logging.getLogger("kvtool.nvme")
 ADMIN_QUEUE_DEPTH = 32  # sqsize 31, as the Linux host
 DEFAULT_KATO_MS = 10_000
 
-__all__ = ["ConnectError", "Controller", "DiscoveryEntry", "NamespaceInfo", "NvmeStatusError",
-           "TransportError", "connect", "discover"]
+__all__ = [
+    "AuthenticationError",
+    "ConnectError",
+    "Controller",
+    "DiscoveryEntry",
+    "HostCredentials",
+    "NamespaceInfo",
+    "NvmeStatusError",
+    "TransportError",
+    "connect",
+    "discover",
+]
 
 
 class ConnectError(NvmeStatusError):
@@ -60,7 +71,8 @@ class Controller:
                  io_queues: int = 1, queue_depth: int = 32, header_digest: bool = False,
                  data_digest: bool = False, timeout: float = 10.0,
                  kato_ms: int = DEFAULT_KATO_MS, reconnect: float = 10.0,
-                 disable_sqflow: bool = False) -> None:
+                 disable_sqflow: bool = False, dhchap_secret: dhchap.Secret | None = None,
+                 dhchap_ctrl_secret: dhchap.Secret | None = None) -> None:
         if io_queues < 0 or queue_depth < 2:
             raise ValueError("io_queues must be ≥ 0 and queue_depth ≥ 2")
         self.host, self.port, self.subnqn = host, port, subnqn
@@ -73,6 +85,9 @@ class Controller:
         self.kato_ms = 0 if subnqn == spec.DISCOVERY_NQN else kato_ms
         self.reconnect = reconnect
         self.disable_sqflow = disable_sqflow
+        self._secret, self._ctrl_secret = dhchap_secret, dhchap_ctrl_secret
+        self._tid = int.from_bytes(self.hostid[:2], "little")
+        self.authenticated = False
         self.admin: HostQueue | None = None
         self.io: list[HostQueue] = []
         self.cntlid = 0
@@ -145,7 +160,31 @@ class Controller:
             cqe = q.wait(cmd)
         except NvmeStatusError as exc:
             raise self._connect_error(exc.cqe) from None
+        self._authenticate(q, cqe.dw0)
         return cqe.dw0 & 0xFFFF
+
+    def _authenticate(self, q: HostQueue, result: int) -> None:
+        """DH-HMAC-CHAP on ``q`` when the Connect result asks for it (AUTHREQ.ATR)."""
+        where = f"{self.host}:{self.port} ({self.subnqn})"
+        if result & dhchap.CONNECT_ASCR:
+            raise AuthenticationError("host", f"DH-HMAC-CHAP: the target at {where} requires a "
+                                      "secure channel (TLS concatenation), which kvtool does "
+                                      "not support")
+        if not result & dhchap.CONNECT_ATR:
+            if self._ctrl_secret is not None:
+                raise AuthenticationError("controller", f"DH-HMAC-CHAP: the target at {where} "
+                                          "did not ask for authentication, so the controller "
+                                          "cannot be verified (--dhchap-ctrl-secret given)")
+            return
+        if self._secret is None:
+            raise AuthenticationError("host", f"DH-HMAC-CHAP: the target at {where} requires "
+                                      f"authentication of host {self.hostnqn}, but no "
+                                      "--dhchap-secret was given")
+        self._tid = (self._tid + 1) & 0xFFFF
+        authenticate(q, hostnqn=self.hostnqn, subnqn=self.subnqn, secret=self._secret,
+                     ctrl_secret=self._ctrl_secret, tid=self._tid, where=where)
+        if q.qid == 0:
+            self.authenticated = True
 
     def _connect_error(self, cqe: P.Cqe) -> ConnectError:
         where = f"{self.host}:{self.port}"
@@ -238,7 +277,7 @@ class Controller:
             while time.monotonic() < deadline and not self._closed:
                 try:
                     self._establish()
-                except ConnectError:
+                except (ConnectError, AuthenticationError):
                     raise
                 except (TransportError, NvmeStatusError, OSError) as exc:
                     last = exc
@@ -468,22 +507,28 @@ class Controller:
 def connect(host: str, port: int, subnqn: str, *, hostnqn: str | None = None,
             io_queues: int = 1, queue_depth: int = 32, header_digest: bool = False,
             data_digest: bool = False, timeout: float = 10.0, kato_ms: int = DEFAULT_KATO_MS,
-            reconnect: float = 10.0, disable_sqflow: bool = False) -> Controller:
+            reconnect: float = 10.0, disable_sqflow: bool = False,
+            dhchap_secret: dhchap.Secret | None = None,
+            dhchap_ctrl_secret: dhchap.Secret | None = None) -> Controller:
     """Connect to ``subnqn`` at ``host:port`` and return a ready :class:`Controller`.
 
     Raises :class:`TransportError` when the target cannot be reached or misbehaves and
-    :class:`ConnectError` when it refuses the connection (e.g. host NQN not allowed).
+    :class:`ConnectError` when it refuses the connection (e.g. host NQN not allowed),
+    :class:`AuthenticationError` when DH-HMAC-CHAP fails (``side`` says who failed).
     """
     return Controller(host, port, subnqn, hostnqn=hostnqn, io_queues=io_queues,
                       queue_depth=queue_depth, header_digest=header_digest,
                       data_digest=data_digest, timeout=timeout, kato_ms=kato_ms,
-                      reconnect=reconnect, disable_sqflow=disable_sqflow)
+                      reconnect=reconnect, disable_sqflow=disable_sqflow,
+                      dhchap_secret=dhchap_secret, dhchap_ctrl_secret=dhchap_ctrl_secret)
 
 
-def discover(host: str, port: int, *, hostnqn: str | None = None,
-             timeout: float = 10.0) -> list[DiscoveryEntry]:
+def discover(host: str, port: int, *, hostnqn: str | None = None, timeout: float = 10.0,
+             dhchap_secret: dhchap.Secret | None = None,
+             dhchap_ctrl_secret: dhchap.Secret | None = None) -> list[DiscoveryEntry]:
     """Read the discovery log page from the discovery controller at ``host:port``."""
     with Controller(host, port, spec.DISCOVERY_NQN, hostnqn=hostnqn, io_queues=0,
-                    timeout=timeout, reconnect=0) as ctrl:
+                    timeout=timeout, reconnect=0, dhchap_secret=dhchap_secret,
+                    dhchap_ctrl_secret=dhchap_ctrl_secret) as ctrl:
         return ctrl.discovery_log()
 

@@ -175,13 +175,15 @@ def bench(target: str, *, object_bytes: int, qds: list[int], patterns: list[str]
           paths: list[str] | None = None, seconds: float = 2.0, max_ops: int | None = None,
           region_bytes: int = 1 << 30, force: bool = False, lba: int | None = None,
           create_bytes: int | None = None, progress: Callable[[int], None] | None = None,
-          on_total: Callable[[int], None] | None = None) -> dict[str, Any]:
+          on_total: Callable[[int], None] | None = None,
+          credentials: Any = None) -> dict[str, Any]:
     """Run every case on ``target``; returns the ``kvtool.store.bench/1`` document.
 
     Write patterns need a blank target or ``force`` (UsageError otherwise, nothing written).
     """
     writes = any(p.endswith("write") for p in patterns)
-    engine = open_engine(target, write=writes, qd=max(qds), lba=lba, create_bytes=create_bytes)
+    engine = open_engine(target, write=writes, qd=max(qds), lba=lba, create_bytes=create_bytes,
+                         credentials=credentials)
     try:
         if writes and not force:
             found = identify(read_head(engine))

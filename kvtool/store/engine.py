@@ -200,10 +200,12 @@ def open_engine(target: str, *, write: bool, qd: int = DEFAULT_QD, **opts: Any) 
 
     Raises :class:`~kvtool.errors.UsageError` (exit 2, field ``TARGET``) when the target is
     missing, not a file or block device, read-only while ``write`` is asked, or cannot do
-    O_DIRECT. ``opts``: ``hostnqn`` for NVMe/TCP; for paths, ``create_bytes`` creates a
-    missing regular file of that size and ``lba`` overrides the logical block size (a
-    power-of-two multiple of the device's, e.g. to lay out a 4Kn store on a 512 B file;
-    both are UsageErrors for an NVMe/TCP URL rather than silently ignored);
+    O_DIRECT. ``opts``: ``hostnqn`` and ``credentials`` (a
+    :class:`kvtool.nvme.hostauth.HostCredentials`: host NQN, DH-HMAC-CHAP secrets) for
+    NVMe/TCP; for paths, ``create_bytes`` creates a missing regular file of that size and
+    ``lba`` overrides the logical block size (a power-of-two multiple of the device's, e.g.
+    to lay out a 4Kn store on a 512 B file; both are UsageErrors for an NVMe/TCP URL rather
+    than silently ignored);
     ``submission`` ("auto", "aio", "threads") picks how the O_DIRECT engine keeps ``qd``
     requests in flight (native AIO when available, else a thread pool).
     """
@@ -217,7 +219,8 @@ def open_engine(target: str, *, write: bool, qd: int = DEFAULT_QD, **opts: Any) 
             raise UsageError(f"{target}: an NVMe/TCP namespace has its own logical block "
                              "size; --lba applies to a file or block device", field="--lba")
         engine: IOEngine = open_nvme_tcp(target, write=write, qd=qd,
-                                         hostnqn=opts.get("hostnqn"))
+                                         hostnqn=opts.get("hostnqn"),
+                                         credentials=opts.get("credentials"))
         return engine
     scheme = _URL_SCHEME.match(target)
     if scheme and not os.path.lexists(target):

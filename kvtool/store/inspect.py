@@ -16,13 +16,13 @@ from kvtool.store.signatures import identify
 SCHEMA = "kvtool.store.inspect/1"
 
 
-def inspect(target: str, *, list_objects: int = 0) -> dict[str, Any]:
+def inspect(target: str, *, list_objects: int = 0, credentials: Any = None) -> dict[str, Any]:
     """Describe the store on ``target``; UsageError when it holds none.
 
     A damaged superblock is reported (``superblock_error``) rather than raised, so people
     can see what is there.
     """
-    engine = open_engine(target, write=False, qd=1)
+    engine = open_engine(target, write=False, qd=1, credentials=credentials)
     try:
         try:
             store = ObjectStore.open(engine)

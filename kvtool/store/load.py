@@ -130,7 +130,8 @@ def prepare(engine: IOEngine, spec: LoadSpec, payload: Payload, target: str,
 
 def load(target: str, spec: LoadSpec, *, ack: AckSink | None = None,
          progress: Callable[[int], None] | None = None,
-         on_total: Callable[[int], None] | None = None) -> dict[str, Any]:
+         on_total: Callable[[int], None] | None = None,
+         credentials: Any = None) -> dict[str, Any]:
     """Load ``spec`` onto ``target``; returns the result document (docs/store.md).
 
     ``ack`` receives one record per durable commit; ``progress(n)`` is called with the
@@ -138,7 +139,7 @@ def load(target: str, spec: LoadSpec, *, ack: AckSink | None = None,
     """
     payload = make_payload(spec.object_bytes, spec.seed, spec.payload_file)
     engine = open_engine(target, write=True, qd=spec.qd, lba=spec.lba,
-                         create_bytes=spec.create_bytes)
+                         create_bytes=spec.create_bytes, credentials=credentials)
     try:
         store, _, count, replacing = prepare(engine, spec, payload, target)
         formatted = store is None

@@ -60,10 +60,11 @@ def choose_sample(slots: list[int], sample: str | None, *, seed: int | None = No
 def verify(target: str, *, qd: int = DEFAULT_QD, sample: str | None = None,
            sample_seed: int | None = None, payload_file: str | None = None,
            checksums_only: bool = False, progress: Callable[[int], None] | None = None,
-           on_total: Callable[[int], None] | None = None) -> dict[str, Any]:
+           on_total: Callable[[int], None] | None = None,
+           credentials: Any = None) -> dict[str, Any]:
     """Verify the store on ``target``; returns the report (docs/store.md), ``ok`` false
     when any check failed. Raises UsageError when ``target`` is not a kvtool store."""
-    engine = open_engine(target, write=False, qd=qd)
+    engine = open_engine(target, write=False, qd=qd, credentials=credentials)
     try:
         try:
             store = ObjectStore.open(engine)
