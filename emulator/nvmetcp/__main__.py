@@ -22,7 +22,7 @@ from pathlib import Path
 
 import click
 
-from emulator.nvmetcp.config import MAX_MDTS, TargetConfig, simple_config
+from emulator.nvmetcp.config import MAX_MDTS, HostKeyConfig, TargetConfig, simple_config
 from emulator.nvmetcp.target import Target
 from kvtool.errors import InputError, KvtoolError, UsageError
 
@@ -33,6 +33,8 @@ Examples:
   python -m emulator.nvmetcp --listen 127.0.0.1:4420 --nqn nqn.2026-01.io.kvtool:demo \\
       --backing /var/tmp/ns1.img --size 1GiB --lba 4096 --host nqn.2014-08.org.nvmexpress:uuid:...
   python -m emulator.nvmetcp --config target.json --ready-file /run/kvtool/target.ready
+  python -m emulator.nvmetcp --nqn nqn.2026-01.io.kvtool:demo --backing 64MiB --host HOSTNQN \\
+      --dhchap-key HOSTNQN=/etc/kvtool/host.key --dhchap-ctrl-key HOSTNQN=/etc/kvtool/ctrl.key
 """
 
 
@@ -51,6 +53,15 @@ Examples:
 @click.option("--host", "hosts", multiple=True, metavar="HOSTNQN",
               help="Host NQN allowed to connect (repeatable).")
 @click.option("--allow-any-host", is_flag=True, help="Let any host NQN connect.")
+@click.option("--dhchap-key", "dhchap_keys", multiple=True, metavar="HOSTNQN=FILE",
+              help="DH-HMAC-CHAP: HOSTNQN must prove the secret in FILE (mode 0600) on every "
+                   "queue (repeatable).")
+@click.option("--dhchap-ctrl-key", "dhchap_ctrl_keys", multiple=True, metavar="HOSTNQN=FILE",
+              help="DH-HMAC-CHAP: the controller's secret for HOSTNQN (bidirectional).")
+@click.option("--dhchap-hash", metavar="LIST",
+              help="Allowed hashes, preferred first (default sha256,sha384,sha512).")
+@click.option("--dhchap-dhgroup", metavar="LIST",
+              help="Allowed DH groups, preferred first (default null,ffdhe2048,...,ffdhe8192).")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False),
               help="JSON config with several subsystems/namespaces (docs/nvme-tcp.md).")
 @click.option("--mdts", type=int, help=f"Max transfer 2^MDTS × 4 KiB (1..{MAX_MDTS}; default 8).")
@@ -63,6 +74,8 @@ Examples:
 @click.option("-v", "--verbose", count=True, help="Log to stderr (-v info, -vv debug).")
 def main(listen: tuple[str, ...], allow_remote: bool, nqn: str | None, backing: str | None,
          size: str | None, lba: str, hosts: tuple[str, ...], allow_any_host: bool,
+         dhchap_keys: tuple[str, ...], dhchap_ctrl_keys: tuple[str, ...],
+         dhchap_hash: str | None, dhchap_dhgroup: str | None,
          config_file: str | None, mdts: int | None, queue_size: int | None,
          io_queues: int | None, ready_file: str | None, metrics_port: int | None,
          verbose: int) -> None:
@@ -72,6 +85,7 @@ def main(listen: tuple[str, ...], allow_remote: bool, nqn: str | None, backing: 
     try:
         cfg = _config(listen, allow_remote, nqn, backing, size, int(lba), hosts,
                       allow_any_host, config_file, mdts, queue_size, io_queues)
+        _add_keys(cfg, dhchap_keys, dhchap_ctrl_keys, dhchap_hash, dhchap_dhgroup)
         metrics = None
         if metrics_port is not None:
             from emulator.nvmetcp.metrics import TargetMetrics
@@ -144,6 +158,41 @@ def _config(listen: tuple[str, ...], allow_remote: bool, nqn: str | None, backin
     return cfg.validate()
 
 
+def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for v in values:
+        nqn, sep, path = v.partition("=")
+        if not sep or not nqn or not path:
+            raise UsageError(f"expected HOSTNQN=FILE, got {v!r}", field=option)
+        out[nqn] = path
+    return out
+
+
+def _add_keys(cfg: TargetConfig, keys: tuple[str, ...], ctrl_keys: tuple[str, ...],
+              hashes: str | None, groups: str | None) -> None:
+    """The --dhchap-* options as ``host_keys`` entries (on top of a --config file's)."""
+    host = _pairs(keys, "--dhchap-key")
+    ctrl = _pairs(ctrl_keys, "--dhchap-ctrl-key")
+    for nqn in ctrl:
+        if nqn not in host:
+            raise UsageError(f"{nqn} has a controller key but no --dhchap-key",
+                             field="--dhchap-ctrl-key")
+    if (hashes or groups) and not host:
+        raise UsageError("applies to hosts given with --dhchap-key",
+                         field="--dhchap-hash" if hashes else "--dhchap-dhgroup")
+    hash_list = [h.strip() for h in hashes.split(",")] if hashes else []
+    group_list = [g.strip() for g in groups.split(",")] if groups else []
+    for nqn, path in host.items():
+        cfg.host_keys.append(HostKeyConfig(nqn, path, ctrl.get(nqn), hash_list, group_list))
+    try:
+        cfg.validate()
+    except KvtoolError as exc:
+        fld = getattr(exc, "field", "") or ""
+        option = ("--dhchap-hash" if "hashes" in fld else "--dhchap-dhgroup" if "dhgroups" in fld
+                  else "--dhchap-key")
+        raise UsageError(getattr(exc, "message", str(exc)), field=option) from None
+
+
 def _option(config_field: str) -> str:
     """The command-line option behind a config field of the single-subsystem form."""
     for prefix, option in (("subsystems[0].nqn", "--nqn"),
@@ -152,7 +201,8 @@ def _option(config_field: str) -> str:
                            ("subsystems[0].namespaces[0].lba_size", "--lba"),
                            ("subsystems[0].namespaces[0].size", "--size"),
                            ("subsystems[0].namespaces[0]", "--backing"),
-                           ("listen", "--listen"), ("size", "--size")):
+                           ("listen", "--listen"), ("size", "--size"),
+                           ("host_keys", "--dhchap-key")):
         if config_field.startswith(prefix):
             return option
     return config_field

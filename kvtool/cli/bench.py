@@ -10,6 +10,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from kvtool.cli.hostopts import host_options
 from kvtool.cli.load import block_tokens_option, parse_lba, resolve_object
 from kvtool.cli.options import block_size_options
 from kvtool.cli.output import emit, json_option, note, progress
@@ -74,12 +75,13 @@ def _qds(text: str) -> list[int]:
 @click.option("--lba", metavar="SIZE", help="Logical block size to align to (default: the "
               "target's).")
 @click.option("--create", metavar="SIZE", help="Create TARGET as a regular file of this size.")
+@host_options
 @json_option
 def command(target: str, model: str | None, dtype: str | None, tp: int | None,
             block_bytes: int | None, block_tokens: int, qd_text: str, pattern_text: str,
             path_text: str | None,
             seconds: float, ops: int | None, region: str, read_only: bool, force: bool,
-            lba: str | None, create: str | None) -> None:
+            lba: str | None, create: str | None, credentials: Any) -> None:
     """Measure GB/s, IOPS and latency (p50/p99/p99.9) of object-sized I/O on TARGET."""
     from kvtool.store.bench import bench
 
@@ -99,7 +101,7 @@ def command(target: str, model: str | None, dtype: str | None, tp: int | None,
         result = bench(target, object_bytes=size, qds=qds, patterns=patterns, paths=paths,
                        seconds=seconds, max_ops=ops,
                        region_bytes=parse_size(region, field="--region", allow_zero=False),
-                       force=force, lba=parse_lba(lba),
+                       force=force, lba=parse_lba(lba), credentials=credentials,
                        create_bytes=parse_size(create, field="--create", allow_zero=False)
                        if create else None, progress=bar.advance, on_total=bar.set_total)
     if result["wrote"]:

@@ -10,6 +10,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from kvtool.cli.hostopts import host_options
 from kvtool.cli.options import block_size_from, block_size_options
 from kvtool.cli.output import emit, json_option, note, progress
 from kvtool.errors import UsageError
@@ -91,12 +92,13 @@ def parse_lba(text: str | None) -> int | None:
               "the target's; e.g. 4096 on a 512 B file). Default: the target's.")
 @click.option("--create", "create", metavar="SIZE",
               help="Create TARGET as a regular file of this size when it does not exist.")
+@host_options
 @json_option
 def command(target: str, model: str | None, dtype: str | None, tp: int | None,
             block_bytes: int | None, block_tokens: int, count: int | None, fill: str | None,
             qd: int, seed: int,
             force: bool, payload_file: str | None, ack_file: str | None, batch: int,
-            lba: str | None, create: str | None) -> None:
+            lba: str | None, create: str | None, credentials: Any) -> None:
     """Write KV objects onto TARGET (block device, file, or nvme+tcp:// URL) with an
     on-device index and per-object CRC32C; every commit is durable before it is
     acknowledged."""
@@ -118,7 +120,8 @@ def command(target: str, model: str | None, dtype: str | None, tp: int | None,
     acks = AckFile(ack_file) if ack_file else None
     try:
         with progress("load (committed objects)") as bar:
-            result = load(target, spec, ack=acks, progress=bar.advance, on_total=bar.set_total)
+            result = load(target, spec, ack=acks, progress=bar.advance, on_total=bar.set_total,
+                          credentials=credentials)
     finally:
         if acks is not None:
             acks.close()

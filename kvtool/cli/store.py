@@ -9,6 +9,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from kvtool.cli.hostopts import host_options
 from kvtool.cli.output import emit, json_option
 from kvtool.errors import CheckFailed, UsageError
 from kvtool.units import format_size
@@ -30,15 +31,16 @@ def command() -> None:
 @click.argument("target")
 @click.option("--objects", "list_objects", type=int, default=0, show_default=True,
               help="Also list the first N objects (slot order).")
+@host_options
 @json_option
-def inspect_command(target: str, list_objects: int) -> None:
+def inspect_command(target: str, list_objects: int, credentials: Any) -> None:
     """Show TARGET's superblock and a summary of its index (read-only). Exit 1 when the
     superblock is damaged, 2 when TARGET holds no kvtool store."""
     from kvtool.store.inspect import inspect
 
     if list_objects < 0:
         raise UsageError(f"must not be negative, got {list_objects}", field="--objects")
-    report = inspect(target, list_objects=list_objects)
+    report = inspect(target, list_objects=list_objects, credentials=credentials)
     emit(report, lambda c: render(c, report))
     if report["superblock_error"]:
         raise CheckFailed(f"{target}: {report['superblock_error']}")

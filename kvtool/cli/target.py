@@ -1,4 +1,4 @@
-"""``kvtool target up / down / status / discover / export``: declarative NVMe-oF targets.
+"""``kvtool target up / down / status / discover / export / keygen``: declarative NVMe-oF targets.
 
 Thin wrappers over :mod:`kvtool.target.api`; JSON schemas are in docs/target.md.
 """
@@ -239,6 +239,32 @@ def discover(address: str, hostnqn: str | None, timeout: float) -> None:
                                                         "traddr", "trsvcid", "portid")))
         con.print(table)
     emit(doc, human)
+
+
+@command.command(epilog="""
+\b
+Example:
+  kvtool target keygen /etc/kvtool/host1.key
+  kvtool target keygen ctrl.key --transform sha256 --nqn nqn.2026-01.io.kvtool:demo
+""")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--transform", type=click.Choice(["none", "sha256", "sha384", "sha512"]),
+              default="none", show_default=True,
+              help="Store the key transformed over --nqn (nvme gen-dhchap-key -m 1..3).")
+@click.option("--length", type=click.Choice(["32", "48", "64"]),
+              help="Key bytes (default 32; a transformed key has its hash's length).")
+@click.option("--nqn", help="The NQN a transformed key is bound to (host NQN for a host key, "
+              "subsystem NQN for a controller key).")
+@json_option
+def keygen(file: str, transform: str, length: str | None, nqn: str | None) -> None:
+    """Write a new DH-HMAC-CHAP secret (DHHC-1 format, as nvme gen-dhchap-key) to FILE with
+    mode 0600. The secret is never printed: point --dhchap-secret or a target config's
+    dhchap_key_file at FILE."""
+    from kvtool.target.keys import keygen as make_key
+
+    doc = make_key(file, transform=transform, length=int(length) if length else None, nqn=nqn)
+    emit(doc, lambda c: c.print(f"wrote {doc['path']} ({doc['format']}, {doc['key_bytes']}-byte "
+                                f"key, mode {doc['mode']})"))
 
 
 def _split_addr(text: str) -> tuple[str, int]:

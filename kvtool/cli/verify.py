@@ -9,6 +9,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from kvtool.cli.hostopts import host_options
 from kvtool.cli.load import DEFAULT_QD
 from kvtool.cli.output import emit, json_option, progress
 from kvtool.errors import CheckFailed
@@ -41,9 +42,10 @@ TARGET is not a kvtool store.
                    "of such a store).")
 @click.option("--checksums-only", is_flag=True, help="Skip content checks (CRC32C and padding "
               "only).")
+@host_options
 @json_option
 def command(target: str, qd: int, sample: str | None, sample_seed: int | None,
-            payload_file: str | None, checksums_only: bool) -> None:
+            payload_file: str | None, checksums_only: bool, credentials: Any) -> None:
     """Verify every object on TARGET (or a --sample): checksum and content; name each bad
     object and exit 1 if any."""
     from kvtool.store.verify import verify
@@ -51,7 +53,8 @@ def command(target: str, qd: int, sample: str | None, sample_seed: int | None,
     with progress("verify (objects)") as bar:
         report = verify(target, qd=qd, sample=sample, sample_seed=sample_seed,
                         payload_file=payload_file, checksums_only=checksums_only,
-                        progress=bar.advance, on_total=bar.set_total)
+                        progress=bar.advance, on_total=bar.set_total,
+                        credentials=credentials)
     emit(report, lambda c: render(c, report))
     if not report["ok"]:
         raise CheckFailed(f"{target}: {len(report['bad'])} problem(s) found "

@@ -22,7 +22,7 @@ import queue
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -32,6 +32,9 @@ from kvtool.store.bounce import as_bytes_view, copy_into, stage_for_write
 from kvtool.store.engine import AlignedBuffer, IOEngine, open_engine
 from kvtool.store.load import read_head
 from kvtool.store.signatures import identify
+
+if TYPE_CHECKING:
+    from kvtool.nvme.hostauth import HostCredentials
 
 PATTERNS = ("seq-write", "rand-write", "seq-read", "rand-read")
 PATHS = ("aligned", "bounce")
@@ -176,7 +179,7 @@ def bench(target: str, *, object_bytes: int, qds: list[int], patterns: list[str]
           region_bytes: int = 1 << 30, force: bool = False, lba: int | None = None,
           create_bytes: int | None = None, progress: Callable[[int], None] | None = None,
           on_total: Callable[[int], None] | None = None,
-          credentials: Any = None) -> dict[str, Any]:
+          credentials: HostCredentials | None = None) -> dict[str, Any]:
     """Run every case on ``target``; returns the ``kvtool.store.bench/1`` document.
 
     Write patterns need a blank target or ``force`` (UsageError otherwise, nothing written).

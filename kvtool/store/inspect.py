@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -13,10 +13,14 @@ from kvtool.store.load import read_head
 from kvtool.store.objectstore import ObjectStore
 from kvtool.store.signatures import identify
 
+if TYPE_CHECKING:
+    from kvtool.nvme.hostauth import HostCredentials
+
 SCHEMA = "kvtool.store.inspect/1"
 
 
-def inspect(target: str, *, list_objects: int = 0, credentials: Any = None) -> dict[str, Any]:
+def inspect(target: str, *, list_objects: int = 0,
+            credentials: HostCredentials | None = None) -> dict[str, Any]:
     """Describe the store on ``target``; UsageError when it holds none.
 
     A damaged superblock is reported (``superblock_error``) rather than raised, so people

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvtool.errors import CheckFailed, UsageError
 from kvtool.store.engine import DEFAULT_QD, AlignedBuffer, IOEngine, open_engine
@@ -23,6 +23,9 @@ from kvtool.store.layout import BadSuperblock, Geometry, NotAStore, new_superblo
 from kvtool.store.objectstore import ObjectStore
 from kvtool.store.payload import ANALYTIC_CRC_MIN_OBJECTS, Payload, make_payload
 from kvtool.store.signatures import PROBE_BYTES, identify
+
+if TYPE_CHECKING:
+    from kvtool.nvme.hostauth import HostCredentials
 
 AckSink = Callable[[dict[str, Any]], None]
 
@@ -131,7 +134,7 @@ def prepare(engine: IOEngine, spec: LoadSpec, payload: Payload, target: str,
 def load(target: str, spec: LoadSpec, *, ack: AckSink | None = None,
          progress: Callable[[int], None] | None = None,
          on_total: Callable[[int], None] | None = None,
-         credentials: Any = None) -> dict[str, Any]:
+         credentials: HostCredentials | None = None) -> dict[str, Any]:
     """Load ``spec`` onto ``target``; returns the result document (docs/store.md).
 
     ``ack`` receives one record per durable commit; ``progress(n)`` is called with the

@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -29,6 +29,9 @@ from kvtool.store.engine import DEFAULT_QD, open_engine
 from kvtool.store.layout import ORDINAL_NONE, PAYLOAD_FILE, BadSuperblock, NotAStore
 from kvtool.store.objectstore import ObjectStore, read_slots
 from kvtool.store.payload import ANALYTIC_CRC_MIN_OBJECTS, Payload, make_payload
+
+if TYPE_CHECKING:
+    from kvtool.nvme.hostauth import HostCredentials
 
 SCHEMA = "kvtool.store.verify/1"
 
@@ -61,7 +64,7 @@ def verify(target: str, *, qd: int = DEFAULT_QD, sample: str | None = None,
            sample_seed: int | None = None, payload_file: str | None = None,
            checksums_only: bool = False, progress: Callable[[int], None] | None = None,
            on_total: Callable[[int], None] | None = None,
-           credentials: Any = None) -> dict[str, Any]:
+           credentials: HostCredentials | None = None) -> dict[str, Any]:
     """Verify the store on ``target``; returns the report (docs/store.md), ``ok`` false
     when any check failed. Raises UsageError when ``target`` is not a kvtool store."""
     engine = open_engine(target, write=False, qd=qd, credentials=credentials)
