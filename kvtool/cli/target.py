@@ -244,7 +244,7 @@ def discover(address: str, hostnqn: str | None, timeout: float) -> None:
 @command.command(epilog="""
 \b
 Example:
-  kvtool target keygen /etc/kvtool/host1.key
+  kvtool target keygen host1.key
   kvtool target keygen ctrl.key --transform sha256 --nqn nqn.2026-01.io.kvtool:demo
 """)
 @click.argument("file", type=click.Path(dir_okay=False))
