@@ -43,6 +43,10 @@ class Backing:
     def close(self) -> None:
         raise NotImplementedError
 
+    def resize(self, size: int) -> None:
+        """Grow or shrink to ``size`` bytes (new bytes read as zeros)."""
+        raise OSError(f"a {self.kind} backing cannot be resized")
+
     def write_zeroes(self, offset: int, length: int) -> None:
         """Make the range read as zeros (Write Zeroes, and Deallocate, whose blocks read
         as zeros as Identify Namespace's DLFEAT promises)."""
@@ -77,6 +81,14 @@ class MemoryBacking(Backing):
 
     def flush(self) -> None:
         return None
+
+    def resize(self, size: int) -> None:
+        try:
+            self._map.resize(size)
+        except BufferError:  # a command in flight holds a view of the memory
+            raise OSError("namespace memory is in use by a command; retry") from None
+        self.size = size
+        self.description = f"memory {format_size(size)}"
 
     def write_zeroes(self, offset: int, length: int) -> None:
         # Whole pages go back to the kernel (they read as zeros again); edges are written.
@@ -140,6 +152,13 @@ class FileBacking(Backing):
 
     def flush(self) -> None:
         os.fdatasync(self._fd)
+
+    def resize(self, size: int) -> None:
+        if self.kind != "file":
+            raise OSError("a block device backing is resized with the device itself")
+        os.ftruncate(self._fd, size)
+        self.size = size
+        self.description = f"{self.kind} {self.path} ({format_size(size)})"
 
     def close(self) -> None:
         with self._lock:

@@ -270,6 +270,25 @@ class Target:
 
         self._on_loop(detach, timeout)
 
+    def resize_namespace(self, subnqn: str, nsid: int, size: int, *,
+                         timeout: float = 10.0) -> None:
+        """Grow or shrink a namespace (memory or regular file) to ``size`` bytes, a whole
+        number of blocks; connected hosts get the Changed Namespace List notice."""
+        sub = self.subsystems.get(subnqn)
+        if sub is None:
+            raise ValueError(f"no subsystem {subnqn}")
+
+        def resize() -> None:
+            ns = sub.namespaces.get(nsid)
+            if ns is None:
+                raise ValueError(f"no namespace {nsid} on {subnqn}")
+            if size <= 0 or size % ns.lba_size:
+                raise ValueError(f"size must be a positive multiple of {ns.lba_size}")
+            ns.backing.resize(size)
+            sub.namespaces_changed(nsid)
+
+        self._on_loop(resize, timeout)
+
     def _on_loop(self, fn: Callable[[], None], timeout: float) -> None:
         loop = self._loop
         if loop is None or self._thread is None:

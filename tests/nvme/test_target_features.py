@@ -6,10 +6,11 @@ host against kvtool's target."""
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 
 import pytest
 
-from emulator.nvmetcp import Target
+from emulator.nvmetcp import Target, simple_config
 from kvtool.nvme import host, spec
 from kvtool.nvme import pdu as P
 from kvtool.nvme.queue import NvmeStatusError
@@ -123,3 +124,24 @@ def test_namespace_added_while_connected_raises_the_notice() -> None:
         assert aer2.done.wait(5)
         assert struct.unpack_from("<I", ctrl.get_log_page(spec.LID_CHANGED_NS, 4096))[0] == 5
         assert 5 not in ctrl.active_namespaces()
+
+
+def test_namespace_resized_while_connected(tmp_path: Path) -> None:
+    backing = tmp_path / "ns.img"
+    cfg = simple_config(nqn=NQN, backing=str(backing), size="1MiB", allow_any_host=True,
+                        listen=["127.0.0.1:0"])
+    with Target(cfg) as t, host.connect("127.0.0.1", t.port, NQN) as ctrl:
+        admin = ctrl.admin
+        assert admin is not None
+        admin.execute(P.Sqe(spec.ADMIN_SET_FEATURES, cdw10=spec.FID_ASYNC_EVENT_CONFIG,
+                            cdw11=spec.AEN_CFG_NS_ATTR), what="Set Features AEC")
+        aer = admin.submit(P.Sqe(spec.ADMIN_ASYNC_EVENT), what="AER")
+        ctrl.write(1, 2047, b"\x07" * 512)
+        t.resize_namespace(NQN, 1, 2 << 20)
+        assert aer.done.wait(5)
+        assert ctrl.identify_namespace(1).nsze == 4096
+        ctrl.write(1, 4095, b"\x08" * 512)  # the new last block
+        assert ctrl.read(1, 2047, 1) == b"\x07" * 512
+        assert backing.stat().st_size == 2 << 20
+        with pytest.raises(ValueError):
+            t.resize_namespace(NQN, 1, 1000)
