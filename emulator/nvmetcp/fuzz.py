@@ -239,11 +239,57 @@ def io_session(rng: random.Random, *, hd: bool = False, dd: bool = False) -> byt
     return b"".join(parts)
 
 
+def admin_logs_session(*, hd: bool = False, dd: bool = False) -> bytes:
+    """Bring-up with an all-zero SGL on the data-less commands, then every log page, the
+    features, Get Host Identifier, an AER."""
+    none = P.SglDescriptor(0, 0, 0)
+    fab = spec.OPC_FABRICS
+    parts = [P.encode(P.ICReq(hdgst=hd, ddgst=dd)), _connect(0, 0xFFFF, hd=hd, dd=dd)]
+    for sqe in (P.Sqe(fab, cid=1, nsid=spec.FCTYPE_PROPERTY_SET, cdw11=spec.PROP_CC,
+                      cdw12=spec.CC_DEFAULT_ENABLE, sgl=none),
+                P.Sqe(fab, cid=2, nsid=spec.FCTYPE_PROPERTY_GET, cdw11=spec.PROP_CSTS,
+                      sgl=none)):
+        parts.append(P.encode(P.CapsuleCmd(sqe), hdgst=hd, ddgst=dd))
+    cid = 3
+    for lid, n in ((spec.LID_ERROR, 256), (spec.LID_SMART, 512), (spec.LID_FW_SLOT, 512),
+                   (spec.LID_CHANGED_NS, 4096), (spec.LID_CMD_EFFECTS, 4096)):
+        parts.append(_cmd(P.Sqe(spec.ADMIN_GET_LOG_PAGE, cid=cid, nsid=0xFFFFFFFF,
+                                cdw10=lid | ((n // 4 - 1) << 16)), hd=hd, dd=dd,
+                          transport_len=n))
+        cid += 1
+    for fid, cdw11 in ((spec.FID_ASYNC_EVENT_CONFIG, spec.AEN_CFG_NS_ATTR),
+                       (spec.FID_KEEP_ALIVE_TIMER, 5000)):
+        parts.append(_cmd(P.Sqe(spec.ADMIN_SET_FEATURES, cid=cid, cdw10=fid, cdw11=cdw11),
+                          hd=hd, dd=dd))
+        cid += 1
+    parts.append(_cmd(P.Sqe(spec.ADMIN_GET_FEATURES, cid=cid, cdw10=spec.FID_HOST_ID,
+                            cdw11=1), hd=hd, dd=dd, transport_len=16))
+    parts.append(_cmd(P.Sqe(spec.ADMIN_ASYNC_EVENT, cid=cid + 1), hd=hd, dd=dd))
+    return b"".join(parts)
+
+
+def io_trim_session(*, hd: bool = False, dd: bool = False) -> bytes:
+    """Write Zeroes, Dataset Management in-capsule and after an R2T, Flush."""
+    parts = [P.encode(P.ICReq(hdgst=hd, ddgst=dd)), _connect(1, 1, hd=hd, dd=dd)]
+    parts.append(_cmd(P.Sqe(spec.IO_WRITE_ZEROES, cid=1, nsid=1, cdw10=16, cdw12=7),
+                      hd=hd, dd=dd))
+    ranges = struct.pack("<IIQ", 0, 8, 32) + struct.pack("<IIQ", 0, 4, 100)
+    parts.append(_cmd(P.Sqe(spec.IO_DSM, cid=2, nsid=1, cdw10=1, cdw11=4), ranges,
+                      hd=hd, dd=dd))
+    parts.append(_cmd(P.Sqe(spec.IO_DSM, cid=3, nsid=1, cdw10=1, cdw11=4), hd=hd, dd=dd,
+                      transport_len=len(ranges)))
+    parts.append(P.encode(P.H2CData(3, 3, 0, ranges, last=True), hdgst=hd, ddgst=dd))
+    parts.append(_cmd(P.Sqe(spec.IO_FLUSH, cid=4, nsid=1), hd=hd, dd=dd))
+    return b"".join(parts)
+
+
 def seed_sessions(rng: random.Random) -> list[bytes]:
     out = []
     for hd, dd in ((False, False), (True, False), (False, True), (True, True)):
         out.append(admin_session(hd=hd, dd=dd))
         out.append(io_session(rng, hd=hd, dd=dd))
+        out.append(admin_logs_session(hd=hd, dd=dd))
+        out.append(io_trim_session(hd=hd, dd=dd))
     return out
 
 
