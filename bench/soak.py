@@ -1,0 +1,170 @@
+"""Soak: the 50-round experiment in data mode over NVMe/TCP, for a long time (issue 11).
+
+    python bench/soak.py --duration 3600 [--out build/soak]
+
+One long-lived kvtool NVMe/TCP target (``python -m emulator.nvmetcp``, memory-backed,
+127.0.0.1, with ``--metrics-port``) serves the NVMe tier; the script replays the
+``gp7000-50-rounds`` workload (its DRAM/8 + NVMe configuration, a CPU "GPU" tier in front)
+in data mode again and again, a new seed each pass, until ``--duration`` has passed.
+Every block arriving in the GPU tier is checked by the engine; a corrupt or lost block
+is counted and recomputed, never served.
+
+Recorded per pass and in total: requests, bytes moved per link (measured by the
+replay), corrupt and lost blocks, exit status; the target's resident memory (VmRSS)
+after every pass, and the replays' peak RSS, for memory growth; the target's own
+Prometheus counters (commands, bytes, error completions) at the end. Then
+``kvtool verify`` of the namespace. Errors must be 0. Writes ``soak.json`` and prints
+the BENCHMARKS.md paragraph. Not a CI test (it runs for as long as it is told).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+import tomllib
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+NQN = "nqn.2026-01.io.kvtool:soak"
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def scrape(port: int) -> dict[str, float]:
+    out: dict[str, float] = {}
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("kvtool_nvmetcp_") and " " in line:
+                name, value = line.rsplit(" ", 1)
+                out[name] = float(value)
+    return out
+
+
+def start_target(backing: str, metrics_port: int, ready: Path) -> tuple[subprocess.Popen[bytes], str]:
+    ready.unlink(missing_ok=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "emulator.nvmetcp", "--listen", "127.0.0.1:0", "--nqn", NQN,
+         "--backing", backing, "--allow-any-host", "--ready-file", str(ready),
+         "--metrics-port", str(metrics_port)],
+        cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while not ready.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit("soak: the emulator target did not start")
+        time.sleep(0.05)
+    return proc, json.loads(ready.read_text())["urls"][0] + "/1"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--duration", type=float, default=3600.0, help="seconds (default 3600)")
+    ap.add_argument("--experiment", default="gp7000-50-rounds")
+    ap.add_argument("--config", default="DRAM/8 + NVMe", help="the experiment's configuration")
+    ap.add_argument("--gpu", default="64blk", help="CPU 'GPU' tier in front (default 64blk)")
+    ap.add_argument("--block-bytes", type=int, default=65536,
+                    help="bytes per block in data mode (default 64 KiB: many passes per hour)")
+    ap.add_argument("--backing", default="512MiB", help="target namespace size (memory)")
+    ap.add_argument("--out", default=str(REPO / "build" / "soak"))
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    exp = tomllib.loads((REPO / "fixtures" / "experiments" / f"{args.experiment}.toml").read_text())
+    w = exp["workload"]
+    tiers = next(c["tiers"] for c in exp["config"] if c["label"] == args.config)
+    caps = dict(p.split("=", 1) for p in tiers.split(",") if p.split("=", 1)[0] in ("dram", "nvme"))
+    kvtool = [sys.executable, "-m", "kvtool"]
+    metrics_port = free_port()
+    proc, url = start_target(args.backing, metrics_port, out / "target.ready")
+    passes: list[dict[str, Any]] = []
+    t_start = time.monotonic()
+    target_rss = [rss_kib(proc.pid)]
+    try:
+        seed = 0
+        while time.monotonic() - t_start < args.duration:
+            seed += 1
+            trace = out / "trace.jsonl"
+            subprocess.run([*kvtool, "-q", "trace", "gen", "--sessions", str(w["sessions"]),
+                            "--rounds", str(w["rounds"]), "--input-tokens", str(w["input_tokens"]),
+                            "--output-tokens", str(w["output_tokens"]), "--system-prompt-tokens",
+                            str(w.get("system_prompt_tokens", 0)), "--block-tokens",
+                            str(w.get("block_tokens", 256)), "--seed", str(seed), "--format",
+                            "hash_ids", "-o", str(trace)], check=True, cwd=REPO)
+            t0 = time.monotonic()
+            r = subprocess.run([*kvtool, "--json", "replay", str(trace), "--block-bytes",
+                                str(args.block_bytes), "--gpu", args.gpu, "--dram", caps["dram"],
+                                "--nvme", url], capture_output=True, text=True, cwd=REPO)
+            secs = time.monotonic() - t0
+            row: dict[str, Any] = {"pass": seed, "exit": r.returncode, "seconds": secs}
+            if r.returncode == 0:
+                doc = json.loads(r.stdout)
+                row.update(requests=doc["requests"], corrupt=doc.get("corrupt_blocks", 0),
+                           lost=doc.get("lost_blocks", 0), measured=doc.get("measured", {}),
+                           hit_ratio=doc["token_hit_ratio"])
+            else:
+                row["error"] = r.stderr.strip()[-500:]
+            row["target_rss_kib"] = rss_kib(proc.pid)
+            row["replay_maxrss_kib"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+            target_rss.append(row["target_rss_kib"])
+            passes.append(row)
+            print(f"soak: pass {seed}: exit {row['exit']} · {row.get('requests', 0)} requests · "
+                  f"{secs:.1f} s · corrupt {row.get('corrupt')} lost {row.get('lost')} · "
+                  f"target RSS {row['target_rss_kib'] / 1024:.1f} MiB", flush=True)
+        counters = scrape(metrics_port)
+        v = subprocess.run([*kvtool, "--json", "verify", url], capture_output=True, text=True,
+                           cwd=REPO)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    wall = time.monotonic() - t_start
+    link_bytes = sum(sum(link.get("bytes", 0) for link in p.get("measured", {}).get("links", {}).values())
+                     if isinstance(p.get("measured", {}).get("links"), dict) else 0 for p in passes)
+    summary = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": f"{platform.node()} · {os.cpu_count()} CPUs · {platform.platform()}",
+        "command": " ".join(sys.argv), "duration_asked_s": args.duration, "wall_s": wall,
+        "passes": len(passes), "failed_passes": sum(p["exit"] != 0 for p in passes),
+        "requests": sum(p.get("requests", 0) for p in passes),
+        "corrupt_blocks": sum(p.get("corrupt", 0) or 0 for p in passes),
+        "lost_blocks": sum(p.get("lost", 0) or 0 for p in passes),
+        "link_bytes": link_bytes,
+        "target_rss_kib": {"start": target_rss[0], "after_first_pass": target_rss[1:2],
+                           "end": target_rss[-1], "max": max(target_rss)},
+        "replay_maxrss_kib": max((p["replay_maxrss_kib"] for p in passes), default=0),
+        "target_counters": counters, "verify_exit": v.returncode,
+        "verify": (json.loads(v.stdout) if v.returncode in (0, 1) and v.stdout.strip()
+                   else v.stderr.strip()),
+        "passes_detail": passes,
+    }
+    (out / "soak.json").write_text(json.dumps(summary, indent=2) + "\n")
+    errors = summary["corrupt_blocks"] + summary["lost_blocks"] + summary["failed_passes"]
+    print(f"\nsoak: {len(passes)} passes in {wall:.0f} s, {summary['requests']:,} requests, "
+          f"{link_bytes / 1e9:.2f} GB over the replay's links, errors {errors}, target RSS "
+          f"{target_rss[0] / 1024:.1f} → {target_rss[-1] / 1024:.1f} MiB, verify exit "
+          f"{v.returncode}; details in {out / 'soak.json'}")
+    sys.exit(1 if errors else 0)
+
+
+if __name__ == "__main__":
+    main()
