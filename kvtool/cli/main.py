@@ -50,23 +50,10 @@ Examples:
 INTERNAL_ERROR = 3
 
 
-class KvtoolGroup(click.Group):
-    """A click group that turns kvtool's exceptions into one line and an exit code.
-
-    Sub-commands are imported on first use: ``kvtool replay`` must not pay for numpy, the
-    store engines or the NVMe/TCP stack at start-up (bench/replay_speed.py measures the
-    whole process).
+class ConventionsGroup(click.Group):
+    """A click group with kvtool's error conventions: bad usage or input is one line and
+    exit 2, a failed check exit 1, a bug one line and exit 3 (``--debug``: the traceback).
     """
-
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(set(COMMAND_MODULES) | set(self.commands))
-
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if cmd_name not in self.commands and cmd_name in COMMAND_MODULES:
-            module = importlib.import_module(f"kvtool.cli.{cmd_name}")
-            _name_flags(module.command)
-            self.add_command(module.command, cmd_name)
-        return self.commands.get(cmd_name)
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         try:
@@ -95,7 +82,24 @@ class KvtoolGroup(click.Group):
             raise click.exceptions.Exit(INTERNAL_ERROR) from None
 
 
-def _name_flags(cmd: click.Command) -> None:
+class KvtoolGroup(ConventionsGroup):
+    """The ``kvtool`` group. Sub-commands are imported on first use: ``kvtool replay`` must
+    not pay for numpy, the store engines or the NVMe/TCP stack at start-up
+    (bench/startup.py measures the whole process).
+    """
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(COMMAND_MODULES) | set(self.commands))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMAND_MODULES:
+            module = importlib.import_module(f"kvtool.cli.{cmd_name}")
+            name_flags(module.command)
+            self.add_command(module.command, cmd_name)
+        return self.commands.get(cmd_name)
+
+
+def name_flags(cmd: click.Command) -> None:
     """Make ``cmd`` report library errors in its own flags.
 
     The library names the parameter it was given (``field="block_bytes"``); the user typed
@@ -103,7 +107,8 @@ def _name_flags(cmd: click.Command) -> None:
     of ``cmd``'s options is rewritten to that option's flag on its way out.
     """
     flags = {p.name: next((o for o in p.opts if o.startswith("--")), p.opts[0])
-             for p in cmd.params if isinstance(p, click.Option) and p.name}
+             if isinstance(p, click.Option) else p.human_readable_name
+             for p in cmd.params if p.name}
     invoke = cmd.invoke
 
     def invoke_naming_flags(ctx: click.Context) -> Any:
@@ -117,7 +122,7 @@ def _name_flags(cmd: click.Command) -> None:
     cmd.invoke = invoke_naming_flags  # type: ignore[method-assign]
     if isinstance(cmd, click.Group):
         for sub in cmd.commands.values():
-            _name_flags(sub)
+            name_flags(sub)
 
 
 def _usage_exit(exc: click.UsageError) -> click.exceptions.Exit:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich import box
@@ -12,8 +12,11 @@ from rich.table import Table
 from kvtool.cli.hostopts import host_options
 from kvtool.cli.load import DEFAULT_QD
 from kvtool.cli.output import emit, json_option, progress
-from kvtool.errors import CheckFailed
+from kvtool.errors import CheckFailed, UsageError
 from kvtool.units import format_size
+
+if TYPE_CHECKING:
+    from kvtool.store.verify import Sample
 
 EPILOG = """
 \b
@@ -51,7 +54,7 @@ def command(target: str, qd: int, sample: str | None, sample_seed: int | None,
     from kvtool.store.verify import verify
 
     with progress("verify (objects)") as bar:
-        report = verify(target, qd=qd, sample=sample, sample_seed=sample_seed,
+        report = verify(target, qd=qd, sample=parse_sample(sample), sample_seed=sample_seed,
                         payload_file=payload_file, checksums_only=checksums_only,
                         progress=bar.advance, on_total=bar.set_total,
                         credentials=credentials)
@@ -59,6 +62,20 @@ def command(target: str, qd: int, sample: str | None, sample_seed: int | None,
     if not report["ok"]:
         raise CheckFailed(f"{target}: {len(report['bad'])} problem(s) found "
                           f"({', '.join(sorted({b['check'] for b in report['bad']}))})")
+
+
+def parse_sample(text: str | None) -> Sample | None:
+    """``--sample``: a count (``100``) or a percentage (``10%``)."""
+    from kvtool.store.verify import Sample
+
+    if text is None:
+        return None
+    t = text.strip()
+    try:
+        return Sample(fraction=float(t[:-1]) / 100) if t.endswith("%") else Sample(count=int(t))
+    except ValueError:
+        raise UsageError(f"expected a count (100) or a percentage (10%), got {text!r}",
+                         field="--sample") from None
 
 
 def render(c: Console, r: dict[str, Any]) -> None:

@@ -11,31 +11,24 @@ Example:
 
 from __future__ import annotations
 
-import sys
-
 import click
 
+from kvtool.cli.main import ConventionsGroup, name_flags
 from kvtool.cli.output import Settings
 from kvtool.cli.target import command
-from kvtool.errors import KvtoolError
+
+name_flags(command)
 
 
-class _Group(click.Group):
-    def invoke(self, ctx: click.Context) -> object:
-        try:
-            return super().invoke(ctx)
-        except KvtoolError as exc:
-            click.echo(f"kvtool: error: {exc}", err=True)
-            raise click.exceptions.Exit(exc.exit_code) from None
-
-
-@click.group(cls=_Group, commands=dict(command.commands),
+@click.group(cls=ConventionsGroup, commands=dict(command.commands),
              context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--json", "json_", is_flag=True, help="Machine output (JSON on stdout).")
+@click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
 @click.option("-q", "--quiet", is_flag=True, help="No notes on stderr.")
 @click.pass_context
-def main(ctx: click.Context, json_: bool, quiet: bool) -> None:
-    """kvtool target commands (see: kvtool target --help).
+def main(ctx: click.Context, json_: bool, debug: bool, quiet: bool) -> None:
+    """kvtool target commands (see: kvtool target --help). Exit codes: 0 success, 1 a check
+    failed, 2 bad usage or input, 3 an internal error.
 
     \b
     Example:
@@ -43,8 +36,9 @@ def main(ctx: click.Context, json_: bool, quiet: bool) -> None:
     """
     obj = ctx.ensure_object(Settings)
     obj.json = obj.json or json_
+    obj.debug = debug
     obj.quiet = quiet
 
 
 if __name__ == "__main__":
-    sys.exit(main(prog_name="python -m kvtool.target"))
+    main(prog_name="python -m kvtool.target")

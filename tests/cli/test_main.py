@@ -1,6 +1,9 @@
+import os
 import subprocess
 import sys
+from pathlib import Path
 
+import click
 from click.testing import CliRunner
 
 from kvtool import __version__
@@ -73,3 +76,39 @@ def test_every_json_document_names_its_schema() -> None:
     }
     for name, doc in docs.items():
         assert doc["schema"] == f"kvtool.{name}/1", name
+
+
+def test_python_dash_m_kvtool_target_follows_the_cli_conventions(tmp_path: Path) -> None:
+    env = {**os.environ, "KVTOOL_STATE_DIR": str(tmp_path)}
+    for args, words in ((["up", "--bogus"], ["No such option"]),
+                        (["up", str(tmp_path / "none.toml")], ["config file not found"])):
+        p = subprocess.run([sys.executable, "-m", "kvtool.target", *args], capture_output=True,
+                           text=True, env=env)
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == 2 and len(lines) == 1, p.stderr
+        assert lines[0].startswith("kvtool: error:") and all(w in lines[0] for w in words)
+    p = subprocess.run([sys.executable, "-m", "kvtool.target", "--help"], capture_output=True,
+                       text=True, env=env)
+    assert p.returncode == 0 and "3 an internal error" in " ".join(p.stdout.split())
+
+
+def test_internal_errors_exit_3_in_one_line_and_debug_shows_the_traceback() -> None:
+    from kvtool.cli.main import ConventionsGroup
+    from kvtool.cli.output import Settings
+
+    @click.group(cls=ConventionsGroup)
+    @click.option("--debug", is_flag=True)
+    @click.pass_context
+    def group(ctx: click.Context, debug: bool) -> None:
+        ctx.ensure_object(Settings).debug = debug
+
+    @group.command()
+    def boom() -> None:
+        raise RuntimeError("a bug")
+
+    result = CliRunner().invoke(group, ["boom"])
+    assert result.exit_code == 3
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "internal error: RuntimeError: a bug" in lines[0]
+    result = CliRunner().invoke(group, ["--debug", "boom"])
+    assert result.exit_code == 3 and "Traceback" in result.stderr

@@ -11,7 +11,7 @@ from kvtool.errors import UsageError
 from kvtool.store.bench import bench, plan_cases
 from kvtool.store.inspect import inspect
 from kvtool.store.load import LoadSpec, load
-from kvtool.store.verify import choose_sample, verify
+from kvtool.store.verify import Sample, choose_sample, verify
 from tests.store.conftest import flip_byte
 
 
@@ -45,10 +45,14 @@ def test_load_4k_layout_on_a_512_file(blank_file: Callable[[int], Path]) -> None
 def test_choose_sample() -> None:
     slots = list(range(100))
     assert choose_sample(slots, None) == slots
-    picked = choose_sample(slots, "25%", seed=3)
+    picked = choose_sample(slots, Sample(fraction=0.25), seed=3)
     assert len(picked) == 25 and picked == sorted(set(picked))
-    assert choose_sample(slots, "25%", seed=3) == picked
-    assert choose_sample(slots, "500") == slots
+    assert choose_sample(slots, Sample(fraction=0.25), seed=3) == picked
+    assert choose_sample(slots, Sample(count=500)) == slots
+    for bad in ({"count": 0}, {"fraction": 0.0}, {"fraction": 1.5}, {}, {"count": 1, "fraction": 0.5}):
+        with pytest.raises(UsageError) as err:
+            Sample(**bad)  # type: ignore[arg-type]
+        assert err.value.field == "sample"
 
 
 def test_plan_cases_orders_writes_first_and_pairs_paths() -> None:

@@ -1,0 +1,138 @@
+"""Every JSON schema has one shape: the same top-level keys on every path (normal, sampled,
+damaged, with and without a block size), each documented on its docs/ page."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import FIXTURES, REPO, run, run_json
+
+SCHEMAS: dict[str, tuple[str, set[str]]] = {
+    "kvtool.audit/1": ("audit.md", {
+        "schema", "ok", "checks", "device", "failures", "geometry", "layouts", "lbas",
+        "mem_align", "object_layout", "objects"}),
+    "kvtool.plan/1": ("plan.md", {
+        "schema", "workload", "storage", "formula", "collapse_round", "eviction_round",
+        "cliff_round", "capacity_needed", "tiers", "steady_hit_ratio", "scenarios", "rounds"}),
+    "kvtool.trace.stats/1": ("trace.md", {
+        "schema", "trace", "format", "timed", "window_ms", "block_tokens", "block_size",
+        "requests", "sessions", "rounds", "duration_ms", "input_tokens", "output_tokens",
+        "input_length", "block_accesses", "unique_blocks", "unique_bytes", "max_hit_tokens",
+        "max_token_hit_ratio", "max_block_hit_ratio", "per_round", "reuse_distance",
+        "bad_lines"}),
+    "kvtool.trace.gen/1": ("trace.md", {
+        "schema", "output", "requests", "form", "block_tokens", "system_prompt_tokens", "seed",
+        "timed", "workload"}),
+    "kvtool.trace.convert/1": ("trace.md", {
+        "schema", "input", "output", "to", "requests", "block_tokens", "timestamps_added",
+        "read_back_block_tokens", "bad_lines"}),
+    "kvtool.store.load/1": ("store.md", {
+        "schema", "target", "engine", "store", "formatted", "replaced", "requested",
+        "already_present", "written", "objects", "free_slots", "commits",
+        "objects_per_commit", "bytes_written", "padded_bytes_written", "seconds", "gb_per_s",
+        "objects_per_s", "qd", "io_path"}),
+    "kvtool.store.verify/1": ("store.md", {
+        "schema", "target", "ok", "store", "engine", "objects_indexed", "objects_checked",
+        "content_checked", "sampled", "bytes_checked", "seconds", "gb_per_s", "objects_per_s",
+        "qd", "bad", "index"}),
+    "kvtool.store.inspect/1": ("store.md", {
+        "schema", "target", "engine", "superblock", "superblock_error", "index", "problems",
+        "objects"}),
+    "kvtool.store.bench/1": ("store.md", {
+        "schema", "target", "engine", "object_bytes", "region_bytes", "seconds_per_case",
+        "wrote", "results", "bounce_cost"}),
+}
+REPLAY_HEAD = {"schema", "trace", "format", "block_tokens", "block_bytes", "block_size",
+               "bad_lines"}
+REPLAY_ONE = REPLAY_HEAD | {
+    "label", "write_policy", "tiers", "requests", "input_tokens", "output_tokens",
+    "hit_tokens", "recompute_tokens", "token_hit_ratio", "hit_ratio_by_tier",
+    "blocks_written", "blocks_read", "bytes_written", "bytes_read", "evictions",
+    "ttft_p50_s", "ttft_p99_s", "wall_s", "requests_per_s", "round_kind", "rounds",
+    "cliff_round", "time_model", "times_are_modelled"}
+REPLAY_COMPARE = REPLAY_HEAD | {"configs"}
+
+
+def _flip(path: Path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([b ^ 0xFF]))
+
+
+def _json(*args: str) -> Any:
+    import json
+
+    result = run("--json", *args)
+    assert result.exit_code in (0, 1), result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.fixture
+def documents(blank_file: Callable[[int], Path], tmp_path: Path) -> list[dict[str, Any]]:
+    trace = str(FIXTURES / "traces" / "multiturn-8x12.jsonl")
+    gen = str(tmp_path / "g.jsonl")
+    docs = [
+        run_json("audit", "--object-bytes", "1002240"),
+        run_json("audit", "--model", "llama-3-8b", "--layout", "layer"),
+        run_json("plan", "--sessions", "4", "--input-tokens", "512", "--output-tokens", "256",
+                 "--dram", "64blk"),
+        run_json("plan", "--sessions", "4", "--input-tokens", "512", "--output-tokens", "256",
+                 "--dram", "1GB", "--model", "llama-3-8b", "--nvme", "10GB"),
+        run_json("trace", "stats", trace),
+        run_json("trace", "stats", trace, "--model", "deepseek-v4-flash", "--no-reuse"),
+        run_json("trace", "gen", "--sessions", "2", "--rounds", "2", "--input-tokens", "100",
+                 "--output-tokens", "10", "-o", gen),
+        run_json("trace", "gen", "--random-input-len", "100,200", "--num-prompts", "2",
+                 "-o", gen + ".r"),
+        run_json("trace", "convert", gen, "--to", "mooncake", "-o", str(tmp_path / "m.jsonl")),
+    ]
+    path = blank_file(8 << 20)
+    docs.append(run_json("load", str(path), "--object-bytes", "4096", "--count", "3"))
+    docs.append(run_json("load", str(path), "--object-bytes", "4096", "--count", "3"))
+    docs.append(run_json("verify", str(path)))
+    docs.append(run_json("verify", str(path), "--sample", "1", "--checksums-only"))
+    docs.append(run_json("store", "inspect", str(path), "--objects", "2"))
+    docs.append(run_json("bench", str(path), "--object-bytes", "4096", "--seconds", "0.01",
+                         "--qd", "1", "--pattern", "seq-read"))
+    _flip(path, 100)  # a damaged superblock: the same documents, with nulls
+    docs.append(_json("verify", str(path)))
+    docs.append(_json("store", "inspect", str(path)))
+    return docs
+
+
+def test_every_schema_has_one_shape(documents: list[dict[str, Any]]) -> None:
+    seen = set()
+    for doc in documents:
+        schema = doc["schema"]
+        seen.add(schema)
+        assert set(doc) == SCHEMAS[schema][1], (schema, set(doc) ^ SCHEMAS[schema][1])
+    assert seen == set(SCHEMAS)
+    damaged = documents[-2]
+    assert damaged["store"] is None and damaged["bad"][0]["check"] == "superblock"
+
+
+def test_replay_has_two_documented_shapes() -> None:
+    trace = str(FIXTURES / "traces" / "multiturn-8x12.jsonl")
+    one = run_json("replay", trace, "--dram", "10blk")
+    many = run_json("replay", trace, "--compare", "dram=10blk", "--compare", "dram=20blk")
+    assert set(one) == REPLAY_ONE, set(one) ^ REPLAY_ONE
+    assert set(many) == REPLAY_COMPARE
+    per_config = REPLAY_ONE - REPLAY_HEAD | {"block_tokens", "block_bytes"}
+    for config in many["configs"]:
+        assert set(config) == per_config, set(config) ^ per_config
+
+
+@pytest.mark.parametrize("schema", sorted(SCHEMAS))
+def test_every_key_is_documented(schema: str) -> None:
+    page, keys = SCHEMAS[schema]
+    text = (REPO / "docs" / page).read_text()
+    assert schema in text
+    missing = [k for k in sorted(keys) if not re.search(rf"\b{k}\b", text)]
+    assert not missing, f"docs/{page} does not mention {missing}"
