@@ -88,7 +88,7 @@ def run_cmd(name: str, out_dir: str | None, simulate: bool, scratch: str | None,
         note(f"metrics on http://127.0.0.1:{observer.port}/metrics")
     note(f"[bold]{exp.name}[/]: {exp.title} · writing into {out}")
     doc = run_experiment(exp, out_dir=out, simulate=simulate,
-                         progress=lambda d, t: progress(d, t, unit="requests"),
+                         progress=progress,
                          observer=observer, scratch=Path(scratch) if scratch else None)
     emit(doc, lambda con: render(con, doc))
 

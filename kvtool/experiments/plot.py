@@ -64,6 +64,9 @@ def _multi_turn(data: RunData, ax1: Any, ax2: Any) -> None:
     ax1.legend(fontsize=8)
     ax2.set_ylabel("store puts, GB per round" if bb else "store puts, blocks per round")
     ax2.set_xlabel("round")
+    from matplotlib.ticker import MaxNLocator
+
+    ax2.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax2.grid(alpha=0.3)
     ax2.legend(fontsize=8)
 

@@ -110,7 +110,7 @@ def run_replay_kind(exp: Experiment, trace: Path, *, simulate: bool,
 
     want = _needs_requests(exp) or observer is not None
     if progress is not None:
-        with progress(f"{exp.name}: replay", len(reader)) as advance:
+        with progress(f"{exp.name}: replay (requests)", len(reader)) as advance:
             results = replay(reader, configs, block_tokens=reader.block_tokens, block_bytes=bb,
                              time_model=tm, progress=advance,
                              on_request=record if want else None)
