@@ -16,7 +16,7 @@ from typing import Any, cast
 
 from kvtool.errors import InputError
 from kvtool.nvme.dhchap import dhgroup_id, hash_id
-from kvtool.nvme.spec import DISCOVERY_NQN, NQN_MAX
+from kvtool.nvme.spec import DISCOVERY_NQN, is_loopback, nqn_problem
 
 DEFAULT_LISTEN = "127.0.0.1:4420"
 LBA_SIZES = (512, 4096)
@@ -75,7 +75,7 @@ class TargetConfig:
             raise bad("listen", "at least one listen address is needed")
         for i, addr in enumerate(self.listen):
             host, _port = parse_listen(addr, field=f"listen[{i}]", file=file)
-            if not self.allow_remote and not _is_loopback(host):
+            if not self.allow_remote and not is_loopback(host):
                 raise bad(f"listen[{i}]", f"{addr} is not a loopback address; binding it "
                           "needs allow_remote (--allow-remote)")
         if not 1 <= self.mdts <= MAX_MDTS:
@@ -228,10 +228,9 @@ def _list(value: Any, where: str, file: str | None) -> list[Any]:
 
 
 def check_nqn(nqn: str, *, field: str, file: str | None = None) -> None:
-    raw = nqn.encode("utf-8")
-    if not nqn.startswith("nqn.") or not 11 <= len(raw) <= NQN_MAX:
-        raise InputError(f"{nqn!r} is not an NQN (nqn.YYYY-MM.reverse.domain:name, "
-                         f"11..{NQN_MAX} bytes)", file=file, field=field)
+    problem = nqn_problem(nqn)
+    if problem:
+        raise InputError(problem, file=file, field=field)
 
 
 def parse_listen(addr: str, *, field: str = "--listen",
@@ -250,10 +249,6 @@ def parse_listen(addr: str, *, field: str = "--listen",
     if not port.isdigit() or not 0 <= int(port) <= 65535:
         raise InputError(f"{port!r} is not a TCP port", file=file, field=field)
     return host, int(port)
-
-
-def _is_loopback(host: str) -> bool:
-    return ipaddress.ip_address(host).is_loopback
 
 
 def simple_config(*, nqn: str, backing: str, size: str | None = None, lba_size: int = 512,

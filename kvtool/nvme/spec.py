@@ -7,6 +7,8 @@ Offsets are those of NVMe base spec 1.4 / NVMe-oF 1.1 as Linux and SPDK use them
 
 from __future__ import annotations
 
+import ipaddress
+import re
 import struct
 from dataclasses import dataclass, field
 
@@ -20,6 +22,40 @@ DISCOVERY_LOG_HEADER = 1024
 DISCOVERY_LOG_ENTRY = 1024
 NQN_MAX = 223
 NQN_FIELD = 256
+NQN_FORM = ("nqn.yyyy-mm.<reverse-domain>[:<name>] (or nqn.2014-08.org.nvmexpress:uuid:"
+            f"<uuid>), at most {NQN_MAX} bytes")
+
+# NVMe base specification 2.0, §4.7 "NVMe Qualified Names": a date code and a reverse
+# domain name, optionally ":" and a string of printable ASCII; or the UUID form.
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+_NQN_RE = re.compile(rf"nqn\.\d{{4}}-(?:0[1-9]|1[0-2])\.{_LABEL}(?:\.{_LABEL})*"
+                     r"(?::[\x21-\x7e][\x20-\x7e]*)?")
+_UUID_NQN_RE = re.compile(r"nqn\.2014-08\.org\.nvmexpress:uuid:[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-"
+                          r"[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+
+
+def nqn_problem(nqn: str) -> str | None:
+    """Why ``nqn`` is not an NVMe Qualified Name, or ``None`` when it is one.
+
+    The one NQN rule of kvtool's config loader, ``nvme+tcp://`` URLs and the emulator.
+    """
+    if len(nqn.encode()) > NQN_MAX:
+        return f"{nqn[:40]!r}… is {len(nqn.encode())} bytes: an NQN is at most {NQN_MAX}"
+    if _NQN_RE.fullmatch(nqn) or _UUID_NQN_RE.fullmatch(nqn):
+        return None
+    return f"{nqn!r} is not an NQN: expected {NQN_FORM}"
+
+
+def is_loopback(address: str) -> bool:
+    """True for a loopback IP address (or ``localhost``): where a target may listen without
+    being told that it may listen elsewhere."""
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
 
 # Opcodes
 OPC_FABRICS = 0x7F

@@ -21,7 +21,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, unquote
 
 from kvtool.errors import UsageError
-from kvtool.nvme.spec import NQN_MAX
+from kvtool.nvme.spec import NQN_MAX, nqn_problem
 
 SCHEME = "nvme+tcp://"
 DEFAULT_PORT = 4420
@@ -44,9 +44,10 @@ class NvmeUrl:
 
 
 def check_nqn(nqn: str, *, field: str) -> str:
-    if not nqn.startswith("nqn.") or not 11 <= len(nqn.encode()) <= NQN_MAX:
-        raise UsageError(f"{nqn!r} is not an NQN (nqn.YYYY-MM.reverse-domain:name, "
-                         f"11..{NQN_MAX} bytes)", field=field)
+    """``nqn``, or a UsageError naming ``field`` (the rule: :func:`kvtool.nvme.spec.nqn_problem`)."""
+    problem = nqn_problem(nqn)
+    if problem:
+        raise UsageError(problem, field=field)
     return nqn
 
 

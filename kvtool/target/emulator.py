@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kvtool.nvme.spec import is_loopback
 from kvtool.target import state as st
 from kvtool.target.model import TargetConfig
 from kvtool.target.plan import Plan, TargetError
@@ -79,18 +80,13 @@ def userspace_config(cfg: TargetConfig) -> dict[str, Any]:
     listen = [f"[{lst.address}]:{lst.port}" if lst.family == "ipv6" else f"{lst.address}:{lst.port}"
               for lst in cfg.listeners]
     out: dict[str, Any] = {"subsystems": subsystems, "listen": listen,
-                           "allow_remote": any(not _loopback(lst.address) for lst in cfg.listeners)}
+                           "allow_remote": any(not is_loopback(lst.address) for lst in cfg.listeners)}
     if cfg.listeners:
         out["port_id"] = cfg.listeners[0].id
     t = cfg.transport("tcp")
     if t is not None and t.in_capsule_data_size is not None:
         out["in_capsule_data_size"] = t.in_capsule_data_size
     return out
-
-
-def _loopback(address: str) -> bool:
-    import ipaddress
-    return ipaddress.ip_address(address).is_loopback
 
 
 class BackgroundEngine:

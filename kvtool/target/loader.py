@@ -35,11 +35,11 @@ from pathlib import Path
 from typing import Any
 
 from kvtool.errors import InputError, KvtoolError
+from kvtool.nvme.spec import DISCOVERY_NQN, is_loopback, nqn_problem
 from kvtool.target.model import (
     BACKENDS,
     BACKINGS,
     DEFAULT_PORT,
-    DISCOVERY_NQN,
     ENGINES,
     TRANSPORTS,
     Host,
@@ -55,12 +55,6 @@ from kvtool.target.nvmet.nvmetcli import to_config_dict as nvmetcli_to_config
 from kvtool.target.tomlpos import Locator
 from kvtool.units import parse_size
 
-# NVMe base spec §4.5: "nqn.yyyy-mm.<reverse domain>[:<string>]" or the UUID form, ≤ 223 bytes.
-_NQN_RE = re.compile(r"^nqn\.\d{4}-(0[1-9]|1[0-2])\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
-                     r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*(?::[\x21-\x7e][\x20-\x7e]*)?$")
-_UUID_NQN_RE = re.compile(r"^nqn\.2014-08\.org\.nvmexpress:uuid:[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-"
-                          r"[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
-NQN_MAX = 223
 _SERIAL_RE = re.compile(r"^[\x20-\x7e]{1,20}$")
 _MODEL_RE = re.compile(r"^[\x20-\x7e]{1,40}$")
 _UUID_RE = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
@@ -79,13 +73,6 @@ def local_hostnqn() -> str:
     """This machine's host NQN, as kvtool's NVMe/TCP host and nvme-cli present it."""
     from kvtool.nvme.url import default_hostnqn
     return default_hostnqn()
-
-
-def valid_nqn(nqn: str) -> bool:
-    """True when ``nqn`` has the NVMe NQN form and fits in 223 bytes."""
-    if len(nqn.encode()) > NQN_MAX:
-        return False
-    return bool(_NQN_RE.match(nqn) or _UUID_NQN_RE.match(nqn))
 
 
 class _Reader:
@@ -334,9 +321,9 @@ def _nqn(r: _Reader, key: str, value: str | None, path: tuple[str | int, ...]) -
     if value is None:
         r.fail(f"missing required key {key!r}", path)
     assert value is not None
-    if not valid_nqn(value):
-        r.fail(f"bad NQN {value!r}: expected nqn.yyyy-mm.<reverse-domain>:<name> "
-               f"(or nqn.2014-08.org.nvmexpress:uuid:<uuid>), at most {NQN_MAX} bytes", path)
+    problem = nqn_problem(value)
+    if problem:
+        r.fail(problem, path)
     return value
 
 
@@ -499,11 +486,6 @@ def _listener(r: _Reader, index: int, all_nqns: list[str]) -> Listener:
                     subsystems=tuple(subsystems), inline_data_size=inline)
 
 
-def is_local_address(address: str) -> bool:
-    """True for loopback addresses, the only ones allowed without ``--allow-remote``."""
-    return ipaddress.ip_address(address).is_loopback
-
-
 def validate(cfg: TargetConfig, *, allow_remote: bool = False, check_paths: bool = True) -> None:
     """Checks that depend on the machine or the backend (run again by ``up`` itself)."""
     def fail(message: str, *path: str | int) -> None:
@@ -511,7 +493,7 @@ def validate(cfg: TargetConfig, *, allow_remote: bool = False, check_paths: bool
         raise InputError(message, file=file, line=line, field=_field_name(path))
 
     for i, lst in enumerate(cfg.listeners):
-        if not allow_remote and not is_local_address(lst.address):
+        if not allow_remote and not is_loopback(lst.address):
             fail(f"address {lst.address} is not local: targets listen on loopback unless "
                  "--allow-remote is given", "listener", i, "address")
         if lst.transport == "rdma" and cfg.backend == "emulator":

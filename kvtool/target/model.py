@@ -29,7 +29,6 @@ BACKENDS: tuple[str, ...] = ("nvmet", "spdk", "emulator")
 ENGINES: tuple[str, ...] = ("auto", "kernel", "qemu", "userspace")
 BACKINGS: tuple[str, ...] = ("memory", "file", "block", "nvme")
 TRANSPORTS: tuple[str, ...] = ("tcp", "rdma")
-DISCOVERY_NQN = "nqn.2014-08.org.nvmexpress.discovery"
 DEFAULT_PORT = 4420
 
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from kvtool.errors import InputError
-from kvtool.target.loader import load_config, parse_config, valid_nqn
+from kvtool.nvme.spec import nqn_problem
+from kvtool.target.loader import load_config, parse_config
 from kvtool.target.tomlpos import Locator
 from tests.conftest import FIXTURES
 
@@ -105,10 +106,10 @@ def test_bad_nqn(nqn: str) -> None:
 
 
 def test_nqn_forms() -> None:
-    assert valid_nqn(HOST)
-    assert valid_nqn("nqn.2016-06.io.spdk:cnode1")
-    assert not valid_nqn("nqn.2016-06.io.spdk:")
-    assert not valid_nqn("nqn.16-06.io.spdk:x")
+    assert nqn_problem(HOST) is None
+    assert nqn_problem("nqn.2016-06.io.spdk:cnode1") is None
+    assert nqn_problem("nqn.2016-06.io.spdk:")
+    assert nqn_problem("nqn.16-06.io.spdk:x")
 
 
 def test_hosts_must_be_listed() -> None:
@@ -173,3 +174,42 @@ def test_locator_maps_nested_arrays_of_tables() -> None:
     assert loc.line(("listener", 0, "port")) == 17
     assert loc.line(("listener", 0, "hosts2", 1)) == 20
     assert loc.line(("subsystem", 0, "namespace", 0, "nothing")) == 8  # nearest table
+
+
+@pytest.mark.parametrize(("nqn", "ok"), [
+    ("nqn.2026-01.io.kvtool:a", True), ("nqn.2016-06.io.spdk:cnode1", True), (HOST, True),
+    ("nqn.2026-01.io.kvtool", True), ("nqn.2026-01.io.kvtool:a b", True),
+    ("nqn.2026-13.io.kvtool:a", False), ("nqn.16-06.io.spdk:x", False),
+    ("nqn.2026-01.-bad:a", False), ("nqn.2026-01.io.kvtool:", False),
+    ("nqn.2026-01.io.kvtool:" + "x" * 210, False), ("iqn.2026-01.io.kvtool:a", False),
+])
+def test_one_nqn_rule_everywhere(nqn: str, ok: bool) -> None:
+    """The config loader, nvme+tcp:// URLs and the emulator's config accept the same NQNs."""
+    from emulator.nvmetcp.config import simple_config
+    from kvtool.errors import UsageError
+    from kvtool.nvme.url import parse_nvme_url
+
+    verdicts = {"spec": nqn_problem(nqn) is None}
+    try:
+        parse_config(GOOD.replace("nqn.2026-01.io.kvtool:a", nqn), source="t.toml")
+        verdicts["loader"] = True
+    except InputError:
+        verdicts["loader"] = False
+    try:
+        parse_nvme_url(f"nvme+tcp://127.0.0.1:4420/{nqn}/1")
+        verdicts["url"] = True
+    except UsageError:
+        verdicts["url"] = False
+    try:
+        simple_config(nqn=nqn, backing="1MiB", allow_any_host=True)
+        verdicts["emulator"] = True
+    except InputError:
+        verdicts["emulator"] = False
+    assert verdicts == dict.fromkeys(verdicts, ok)
+
+
+def test_one_loopback_rule() -> None:
+    from kvtool.nvme.spec import is_loopback
+
+    assert all(is_loopback(a) for a in ("127.0.0.1", "127.9.9.9", "::1", "[::1]", "localhost"))
+    assert not any(is_loopback(a) for a in ("0.0.0.0", "192.168.1.10", "::", "example.com"))

@@ -21,7 +21,8 @@ from functools import partial
 from typing import Any
 
 from kvtool.errors import InputError
-from kvtool.target.model import DISCOVERY_NQN, Namespace, Subsystem, TargetConfig
+from kvtool.nvme.spec import DISCOVERY_NQN
+from kvtool.target.model import Namespace, Subsystem, TargetConfig
 from kvtool.target.nvmet.backend import _create_file
 from kvtool.target.plan import Plan
 from kvtool.target.spdk.rpc import DEFAULT_SOCKET, SpdkRpc
