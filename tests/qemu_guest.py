@@ -1,6 +1,7 @@
 """pytest fixtures for the real Linux kernel in a QEMU guest (loaded from tests/conftest.py).
 
-* ``guest_image`` (session): the built kernel + initramfs (``emulator.qemu.ensure_built``).
+* ``guest_image`` (session): the built kernel + initramfs (``emulator.qemu.ensure_built``);
+  ``guest_image_612``: the same with bookworm-backports' 6.12 kernel (NVMe authentication).
   Skips with the reason when it cannot be built here (not root, apt unreachable); under CI
   (``$CI`` set) that is a failure instead, since CI has everything it needs.
 * ``kernel_target`` (module): a running guest whose kernel serves an nvmet-tcp target on a
@@ -26,7 +27,7 @@ from emulator.qemu.build import BuildError, GuestImage, ensure_built
 from emulator.qemu.guest import DEFAULT_NQN, Guest
 
 MAX_GUESTS = 2
-QEMU_FIXTURES = {"guest_image", "kernel_target", "make_guest"}
+QEMU_FIXTURES = {"guest_image", "guest_image_612", "kernel_target", "make_guest"}
 _live: list[Guest] = []
 
 MakeGuest = Callable[..., Guest]
@@ -78,6 +79,22 @@ def guest_image() -> GuestImage:
         if os.environ.get("CI"):
             pytest.fail(f"QEMU guest image cannot be built in CI: {e}")
         pytest.skip(f"QEMU guest image cannot be built here: {e}")
+
+
+@pytest.fixture(scope="session")
+def guest_image_612() -> GuestImage:
+    """The bookworm-backports 6.12 guest (NVMe DH-HMAC-CHAP on both kernel sides)."""
+    try:
+        return ensure_built(kernel="6.12")
+    except BuildError as e:
+        if os.environ.get("CI"):
+            pytest.fail(f"the 6.12 QEMU guest image cannot be built in CI: {e}")
+        pytest.skip(f"the 6.12 QEMU guest image cannot be built here: {e}")
+
+
+def start_guest(guest: Guest) -> Guest:
+    """Start ``guest`` under the same at-most-two-guests rule as the fixtures."""
+    return _start(guest)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from kvtool.errors import InputError, UsageError
 from kvtool.target import state as st
 from kvtool.target.loader import load_config, parse_config
-from kvtool.target.model import TargetConfig
+from kvtool.target.model import Host, TargetConfig
 from kvtool.target.plan import ApplyFailed, Plan, Step, TargetError, apply
 
 
@@ -166,8 +166,11 @@ def config_document(cfg: TargetConfig) -> dict[str, Any]:
     if cfg.spdk_socket:
         doc["spdk"] = {"socket": cfg.spdk_socket, "timeout": int(cfg.spdk_timeout)}
     if cfg.hosts:
-        doc["host"] = [_strip({"nqn": h.nqn, "dhchap_key": h.dhchap_key,
-                               "dhchap_ctrl_key": h.dhchap_ctrl_key}) for h in cfg.hosts]
+        doc["host"] = [_strip({"nqn": h.nqn, "dhchap_key_file": h.dhchap_key_file,
+                               "dhchap_ctrl_key_file": h.dhchap_ctrl_key_file,
+                               "dhchap_hashes": list(h.dhchap_hashes) or None,
+                               "dhchap_dhgroups": list(h.dhchap_dhgroups) or None})
+                       for h in cfg.hosts]
     if cfg.transports:
         doc["transport"] = [_strip({"type": t.type, "io_unit_size": t.io_unit_size,
                                     "in_capsule_data_size": t.in_capsule_data_size,
@@ -351,11 +354,22 @@ def discover(address: str, port: int = 4420, hostnqn: str | None = None,
 
 
 def probe_namespaces(address: str, port: int, nqn: str, hostnqn: str | None,
-                     timeout: float = 5.0) -> dict[int, tuple[int, int]]:
-    """Ask a live NVMe/TCP target for each namespace's (bytes, LBA size) via Identify."""
+                     timeout: float = 5.0, host: Host | None = None) -> dict[int, tuple[int, int]]:
+    """Ask a live NVMe/TCP target for each namespace's (bytes, LBA size) via Identify.
+
+    ``host``: the config's [[host]] entry, whose key files authenticate the probe.
+    """
     from kvtool.nvme import host as nvme_host
+    from kvtool.nvme.dhchap import load_secret_file
+    secret = ctrl_secret = None
+    if host is not None and host.dhchap_key_file:
+        secret = load_secret_file(host.dhchap_key_file, field="dhchap_key_file")
+        if host.dhchap_ctrl_key_file:
+            ctrl_secret = load_secret_file(host.dhchap_ctrl_key_file,
+                                           field="dhchap_ctrl_key_file")
     with nvme_host.connect(address, port, nqn, hostnqn=hostnqn, io_queues=0,
-                           timeout=timeout, reconnect=0) as ctrl:
+                           timeout=timeout, reconnect=0, dhchap_secret=secret,
+                           dhchap_ctrl_secret=ctrl_secret) as ctrl:
         out = {}
         for nsid in ctrl.active_namespaces():
             info = ctrl.identify_namespace(nsid)

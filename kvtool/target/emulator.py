@@ -81,6 +81,12 @@ def userspace_config(cfg: TargetConfig) -> dict[str, Any]:
               for lst in cfg.listeners]
     out: dict[str, Any] = {"subsystems": subsystems, "listen": listen,
                            "allow_remote": any(not is_loopback(lst.address) for lst in cfg.listeners)}
+    keys = [{"nqn": h.nqn, "dhchap_key_file": h.dhchap_key_file,
+             "dhchap_ctrl_key_file": h.dhchap_ctrl_key_file,
+             "dhchap_hashes": list(h.dhchap_hashes), "dhchap_dhgroups": list(h.dhchap_dhgroups)}
+            for h in cfg.host_keys()]
+    if keys:
+        out["host_keys"] = keys  # key file paths: the target process reads the secrets
     if cfg.listeners:
         out["port_id"] = cfg.listeners[0].id
     t = cfg.transport("tcp")
@@ -200,7 +206,7 @@ class UserspaceEngine(BackgroundEngine):
                                    "block_size": n.block_size})
             if running and namespaces and cfg.listeners:
                 # what the running target itself reports (Identify), not what we asked for
-                live = _probe(cfg.listeners_of(s.nqn) or cfg.listeners, s)
+                live = _probe(cfg, cfg.listeners_of(s.nqn) or cfg.listeners, s)
                 for ns in namespaces:
                     if ns["nsid"] in live:
                         ns["size"], ns["block_size"] = live[ns["nsid"]]
@@ -217,12 +223,13 @@ class UserspaceEngine(BackgroundEngine):
                 "log": self.extra.get("log"), "subsystems": subsystems}
 
 
-def _probe(listeners: Any, sub: Any) -> dict[int, tuple[int, int]]:
+def _probe(cfg: TargetConfig, listeners: Any, sub: Any) -> dict[int, tuple[int, int]]:
     from kvtool.target.api import probe_namespaces
     lst = listeners[0]
     hostnqn = None if sub.allow_any_host else sub.hosts[0]
     try:
-        return probe_namespaces(lst.address, lst.port, sub.nqn, hostnqn)
+        return probe_namespaces(lst.address, lst.port, sub.nqn, hostnqn,
+                                host=cfg.host(hostnqn) if hostnqn else None)
     except Exception:  # status must not fail because one probe did; the config values stand
         return {}
 

@@ -130,7 +130,9 @@ class QemuEngine(BackgroundEngine):
         d = st.run_dir()
         d.mkdir(parents=True, exist_ok=True)
         spec = {"name": cfg.name, "config": config_document(gcfg),
-                "forwards": {str(lst.port): lst.port for lst in cfg.listeners}}
+                "forwards": {str(lst.port): lst.port for lst in cfg.listeners},
+                # DH-HMAC-CHAP needs the 6.12 guest (6.1 has no NVMe authentication)
+                "kernel": "6.12" if cfg.host_keys() else "6.1"}
         spec_path = d / f"{cfg.name}.qemu.json"
         ready = d / f"{cfg.name}.ready"
         log_path = d / f"{cfg.name}.log"
@@ -224,8 +226,9 @@ def _supervise(spec_path: str, ready_path: str) -> int:
         Path(tmp).write_text(json.dumps(doc))
         os.replace(tmp, ready_path)
 
-    guest = Guest(target=False, hostroot=True, forwards=forwards, boot_timeout=BOOT_TIMEOUT,
-                  mem_mb=512)
+    from emulator.qemu.build import ensure_built
+    guest = Guest(ensure_built(kernel=spec.get("kernel", "6.1")), target=False, hostroot=True,
+                  forwards=forwards, boot_timeout=BOOT_TIMEOUT, mem_mb=512)
     try:
         guest.start()
         doc = json.dumps(spec["config"])

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtool.errors import InputError, KvtoolError
+from kvtool.nvme import dhchap
 from kvtool.nvme.spec import DISCOVERY_NQN, is_loopback, nqn_problem
 from kvtool.target.model import (
     BACKENDS,
@@ -328,17 +329,52 @@ def _nqn(r: _Reader, key: str, value: str | None, path: tuple[str | int, ...]) -
 
 
 def _host(r: _Reader) -> Host:
-    r.check_keys({"nqn", "dhchap_key", "dhchap_ctrl_key"})
+    r.check_keys({"nqn", "dhchap_key", "dhchap_ctrl_key", "dhchap_key_file",
+                  "dhchap_ctrl_key_file", "dhchap_hashes", "dhchap_dhgroups"})
     nqn = _nqn(r, "nqn", r.text("nqn", required=True), (*r.path, "nqn"))
-    key = r.text("dhchap_key")
-    ctrl = r.text("dhchap_ctrl_key")
-    for k, v in (("dhchap_key", key), ("dhchap_ctrl_key", ctrl)):
-        if v is not None and not re.match(r"^DHHC-1:0[0-3]:[A-Za-z0-9+/=]+:$", v):
-            r.fail("expected a DH-HMAC-CHAP secret 'DHHC-1:<hh>:<base64>:' "
-                   "(nvme gen-dhchap-key)", (*r.path, k))
+    for inline in ("dhchap_key", "dhchap_ctrl_key"):
+        if r.has(inline):  # the message must not repeat the value
+            r.fail(f"secrets are not written into configs (they would reach the state file and "
+                   f"plans): put it in a key file with mode 0600 (kvtool target keygen) and "
+                   f"name that with {inline}_file", (*r.path, inline))
+    key = _key_path(r, "dhchap_key_file")
+    ctrl = _key_path(r, "dhchap_ctrl_key_file")
     if ctrl is not None and key is None:
-        r.fail("dhchap_ctrl_key needs dhchap_key", (*r.path, "dhchap_ctrl_key"))
-    return Host(nqn=nqn, dhchap_key=key, dhchap_ctrl_key=ctrl)
+        r.fail("dhchap_ctrl_key_file needs dhchap_key_file (bidirectional authentication "
+               "authenticates the host too)", (*r.path, "dhchap_ctrl_key_file"))
+    hashes = _algorithms(r, "dhchap_hashes", dhchap.hash_id, dhchap.HASHES)
+    groups = _algorithms(r, "dhchap_dhgroups", dhchap.dhgroup_id, dhchap.DHGROUPS)
+    if (hashes or groups) and key is None:
+        r.fail("applies to a host with dhchap_key_file",
+               (*r.path, "dhchap_hashes" if hashes else "dhchap_dhgroups"))
+    return Host(nqn=nqn, dhchap_key_file=key, dhchap_ctrl_key_file=ctrl,
+                dhchap_hashes=hashes, dhchap_dhgroups=groups)
+
+
+def _key_path(r: _Reader, key: str) -> str | None:
+    """A key file path; relative paths are relative to the config file's directory."""
+    path = r.text(key)
+    if path is None:
+        return None
+    if not path:
+        r.fail("expected a path to a key file", (*r.path, key))
+    if not os.path.isabs(path) and r.loader.source:
+        path = str(Path(r.loader.source).resolve().parent / path)
+    return path
+
+
+def _algorithms(r: _Reader, key: str, parse: Any, names: Any) -> tuple[str, ...]:
+    out = []
+    for i, name in enumerate(r.str_list(key)):
+        try:
+            ident = parse(name)
+        except ValueError as exc:
+            r.fail(str(exc), (*r.path, key, i))
+        value = names[ident].name if key == "dhchap_hashes" else names[ident]
+        if value in out:
+            r.fail(f"{name!r} listed twice", (*r.path, key, i))
+        out.append(value)
+    return tuple(out)
 
 
 def _transport(r: _Reader) -> Transport:
@@ -511,6 +547,19 @@ def validate(cfg: TargetConfig, *, allow_remote: bool = False, check_paths: bool
                 fail("buffered_io is an nvmet option", *at, "buffered_io")
             if check_paths and ns.backing in ("file", "block") and ns.path is not None:
                 _check_backing(ns, fail, at)
+    if check_paths:
+        for i, h in enumerate(cfg.hosts):
+            for attr, path in (("dhchap_key_file", h.dhchap_key_file),
+                               ("dhchap_ctrl_key_file", h.dhchap_ctrl_key_file)):
+                if path is not None:
+                    try:
+                        dhchap.load_secret_file(path, field=attr)
+                    except InputError as exc:
+                        fail(exc.message, "host", i, attr)
+    for si, sub in enumerate(cfg.subsystems):
+        if sub.allow_any_host and cfg.host_keys():  # nvmet and SPDK skip auth for such hosts
+            fail("a subsystem that allows any host authenticates nobody: list its hosts "
+                 "(their [[host]] keys then apply)", "subsystem", si, "allow_any_host")
     for i, t in enumerate(cfg.transports):
         if cfg.backend != "spdk" and (t.io_unit_size or t.max_io_size or t.max_queue_depth
                                       or t.max_io_qpairs_per_ctrlr):

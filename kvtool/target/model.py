@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -93,9 +94,17 @@ class Listener:
 
 @dataclass(frozen=True)
 class Host:
+    """A host NQN and, for DH-HMAC-CHAP, its key files (never the secrets themselves)."""
+
     nqn: str
-    dhchap_key: str | None = None
-    dhchap_ctrl_key: str | None = None
+    dhchap_key_file: str | None = None  # the host proves this secret (DHHC-1, mode 0600)
+    dhchap_ctrl_key_file: str | None = None  # set: the controller proves this one too
+    dhchap_hashes: tuple[str, ...] = ()  # allowed, preferred first ("sha256"...); () = default
+    dhchap_dhgroups: tuple[str, ...] = ()  # allowed ("null", "ffdhe2048"...); () = default
+
+    @property
+    def key_files(self) -> tuple[str, ...]:
+        return tuple(f for f in (self.dhchap_key_file, self.dhchap_ctrl_key_file) if f)
 
 
 @dataclass(frozen=True)
@@ -152,11 +161,29 @@ class TargetConfig:
         return d
 
     def digest(self) -> str:
-        """SHA-256 of the desired state: equal digests mean nothing to change."""
-        text = json.dumps(self.to_dict(), sort_keys=True, default=str)
+        """SHA-256 of the desired state: equal digests mean nothing to change.
+
+        A key file rewritten in place (key rotation) changes it too: its inode, size and
+        mtime are part of the state (not its content: no secret reaches the state file).
+        """
+        doc = self.to_dict()
+        doc["key_file_stamps"] = [_stamp(f) for h in self.hosts for f in h.key_files]
+        text = json.dumps(doc, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()
+
+    def host_keys(self) -> list[Host]:
+        """The [[host]] entries with DH-HMAC-CHAP keys."""
+        return [h for h in self.hosts if h.dhchap_key_file]
 
     def where(self, *path: str | int) -> tuple[str | None, int | None]:
         """(file, line) of a key path such as ("subsystem", 0, "namespace", 1, "nsid")."""
         line = self.locator.line(path) if self.locator is not None else None
         return self.source, line
+
+
+def _stamp(path: str) -> list[int]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return []
+    return [st.st_ino, st.st_size, st.st_mtime_ns]

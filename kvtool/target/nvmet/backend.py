@@ -234,16 +234,28 @@ class NvmetBackend:
         if not exists:
             plan.add("create", "host", h.rel, "", h.create, h.delete)
         spec = cfg.host(nqn)
-        if spec is None:
+        if spec is None or spec.dhchap_key_file is None:
             return
-        for attr, want in (("dhchap_key", spec.dhchap_key), ("dhchap_ctrl_key", spec.dhchap_ctrl_key)):
-            if want is None:
-                continue
+        # nvmet keeps one hash and one DH group per host: the first of each list
+        hashes, groups = spec.dhchap_hashes, spec.dhchap_dhgroups
+        if len(hashes) > 1 or len(groups) > 1:
+            plan.notes.append(f"hosts/{nqn}: nvmet allows one hash and one DH group per host; "
+                              f"using {hashes[0] if hashes else 'sha256'} and "
+                              f"{groups[0] if groups else 'null'} (the first listed)")
+        wants: list[tuple[str, str, str]] = [
+            ("dhchap_key", read_secret(spec.dhchap_key_file),
+             f"DH-HMAC-CHAP secret from {spec.dhchap_key_file}")]
+        if spec.dhchap_ctrl_key_file:
+            wants.append(("dhchap_ctrl_key", read_secret(spec.dhchap_ctrl_key_file),
+                          f"DH-HMAC-CHAP controller secret from {spec.dhchap_ctrl_key_file}"))
+        wants.append(("dhchap_hash", f"hmac({hashes[0] if hashes else 'sha256'})", ""))
+        wants.append(("dhchap_dhgroup", groups[0] if groups else "null", ""))
+        for attr, want, label in wants:
             have = h.get(attr) if exists else None
-            if have != want:
-                plan.add("update", "host", f"{h.rel}/{attr}", "DH-HMAC-CHAP secret",
+            if (have or "").strip() != want:
+                plan.add("update", "host", f"{h.rel}/{attr}", label or want,
                          partial(h.set, attr, want),
-                         partial(h.set, attr, have or "") if exists else _noop)
+                         partial(h.set, attr, have or "") if exists and have else _noop)
 
     def _plan_subsystem(self, plan: Plan, sub: Subsystem, live: bool) -> None:
         s = self.root.subsystem(sub.nqn)
@@ -515,3 +527,9 @@ def _create_file(path: str, size: int) -> None:
 
 
 UndoFn = Callable[[], None]
+
+
+def read_secret(path: str) -> str:
+    """The ``DHHC-1`` text of a key file (checked: mode 0600, format, CRC) for configfs."""
+    from kvtool.nvme.dhchap import load_secret_file
+    return load_secret_file(path, field="dhchap_key_file").encode()

@@ -78,6 +78,10 @@ def explain(op: str, rel: str, err: int, value: str | None = None) -> str:
         if leaf.startswith("attr_"):
             return ("value rejected (serial/model are fixed once a host has identified the "
                     "controller; check length and characters)")
+        if leaf in ("dhchap_key", "dhchap_ctrl_key"):  # never echo a secret
+            return "the DH-HMAC-CHAP secret was rejected (not a DHHC-1 key of 32/48/64 bytes?)"
+        if leaf in ("dhchap_hash", "dhchap_dhgroup"):
+            return f"{value!r} rejected (this kernel lacks that hash or DH group?)"
         if leaf in ("buffered_io", "resv_enable"):
             return "the namespace is enabled; disable it first"
         if op == "mkdir" and top == "subsystems" and len(parts) == 2:

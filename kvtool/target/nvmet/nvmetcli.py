@@ -103,9 +103,10 @@ def from_config(cfg: TargetConfig) -> dict[str, Any]:
     for nqn in cfg.all_host_nqns():
         entry: dict[str, Any] = {"nqn": nqn}
         h = cfg.host(nqn)
-        if h is not None and h.dhchap_key:
-            entry["dhchap"] = {"key": h.dhchap_key, **({"ctrl_key": h.dhchap_ctrl_key}
-                                                        if h.dhchap_ctrl_key else {})}
+        if h is not None and h.dhchap_key_file:
+            # the secrets stay in their key files: nvmetcli restore leaves the keys unset
+            entry["dhchap"] = {"hash": f"hmac({(h.dhchap_hashes or ('sha256',))[0]})",
+                               "dhgroup": (h.dhchap_dhgroups or ("null",))[0]}
         hosts.append(entry)
     subsystems = []
     for s in cfg.subsystems:
@@ -141,7 +142,8 @@ def dump_tree(root: Root) -> dict[str, Any]:
     hosts = []
     for h in root.hosts():
         entry: dict[str, Any] = {"nqn": h.nqn}
-        dh = h.attrs("dhchap")
+        dh = {k: v for k, v in h.attrs("dhchap").items()
+              if k not in ("key", "ctrl_key")}  # secrets are not exported
         if dh:
             entry["dhchap"] = dh
         hosts.append(entry)

@@ -149,19 +149,16 @@ class SpdkBackend:
             "controllers": {c["name"]: c for c in self.rpc.call("bdev_nvme_get_controllers")},
         }
 
+    def _keyring(self) -> dict[str, dict[str, Any]]:
+        """The keyring's keys by name (name, path; never the key itself)."""
+        return {k["name"]: k for k in self.rpc.call("keyring_get_keys")}
+
     def _call(self, method: str, params: dict[str, Any]) -> Callable[[], Any]:
         return partial(self.rpc.call, method, params)
 
     # ------------------------------------------------------------ up
     def plan_up(self, cfg: TargetConfig, previous: TargetConfig | None = None) -> Plan:
         plan = Plan(self.name, "up")
-        for i, h in enumerate(cfg.hosts):
-            if h.dhchap_key:
-                file, line = cfg.where("host", i, "dhchap_key")
-                raise InputError("the SPDK backend takes DH-HMAC-CHAP keys from its keyring "
-                                 "(keyring_file_add_key), not inline secrets; remove this key "
-                                 "or use the nvmet backend", file=file, line=line,
-                                 field=f"host[{i}].dhchap_key")
         version, major = self.version()
         plan.notes.append(f"target: {version}")
         live = self.read()
@@ -190,9 +187,32 @@ class SpdkBackend:
                                       "change a live transport (restart spdk_tgt to apply "
                                       f"{', '.join(f'{k}={v}' for k, v in diff.items())})")
 
+        self._plan_keys(plan, cfg)
         for sub in cfg.subsystems:
             self._plan_subsystem(plan, sub, cfg, live)
         return plan
+
+    def _plan_keys(self, plan: Plan, cfg: TargetConfig) -> None:
+        """keyring_file_add_key for every key file (SPDK reads the file; mode 0600)."""
+        if any(h.dhchap_hashes or h.dhchap_dhgroups for h in cfg.host_keys()):
+            plan.notes.append("SPDK allows DH-HMAC-CHAP hashes and DH groups for the whole "
+                              "target, at start-up only (nvmf_set_config --dhchap-digests/"
+                              "--dhchap-dhgroups with spdk_tgt --wait-for-rpc); the per-host "
+                              "lists are not applied to a running target, which offers all and "
+                              "picks the strongest the host offers")
+        have = self._keyring() if key_names(cfg) else {}
+        for name, path in key_names(cfg):
+            old = have.get(name)
+            if old is not None and old.get("path") == path:
+                continue
+            if old is not None:
+                plan.add("delete", "key", name, f"keyring entry for {old.get('path')}",
+                         self._call("keyring_file_remove_key", {"name": name}),
+                         self._call("keyring_file_add_key", {"name": name,
+                                                             "path": old.get("path")}))
+            plan.add("create", "key", name, f"keyring_file_add_key {path}",
+                     self._call("keyring_file_add_key", {"name": name, "path": path}),
+                     self._call("keyring_file_remove_key", {"name": name}))
 
     def _bdev_stale(self, sub: Subsystem, ns: Namespace, live: dict[str, Any]) -> bool:
         """True when the namespace's bdev is missing or differs from the config."""
@@ -271,7 +291,14 @@ class SpdkBackend:
                      self._call("nvmf_subsystem_remove_ns", {"nqn": nqn, "nsid": ns.nsid}))
 
         have_hosts = [h["nqn"] if isinstance(h, dict) else h for h in have.get("hosts", [])]
+        have_keys = {h["nqn"]: (h.get("dhchap_key"), h.get("dhchap_ctrlr_key"))
+                     for h in have.get("hosts", []) if isinstance(h, dict)}
         for h in have_hosts:
+            if h in sub.hosts and have_keys.get(h, (None, None)) != host_key_names(cfg, h):
+                params = host_params(cfg, nqn, h)
+                plan.add("update", "host", f"{nqn} host {h}", "DH-HMAC-CHAP keys",
+                         self._call("nvmf_subsystem_set_keys", params),
+                         None)
             if h not in sub.hosts:
                 plan.add("delete", "host", f"{nqn} host {h}", "not in config",
                          self._call("nvmf_subsystem_remove_host", {"nqn": nqn, "host": h}),
@@ -284,8 +311,10 @@ class SpdkBackend:
                                 {"nqn": nqn, "allow_any_host": not sub.allow_any_host}))
         for h in sub.hosts:
             if h not in have_hosts:
-                plan.add("create", "host", f"{nqn} host {h}", "",
-                         self._call("nvmf_subsystem_add_host", {"nqn": nqn, "host": h}),
+                params = host_params(cfg, nqn, h)
+                plan.add("create", "host", f"{nqn} host {h}",
+                         "DH-HMAC-CHAP" if "dhchap_key" in params else "",
+                         self._call("nvmf_subsystem_add_host", params),
                          self._call("nvmf_subsystem_remove_host", {"nqn": nqn, "host": h}))
 
         want_addrs = [listen_address(lst) for lst in cfg.listeners_of(nqn)]
@@ -328,9 +357,12 @@ class SpdkBackend:
                                  "nsid": n["nsid"], "bdev_name": n.get("bdev_name")}}))
                 for h in have.get("hosts", []):
                     host = h["nqn"] if isinstance(h, dict) else h
+                    readd = {"nqn": nqn, "host": host, **{
+                        k: h[k] for k in ("dhchap_key", "dhchap_ctrlr_key")
+                        if isinstance(h, dict) and h.get(k)}}
                     plan.add("delete", "host", f"{nqn} host {host}", "",
                              self._call("nvmf_subsystem_remove_host", {"nqn": nqn, "host": host}),
-                             self._call("nvmf_subsystem_add_host", {"nqn": nqn, "host": host}))
+                             self._call("nvmf_subsystem_add_host", readd))
                 recreate: dict[str, Any] = {"nqn": nqn,
                                             "allow_any_host": bool(have.get("allow_any_host"))}
                 for key in ("serial_number", "model_number", "max_namespaces"):
@@ -347,6 +379,13 @@ class SpdkBackend:
                 old = _recreate_call(b)
                 plan.add("delete", "bdev", name, "",
                          self._call(*delete_for_live(b)), self._call(*old) if old else None)
+        keys = self._keyring() if key_names(cfg) else {}
+        for name, _path in key_names(cfg):
+            if name in keys:  # after the hosts that use it are gone
+                plan.add("delete", "key", name, "keyring entry",
+                         self._call("keyring_file_remove_key", {"name": name}),
+                         self._call("keyring_file_add_key",
+                                    {"name": name, "path": keys[name].get("path")}))
         return plan.steps
 
     # ------------------------------------------------------------ status / export
@@ -408,12 +447,53 @@ def spdk_config(cfg: TargetConfig, major: int | None = None) -> dict[str, Any]:
                                "params": {"nqn": sub.nqn, "namespace": body}})
         for h in sub.hosts:
             nvmf_calls.append({"method": "nvmf_subsystem_add_host",
-                               "params": {"nqn": sub.nqn, "host": h}})
+                               "params": host_params(cfg, sub.nqn, h)})
         for lst in cfg.listeners_of(sub.nqn):
             nvmf_calls.append({"method": "nvmf_subsystem_add_listener",
                                "params": {"nqn": sub.nqn, "listen_address": listen_address(lst)}})
-    return {"subsystems": [{"subsystem": "bdev", "config": bdev_calls},
-                           {"subsystem": "nvmf", "config": nvmf_calls}]}
+    out = [{"subsystem": "bdev", "config": bdev_calls},
+           {"subsystem": "nvmf", "config": nvmf_calls}]
+    keys = [{"method": "keyring_file_add_key", "params": {"name": name, "path": path}}
+            for name, path in key_names(cfg)]
+    if keys:  # key file paths only: SPDK reads the secrets
+        out.insert(0, {"subsystem": "keyring", "config": keys})
+    return {"subsystems": out}
+
+
+def _key_name(hostnqn: str, ctrl: bool) -> str:
+    digest = hashlib.sha256(hostnqn.encode()).hexdigest()[:12]
+    return f"kvtool-{digest}-{'ckey' if ctrl else 'key'}"
+
+
+def host_key_names(cfg: TargetConfig, hostnqn: str) -> tuple[str | None, str | None]:
+    """SPDK keyring names of ``hostnqn``'s secrets (derived from the NQN; None: no key)."""
+    h = cfg.host(hostnqn)
+    if h is None or not h.dhchap_key_file:
+        return None, None
+    return (_key_name(hostnqn, False),
+            _key_name(hostnqn, True) if h.dhchap_ctrl_key_file else None)
+
+
+def key_names(cfg: TargetConfig) -> list[tuple[str, str]]:
+    """(keyring name, key file) for every key file in ``cfg``."""
+    out = []
+    for h in cfg.host_keys():
+        assert h.dhchap_key_file is not None
+        out.append((_key_name(h.nqn, False), h.dhchap_key_file))
+        if h.dhchap_ctrl_key_file:
+            out.append((_key_name(h.nqn, True), h.dhchap_ctrl_key_file))
+    return out
+
+
+def host_params(cfg: TargetConfig, nqn: str, hostnqn: str) -> dict[str, Any]:
+    """``nvmf_subsystem_add_host`` parameters, with the host's keyring names if it has keys."""
+    params: dict[str, Any] = {"nqn": nqn, "host": hostnqn}
+    key, ckey = host_key_names(cfg, hostnqn)
+    if key:
+        params["dhchap_key"] = key
+    if ckey:
+        params["dhchap_ctrlr_key"] = ckey
+    return params
 
 
 def delete_for_live(b: dict[str, Any]) -> tuple[str, dict[str, Any]]:
