@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 # The store library (numpy, ctypes) is imported inside the commands: every kvtool command
 # imports this module at start-up.
-DEFAULT_QD = 8  # == kvtool.store.engine.DEFAULT_QD
+DEFAULT_QD = 8  # == kvtool.store.io.DEFAULT_QD
 
 EPILOG = """
 \b

@@ -37,7 +37,7 @@ import numpy as np
 
 from kvtool.errors import InputError
 from kvtool.experiments.figures import RunData
-from kvtool.experiments.spec import Experiment
+from kvtool.experiments.spec import Experiment, block_bytes_of
 
 CHECK_BYTES = 4096
 NQN = "nqn.2026-01.io.kvtool:fx100"
@@ -226,7 +226,6 @@ def measure_target(kind: str, scratch: Path, *, requests: int, per_request: int,
 
 
 def run_parallel_read(exp: Experiment, *, scratch: Path, progress: Any = None) -> RunData:
-    from kvtool.experiments.run import block_bytes_of
 
     w = exp.workload
     chunk_bytes = int(w.get("chunk_bytes") or block_bytes_of(exp) or 0)

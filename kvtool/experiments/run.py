@@ -22,23 +22,11 @@ from typing import Any
 
 from kvtool.errors import UsageError
 from kvtool.experiments.figures import METRICS, FigureUnavailable, RunData
-from kvtool.experiments.spec import Experiment
+from kvtool.experiments.spec import Experiment, block_bytes_of
 
 SCHEMA = "kvtool.experiment/1"
 ProgressFactory = Callable[[str, float | None], Any]
 """``progress(description, total)`` → a context manager yielding ``advance(n)``."""
-
-
-def block_bytes_of(exp: Experiment) -> int | None:
-    """Bytes per block (docs/definitions.md): the workload's ``block_bytes``, else its
-    model's geometry."""
-    from kvtool.geometry import block_size
-
-    w = exp.workload
-    tokens = w.get("chunk_tokens") or w.get("block_tokens", 256)
-    size = block_size(w.get("model"), dtype=w.get("dtype"), block_tokens=tokens,
-                      block_bytes=int(w["block_bytes"]) if "block_bytes" in w else None)
-    return size.block_bytes if size else None
 
 
 def write_trace(exp: Experiment, path: Path) -> int:

@@ -286,3 +286,15 @@ def find_experiment(name: str, directory: Path | None = None) -> Experiment:
         raise InputError(f"no experiment {name!r} (known: {', '.join(known) or 'none'})",
                          field="NAME")
     return load_experiment(path)
+
+
+def block_bytes_of(exp: Experiment) -> int | None:
+    """Bytes per block (docs/definitions.md): the workload's ``block_bytes``, else its
+    model's geometry."""
+    from kvtool.geometry import block_size
+
+    w = exp.workload
+    tokens = w.get("chunk_tokens") or w.get("block_tokens", 256)
+    size = block_size(w.get("model"), dtype=w.get("dtype"), block_tokens=tokens,
+                      block_bytes=int(w["block_bytes"]) if "block_bytes" in w else None)
+    return size.block_bytes if size else None

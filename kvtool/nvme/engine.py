@@ -1,4 +1,4 @@
-"""The ``nvme+tcp://`` store I/O engine: :class:`kvtool.store.engine.IOEngine` over kvtool's host.
+"""The ``nvme+tcp://`` store I/O engine: :class:`kvtool.store.io.IOEngine` over kvtool's host.
 
 ``open_nvme_tcp("nvme+tcp://127.0.0.1:4420/nqn.../1", write=True, qd=32)`` connects a
 controller (``io_queues`` TCP connections, ``qd`` commands in flight in total), picks the
@@ -24,13 +24,13 @@ from kvtool.nvme import spec
 from kvtool.nvme.host import AuthenticationError, ConnectError, Controller, HostCredentials
 from kvtool.nvme.queue import Command, TransportError
 from kvtool.nvme.url import default_hostnqn, parse_nvme_url
-from kvtool.store.engine import check_extent
+from kvtool.store.io import check_extent
 
 __all__ = ["NvmeTcpEngine", "open_nvme_tcp"]
 
 
 class NvmeTcpEngine:
-    """One NVMe/TCP namespace as an :class:`~kvtool.store.engine.IOEngine`."""
+    """One NVMe/TCP namespace as an :class:`~kvtool.store.io.IOEngine`."""
 
     mem_align = 1  # data is copied to/from sockets: any buffer address works
 

@@ -22,7 +22,7 @@ import threading
 from collections import deque
 from concurrent.futures import Future
 
-from kvtool.store.engine import buffer_address
+from kvtool.store.io import buffer_address
 
 # x86_64 and aarch64 (asm-generic) syscall numbers.
 _NR = {"x86_64": (206, 207, 209, 208), "amd64": (206, 207, 209, 208),

@@ -1,4 +1,4 @@
-"""Object I/O on top of an :class:`~kvtool.store.engine.IOEngine`: zero-copy or bounce.
+"""Object I/O on top of an :class:`~kvtool.store.io.IOEngine`: zero-copy or bounce.
 
 An object of ``nbytes`` occupies ``padded_size(nbytes, lba)`` bytes on the namespace.
 
@@ -22,8 +22,8 @@ from typing import Literal
 import numpy as np
 
 from kvtool.align import padded_size
-from kvtool.store.engine import AlignedBuffer, IOEngine
-from kvtool.store.engine import buffer_address as address
+from kvtool.store.io import AlignedBuffer, IOEngine
+from kvtool.store.io import buffer_address as address
 
 Path = Literal["zero-copy", "bounce"]
 

@@ -21,13 +21,13 @@ from typing import Any
 
 from kvtool.errors import UsageError
 from kvtool.store.aio import IOCB_CMD_PREAD, IOCB_CMD_PWRITE, AioQueue, AioUnavailable
-from kvtool.store.engine import PAGE_SIZE, ThreadedEngine
+from kvtool.store.io import PAGE_SIZE, ThreadedEngine
 
 BLKROGET = 0x125E
 
 
 class DirectEngine(ThreadedEngine):
-    """An O_DIRECT file descriptor (see :class:`~kvtool.store.engine.IOEngine`).
+    """An O_DIRECT file descriptor (see :class:`~kvtool.store.io.IOEngine`).
 
     Asynchronous submissions go through Linux native AIO (:mod:`kvtool.store.aio`) when
     the kernel allows it, else through the base class's pool of ``qd`` threads;

@@ -38,7 +38,7 @@ from kvtool.align import padded_size, round_up
 from kvtool.store import layout as L
 from kvtool.store.bounce import as_bytes_view, copy_into, stage_for_write
 from kvtool.store.checksum import crc32c
-from kvtool.store.engine import AlignedBuffer, IOEngine
+from kvtool.store.io import AlignedBuffer, IOEngine
 from kvtool.store.layout import (
     ENTRY_BYTES,
     ENTRY_DTYPE,

@@ -17,8 +17,9 @@ from typing import Any, Protocol
 
 from kvtool.errors import InputError, UsageError
 from kvtool.target import state as st
+from kvtool.target.document import config_document
 from kvtool.target.loader import load_config, parse_config
-from kvtool.target.model import Host, TargetConfig
+from kvtool.target.model import TargetConfig
 from kvtool.target.plan import ApplyFailed, Plan, Step, TargetError, apply
 
 
@@ -156,66 +157,6 @@ def _config_text(cfg: TargetConfig) -> tuple[str, str]:
     return json.dumps(config_document(cfg), indent=2), "json"
 
 
-def config_document(cfg: TargetConfig) -> dict[str, Any]:
-    """``cfg`` as a document :func:`parse_config` reads back to an equal config."""
-    doc: dict[str, Any] = {"backend": cfg.backend, "name": cfg.name}
-    if cfg.backend == "emulator":
-        doc["emulator"] = {"engine": cfg.engine}
-    if cfg.nvmet_root:
-        doc["nvmet"] = {"configfs_root": cfg.nvmet_root}
-    if cfg.spdk_socket:
-        doc["spdk"] = {"socket": cfg.spdk_socket, "timeout": int(cfg.spdk_timeout)}
-    if cfg.hosts:
-        doc["host"] = [_strip({"nqn": h.nqn, "dhchap_key_file": h.dhchap_key_file,
-                               "dhchap_ctrl_key_file": h.dhchap_ctrl_key_file,
-                               "dhchap_hashes": list(h.dhchap_hashes) or None,
-                               "dhchap_dhgroups": list(h.dhchap_dhgroups) or None})
-                       for h in cfg.hosts]
-    if cfg.transports:
-        doc["transport"] = [_strip({"type": t.type, "io_unit_size": t.io_unit_size,
-                                    "in_capsule_data_size": t.in_capsule_data_size,
-                                    "max_io_size": t.max_io_size,
-                                    "max_queue_depth": t.max_queue_depth,
-                                    "max_io_qpairs_per_ctrlr": t.max_io_qpairs_per_ctrlr})
-                            for t in cfg.transports]
-    subs = []
-    for s in cfg.subsystems:
-        namespaces = []
-        for n in s.namespaces:
-            ns = _strip({"nsid": n.nsid, "backing": n.backing, "path": n.path, "size": n.size,
-                         "lba": n.lba, "bdev_name": n.bdev_name, "uuid": n.uuid, "nguid": n.nguid})
-            if n.create:
-                ns["create"] = True
-            if n.buffered_io:
-                ns["buffered_io"] = True
-            if n.bdev_module != "aio":
-                ns["bdev"] = n.bdev_module
-            if n.nvme is not None:
-                ns["nvme"] = _strip({"trtype": n.nvme.trtype, "traddr": n.nvme.traddr,
-                                     "adrfam": n.nvme.adrfam, "trsvcid": n.nvme.trsvcid,
-                                     "subnqn": n.nvme.subnqn, "namespace": n.nvme.namespace})
-            namespaces.append(ns)
-        sub = _strip({"nqn": s.nqn, "serial": s.serial, "model": s.model,
-                      "max_namespaces": s.max_namespaces})
-        if s.hosts:
-            sub["hosts"] = list(s.hosts)
-        if s.allow_any_host:
-            sub["allow_any_host"] = True
-        if namespaces:
-            sub["namespace"] = namespaces
-        subs.append(sub)
-    doc["subsystem"] = subs
-    doc["listener"] = [_strip({"id": lst.id, "transport": lst.transport, "address": lst.address,
-                               "port": lst.port, "subsystems": list(lst.subsystems),
-                               "inline_data_size": lst.inline_data_size})
-                       for lst in cfg.listeners]
-    return doc
-
-
-def _strip(d: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in d.items() if v is not None}
-
-
 def resolve(config: str | None, name: str | None, *, backend: str | None = None,
             engine: str | None = None, allow_remote: bool = False,
             check_paths: bool = True) -> tuple[TargetConfig, st.TargetState | None]:
@@ -351,27 +292,3 @@ def discover(address: str, port: int = 4420, hostnqn: str | None = None,
              "trtype": TRTYPES.get(e.trtype, str(e.trtype)),
              "adrfam": ADRFAMS.get(e.adrfam, str(e.adrfam)), "traddr": e.traddr,
              "trsvcid": e.trsvcid, "portid": e.portid, "cntlid": e.cntlid} for e in entries]
-
-
-def probe_namespaces(address: str, port: int, nqn: str, hostnqn: str | None,
-                     timeout: float = 5.0, host: Host | None = None) -> dict[int, tuple[int, int]]:
-    """Ask a live NVMe/TCP target for each namespace's (bytes, LBA size) via Identify.
-
-    ``host``: the config's [[host]] entry, whose key files authenticate the probe.
-    """
-    from kvtool.nvme import host as nvme_host
-    from kvtool.nvme.dhchap import load_secret_file
-    secret = ctrl_secret = None
-    if host is not None and host.dhchap_key_file:
-        secret = load_secret_file(host.dhchap_key_file, field="dhchap_key_file")
-        if host.dhchap_ctrl_key_file:
-            ctrl_secret = load_secret_file(host.dhchap_ctrl_key_file,
-                                           field="dhchap_ctrl_key_file")
-    with nvme_host.connect(address, port, nqn, hostnqn=hostnqn, io_queues=0,
-                           timeout=timeout, reconnect=0, dhchap_secret=secret,
-                           dhchap_ctrl_secret=ctrl_secret) as ctrl:
-        out = {}
-        for nsid in ctrl.active_namespaces():
-            info = ctrl.identify_namespace(nsid)
-            out[nsid] = (info.nsze * info.lba_size, info.lba_size)
-        return out

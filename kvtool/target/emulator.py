@@ -24,12 +24,14 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from kvtool.errors import InputError
 from kvtool.nvme.spec import is_loopback
 from kvtool.target import state as st
-from kvtool.target.model import TargetConfig
+from kvtool.target.model import Namespace, TargetConfig
 from kvtool.target.plan import Plan, TargetError
 
 READY_TIMEOUT = 60.0
@@ -93,6 +95,31 @@ def userspace_config(cfg: TargetConfig) -> dict[str, Any]:
     if t is not None and t.in_capsule_data_size is not None:
         out["in_capsule_data_size"] = t.in_capsule_data_size
     return out
+
+
+def memory_as_files(cfg: TargetConfig, directory: str, engine: str) -> TargetConfig:
+    """Memory namespaces as sparse files in ``directory`` (tmpfs), served with buffered_io.
+
+    The kernel target has no RAM namespace of its own; a file on tmpfs is the same thing.
+    Its LBA size is the file system's block size, 4096.
+    """
+    subs = []
+    for si, sub in enumerate(cfg.subsystems):
+        nss = []
+        for ni, ns in enumerate(sub.namespaces):
+            if ns.backing == "memory":
+                if ns.lba not in (None, 4096):
+                    file, line = cfg.where("subsystem", si, "namespace", ni, "lba")
+                    raise InputError(f"the {engine} engine serves memory namespaces from a tmpfs "
+                                     "file, whose LBA size is 4096; use lba = 4096 (or the "
+                                     "userspace engine for 512)", file=file, line=line,
+                                     field=f"subsystem[{si}].namespace[{ni}].lba")
+                ns = Namespace(nsid=ns.nsid, backing="file", size=ns.size, create=True,
+                               path=f"{directory}/{cfg.name}-s{si}n{ns.nsid}.img",
+                               buffered_io=True, uuid=ns.uuid, nguid=ns.nguid)
+            nss.append(ns)
+        subs.append(replace(sub, namespaces=tuple(nss)))
+    return replace(cfg, subsystems=tuple(subs))
 
 
 class BackgroundEngine:
@@ -224,7 +251,7 @@ class UserspaceEngine(BackgroundEngine):
 
 
 def _probe(cfg: TargetConfig, listeners: Any, sub: Any) -> dict[int, tuple[int, int]]:
-    from kvtool.target.api import probe_namespaces
+    from kvtool.target.probe import probe_namespaces
     lst = listeners[0]
     hostnqn = None if sub.allow_any_host else sub.hosts[0]
     try:
@@ -246,7 +273,6 @@ class KernelEngine:
         self.nvmet = backend or NvmetBackend(root)
 
     def host_config(self, cfg: TargetConfig) -> TargetConfig:
-        from kvtool.target.guest import memory_as_files
         return memory_as_files(cfg, self.SHM, "kernel")
 
     def plan_up(self, cfg: TargetConfig, previous: TargetConfig | None = None) -> Plan:

@@ -29,41 +29,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from kvtool.errors import InputError
 from kvtool.target import state as st
-from kvtool.target.emulator import BackgroundEngine, stop_pid
-from kvtool.target.model import Namespace, TargetConfig
+from kvtool.target.document import config_document
+from kvtool.target.emulator import BackgroundEngine, memory_as_files, stop_pid
+from kvtool.target.model import TargetConfig
 from kvtool.target.plan import Plan, TargetError
 
 BOOT_TIMEOUT = 300.0  # TCG boot + Python start in the guest on a loaded 2-core machine
 GUEST_DIR = "/run/kvtool"  # the guest's own tmpfs, bound into the chroot (emulator/qemu/init.sh)
 REPO = Path(__file__).resolve().parents[2]
 _children: dict[int, subprocess.Popen[bytes]] = {}
-
-
-def memory_as_files(cfg: TargetConfig, directory: str, engine: str) -> TargetConfig:
-    """Memory namespaces as sparse files in ``directory`` (tmpfs), served with buffered_io.
-
-    The kernel target has no RAM namespace of its own; a file on tmpfs is the same thing.
-    Its LBA size is the file system's block size, 4096.
-    """
-    subs = []
-    for si, sub in enumerate(cfg.subsystems):
-        nss = []
-        for ni, ns in enumerate(sub.namespaces):
-            if ns.backing == "memory":
-                if ns.lba not in (None, 4096):
-                    file, line = cfg.where("subsystem", si, "namespace", ni, "lba")
-                    raise InputError(f"the {engine} engine serves memory namespaces from a tmpfs "
-                                     "file, whose LBA size is 4096; use lba = 4096 (or the "
-                                     "userspace engine for 512)", file=file, line=line,
-                                     field=f"subsystem[{si}].namespace[{ni}].lba")
-                ns = Namespace(nsid=ns.nsid, backing="file", size=ns.size, create=True,
-                               path=f"{directory}/{cfg.name}-s{si}n{ns.nsid}.img",
-                               buffered_io=True, uuid=ns.uuid, nguid=ns.nguid)
-            nss.append(ns)
-        subs.append(replace(sub, namespaces=tuple(nss)))
-    return replace(cfg, subsystems=tuple(subs))
 
 
 def guest_config(cfg: TargetConfig) -> TargetConfig:
@@ -126,7 +101,6 @@ class QemuEngine(BackgroundEngine):
         return plan
 
     def _start(self, cfg: TargetConfig, gcfg: TargetConfig) -> None:
-        from kvtool.target.api import config_document
         d = st.run_dir()
         d.mkdir(parents=True, exist_ok=True)
         spec = {"name": cfg.name, "config": config_document(gcfg),
