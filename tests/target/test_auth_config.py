@@ -135,7 +135,7 @@ def _needles(keydir: Path) -> dict[str, bytes]:
 def _grep(blobs: dict[str, bytes], needles: dict[str, bytes], keydir: Path) -> list[str]:
     # the search itself works: each key file is found by its own needle
     for name in ("host", "ctrl", "wrong"):
-        assert _hits({"f": (keydir / f"{name}.key").read_bytes()}, needles) == [f"{name}:b64 in f"]
+        assert f"{name}:b64 in f" in _hits({"f": (keydir / f"{name}.key").read_bytes()}, needles)
     return _hits(blobs, needles)
 
 
