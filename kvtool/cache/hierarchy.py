@@ -48,7 +48,6 @@ class TierHierarchy:
             raise ValueError(f"unknown write policy {write_policy!r}")
         self.tiers = list(tiers)
         self.write_back = write_policy == "write-back"
-        self.write_policy = write_policy
         self._indexes = [t.policy.index for t in self.tiers]
         self._policies = [t.policy for t in self.tiers]
         self._backends = any(t.backend is not None for t in self.tiers)
@@ -345,7 +344,3 @@ class TierHierarchy:
         backend = self.tiers[0].backend
         if backend is not None and new:
             backend.on_write(self.tiers[0].name, new)
-
-    def occupancy(self) -> dict[str, int]:
-        """Blocks each tier holds now."""
-        return {t.name: len(t) for t in self.tiers}

@@ -183,7 +183,7 @@ def capacity_units(cap: Capacity, storage: Storage, block_tokens: int, field_nam
     return float(cap.blocks(storage.unit_bytes, block_tokens) * storage.unit_bytes)
 
 
-class Plan:
+class CapacityPlan:
     """Predictions for one workload on one storage model; :meth:`to_dict` is the JSON."""
 
     def __init__(self, workload: Workload, storage: Storage, tiers: dict[str, float],
@@ -415,10 +415,10 @@ class Plan:
 
 
 def plan(workload: Workload, storage: Storage, *, dram: Capacity, gpu: Capacity | None = None,
-         nvme: Capacity | None = None) -> Plan:
+         nvme: Capacity | None = None) -> CapacityPlan:
     """Plan ``workload`` on tiers ``gpu``/``dram``/``nvme`` (None or zero: absent)."""
     tiers: dict[str, float] = {}
     for name, cap in (("gpu", gpu), ("dram", dram), ("nvme", nvme)):
         if cap is not None and not cap.is_zero:
             tiers[name] = capacity_units(cap, storage, workload.block_tokens, f"--{name}")
-    return Plan(workload, storage, tiers, nvme_given=nvme is not None and not nvme.is_zero)
+    return CapacityPlan(workload, storage, tiers, nvme_given=nvme is not None and not nvme.is_zero)

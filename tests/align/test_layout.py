@@ -56,6 +56,7 @@ def test_rule_overlap_and_device_end() -> None:
     assert a.beyond_end == 3
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(offset=st.integers(0, 10_000), count=st.integers(1, 40), size=st.integers(1, 10_000),
        stride=st.integers(1, 12_000), lba=st.sampled_from([512, 4096]),

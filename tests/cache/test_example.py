@@ -10,8 +10,8 @@ import pytest
 
 from kvtool.cache import CacheConfig, TierSpec, replay
 from kvtool.units import Capacity
-from tests.cache.helpers import requests_of, write_multi_turn
 from tests.conftest import run_json
+from tests.helpers.cache import requests_of, write_multi_turn
 
 C, ROUNDS, N, M, B = 8, 14, 1536, 512, 256
 DRAM = 512  # blocks: the plan predicts a collapse near round 8

@@ -15,7 +15,7 @@ from kvtool.cache import (
 )
 from kvtool.collapse import collapse_round
 from kvtool.units import Capacity
-from tests.cache.helpers import req
+from tests.helpers.cache import req
 
 B = 256
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from kvtool.cache import POLICIES, CacheConfig, NullBackend, Replay, TierSpec
 from kvtool.units import Capacity
-from tests.cache.helpers import req
+from tests.helpers.cache import req
 
 B = 16
 
@@ -40,6 +40,7 @@ def run(cfg: CacheConfig, stream: list[tuple[list[int], int, int]], general: boo
     return r
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(stream=streams, tiers=tier_sets, caps=st.lists(capacity, min_size=3, max_size=3),
        policy=st.sampled_from(sorted(POLICIES)),
@@ -59,6 +60,7 @@ def cfg_names(cfg: CacheConfig) -> list[str]:
     return [t.name for t in cfg.tiers]
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None)
 @given(stream=streams, policy=st.sampled_from(sorted(POLICIES)))
 def test_unbounded_tier_reaches_the_maximum_whatever_the_policy(
@@ -71,6 +73,7 @@ def test_unbounded_tier_reaches_the_maximum_whatever_the_policy(
     assert small["hit_tokens"]["total"] <= best["hit_tokens"]["total"]
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None)
 @given(stream=streams, cap=st.integers(1, 12))
 def test_write_through_lower_tier_alone_predicts_the_hierarchy(

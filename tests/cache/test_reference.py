@@ -14,7 +14,7 @@ from kvtool.cache import CacheConfig, TierSpec, replay
 from kvtool.trace import Request, read_trace
 from kvtool.trace.gen import RandomPrompts, random_prompts
 from kvtool.units import Capacity
-from tests.cache.helpers import requests_of, write_multi_turn
+from tests.helpers.cache import requests_of, write_multi_turn
 
 
 def reference_lru(requests: Iterable[Request], capacity: float, block_tokens: int

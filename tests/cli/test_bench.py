@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.cli.test_load import _digest, _one_error_line
 from tests.conftest import run, run_json
+from tests.helpers.cli import digest as _digest
+from tests.helpers.cli import one_error_line as _one_error_line
 
 
 def test_help_has_an_example() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import subprocess
@@ -13,21 +12,10 @@ import numpy as np
 import pytest
 
 from tests.conftest import run, run_json
+from tests.helpers.cli import digest as _digest
+from tests.helpers.cli import one_error_line as _one_error_line
 
 OBJ = "100000"  # 100,000 B: not a multiple of 512
-
-
-def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _one_error_line(result, *words: str) -> None:  # type: ignore[no-untyped-def]
-    assert result.exit_code == 2, (result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("kvtool: error:"), result.stderr
-    assert "Traceback" not in result.stderr
-    for w in words:
-        assert w in lines[0], lines[0]
 
 
 def test_help_has_an_example() -> None:

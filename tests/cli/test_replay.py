@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cache.helpers import write_multi_turn
 from tests.conftest import run, run_json
+from tests.helpers.cache import write_multi_turn
 
 
 @pytest.fixture

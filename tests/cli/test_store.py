@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.cli.test_load import _one_error_line
 from tests.conftest import run, run_json
+from tests.helpers.cli import one_error_line as _one_error_line
 from tests.store.conftest import flip_byte
 
 

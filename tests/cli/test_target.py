@@ -14,7 +14,7 @@ from kvtool.nvme import host as nvme_host
 from kvtool.target import state
 from kvtool.target.spdk import backend as spdk_backend
 from tests.conftest import FIXTURES, free_port, run, run_json
-from tests.target import spdk_schema
+from tests.helpers import spdk_schema
 
 HOST = "nqn.2014-08.org.nvmexpress:uuid:11111111-1111-4111-8111-111111111111"
 NQN = "nqn.2026-01.io.kvtool:clitest"

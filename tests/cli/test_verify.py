@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.cli.test_load import _one_error_line
 from tests.conftest import run, run_json
+from tests.helpers.cli import one_error_line as _one_error_line
 from tests.store.conftest import flip_byte
 
 OBJ = "100000"

@@ -32,7 +32,7 @@ from emulator.qemu.guest import GUESTFWD_ADDR, Guest
 from kvtool.nvme import dhchap as D
 from kvtool.nvme.host import AuthenticationError, connect
 from tests.conftest import free_port, run, run_json
-from tests.qemu_guest import start_guest
+from tests.helpers.qemu_guest import start_guest
 
 pytestmark = [pytest.mark.qemu, pytest.mark.integration, pytest.mark.slow]
 

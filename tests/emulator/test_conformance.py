@@ -21,7 +21,7 @@ import pytest
 from emulator.nvmetcp import Target as KvtoolTarget
 from emulator.nvmetcp import simple_config
 from emulator.nvmetcp.conformance import REASONS, Target, markdown, run_all
-from tests.qemu_guest import KernelTarget
+from tests.helpers.qemu_guest import KernelTarget
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "nvme-tcp.md"
 BEGIN, END = "<!-- conformance-table begin -->", "<!-- conformance-table end -->"

@@ -38,7 +38,7 @@ from emulator.qemu.guest import GUESTFWD_ADDR, Guest
 from kvtool.nvme.engine import open_nvme_tcp
 from kvtool.nvme.host import ConnectError, connect, discover
 from tests.conftest import run, run_json
-from tests.qemu_guest import KernelTarget
+from tests.helpers.qemu_guest import KernelTarget
 
 pytestmark = [pytest.mark.qemu, pytest.mark.integration, pytest.mark.slow]
 

@@ -35,6 +35,7 @@ def test_valid_sessions_run_cleanly(harness: Harness) -> None:
     assert harness.stats.terminated == 0
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                    HealthCheck.data_too_large])
 @given(data=st.data())

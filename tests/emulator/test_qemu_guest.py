@@ -22,7 +22,7 @@ from emulator.qemu import build, cpio, measure, moddeps, probe, vmlinux
 from emulator.qemu.guest import GUESTFWD_ADDR, RELAY, Guest, GuestError
 from kvtool.nvme.host import ConnectError, connect
 from kvtool.nvme.url import default_hostnqn
-from tests.qemu_guest import KernelTarget, MakeGuest
+from tests.helpers.qemu_guest import KernelTarget, MakeGuest
 
 # --- builder parts (no QEMU) ------------------------------------------------------------------
 

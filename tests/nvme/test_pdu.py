@@ -146,6 +146,7 @@ pdus = st.one_of(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(pdus=st.lists(pdus, min_size=1, max_size=4), hd=st.booleans(), dd=st.booleans(),
        chunk=st.integers(1, 200))
@@ -160,6 +161,7 @@ def test_round_trip(pdus: list[P.Pdu], hd: bool, dd: bool, chunk: int) -> None:
     assert parser.buffered == 0
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(raw=st.binary(min_size=8, max_size=300), hd=st.booleans(), dd=st.booleans())
 def test_arbitrary_bytes_raise_only_pdu_error(raw: bytes, hd: bool, dd: bool) -> None:

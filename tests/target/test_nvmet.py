@@ -20,7 +20,7 @@ from kvtool.target.nvmet import nvmetcli
 from kvtool.target.nvmet.backend import NvmetBackend
 from kvtool.target.nvmet.configfs import ConfigfsError
 from kvtool.target.plan import ApplyFailed, TargetError, apply
-from tests.target.fake_nvmet import ROOT, FakeNvmetKernel, snapshot
+from tests.helpers.fake_nvmet import ROOT, FakeNvmetKernel, snapshot
 
 H1 = "nqn.2014-08.org.nvmexpress:uuid:11111111-1111-4111-8111-111111111111"
 H2 = "nqn.2014-08.org.nvmexpress:uuid:22222222-2222-4222-8222-222222222222"

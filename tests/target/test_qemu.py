@@ -6,7 +6,7 @@ guest kernel's configfs is configured by the same code the pyfakefs tests exerci
 the host reads and writes the namespaces through the forwarded port with kvtool's
 userspace NVMe/TCP host, and ``target down`` tears the configfs tree down in the guest.
 The errno checks at the end confirm, on the real kernel, the rules that
-tests/target/fake_nvmet.py simulates.
+tests/helpers/fake_nvmet.py simulates.
 """
 
 from __future__ import annotations

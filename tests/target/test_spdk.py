@@ -2,7 +2,7 @@
 
 Each request kvtool sends goes through the PyPI ``spdk`` client to :class:`SpdkPeer`, which
 rejects anything SPDK's strict JSON decoder would (method names and parameter schemas of
-schema/schema.yaml, see tests/target/spdk_schema.py) and then applies SPDK's semantics.
+schema/schema.yaml, see tests/helpers/spdk_schema.py) and then applies SPDK's semantics.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from kvtool.target.plan import ApplyFailed, apply
 from kvtool.target.spdk.backend import SpdkBackend, spdk_config
 from kvtool.target.spdk.rpc import SpdkError, SpdkRpc
 from tests.conftest import FIXTURES
-from tests.target import spdk_schema
-from tests.target.spdk_peer import SpdkPeer
+from tests.helpers import spdk_schema
+from tests.helpers.spdk_peer import SpdkPeer
 
 PRODUCTION = FIXTURES / "targets" / "spdk-production.toml"
 

@@ -2,7 +2,7 @@
 
 It is the other end of the wire for kvtool's SPDK backend, which talks to it through the
 PyPI ``spdk`` client exactly as it would talk to ``spdk_tgt``. Every request is first
-checked against SPDK's published schema (:mod:`tests.target.spdk_schema`): an unknown
+checked against SPDK's published schema (:mod:`tests.helpers.spdk_schema`): an unknown
 method is -32601, unknown/missing/mistyped parameters are -32602, as SPDK's strict decoder
 does. Accepted requests then act on a model of the target's state with SPDK's documented
 semantics (duplicate transport → -32603 "already exists", duplicate listener/host → -32602,
@@ -23,7 +23,7 @@ import socket
 import threading
 from typing import Any
 
-from tests.target import spdk_schema
+from tests.helpers import spdk_schema
 
 INVALID_PARAMS = -32602
 INTERNAL = -32603

@@ -1,0 +1,8 @@
+"""Helpers shared by several test modules (test modules never import each other).
+
+* :mod:`~tests.helpers.cli` — running the CLI and checking one-line errors;
+* :mod:`~tests.helpers.cache` — request streams and multi-turn traces for cache tests;
+* :mod:`~tests.helpers.fake_nvmet` — a simulated nvmet configfs tree;
+* :mod:`~tests.helpers.spdk_peer`, :mod:`~tests.helpers.spdk_schema` — an SPDK JSON-RPC peer;
+* :mod:`~tests.helpers.qemu_guest` — the QEMU kernel guest fixtures (a pytest plugin);
+"""
