@@ -28,10 +28,21 @@ class MooncakeError(InputError):
     """The pool refused an operation (exit 2 at the CLI: usually no pool is up)."""
 
 
+def _listening(host: str, port: int) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection((host.strip("[]"), port), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
 def _import_store() -> Any:
     # glog's INFO lines (and one harmless "metadata not found" on first setup) would
     # drown kvtool's output; warnings and errors still show.
     os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
+    os.environ.setdefault("MC_STORE_CLIENT_SETUP_RETRIES", "3")
     try:
         from mooncake.store import MooncakeDistributedStore
     except ImportError as exc:
@@ -47,6 +58,14 @@ class MooncakeClient:
                  buffer_bytes: int = DEFAULT_BUFFER_BYTES) -> None:
         self.url = url if isinstance(url, MooncakeUrl) else parse_mooncake_url(url)
         store_cls = _import_store()
+        # Mooncake retries a missing master for about 90 s; say so at once instead.
+        for what, host, port in (("master", self.url.host, self.url.port),
+                                 ("metadata server", self.url.metadata_host,
+                                  self.url.metadata_port)):
+            if not _listening(host, port):
+                raise MooncakeError(f"no Mooncake {what} listens at {host}:{port} ({self.url}); "
+                                    "start one with kvtool pool up (kvtool pool status)",
+                                    field="--dram")
         self._store = store_cls()
         rc = self._store.setup("127.0.0.1" if self.url.host in ("127.0.0.1", "localhost")
                                else self.url.host, self.url.metadata_url, segment_bytes,

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from kvtool.mooncake.client import MooncakeClient, MooncakeError
+from kvtool.mooncake.client import MooncakeClient
 from kvtool.mooncake.url import MooncakeUrl, parse_mooncake_url
 from kvtool.tiers.base import DataTier, TierError, TransferJob, prefault
 
@@ -48,11 +48,9 @@ class MooncakeTier(DataTier):
         self.batch = min(BATCH_BLOCKS, slots)
         segment = max(64 << 20, math.ceil(slots * block_bytes * SEGMENT_HEADROOM))
         staging_bytes = self.batch * block_bytes
-        try:
-            self.client = MooncakeClient(self._url, segment_bytes=segment,
-                                         buffer_bytes=max(16 << 20, 2 * staging_bytes))
-        except MooncakeError as exc:
-            raise TierError(name, self.url, exc.message) from None
+        # No pool at the URL is bad input (MooncakeError, exit 2), not a failed tier.
+        self.client = MooncakeClient(self._url, segment_bytes=segment,
+                                     buffer_bytes=max(16 << 20, 2 * staging_bytes))
         self.staging = np.empty((self.batch, block_bytes), dtype=np.uint8)
         prefault(self.staging)
         self.client.register(self.staging)

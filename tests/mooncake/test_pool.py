@@ -117,3 +117,12 @@ def test_mooncake_tier_protocol(pool: dict[str, Any]) -> None:
         assert np.array_equal(dst[0], src[5])
     finally:
         tier.close()
+
+
+def test_no_pool_is_one_line_exit_2_at_once() -> None:
+    pytest.importorskip("mooncake.store")
+    from kvtool.mooncake.client import MooncakeClient, MooncakeError
+    from tests.conftest import free_port
+
+    with pytest.raises(MooncakeError, match="kvtool pool up"):
+        MooncakeClient(f"mooncake://127.0.0.1:{free_port()}")
