@@ -46,7 +46,8 @@ from kvtool.errors import InputError
 KINDS = ("multi-turn", "random-prompts", "parallel-read")
 
 _EXPERIMENT_KEYS = {"name", "title", "source", "claim", "scale", "notes"}
-_TOP_KEYS = {"experiment", "workload", "time", "config", "figure"}
+_TOP_KEYS = {"experiment", "workload", "time", "data", "config", "figure"}
+_DATA_KEYS = {"block_bytes"}
 _CONFIG_KEYS = {"label", "tiers"}
 _FIGURE_KEYS = {"claim", "published", "published_text", "unit", "metric", "args", "differs"}
 
@@ -103,6 +104,9 @@ class Experiment:
     configs: list[ConfigSpec]
     figures: list[Figure]
     time: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)
+    """Data mode only: ``block_bytes`` (smaller blocks than the model's, so real bytes fit
+    a laptop; counts are the same, bytes scale down)."""
     notes: str = ""
     path: Path | None = None
 
@@ -201,6 +205,15 @@ def load_experiment(path: str | Path) -> Experiment:
 
         time = _time_table(time, lambda msg, key, table=None: bad(msg, key, table))
 
+    data = doc.get("data", {})
+    if not isinstance(data, dict):
+        raise bad("must be a table", "data")
+    for key, value in data.items():
+        if key not in _DATA_KEYS:
+            raise bad(f"unknown key (use {', '.join(sorted(_DATA_KEYS))})", key, "data")
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise bad(f"must be a positive whole number, got {value!r}", key, "data")
+
     configs: list[ConfigSpec] = []
     raw_configs = doc.get("config", [])
     if not isinstance(raw_configs, list):
@@ -212,6 +225,8 @@ def load_experiment(path: str | Path) -> Experiment:
         for key in ("label", "tiers"):
             if not isinstance(c.get(key), str) or not c[key].strip():
                 raise bad("required: a non-empty string", key, "config", i)
+        if any(ch in c["label"] for ch in ",="):
+            raise bad("must not contain ',' or '='", "label", "config", i)
         if any(x.label == c["label"] for x in configs):
             raise bad(f"label {c['label']!r} given twice", "label", "config", i)
         from kvtool.cache.config import parse_compare
@@ -252,7 +267,7 @@ def load_experiment(path: str | Path) -> Experiment:
         figures.append(Figure(f["claim"], None if pub is None else float(pub), f["unit"],
                               f["metric"], args, f.get("published_text"), f.get("differs", "")))
     return Experiment(head["name"], head["title"], head["source"], head["claim"], head["scale"],
-                      kind, workload, configs, figures, time, head.get("notes", ""), path)
+                      kind, workload, configs, figures, time, data, head.get("notes", ""), path)
 
 
 def _table(doc: dict[str, Any], key: str, bad: Any) -> dict[str, Any]:
