@@ -263,6 +263,32 @@ def _errors(run: RunData, a: dict[str, Any]) -> Value:
     return Value(float(n), f"{n}", "counted")
 
 
+def _load_link(run: RunData, config: str, link: str | None) -> dict[str, Any]:
+    res = run.results[config]
+    links = (res.get("measured") or {}).get("links")
+    if run.mode != "data" or not links:
+        raise FigureUnavailable("no bytes move in --simulate")
+    name = link or f"gpu<-{res['tiers'][-1]['name']}"
+    got = links.get(name)
+    if not got or not got.get("gbps"):
+        raise FigureUnavailable(f"nothing moved over {name}")
+    return dict(got, name=name)
+
+
+def _load_gbps(run: RunData, a: dict[str, Any]) -> Value:
+    """Measured GB/s of a link (default: the configuration's store tier into the GPU tier)."""
+    got = _load_link(run, a["config"], a.get("link"))
+    return Value(got["gbps"], f"{got['gbps']:.2f} GB/s ({got['name']})", "measured")
+
+
+def _load_ratio(run: RunData, a: dict[str, Any]) -> Value:
+    num = _load_link(run, a["num"], None)
+    den = _load_link(run, a["den"], None)
+    v = num["gbps"] / den["gbps"]
+    return Value(v, f"{v:.2f} ({num['name']} {num['gbps']:.2f} / {den['name']} "
+                    f"{den['gbps']:.2f} GB/s)", "measured")
+
+
 def _ttfts(run: RunData, a: dict[str, Any], rnd: int) -> list[float]:
     n = a["input_tokens"]
     out = [t for r, inp, t in run.requests[a["config"]] if r == rnd and inp == n]
@@ -350,6 +376,11 @@ METRICS: dict[str, Metric] = {
     "excess_recompute": Metric({**_C, "stat": (str, False)}, _REPLAY, _excess_recompute,
                                "% of the reusable prefix recomputed", ("config",)),
     "errors": Metric(_C, _REPLAY, _errors, "corrupt + lost blocks (data mode)", ("config",)),
+    "load_gbps": Metric({**_C, "link": (str, False)}, _REPLAY, _load_gbps,
+                        "measured GB/s of a link (data mode)", ("config",)),
+    "load_ratio": Metric({"num": (str, True), "den": (str, True)}, _REPLAY, _load_ratio,
+                         "measured load GB/s into the GPU tier, num / den (data mode)",
+                         ("num", "den")),
     "ttft_ms": Metric({**_C, "input_tokens": (int, True), "round": (int, False)}, _REPLAY,
                       _ttft, "mean TTFT of requests of a length in a round", ("config",)),
     "ttft_ratio": Metric({**_C, "input_tokens": (int, True), "round": (int, False),
