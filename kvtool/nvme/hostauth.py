@@ -50,8 +50,10 @@ def _send(q: HostQueue, data: bytes) -> None:
 def _receive(q: HostQueue) -> bytes:
     buf = bytearray(D.RECEIVE_LEN)
     sqe = P.Sqe(spec.OPC_FABRICS, nsid=D.FCTYPE_AUTH_RECEIVE, cdw10=_CDW10, cdw11=len(buf))
-    q.execute(sqe, what="Authentication Receive", data_in=memoryview(buf))
-    return bytes(buf)
+    cmd = q.submit(sqe, what="Authentication Receive", data_in=memoryview(buf),
+                   partial_ok=True)  # AL is a maximum: SPDK sends just the message
+    q.wait(cmd)
+    return bytes(buf[:cmd.received])
 
 
 def authenticate(q: HostQueue, *, hostnqn: str, subnqn: str, secret: Secret,

@@ -50,8 +50,8 @@ class NvmeStatusError(OSError):
 class Command:
     """An outstanding command: its buffers, progress and completion."""
 
-    __slots__ = ("cid", "cqe", "data_in", "data_out", "done", "error", "on_done", "received",
-                 "sent", "what")
+    __slots__ = ("cid", "cqe", "data_in", "data_out", "done", "error", "on_done", "partial_ok",
+                 "received", "sent", "what")
 
     def __init__(self, what: str, data_in: memoryview | None, data_out: memoryview | None,
                  on_done: Callable[[Command], None] | None) -> None:
@@ -65,6 +65,9 @@ class Command:
         self.error: BaseException | None = None
         self.done = threading.Event()
         self.on_done = on_done
+        # data_in is an allocation length (Authentication Receive): the controller may
+        # return less; ``received`` says how much
+        self.partial_ok = False
 
     def result(self) -> P.Cqe:
         """The CQE of a completed command; raises its transport or status error."""
@@ -201,7 +204,7 @@ class HostQueue:
     def submit(self, sqe: P.Sqe, *, what: str, data_out: memoryview | None = None,
                data_in: memoryview | None = None,
                on_done: Callable[[Command], None] | None = None,
-               in_capsule_max: int | None = None) -> Command:
+               in_capsule_max: int | None = None, partial_ok: bool = False) -> Command:
         """Send ``sqe`` (CID and SGL are filled in here); return its :class:`Command`.
 
         Host→controller data goes in-capsule when it fits ``in_capsule_max`` (default:
@@ -214,6 +217,7 @@ class HostQueue:
             self.fail(TransportError(f"queue {self.qid}: no free slot in {self.timeout:g} s"))
             raise TransportError(f"queue {self.qid} stalled")
         cmd = Command(what, data_in, data_out, on_done)
+        cmd.partial_ok = partial_ok
         with self._lock:
             if self.dead is not None:
                 self._slots.release()
@@ -326,7 +330,7 @@ class HostQueue:
         cmd = self._command(cqe.cid, "CapsuleResp")
         cmd.cqe = cqe
         if cqe.ok and cmd.data_in is not None and cmd.received != len(cmd.data_in) \
-                and cmd.error is None:
+                and cmd.error is None and not cmd.partial_ok:
             cmd.error = TransportError(f"{cmd.what}: {cmd.received} of {len(cmd.data_in)} "
                                        "bytes received before the completion")
         self._finish(cmd)
@@ -349,7 +353,7 @@ class HostQueue:
                 cmd.error = TransportError(f"{cmd.what}: data digest mismatch")
         cmd.received += n
         if pdu.success:
-            if cmd.received != len(dest):
+            if cmd.received != len(dest) and not cmd.partial_ok:
                 raise P.PduError("C2HData SUCCESS before all data arrived", fei=1)
             cmd.cqe = P.Cqe(cmd.cid)
             self._finish(cmd)
