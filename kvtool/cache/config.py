@@ -12,7 +12,8 @@ Tiers file (``kvtool replay --tiers FILE.toml``; every key optional)::
     watermark = 0.90                   # Mooncake batch eviction: evict ratio×used
     evict_ratio = 0.05                 #   when more than watermark×capacity is used
     [nvme]
-    capacity = "46.09TB"
+    capacity = "46.09TB"               # or a place: "/dev/loop3", "2GiB@/var/tmp/kv.img",
+                                       # "nvme+tcp://127.0.0.1:4420/NQN/1" (data mode)
     [time]
     prefill_tokens_per_s = 10000
     tpot_ms = 20
@@ -22,7 +23,8 @@ Tiers file (``kvtool replay --tiers FILE.toml``; every key optional)::
     nvme = 5.2
 
 Compare spec (``--compare``, repeatable): comma-separated ``key=value`` with keys
-``gpu``, ``dram``, ``nvme`` (capacities), ``policy`` (all tiers), ``gpu-policy`` /
+``gpu``, ``dram``, ``nvme`` (capacities; for ``nvme`` also a place,
+``nvme=2GiB@/var/tmp/kv.img``), ``policy`` (all tiers), ``gpu-policy`` /
 ``dram-policy`` / ``nvme-policy``, ``write-policy``, ``watermark``, ``evict-ratio`` and
 ``label``; e.g. ``dram=53.7GB,nvme=46.09TB,policy=lru,label=DRAM/8+NVMe``.
 """
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +44,7 @@ from kvtool.cache.policies import POLICIES, WATERMARK_DEFAULTS
 from kvtool.cache.tier import TIER_NAMES, Watermark
 from kvtool.cache.timemodel import DEFAULT_READ_GBPS, TimeModel
 from kvtool.errors import InputError, UsageError
+from kvtool.tiers.option import TierOption
 from kvtool.units import Capacity
 
 _TIER_KEYS = {"capacity", "policy", "watermark", "evict_ratio", "window"}
@@ -52,7 +56,7 @@ _TOP_KEYS = {"write_policy", "time", *TIER_NAMES}
 class TierOptions:
     """What a tiers file says about one tier (``None``: not said)."""
 
-    capacity: Capacity | None = None
+    capacity: TierOption | None = None
     policy: str | None = None
     watermark: float | None = None
     evict_ratio: float | None = None
@@ -130,7 +134,8 @@ def _tier_table(name: str, table: Any, bad: Any) -> TierOptions:
             raise bad(f"unknown key (use {', '.join(sorted(_TIER_KEYS))})", key, name)
         if key == "capacity":
             try:
-                opts.capacity = Capacity.parse(value if isinstance(value, str | int) else "?")
+                opts.capacity = TierOption.parse(
+                    str(value) if isinstance(value, str | int) else "?", tier=name)
             except UsageError as exc:
                 raise bad(exc.message, key, name) from None
         elif key == "policy":
@@ -188,7 +193,7 @@ def make_watermark(policy: str, high: float | None, ratio: float | None) -> Wate
     return Watermark(high if high is not None else 0.90, ratio if ratio is not None else 0.05)
 
 
-def build_config(capacities: dict[str, Capacity | None], *, policy: str | None,
+def build_config(capacities: Mapping[str, TierOption | Capacity | None], *, policy: str | None,
                  write_policy: str | None, watermark: float | None = None,
                  evict_ratio: float | None = None, tier_policies: dict[str, str] | None = None,
                  tiers_file: TiersFile | None = None, label: str = "") -> CacheConfig:
@@ -201,13 +206,16 @@ def build_config(capacities: dict[str, Capacity | None], *, policy: str | None,
     specs = []
     for name in TIER_NAMES:
         opts = tf.tiers.get(name, TierOptions())
-        cap = capacities.get(name) or opts.capacity
-        if cap is None or cap.is_zero:
+        given = capacities.get(name)
+        opt = TierOption(given) if isinstance(given, Capacity) else given
+        opt = opt or opts.capacity
+        if opt is None or opt.is_zero:
             continue
+        cap = opt.capacity if opt.capacity is not None else Capacity.parse("inf")
         pol = (tier_policies or {}).get(name) or policy or opts.policy or "lru"
         wm = make_watermark(pol, watermark if watermark is not None else opts.watermark,
                             evict_ratio if evict_ratio is not None else opts.evict_ratio)
-        specs.append(TierSpec(name, cap, pol, wm, opts.window))
+        specs.append(TierSpec(name, cap, pol, wm, opts.window, place=opt.place))
     wp = write_policy or tf.write_policy or "write-through"
     return CacheConfig(specs, wp, label)  # type: ignore[arg-type]
 
@@ -215,7 +223,7 @@ def build_config(capacities: dict[str, Capacity | None], *, policy: str | None,
 def parse_compare(spec: str, *, policy: str | None, write_policy: str | None,
                   tiers_file: TiersFile | None = None) -> CacheConfig:
     """A ``--compare`` spec → configuration (other tiers come not from the base config)."""
-    caps: dict[str, Capacity | None] = {}
+    caps: dict[str, TierOption | Capacity | None] = {}
     tier_policies: dict[str, str] = {}
     values: dict[str, str] = {}
     for part in (p.strip() for p in spec.split(",")):
@@ -227,7 +235,7 @@ def parse_compare(spec: str, *, policy: str | None, write_policy: str | None,
             raise UsageError(f"{part!r} in {spec!r} is not key=value "
                              "(example: dram=53.7GB,nvme=46.09TB)", field="--compare")
         if key in TIER_NAMES:
-            caps[key] = Capacity.parse(value, field=f"--compare {key}")
+            caps[key] = TierOption.parse(value, tier=key, field=f"--compare {key}")
         elif key.endswith("-policy") and key[:-7] in TIER_NAMES:
             tier_policies[key[:-7]] = value
         elif key in {"policy", "write-policy", "watermark", "evict-ratio", "label"}:

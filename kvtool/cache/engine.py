@@ -61,6 +61,8 @@ class TierSpec:
     watermark: Watermark | None = None
     window: int | None = None
     """``prefix-fair`` only: how many of the oldest leaves compete on depth (default 128)."""
+    place: str | None = None
+    """Data mode: where the tier's bytes live (a file, device or ``nvme+tcp://`` URL)."""
 
     def __post_init__(self) -> None:
         if self.name not in TIER_NAMES:
@@ -102,7 +104,9 @@ class CacheConfig:
             raise UsageError("no cache tier: give --gpu, --dram or --nvme with a non-zero size",
                              field="--dram")
         if not self.label:
-            self.label = " + ".join(f"{t.name} {t.capacity} {t.policy}" for t in self.tiers)
+            self.label = " + ".join(
+                f"{t.name} {t.capacity}{'@' + t.place if t.place else ''} {t.policy}"
+                for t in self.tiers)
 
     def build(self, block_bytes: int | None, block_tokens: int,
               backends: dict[str, TierBackend] | None = None) -> TierHierarchy:
@@ -130,6 +134,25 @@ class RequestOutcome(NamedTuple):
     blocks_written: dict[str, int]
     evictions: dict[str, int]
     ttft_s: float
+    put_blocks: dict[str, int] | None = None
+    promoted_blocks: dict[str, int] | None = None
+    corrupt_blocks: dict[str, int] | None = None
+    """Data mode: blocks that failed their content check, by the tier that served them."""
+
+
+def outcome(req: RequestLike, r: int, names: list[str], one: RoundStats, ttft: float,
+            corrupt: dict[str, int] | None = None) -> RequestOutcome:
+    """One request's :class:`RequestOutcome` from the counters it alone added."""
+    def per(values: list[int]) -> dict[str, int]:
+        return dict(zip(names, values, strict=True))
+
+    return RequestOutcome(
+        line=req.line, round=r, input_tokens=req.input_length, hit_tokens=per(one.hit_tokens),
+        recompute_tokens=one.recompute_tokens, blocks_written=per(one.blocks_written),
+        evictions=per(one.evictions), ttft_s=ttft,
+        put_blocks=per([w - p for w, p in zip(one.blocks_written, one.promoted_blocks,
+                                              strict=True)]),
+        promoted_blocks=per(one.promoted_blocks), corrupt_blocks=corrupt)
 
 
 @dataclass
@@ -225,12 +248,7 @@ class Replay:
         ttft = self._serve(req, one)
         st.add(one)
         assert self.on_request is not None
-        self.on_request(RequestOutcome(
-            line=req.line, round=r, input_tokens=req.input_length,
-            hit_tokens=dict(zip(self.names, one.hit_tokens, strict=True)),
-            recompute_tokens=one.recompute_tokens,
-            blocks_written=dict(zip(self.names, one.blocks_written, strict=True)),
-            evictions=dict(zip(self.names, one.evictions, strict=True)), ttft_s=ttft))
+        self.on_request(outcome(req, r, self.names, one, ttft))
 
     def totals(self) -> RoundStats:
         total = RoundStats(len(self.names))

@@ -126,8 +126,13 @@ class TierHierarchy:
 
         # 2. store / touch
         written = stats.blocks_written
-        record: list[int] | None = [] if tiers[0].backend is not None else None
+        high = max(src) if src else 0
+        hits: set[int] | None = set(keys[:k]) if high > 0 else None
+        record: list[int] | None = ([] if tiers[0].backend is not None or hits is not None
+                                    else None)
         written[0] += tiers[0].policy.access(keys, session, record=record)
+        if hits is not None and record:
+            stats.promoted_blocks[0] += _count_in(record, hits)
         if self._backends:
             self._notify(keys, src, record or [])
         low = min(src) if src else m
@@ -139,8 +144,11 @@ class TierHierarchy:
             skip = None
             if low < i:
                 skip = {keys[p] for p in range(k) if src[p] < i}
-            record = [] if tier.backend is not None else None
+            promotes = hits is not None and high > i
+            record = [] if tier.backend is not None or promotes else None
             written[i] += tier.policy.access(keys, session, skip=skip, record=record)
+            if promotes and record and hits is not None:
+                stats.promoted_blocks[i] += _count_in(record, hits)
             if record and tier.backend is not None:
                 tier.backend.on_write(tier.name, record)
 
@@ -239,6 +247,14 @@ class TierHierarchy:
                         t2(key)
                 else:
                     last[key] = None
+        if k:
+            # head-first LRU admits every block it lacks: each hit from below is promoted
+            # into every tier above its source
+            promoted = stats.promoted_blocks
+            below0 = k - src.count(0)
+            promoted[0] += below0
+            if m == 3:
+                promoted[1] += src.count(2)
         written = stats.blocks_written
         evictions = stats.evictions
         for i, tier in enumerate(tiers):
@@ -258,20 +274,29 @@ class TierHierarchy:
         low, high = (min(src), max(src)) if k else (m, m)
         written = stats.blocks_written
         policies = self._policies
-        written[0] += policies[0].access(keys, session)
-        prefix: set[int] | None = None
+        prefix: set[int] | None = set(keys[:k]) if k and high > 0 else None
+        if prefix is None:
+            written[0] += policies[0].access(keys, session)
+        else:
+            record: list[int] = []
+            written[0] += policies[0].access(keys, session, record=record)
+            stats.promoted_blocks[0] += _count_in(record, prefix)
         for i in range(1, m):
+            promotes = prefix is not None and high > i
+            record = [] if promotes else None  # type: ignore[assignment]
             if low >= i:
-                written[i] += policies[i].access(keys, session)
-                continue
-            # Blocks hit above this tier are not copied down (only computed ones are).
-            if high < i:
-                if prefix is None:
-                    prefix = set(keys[:k])
-                skip = prefix
+                written[i] += policies[i].access(keys, session, record=record)
             else:
-                skip = {keys[p] for p in range(k) if src[p] < i}
-            written[i] += policies[i].access(keys, session, skip=skip)
+                # Blocks hit above this tier are not copied down (only computed ones are).
+                if high < i:
+                    if prefix is None:
+                        prefix = set(keys[:k])
+                    skip = prefix
+                else:
+                    skip = {keys[p] for p in range(k) if src[p] < i}
+                written[i] += policies[i].access(keys, session, skip=skip, record=record)
+            if promotes and record and prefix is not None:
+                stats.promoted_blocks[i] += _count_in(record, prefix)
         evictions = stats.evictions
         indexes = self._indexes
         for i, tier in enumerate(self.tiers):
@@ -344,3 +369,8 @@ class TierHierarchy:
         backend = self.tiers[0].backend
         if backend is not None and new:
             backend.on_write(self.tiers[0].name, new)
+
+
+def _count_in(inserted: list[int], hits: set[int]) -> int:
+    """How many inserted blocks were hits (promotions rather than puts)."""
+    return sum(1 for key in inserted if key in hits)

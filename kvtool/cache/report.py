@@ -147,3 +147,11 @@ def write_plot(results: list[dict[str, Any]], path: str | Path, *, title: str = 
         raise UsageError(f"cannot write {path}: {exc.strerror}", field="--plot") from None
     finally:
         plt.close(fig)
+
+
+def check_output_paths(**paths: str | None) -> None:
+    """Fail before a long replay, not after it: every output's directory must exist."""
+    for option, path in paths.items():
+        if path and not Path(path).resolve().parent.is_dir():
+            raise UsageError(f"cannot write {path}: no such directory",
+                             field="--" + option.replace("_", "-"))

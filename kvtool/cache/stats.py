@@ -18,12 +18,15 @@ class RoundStats:
     Invariants: ``Σ hit_tokens + recompute_tokens == input_tokens``; each hit block is
     counted once, in the tier it was attributed to; ``blocks_read`` counts blocks read
     out of a tier (loads of hits, and copies made when it demotes a block);
-    ``blocks_written`` counts blocks inserted into a tier (computed, promoted, demoted).
+    ``blocks_written`` counts blocks inserted into a tier (computed, promoted, demoted);
+    ``promoted_blocks`` the part of them that are *promotions* (hits copied up from a lower
+    tier); the rest are *puts* (blocks computed now, or demoted on eviction under
+    write-back): BRIEF §4, the published "writes per round" are puts.
     """
 
     __slots__ = ("blocks_read", "blocks_written", "evictions", "hit_blocks", "hit_tokens",
-                 "input_tokens", "latency_s", "output_tokens", "recompute_tokens", "requests",
-                 "ttft_s")
+                 "input_tokens", "latency_s", "output_tokens", "promoted_blocks",
+                 "recompute_tokens", "requests", "ttft_s")
 
     def __init__(self, tiers: int) -> None:
         self.requests = 0
@@ -34,6 +37,7 @@ class RoundStats:
         self.hit_blocks = [0] * tiers
         self.blocks_written = [0] * tiers
         self.blocks_read = [0] * tiers
+        self.promoted_blocks = [0] * tiers
         self.evictions = [0] * tiers
         self.ttft_s: list[float] = []
         self.latency_s = 0.0
@@ -47,6 +51,7 @@ class RoundStats:
                              (self.hit_blocks, other.hit_blocks),
                              (self.blocks_written, other.blocks_written),
                              (self.blocks_read, other.blocks_read),
+                             (self.promoted_blocks, other.promoted_blocks),
                              (self.evictions, other.evictions)):
             for i, v in enumerate(theirs):
                 mine[i] += v
@@ -68,6 +73,7 @@ class RoundStats:
                     for n, v in zip(tier_names, values, strict=True)}
 
         inp = self.input_tokens
+        puts = [w - p for w, p in zip(self.blocks_written, self.promoted_blocks, strict=True)]
         ttft = sorted(self.ttft_s)
         wall = self.latency_s / concurrency
         return {
@@ -83,6 +89,10 @@ class RoundStats:
             "blocks_read": per_tier(self.blocks_read),
             "bytes_written": per_tier(self.blocks_written, block_bytes),
             "bytes_read": per_tier(self.blocks_read, block_bytes),
+            "put_blocks": per_tier(puts),
+            "put_bytes": per_tier(puts, block_bytes),
+            "promoted_blocks": per_tier(self.promoted_blocks),
+            "promoted_bytes": per_tier(self.promoted_blocks, block_bytes),
             "evictions": per_tier(self.evictions),
             "ttft_p50_s": percentile(ttft, 50),
             "ttft_p99_s": percentile(ttft, 99),

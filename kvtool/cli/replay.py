@@ -8,34 +8,40 @@ from typing import Any
 
 import click
 
-from kvtool.cli.options import block_size_from, block_size_options
+from kvtool.cli.options import block_size_options
 from kvtool.cli.output import emit, json_option, note, progress, want_json
-from kvtool.errors import UsageError
-from kvtool.units import Capacity, format_size
+from kvtool.errors import CheckFailed, UsageError
+from kvtool.units import format_size
 
 POLICY_NAMES = ("lru", "lru-tail-first", "radix", "prefix-fair", "oracle", "mooncake")
 
 EPILOG = """
 \b
 Examples:
-  kvtool replay trace.jsonl --dram 3000000tok
+  kvtool target up && kvtool replay trace.jsonl     # data mode on the default tiers
+  kvtool replay trace.jsonl --gpu 64MiB --dram 1GiB --nvme 2GiB@/var/tmp/kv.img
+  kvtool replay trace.jsonl --dram 512MiB --nvme nvme+tcp://127.0.0.1:4420/NQN/1 --read-qd 32
   kvtool replay conversation_trace.jsonl --format mooncake --block-tokens 512 \\
-      --gpu 1000000tok --dram 3000000tok --nvme inf --json
-  kvtool replay mt.jsonl --model deepseek-v4-flash --dtype fp8 \\
+      --simulate --gpu 1000000tok --dram 3000000tok --nvme inf --json
+  kvtool replay mt.jsonl --simulate --model deepseek-v4-flash --dtype fp8 \\
       --compare 'dram=429.5GB' --compare 'dram=53.7GB,nvme=46.09TB' --plot cmp.png
-  kvtool replay mt.jsonl --tiers tiers.toml --csv rounds.csv
 
 \b
+Data mode (default) moves real bytes: a CPU "GPU" pool, a DRAM pool and an NVMe tier on
+kvtool's object store; every block loaded is checked. --simulate counts metadata only
+(what-ifs no machine holds). A tier option is a size, a place or SIZE@PLACE.
 --compare SPEC (repeatable) adds a configuration: comma-separated key=value with
-gpu, dram, nvme (sizes), policy, gpu-policy, dram-policy, nvme-policy, write-policy,
-watermark, evict-ratio, label. Times in the report are modelled, not measured.
+gpu, dram, nvme (as the tier options), policy, gpu-policy, dram-policy, nvme-policy,
+write-policy, watermark, evict-ratio, label.
 """
 
 
-def _capacity(_ctx: click.Context, param: click.Parameter, value: str | None) -> Capacity | None:
+def _tier(_ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
     if value is None:
         return None
-    return Capacity.parse(value, field=f"--{param.name}")
+    from kvtool.tiers.option import TierOption
+
+    return TierOption.parse(value, tier=str(param.name))
 
 
 def _read_gbps(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]
@@ -62,12 +68,19 @@ def _fraction(_ctx: click.Context, param: click.Parameter, value: float | None) 
 
 @click.command("replay", epilog=EPILOG)
 @click.argument("trace", type=click.Path(dir_okay=False, allow_dash=True))
-@click.option("--gpu", callback=_capacity, metavar="SIZE", help="GPU tier capacity (0/absent: none).")
-@click.option("--dram", callback=_capacity, metavar="SIZE",
-              help="DRAM tier capacity: bytes (429.5GB), blocks (5859blk), tokens (3000000tok), inf.")
-@click.option("--nvme", callback=_capacity, metavar="SIZE", help="NVMe tier capacity.")
+@click.option("--simulate", is_flag=True,
+              help="Count metadata only (no bytes move): for capacities no machine holds.")
+@click.option("--gpu", callback=_tier, metavar="SIZE",
+              help="CPU \"GPU\" tier size (0/absent: none) [data-mode default 128MiB].")
+@click.option("--dram", callback=_tier, metavar="SIZE",
+              help="DRAM tier: bytes (1GiB), blocks (5859blk), tokens (3000000tok); inf with "
+                   "--simulate [data-mode default 256MiB].")
+@click.option("--nvme", callback=_tier, metavar="[SIZE@]PLACE",
+              help="NVMe tier: a size, a place (file, block device, nvme+tcp:// URL) or "
+                   "SIZE@PLACE [data-mode default: the running kvtool target].")
 @click.option("--policy", type=click.Choice(POLICY_NAMES), default=None,
-              help="Eviction policy of every tier [default: lru, or the --tiers file's].")
+              help="Eviction policy of every tier [default: lru; data-mode default tiers: "
+                   "gpu lru-tail-first, dram/nvme lru].")
 @click.option("--tiers", "tiers_file", type=click.Path(dir_okay=False), default=None,
               help="TOML file: per-tier capacity/policy/watermark and [time] (docs/replay.md).")
 @click.option("--write-policy", type=click.Choice(["write-through", "write-back"]), default=None,
@@ -84,13 +97,21 @@ def _fraction(_ctx: click.Context, param: click.Parameter, value: float | None) 
 @block_size_options
 @click.option("--compare", "compares", multiple=True, metavar="SPEC",
               help="Add a configuration to replay side by side (repeatable; see below).")
+@click.option("--read-qd", type=int, default=16, show_default=True,
+              help="Data mode: NVMe-tier reads in flight per request.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Data mode: seed of the block payloads (content = f(chain hash, seed)).")
+@click.option("--on-tier-error", type=click.Choice(["fail", "recompute"]), default="fail",
+              show_default=True,
+              help="Data mode, a tier's medium fails: stop (exit 1), or go on with the tier "
+                   "treated as empty.")
 @click.option("--skip-bad", type=int, default=0, show_default=True,
               help="Tolerate up to N bad trace lines (reported).")
 @click.option("--prefill-tps", type=float, default=None,
               help="Modelled prefill rate, tokens/s [default 10000].")
 @click.option("--tpot-ms", type=float, default=None, help="Modelled time per output token [default 20].")
 @click.option("--read-gbps", multiple=True, callback=_read_gbps, metavar="TIER=GBPS",
-              help="Modelled load rate of a tier [defaults: gpu inf, dram 25, nvme 5.2].")
+              help="--simulate: modelled load rate of a tier [defaults: gpu inf, dram 25, nvme 5.2].")
 @click.option("--concurrency", type=int, default=None,
               help="Requests in flight for modelled round wall time [default 1].")
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None,
@@ -102,76 +123,52 @@ def _fraction(_ctx: click.Context, param: click.Parameter, value: float | None) 
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
               help="Serve Prometheus metrics on 127.0.0.1:PORT while replaying.")
 @json_option
-def command(trace: str, gpu: Capacity | None, dram: Capacity | None, nvme: Capacity | None,
-            policy: str | None, tiers_file: str | None, write_policy: str | None,
-            watermark: float | None, evict_ratio: float | None, block_tokens: int | None,
-            fmt: str, model: str | None, dtype: str | None, tp: int | None, block_bytes: int | None,
-            compares: tuple[str, ...], skip_bad: int, prefill_tps: float | None,
-            tpot_ms: float | None, read_gbps: dict[str, float], concurrency: int | None,
-            csv_path: str | None, requests_csv: str | None, plot_path: str | None,
-            metrics_port: int | None) -> None:
+def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: str | None,
+            tiers_file: str | None, write_policy: str | None, watermark: float | None,
+            evict_ratio: float | None, block_tokens: int | None, fmt: str, model: str | None,
+            dtype: str | None, tp: int | None, block_bytes: int | None,
+            compares: tuple[str, ...], read_qd: int, seed: int, on_tier_error: str,
+            skip_bad: int, prefill_tps: float | None, tpot_ms: float | None,
+            read_gbps: dict[str, float], concurrency: int | None, csv_path: str | None,
+            requests_csv: str | None, plot_path: str | None, metrics_port: int | None) -> None:
     """Replay a request trace through a GPU → DRAM → NVMe prefix cache.
 
-    Reports the token hit ratio by tier, recomputed tokens, bytes written and read per
-    tier, evictions, the collapse round, and modelled TTFT / round time, per round and in
-    total (definitions: docs/definitions.md).
+    Data mode (default) moves real bytes through the tiers and checks every block;
+    --simulate counts metadata only. Reports the token hit ratio by tier, recomputed
+    tokens, puts and promotions per tier, bytes per link (measured in data mode),
+    corrupt/lost blocks, the collapse round and TTFT, per round and in total
+    (definitions: BRIEF §4, docs/definitions.md; schema: docs/json.md).
     """
-    from kvtool.cache import replay
-    from kvtool.cache.config import (
-        build_config,
-        load_tiers_file,
-        parse_compare,
-        time_model_from,
-    )
-    from kvtool.trace import read_trace
+    from kvtool.cache.report import check_output_paths
+    from kvtool.cache.run import ReplaySettings, describe_setup, prepare
 
-    if concurrency is not None and concurrency < 1:
-        raise UsageError(f"must be at least 1, got {concurrency}", field="--concurrency")
-    if prefill_tps is not None and not prefill_tps > 0:
-        raise UsageError(f"must be positive, got {prefill_tps}", field="--prefill-tps")
-    if tpot_ms is not None and not tpot_ms >= 0:
-        raise UsageError(f"must be a number ≥ 0, got {tpot_ms}", field="--tpot-ms")
-    for path, option in ((csv_path, "--csv"), (plot_path, "--plot"),
-                         (requests_csv, "--requests-csv")):
-        # Fail before a long replay, not after it.
-        if path and not Path(path).resolve().parent.is_dir():
-            raise UsageError(f"cannot write {path}: no such directory", field=option)
-    tf = load_tiers_file(tiers_file) if tiers_file else None
-    reader = read_trace(trace, fmt=fmt, block_tokens=block_tokens, skip_bad=skip_bad)
-    B = reader.block_tokens
-    size = block_size_from(model, dtype, tp, block_bytes, B)
-    block_bytes = size.block_bytes if size else None
-    configs = []
-    caps = {"gpu": gpu, "dram": dram, "nvme": nvme}
-    if any(c is not None for c in caps.values()) or tf is not None or not compares:
-        configs.append(build_config(caps, policy=policy, write_policy=write_policy,
-                                    watermark=watermark, evict_ratio=evict_ratio,
-                                    tiers_file=tf))
-    configs += [parse_compare(spec, policy=policy, write_policy=write_policy, tiers_file=tf)
-                for spec in compares]
-    tm = time_model_from(tf.time if tf else {}, prefill_tps=prefill_tps, tpot_ms=tpot_ms,
-                         read_gbps=read_gbps, concurrency=concurrency)
-    per_request = None
-    if requests_csv:
-        from kvtool.cache.report import RequestCsv
-
-        per_request = RequestCsv(requests_csv, [c.label for c in configs])
-    on_request: Any = per_request
+    check_output_paths(csv=csv_path, plot=plot_path, requests_csv=requests_csv)
+    settings = ReplaySettings(
+        trace=trace, fmt=fmt, block_tokens=block_tokens, skip_bad=skip_bad, simulate=simulate,
+        tiers={k: v for k, v in (("gpu", gpu), ("dram", dram), ("nvme", nvme)) if v is not None},
+        policy=policy, tiers_file=tiers_file, write_policy=write_policy, watermark=watermark,
+        evict_ratio=evict_ratio, compares=compares, model=model, dtype=dtype, tp=tp,
+        block_bytes=block_bytes, prefill_tps=prefill_tps, tpot_ms=tpot_ms,
+        read_gbps=read_gbps, concurrency=concurrency, read_qd=read_qd, seed=seed,
+        on_tier_error=on_tier_error, requests_csv=requests_csv)
+    job = prepare(settings, on_event=lambda m: note(f"[yellow]{m}[/]"))
+    if not simulate:
+        for line in describe_setup(job.setup):
+            note(line)
+    sink = None
     if metrics_port is not None:
         from kvtool.metrics import serve_metrics
 
         metrics = serve_metrics(metrics_port)
-        metrics.block_bytes, metrics.block_tokens = block_bytes, B
+        metrics.block_bytes, metrics.block_tokens = job.block_bytes, job.block_tokens
         note(f"metrics on http://127.0.0.1:{metrics.port}/metrics")
-        on_request = _metered([c.label for c in configs], metrics, per_request)
-    try:
-        with progress("replay", len(reader), unit="requests") as advance:
-            results = replay(reader, configs, block_tokens=B, block_bytes=block_bytes,
-                             time_model=tm, progress=advance, on_request=on_request)
-    finally:
-        if per_request is not None:
-            per_request.close()
-    bad = [{"line": line, "message": msg} for line, msg in reader.bad_lines]
+        labels = [c.label for c in job.configs]
+
+        def sink(i: int, outcome: Any) -> None:
+            metrics.request(labels[i], outcome)
+    with progress("replay", job.total, unit="requests") as advance:
+        doc = job.run(progress=advance, on_request=sink)
+    results = doc.get("configs") or [doc]
     if csv_path:
         from kvtool.cache.report import write_csv
 
@@ -180,26 +177,16 @@ def command(trace: str, gpu: Capacity | None, dram: Capacity | None, nvme: Capac
         from kvtool.cache.report import write_plot
 
         write_plot(results, plot_path, title=f"kvtool replay {Path(trace).name}")
-    head = {"schema": "kvtool.replay/1", "trace": trace, "format": reader.format, "block_tokens": B,
-            "block_bytes": block_bytes, "block_size": size.to_dict() if size else None,
-            "bad_lines": bad}
-    doc: dict[str, Any] = {**head, **results[0]} if len(results) == 1 else {
-        **head, "configs": results}
-    if bad and not want_json():
-        for b in bad:
+    if doc["bad_lines"] and not want_json():
+        for b in doc["bad_lines"]:
             note(f"[yellow]skipped bad line {b['line']}: {b['message']}[/]")
-    emit(doc, lambda con: _render(con, results, head))
-
-
-def _metered(labels: list[str], metrics: Any, also: Any) -> Any:
-    """An ``on_request`` sink feeding Prometheus counters, then ``also`` (when given)."""
-
-    def sink(i: int, outcome: Any) -> None:
-        metrics.request(labels[i], outcome)
-        if also is not None:
-            also(i, outcome)
-
-    return sink
+    emit(doc, lambda con: _render(con, results, doc))
+    if doc["interrupted"]:
+        note("interrupted: the report covers the requests served before Ctrl-C")
+        raise SystemExit(130)
+    if any(r.get("corrupt_blocks") or r.get("lost_blocks") for r in results):
+        raise CheckFailed("corrupt or lost blocks were found (recomputed, never served); "
+                          "see the report")
 
 
 # -- human output -----------------------------------------------------------------------
@@ -228,13 +215,19 @@ def _render(con: Any, results: list[dict[str, Any]], head: dict[str, Any]) -> No
               + (f", {format_size(head['block_bytes'], binary=False)}/block"
                  if head["block_bytes"] else "")
               + (f" per rank of {head['block_size']['tp']}"
-                 if head["block_size"] and head["block_size"]["tp"] > 1 else "") + ")")
+                 if head.get("block_size") and head["block_size"]["tp"] > 1 else "")
+              + f", {head['mode']} mode)")
     if len(results) == 1:
         _render_one(con, results[0], Table)
     else:
         _render_compare(con, results, Table)
-    con.print("[dim]Times are modelled (prefill rate, tier read rates, TPOT; docs/replay.md), "
-              "not measured.[/]")
+    if head["mode"] == "data":
+        _render_data(con, results, Table)
+        con.print("[dim]Link bytes, seconds and load times are measured; prefill and decode "
+                  "times are modelled (docs/replay.md).[/]")
+    else:
+        con.print("[dim]Times are modelled (prefill rate, tier read rates, TPOT; "
+                  "docs/replay.md), not measured.[/]")
 
 
 def _render_one(con: Any, res: dict[str, Any], Table: Any) -> None:
@@ -242,7 +235,8 @@ def _render_one(con: Any, res: dict[str, Any], Table: Any) -> None:
     names = "/".join(tiers)
     t = Table(title=f"{res['label']} · {res['write_policy']}", title_justify="left")
     for col in ["round" if res["round_kind"] != "window" else "minute", "reqs", "hit ratio",
-                f"hit {names}", "recompute tok", f"written {names}", f"evictions {names}",
+                f"hit {names}", "recompute tok", f"puts {names}", f"promotions {names}",
+                f"evictions {names}",
                 "TTFT p50", "TTFT p99", "wall"]:
         t.add_column(col, justify="right")
 
@@ -250,7 +244,9 @@ def _render_one(con: Any, res: dict[str, Any], Table: Any) -> None:
         return [str(r["requests"]), _pct(r["token_hit_ratio"]),
                 " / ".join(_pct(r["hit_ratio_by_tier"][n]) for n in tiers),
                 f"{r['recompute_tokens']:,}",
-                " / ".join(_amount(r["blocks_written"][n], r["bytes_written"][n]) for n in tiers),
+                " / ".join(_amount(r["put_blocks"][n], r["put_bytes"][n]) for n in tiers),
+                " / ".join(_amount(r["promoted_blocks"][n], r["promoted_bytes"][n])
+                           for n in tiers),
                 " / ".join(f"{r['evictions'][n]:,}" for n in tiers),
                 _secs(r["ttft_p50_s"]), _secs(r["ttft_p99_s"]), _secs(r["wall_s"])]
 
@@ -263,7 +259,8 @@ def _render_one(con: Any, res: dict[str, Any], Table: Any) -> None:
     cliff = res["cliff_round"]
     con.print(f"token hit ratio [bold]{_pct(res['token_hit_ratio'])}[/] · collapse round "
               + (f"[bold red]{cliff}[/]" if cliff is not None else "[green]none[/]")
-              + f" · requests/s (modelled) {res['requests_per_s'] or 0:.2f}")
+              + f" · requests/s (modelled) {res['requests_per_s'] or 0:.2f}"
+              + (" · [yellow]interrupted[/]" if res.get("interrupted") else ""))
 
 
 def _render_compare(con: Any, results: list[dict[str, Any]], Table: Any) -> None:
@@ -298,6 +295,42 @@ def _render_compare(con: Any, results: list[dict[str, Any]], Table: Any) -> None
             cells.append("–" if r is None else _pct(r["token_hit_ratio"]) + mark)
         per.add_row(str(rnd), *cells)
     con.print(per)
+
+
+def _render_data(con: Any, results: list[dict[str, Any]], Table: Any) -> None:
+    """Data mode: bytes per link (measured), content checks, the NVMe medium's counters."""
+    for res in results:
+        m = res["measured"]
+        t = Table(title="measured links" + (f" · {res['label']}" if len(results) > 1 else ""),
+                  title_justify="left")
+        for col in ("link", "blocks", "bytes", "seconds", "GB/s"):
+            t.add_column(col, justify="right")
+        for name, lk in m["links"].items():
+            t.add_row(name, f"{lk['blocks']:,}", format_size(lk["bytes"], binary=False),
+                      f"{lk['seconds']:.3f}", "–" if lk["gbps"] is None else f"{lk['gbps']:.2f}")
+        con.print(t)
+        colour = "red" if res["corrupt_blocks"] or res["lost_blocks"] else "green"
+        con.print(f"[{colour}]verified {res['verified_blocks']:,} blocks · corrupt "
+                  f"{res['corrupt_blocks']:,} · lost {res['lost_blocks']:,} · recomputed "
+                  f"{res['recomputed_blocks']:,}[/] · load p50 {_secs(m['load_s']['p50'])} "
+                  f"p99 {_secs(m['load_s']['p99'])} (measured) · replay overhead "
+                  + ("–" if m["overhead_us_per_block"] is None
+                     else f"{m['overhead_us_per_block']:.1f} µs/block")
+                  + f" · wall {m['wall_s']:.2f} s")
+        for p in res["problems"][:10]:
+            con.print(f"  [red]{p['kind']}[/] block {p['key']:#x} in {p['tier']} "
+                      f"(round {p['round']}, trace line {p['line']}): recomputed, not served")
+        for t_ in res["tiers"]:
+            if t_.get("failed"):
+                con.print(f"  [red]{t_['name']} tier failed[/]: {t_['failed']}")
+        media = res.get("media")
+        if media and "error" not in media:
+            con.print(f"NVMe medium (SMART Data Units Written): "
+                      f"{format_size(media['media_bytes_written'], binary=False)} written "
+                      f"during the run · replay put {format_size(media['replay_put_bytes'], binary=False)}"
+                      f" ({format_size(media['replay_padded_bytes'], binary=False)} padded "
+                      f"+ {format_size(media['store_metadata_bytes'], binary=False)} store "
+                      "metadata)")
 
 
 def _sum_or_none(values: dict[str, int | None]) -> int | None:

@@ -20,6 +20,7 @@ from kvtool.target.plan import Plan, Step
 EXAMPLES_UP = """
 \b
 Example:
+  kvtool target up                  # the built-in default: emulator, 1 GiB, 127.0.0.1:4420
   kvtool target up fixtures/targets/demo.toml
   kvtool target up fixtures/targets/spdk-production.toml --allow-remote --dry-run
   kvtool target up /etc/nvmet/config.json --backend nvmet --configfs-root /sys/kernel/config/nvmet
@@ -93,17 +94,30 @@ def command() -> None:
 
 
 @command.command(epilog=EXAMPLES_UP)
-@click.argument("config", type=click.Path(dir_okay=False))
+@click.argument("config", required=False, type=click.Path(dir_okay=False))
 @_backend_options
 @click.option("--name", help="Target name (default: the config's 'name', else the file stem).")
+@click.option("--port", type=click.IntRange(1, 65535), default=None,
+              help="Listener port of the built-in default target (without CONFIG) [4420].")
 @click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
 @click.option("--allow-remote", is_flag=True, help="Allow non-loopback listener addresses.")
 @json_option
-def up(config: str, backend: str | None, engine: str | None, configfs_root: str | None,
-       spdk_socket: str | None, name: str | None, dry_run: bool, allow_remote: bool) -> None:
-    """Bring a target up to the config CONFIG (TOML, kvtool JSON or nvmetcli JSON)."""
-    cfg, _ = api.resolve(config, name, backend=backend, engine=engine, allow_remote=allow_remote,
-                         check_paths=(engine or "") != "qemu")
+def up(config: str | None, backend: str | None, engine: str | None, configfs_root: str | None,
+       spdk_socket: str | None, name: str | None, port: int | None, dry_run: bool,
+       allow_remote: bool) -> None:
+    """Bring a target up to the config CONFIG (TOML, kvtool JSON or nvmetcli JSON).
+
+    Without CONFIG: the built-in default target (kvtool's emulator serving a 1 GiB
+    namespace on 127.0.0.1:4420), where `kvtool replay` puts its NVMe tier.
+    """
+    if config is None:
+        cfg = api.default_target(port=port, name=name, engine=engine)
+    else:
+        if port is not None:
+            raise UsageError("--port applies to the built-in default target (no CONFIG); "
+                             "set the listener port in CONFIG", field="--port")
+        cfg, _ = api.resolve(config, name, backend=backend, engine=engine,
+                             allow_remote=allow_remote, check_paths=(engine or "") != "qemu")
     opts = api.Options(configfs_root=configfs_root, spdk_socket=spdk_socket)
     result = api.up(cfg, opts, dry_run=dry_run, on_plan=_show_plan(cfg.name),
                     on_step=_progress)

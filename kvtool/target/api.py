@@ -175,8 +175,22 @@ def resolve(config: str | None, name: str | None, *, backend: str | None = None,
     return recorded, record
 
 
+def default_target(port: int | None = None, name: str | None = None,
+                   engine: str | None = None) -> TargetConfig:
+    """The built-in default target (:mod:`kvtool.target.default`)."""
+    from kvtool.target import default
+
+    cfg = default.config(port or default.PORT)
+    if name is not None:
+        cfg = replace(cfg, name=name)
+    if engine is not None:
+        cfg = replace(cfg, engine=engine)  # type: ignore[arg-type]
+    return cfg
+
+
 def find(name: str | None = None) -> st.TargetState:
-    """The state record of target ``name``; without a name, the only one recorded."""
+    """The state record of target ``name``; without a name, the only one recorded (or
+    the built-in default's, when several are)."""
     if name is not None:
         record = st.load(name)
         if record is None:
@@ -188,6 +202,10 @@ def find(name: str | None = None) -> st.TargetState:
     if not names:
         raise InputError(f"no target is up (nothing recorded in {st.targets_dir()}); "
                          "run: kvtool target up CONFIG", field="CONFIG")
+    from kvtool.target import default
+
+    if len(names) > 1 and default.NAME in names:
+        names = [default.NAME]
     if len(names) > 1:
         raise InputError(f"several targets are recorded ({', '.join(names)}); name one "
                          "(--name NAME) or give the config", field="--name")

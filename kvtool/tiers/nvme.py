@@ -83,7 +83,13 @@ class NvmeTier(DataTier):
     # ------------------------------------------------------------------ helpers
     def _error(self, exc: BaseException) -> TierError:
         text = str(exc) or type(exc).__name__
-        return TierError(self.name, self.url, text.splitlines()[0])
+        self.dead = text.splitlines()[0]
+        return TierError(self.name, self.url, self.dead)
+
+    def _alive(self) -> None:
+        """Fail fast once the medium has failed (each wait would be another timeout)."""
+        if self.dead is not None:
+            raise TierError(self.name, self.url, self.dead)
 
     def __contains__(self, key: int) -> bool:
         return key in self.slot_of
@@ -105,6 +111,7 @@ class NvmeTier(DataTier):
 
     # ------------------------------------------------------------------ loads
     def prepare_load(self, keys: Sequence[int], dsts: Sequence[np.ndarray]) -> TransferJob:
+        self._alive()
         job = TransferJob(list(keys), [False] * len(keys))
         todo = []
         for i, key in enumerate(keys):
@@ -132,6 +139,7 @@ class NvmeTier(DataTier):
             inflight.append((i, b, fut))
 
     def complete_load(self, job: TransferJob) -> list[bool]:
+        self._alive()
         _todo, dsts, inflight, free = job.state
         n = self.block_bytes
         while inflight:
@@ -151,6 +159,7 @@ class NvmeTier(DataTier):
 
     # ------------------------------------------------------------------ stores
     def prepare_store(self, keys: Sequence[int], srcs: Sequence[np.ndarray]) -> TransferJob:
+        self._alive()
         job = TransferJob(list(keys), [])
         n = self.block_bytes
         for key, src in zip(keys, srcs, strict=True):
@@ -189,6 +198,7 @@ class NvmeTier(DataTier):
         return done
 
     def complete_store(self, job: TransferJob) -> None:
+        self._alive()
         for key, fut in zip(job.keys, job.futures, strict=True):
             try:
                 fut.result(timeout=IO_TIMEOUT_S)
@@ -207,7 +217,7 @@ class NvmeTier(DataTier):
             if slot is None:
                 continue
             fut = self._pending.pop(key, None)
-            if fut is not None:
+            if fut is not None and self.dead is None:
                 # the slot is reused only after its write has landed
                 with contextlib.suppress(Exception):
                     fut.result(timeout=IO_TIMEOUT_S)
@@ -220,9 +230,17 @@ class NvmeTier(DataTier):
 
     def close(self) -> None:
         try:
-            for fut in list(self._pending.values()):
-                with contextlib.suppress(Exception):
-                    fut.result(timeout=IO_TIMEOUT_S)
+            if self.dead is None:
+                for fut in list(self._pending.values()):
+                    with contextlib.suppress(Exception):
+                        fut.result(timeout=IO_TIMEOUT_S)
+            else:
+                # a failed target: stop the host's reconnect attempts rather than wait
+                # for each queued retry to time out
+                ctrl = getattr(self.engine, "ctrl", None)
+                if ctrl is not None:
+                    with contextlib.suppress(Exception):
+                        ctrl.close()
             self._pending.clear()
         finally:
             self.store.close()

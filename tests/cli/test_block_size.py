@@ -42,9 +42,9 @@ def test_every_command_reports_one_block_size(model: str, dtype: str, tp: int, s
     assert stats["unique_bytes"] == stats["unique_blocks"] * s
 
     dram = str(N * s)
-    rep = run_json("replay", TRACE, *geo, "--dram", dram)
+    rep = run_json("replay", "--simulate", TRACE, *geo, "--dram", dram)
     assert rep["block_size"] == expected and rep["block_bytes"] == s
-    by_blocks = run_json("replay", TRACE, "--dram", f"{N}blk")
+    by_blocks = run_json("replay", "--simulate", TRACE, "--dram", f"{N}blk")
     assert rep["tiers"][0]["capacity_blocks"] == N == by_blocks["tiers"][0]["capacity_blocks"]
     assert rep["hit_tokens"] == by_blocks["hit_tokens"]
 
@@ -69,15 +69,15 @@ def test_every_command_reports_one_block_size(model: str, dtype: str, tp: int, s
 
 
 def test_block_bytes_is_a_size_everywhere() -> None:
-    a = run_json("replay", TRACE, "--block-bytes", "1MiB", "--dram", "40MiB")
-    b = run_json("replay", TRACE, "--block-bytes", str(1 << 20), "--dram", "40blk")
+    a = run_json("replay", "--simulate", TRACE, "--block-bytes", "1MiB", "--dram", "40MiB")
+    b = run_json("replay", "--simulate", TRACE, "--block-bytes", str(1 << 20), "--dram", "40blk")
     assert a["block_bytes"] == 1 << 20 and a["tiers"][0]["capacity_blocks"] == 40
     assert a["hit_tokens"] == b["hit_tokens"]
     assert a["block_size"]["tp"] == 1 and a["block_size"]["model"] is None
 
 
 @pytest.mark.parametrize("command", [
-    ["trace", "stats", TRACE], ["replay", TRACE, "--dram", "40blk"],
+    ["trace", "stats", TRACE], ["replay", "--simulate", TRACE, "--dram", "40blk"],
     ["plan", "--sessions", "8", "--input-tokens", "256", "--output-tokens", "256",
      "--dram", "40blk"],
 ])

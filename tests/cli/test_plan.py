@@ -93,7 +93,7 @@ def test_plan_predicts_the_replayed_collapse_of_the_fixture() -> None:
     predicted = run_json("plan", "--sessions", "8", "--rounds", "12", "--input-tokens", "1024",
                          "--output-tokens", "256", "--system-prompt-tokens", "2048",
                          "--dram", "300blk", "--answer-kv", "next-round")
-    replayed = run_json("replay", str(REPO / fixture), "--dram", "300blk", "--policy", "lru")
+    replayed = run_json("replay", "--simulate", str(REPO / fixture), "--dram", "300blk", "--policy", "lru")
     assert predicted["cliff_round"] is not None and replayed["cliff_round"] is not None
     assert abs(predicted["cliff_round"] - replayed["cliff_round"]) <= 1
     # Before the onset nothing is evicted, so prediction and replay agree exactly.

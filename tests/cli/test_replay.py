@@ -20,7 +20,7 @@ def trace(tmp_path: Path) -> Path:
 
 
 def test_json_summary_and_rounds(trace: Path) -> None:
-    doc = run_json("replay", trace, "--dram", "180blk", "--block-bytes", "1002240")
+    doc = run_json("replay", "--simulate", trace, "--dram", "180blk", "--block-bytes", "1002240")
     for key in ("token_hit_ratio", "hit_tokens", "recompute_tokens", "bytes_written",
                 "bytes_read", "cliff_round", "rounds", "evictions", "ttft_p50_s", "ttft_p99_s",
                 "wall_s", "requests_per_s", "tiers", "time_model", "bad_lines"):
@@ -37,22 +37,22 @@ def test_json_summary_and_rounds(trace: Path) -> None:
 
 
 def test_capacity_units_agree(trace: Path) -> None:
-    a = run_json("replay", trace, "--dram", "100blk")
-    b = run_json("replay", trace, "--dram", "25600tok")
-    c = run_json("replay", trace, "--dram", "1024000B", "--block-bytes", "10240")
+    a = run_json("replay", "--simulate", trace, "--dram", "100blk")
+    b = run_json("replay", "--simulate", trace, "--dram", "25600tok")
+    c = run_json("replay", "--simulate", trace, "--dram", "1024000B", "--block-bytes", "10240")
     assert a["token_hit_ratio"] == b["token_hit_ratio"] == c["token_hit_ratio"]
     assert c["tiers"][0]["capacity_blocks"] == 100
 
 
 def test_model_gives_bytes_per_block(trace: Path) -> None:
-    doc = run_json("replay", trace, "--dram", "1GB", "--model", "deepseek-v4-flash",
+    doc = run_json("replay", "--simulate", trace, "--dram", "1GB", "--model", "deepseek-v4-flash",
                    "--dtype", "fp8")
     assert doc["block_bytes"] == 1002240
     assert doc["tiers"][0]["capacity_blocks"] == 10**9 // 1002240
 
 
 def test_three_tiers_and_write_back(trace: Path) -> None:
-    doc = run_json("replay", trace, "--gpu", "20blk", "--dram", "60blk", "--nvme", "inf",
+    doc = run_json("replay", "--simulate", trace, "--gpu", "20blk", "--dram", "60blk", "--nvme", "inf",
                    "--write-policy", "write-back", "--policy", "lru-tail-first")
     assert [t["name"] for t in doc["tiers"]] == ["gpu", "dram", "nvme"]
     assert doc["write_policy"] == "write-back"
@@ -61,7 +61,7 @@ def test_three_tiers_and_write_back(trace: Path) -> None:
 
 
 def test_compare_side_by_side(trace: Path) -> None:
-    doc = run_json("replay", trace, "--compare", "dram=180blk,label=DRAM only",
+    doc = run_json("replay", "--simulate", trace, "--compare", "dram=180blk,label=DRAM only",
                    "--compare", "dram=22blk,nvme=inf,label=DRAM/8 + NVMe",
                    "--compare", "dram=180blk,policy=prefix-fair")
     labels = [c["label"] for c in doc["configs"]]
@@ -72,14 +72,14 @@ def test_compare_side_by_side(trace: Path) -> None:
 
 
 def test_human_output_has_round_table(trace: Path) -> None:
-    result = run("replay", trace, "--dram", "180blk")
+    result = run("replay", "--simulate", trace, "--dram", "180blk")
     assert result.exit_code == 0, result.stderr
     assert "cliff" in result.stdout and "modelled" in result.stdout
 
 
 def test_csv_and_plot(trace: Path, tmp_path: Path) -> None:
     csv_path, png = tmp_path / "r.csv", tmp_path / "r.png"
-    doc = run_json("replay", trace, "--dram", "180blk", "--csv", csv_path, "--plot", png)
+    doc = run_json("replay", "--simulate", trace, "--dram", "180blk", "--csv", csv_path, "--plot", png)
     rows = list(csv.DictReader(csv_path.open()))
     assert len(rows) == 10
     assert rows[0]["round"] == "1" and rows[0]["hit_tokens_gpu"] == ""
@@ -90,7 +90,7 @@ def test_csv_and_plot(trace: Path, tmp_path: Path) -> None:
 
 def test_requests_csv(trace: Path, tmp_path: Path) -> None:
     path = tmp_path / "req.csv"
-    doc = run_json("replay", trace, "--compare", "dram=180blk,label=a",
+    doc = run_json("replay", "--simulate", trace, "--compare", "dram=180blk,label=a",
                    "--compare", "gpu=10blk,dram=inf,label=b", "--requests-csv", path)
     rows = list(csv.DictReader(path.open()))
     assert len(rows) == 2 * 60
@@ -105,7 +105,7 @@ def test_requests_csv(trace: Path, tmp_path: Path) -> None:
 def test_plot_without_matplotlib_names_the_extra(trace: Path, tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    result = run("replay", trace, "--dram", "10blk", "--plot", tmp_path / "x.png")
+    result = run("replay", "--simulate", trace, "--dram", "10blk", "--plot", tmp_path / "x.png")
     assert result.exit_code == 2
     assert "kvtool[plot]" in result.stderr and "Traceback" not in result.stderr
 
@@ -117,7 +117,7 @@ def test_tiers_file(trace: Path, tmp_path: Path) -> None:
                     'window = 16\n'
                     '[time]\nprefill_tokens_per_s = 5000\nconcurrency = 4\n'
                     '[time.read_gbps]\nnvme = 2.5\n')
-    doc = run_json("replay", trace, "--tiers", toml, "--tpot-ms", "30")
+    doc = run_json("replay", "--simulate", trace, "--tiers", toml, "--tpot-ms", "30")
     dram, nvme = doc["tiers"]
     assert (dram["policy"], dram["watermark"]) == ("mooncake", {"high": 0.9, "ratio": 0.05})
     assert nvme["policy"] == "prefix-fair" and nvme["window"] == 16
@@ -126,14 +126,14 @@ def test_tiers_file(trace: Path, tmp_path: Path) -> None:
     assert (tm["prefill_tokens_per_s"], tm["concurrency"], tm["tpot_ms"]) == (5000, 4, 30)
     assert tm["read_gbps"]["nvme"] == 2.5
     # the command line wins over the file
-    doc2 = run_json("replay", trace, "--tiers", toml, "--dram", "30blk", "--policy", "lru")
+    doc2 = run_json("replay", "--simulate", trace, "--tiers", toml, "--dram", "30blk", "--policy", "lru")
     assert doc2["tiers"][0]["capacity_blocks"] == 30 and doc2["tiers"][0]["policy"] == "lru"
 
 
 def test_bad_tiers_file_names_file_line_field(trace: Path, tmp_path: Path) -> None:
     toml = tmp_path / "tiers.toml"
     toml.write_text('[dram]\ncapacity = "60blk"\npolicy = "fifo"\n')
-    result = run("replay", trace, "--tiers", toml)
+    result = run("replay", "--simulate", trace, "--tiers", toml)
     assert result.exit_code == 2
     assert f"{toml}:3: field 'dram.policy'" in result.stderr
 
@@ -152,14 +152,14 @@ def test_bad_trace_lines_exit_2_with_line_number(tmp_path: Path, line: str,
     good = '{"timestamp": %d, "input_length": 600, "output_length": 1, "hash_ids": [1, 2]}'
     path = tmp_path / "bad.jsonl"
     path.write_text("\n".join([good % 1, good % 2, line, good % 9]) + "\n")
-    result = run("replay", path, "--format", "mooncake", "--dram", "10blk")
+    result = run("replay", "--simulate", path, "--format", "mooncake", "--dram", "10blk")
     assert result.exit_code == 2
     err = result.stderr.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err
     assert f"{path}:3" in err
     if field:
         assert f"'{field}'" in err
-    ok = run_json("replay", path, "--format", "mooncake", "--dram", "10blk", "--skip-bad", "1")
+    ok = run_json("replay", "--simulate", path, "--format", "mooncake", "--dram", "10blk", "--skip-bad", "1")
     assert [b["line"] for b in ok["bad_lines"]] == [3]
     assert ok["requests"] == 3
 
@@ -174,7 +174,7 @@ def test_bad_values_exit_2(trace: Path) -> None:
                         (["--dram", "1blk", "--watermark", "nan"], "--watermark"),
                         (["--dram", "1blk", "--tpot-ms", "nan"], "--tpot-ms"),
                         ([], "--dram")]:
-        result = run("replay", trace, *args)
+        result = run("replay", "--simulate", trace, *args)
         assert result.exit_code == 2, args
         assert result.stderr.startswith(f"kvtool: error: field '{field}': "), result.stderr
         assert len(result.stderr.splitlines()) == 1
@@ -183,7 +183,7 @@ def test_bad_values_exit_2(trace: Path) -> None:
 def test_binary_tiers_file_is_exit_2(trace: Path, tmp_path: Path) -> None:
     toml = tmp_path / "tiers.toml"
     toml.write_bytes(b'[dram]\ncapacity = "\xff"\n')
-    result = run("replay", trace, "--tiers", toml)
+    result = run("replay", "--simulate", trace, "--tiers", toml)
     assert result.exit_code == 2
     assert result.stderr == f"kvtool: error: {toml}: field '--tiers': not UTF-8 text (byte 19)\n"
 
@@ -197,13 +197,13 @@ def test_binary_tiers_file_is_exit_2(trace: Path, tmp_path: Path) -> None:
 def test_bad_time_table_exit_2(trace: Path, tmp_path: Path, time: str, field: str) -> None:
     toml = tmp_path / "tiers.toml"
     toml.write_text(f'[dram]\ncapacity = "60blk"\n[time]\n{time}\n')
-    result = run("replay", trace, "--tiers", toml)
+    result = run("replay", "--simulate", trace, "--tiers", toml)
     assert result.exit_code == 2, result.stderr
     assert result.stderr.startswith(f"kvtool: error: {toml}:4: field '{field}': ")
 
 
 def test_mooncake_trace_replays(mooncake_traces: Path) -> None:
-    doc = run_json("replay", mooncake_traces / "synthetic_trace.jsonl", "--format", "mooncake",
+    doc = run_json("replay", "--simulate", mooncake_traces / "synthetic_trace.jsonl", "--format", "mooncake",
                    "--block-tokens", "512", "--dram", "inf")
     assert doc["round_kind"] in ("window", "none") and doc["cliff_round"] is None
     assert doc["token_hit_ratio"] == pytest.approx(0.6512444360312151, rel=1e-12)

@@ -60,7 +60,7 @@ def test_replay_cli_metrics_port_busy_is_exit_2() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))
         s.listen()
-        result = run("replay", str(FIXTURES / "traces" / "multiturn-8x12.jsonl"),
+        result = run("replay", "--simulate", str(FIXTURES / "traces" / "multiturn-8x12.jsonl"),
                      "--dram", "40blk", "--metrics-port", str(port))
     assert result.exit_code == 2 and "--metrics-port" in result.stderr
 

@@ -1,0 +1,538 @@
+"""``kvtool replay`` as a library call: typed settings in, the report document out.
+
+::
+
+    from kvtool.cache.run import ReplaySettings, prepare
+    job = prepare(ReplaySettings("trace.jsonl"))        # data mode, default tiers
+    print(job.setup)                                     # what it chose (sizes, URL, model)
+    doc = job.run()                                      # schema kvtool.replay/2
+
+Two modes (docs/replay.md):
+
+* **data** (default): every tier holds real bytes — the CPU "GPU" pool, a DRAM pool and an
+  NVMe tier on kvtool's object store (:mod:`kvtool.cache.data`). Without tier options it
+  uses the default profile (:data:`DEFAULT_PROFILE`) and puts the NVMe tier on the running
+  built-in target (``kvtool target up``), else on a store file in the cache directory;
+* **simulate** (``--simulate``): the metadata engine only, for what-ifs no machine holds.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from kvtool.cache.config import (
+    TiersFile,
+    build_config,
+    load_tiers_file,
+    parse_compare,
+    time_model_from,
+)
+from kvtool.cache.data import ON_TIER_ERROR, DataReplay
+from kvtool.cache.engine import CacheConfig, RequestOutcome, TierSpec, replay
+from kvtool.cache.timemodel import TimeModel
+from kvtool.errors import UsageError
+from kvtool.tiers.base import DataTier, TierError
+from kvtool.tiers.option import TierOption
+from kvtool.units import Capacity, format_size
+
+SCHEMA = "kvtool.replay/2"
+
+DEFAULT_MODEL = ("deepseek-v4-flash", "fp8")
+"""Model whose block size data mode uses when neither --model nor --block-bytes is given."""
+
+DEFAULT_PROFILE: dict[str, tuple[str, str]] = {
+    "gpu": ("128MiB", "lru-tail-first"),
+    "dram": ("256MiB", "lru"),
+}
+"""Default data-mode tiers (capacity, policy): a small vLLM-like GPU pool (its free queue
+is tail-first) and a Mooncake-like DRAM tier; the NVMe tier is the default place."""
+
+DEFAULT_NVME_FILE_BYTES = 1 << 30
+"""Size of the store file the NVMe tier uses when no kvtool target is up."""
+
+MEMORY_SHARE = 0.8
+"""Data mode refuses pools larger than this share of the memory available now."""
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("KVTOOL_CACHE_DIR")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "kvtool"
+
+
+def mem_available() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+@dataclass
+class ReplaySettings:
+    """Everything ``kvtool replay`` takes, as typed values (CLI options map 1:1)."""
+
+    trace: str
+    fmt: str = "auto"
+    block_tokens: int | None = None
+    skip_bad: int = 0
+    simulate: bool = False
+    tiers: dict[str, TierOption] = field(default_factory=dict)
+    policy: str | None = None
+    tiers_file: str | None = None
+    write_policy: str | None = None
+    watermark: float | None = None
+    evict_ratio: float | None = None
+    compares: Sequence[str] = ()
+    model: str | None = None
+    dtype: str | None = None
+    tp: int | None = None
+    block_bytes: int | None = None
+    prefill_tps: float | None = None
+    tpot_ms: float | None = None
+    read_gbps: dict[str, float] = field(default_factory=dict)
+    concurrency: int | None = None
+    read_qd: int = 16
+    write_qd: int = 16
+    seed: int = 0
+    on_tier_error: str = "fail"
+    requests_csv: str | None = None
+
+
+def _check(s: ReplaySettings) -> None:
+    if s.concurrency is not None and s.concurrency < 1:
+        raise UsageError(f"must be at least 1, got {s.concurrency}", field="--concurrency")
+    if s.prefill_tps is not None and not s.prefill_tps > 0:
+        raise UsageError(f"must be positive, got {s.prefill_tps}", field="--prefill-tps")
+    if s.tpot_ms is not None and not s.tpot_ms >= 0:
+        raise UsageError(f"must be a number ≥ 0, got {s.tpot_ms}", field="--tpot-ms")
+    if s.read_qd < 1:
+        raise UsageError(f"must be at least 1, got {s.read_qd}", field="--read-qd")
+    if s.on_tier_error not in ON_TIER_ERROR:
+        raise UsageError(f"use {' or '.join(ON_TIER_ERROR)}", field="--on-tier-error")
+
+
+@dataclass
+class ReplayJob:
+    """A prepared replay: the trace read, configurations resolved, nothing run yet."""
+
+    settings: ReplaySettings
+    reader: Any
+    configs: list[CacheConfig]
+    time_model: TimeModel
+    block_tokens: int
+    block_bytes: int | None
+    setup: dict[str, Any]
+    """What was chosen (mode, model, block size, tiers, places): printed before the run."""
+    work_blocks: int = 0
+    _sink: Callable[[int, RequestOutcome], None] | None = None
+    create: dict[str, int] = field(default_factory=dict)
+    on_event: Callable[[str], None] | None = None
+    interrupted: bool = False
+
+    @property
+    def mode(self) -> str:
+        return "simulate" if self.settings.simulate else "data"
+
+    @property
+    def total(self) -> int:
+        """Requests to serve in all (every configuration replays the whole trace)."""
+        return len(self.reader) * (len(self.configs) if self.mode == "data" else 1)
+
+    def run(self, progress: Callable[[int], None] | None = None,
+            on_request: Callable[[int, RequestOutcome], None] | None = None) -> dict[str, Any]:
+        """Replay and return the report (schema :data:`SCHEMA`, docs/json.md).
+
+        ``on_request(i, outcome)`` receives every request's accounting for configuration
+        ``i`` (besides ``--requests-csv``). A ``KeyboardInterrupt`` stops the run cleanly:
+        the report covers the requests served so far and says ``"interrupted": true``.
+        """
+        per_request = None
+        if self.settings.requests_csv:
+            from kvtool.cache.report import RequestCsv
+
+            per_request = RequestCsv(self.settings.requests_csv, [c.label for c in self.configs])
+        sinks = [f for f in (per_request, on_request) if f is not None]
+        sink: Callable[[int, RequestOutcome], None] | None = None
+        if sinks:
+            def sink(i: int, outcome: RequestOutcome) -> None:
+                for f in sinks:
+                    f(i, outcome)
+        self._sink = sink
+        try:
+            if self.mode == "simulate":
+                results = replay(self.reader, self.configs, block_tokens=self.block_tokens,
+                                 block_bytes=self.block_bytes, time_model=self.time_model,
+                                 progress=progress, on_request=sink)
+                for r in results:
+                    r["mode"] = "simulate"
+                    for t in r["tiers"]:
+                        t.update({"backend": "metadata", "url": None})
+            else:
+                results = [self._run_data(i, cfg, progress) for i, cfg in enumerate(self.configs)
+                           if not self.interrupted]
+        finally:
+            if per_request is not None:
+                per_request.close()
+        bad = [{"line": line, "message": msg} for line, msg in self.reader.bad_lines]
+        head = {"schema": SCHEMA, "trace": self.settings.trace, "format": self.reader.format,
+                "mode": self.mode, "block_tokens": self.block_tokens,
+                "block_bytes": self.block_bytes, "block_size": self.setup["block_size"],
+                "setup": self.setup, "bad_lines": bad, "interrupted": self.interrupted}
+        if len(results) == 1:
+            return {**head, **results[0]}
+        return {**head, "configs": results}
+
+    # -------------------------------------------------------------- data mode
+    def _run_data(self, index: int, cfg: CacheConfig,
+                  progress: Callable[[int], None] | None) -> dict[str, Any]:
+        assert self.block_bytes is not None
+        s = self.settings
+        tiers, media, cfg = open_tiers(cfg, self.block_bytes, self.work_blocks, s, self.setup,
+                                       self.create)
+        if self.on_event is not None and "nvme" in tiers:
+            nv = next(t for t in cfg.tiers if t.name == "nvme")
+            self.on_event(f"nvme tier: {int(nv.blocks(self.block_bytes, self.block_tokens)):,} "
+                          f"blocks on {nv.place} (store of {tiers['nvme'].slots:,} slots)")
+        try:
+            sink = self._sink
+            eng = DataReplay(cfg, self.block_tokens, self.block_bytes, tiers=tiers,
+                             work_blocks=self.work_blocks, seed=s.seed,
+                             time_model=self.time_model, on_tier_error=s.on_tier_error,
+                             on_event=self.on_event,
+                             on_request=None if sink is None else
+                             (lambda o: sink(index, o)))
+        except BaseException:
+            for t in tiers.values():
+                t.close()
+            raise
+        served = 0
+        try:
+            try:
+                for req in self.reader:
+                    eng.feed(req)
+                    served += 1
+                    if progress is not None:
+                        progress(1)
+            except KeyboardInterrupt:
+                self.interrupted = True
+            out = eng.result()
+            out["requests_served"] = served
+            if media is not None:
+                out["media"] = media.finish(tiers.get("nvme"), out)
+            return out
+        finally:
+            eng.close()
+
+
+# ------------------------------------------------------------------ tiers
+class MediaCounter:
+    """The NVMe tier's bytes written, read back from the target's own SMART / Health log
+    (Data Units Written, units of 512,000 bytes) before and after the run."""
+
+    UNIT = 512_000
+
+    def __init__(self, engine: Any) -> None:
+        self.ctrl = engine.ctrl
+        self.nsid = engine.nsid
+        self.before = self.ctrl.smart_log(self.nsid)
+
+    def finish(self, tier: DataTier | None, result: dict[str, Any]) -> dict[str, Any]:
+        try:
+            after = self.ctrl.smart_log(self.nsid)
+        except Exception as exc:
+            return {"source": "smart", "error": str(exc)}
+        units = after.data_units_written - self.before.data_units_written
+        nvme = result["measured"]["links"]
+        put = sum(v["bytes"] for k, v in nvme.items() if k.startswith("nvme<-"))
+        blocks = sum(v["blocks"] for k, v in nvme.items() if k.startswith("nvme<-"))
+        padded = blocks * (tier.padded if tier is not None and hasattr(tier, "padded") else 0)
+        meta = getattr(tier, "metadata_bytes", 0) if tier is not None else 0
+        return {"source": "smart", "data_units_written": units,
+                "media_bytes_written": units * self.UNIT,
+                "replay_put_bytes": put, "replay_padded_bytes": padded,
+                "store_metadata_bytes": meta, "unit_bytes": self.UNIT}
+
+
+def _nvme_engine(place: str, create_bytes: int | None, read_qd: int) -> Any:
+    from kvtool.store.engine import open_engine
+
+    if place.startswith("nvme+tcp://"):
+        from kvtool.nvme.engine import open_nvme_tcp
+
+        try:
+            return open_nvme_tcp(place, write=True, qd=max(read_qd, 16), reconnect=2.0,
+                                 timeout=5.0)
+        except UsageError as exc:
+            raise UsageError(exc.message, field="--nvme") from None
+    path = Path(place)
+    if not path.exists():
+        if create_bytes is None:
+            raise UsageError(f"{place} does not exist; give a size to create it: "
+                             f"--nvme 2GiB@{place}", field="--nvme")
+        parent = path.resolve().parent
+        if not parent.is_dir():
+            raise UsageError(f"cannot create {place}: no such directory", field="--nvme")
+        free = shutil.disk_usage(parent).free
+        if create_bytes > free:
+            raise UsageError(f"{format_size(create_bytes)} does not fit in {parent} "
+                             f"({format_size(free)} free); use a smaller size or --simulate",
+                             field="--nvme")
+    try:
+        return open_engine(place, write=True, qd=max(read_qd, 16),
+                           create_bytes=create_bytes if not path.exists() else None)
+    except UsageError as exc:
+        raise UsageError(exc.message, field="--nvme") from None
+
+
+def open_tiers(cfg: CacheConfig, block_bytes: int, work_blocks: int, s: ReplaySettings,
+               setup: dict[str, Any], create: dict[str, int]
+               ) -> tuple[dict[str, DataTier], MediaCounter | None, CacheConfig]:
+    """Open the data tiers of ``cfg`` (DRAM pool, NVMe store; the GPU pool is the
+    engine's) and return them with ``cfg`` whose NVMe capacity is resolved to blocks
+    (a place without a size: what it holds). ``create``: files to create, and their size."""
+    from kvtool.align import round_up
+    from kvtool.store.layout import Geometry
+    from kvtool.tiers.dram import DramTier
+    from kvtool.tiers.nvme import NvmeTier
+
+    B = setup["block_tokens"]
+    tiers: dict[str, DataTier] = {}
+    media = None
+    specs = []
+    try:
+        for spec in cfg.tiers:
+            head = _headroom(cfg, spec.name, block_bytes, B, work_blocks)
+            if spec.name == "dram":
+                cap = int(spec.blocks(block_bytes, B))
+                tiers["dram"] = DramTier(cap + head, block_bytes)
+            elif spec.name == "nvme":
+                assert spec.place is not None
+                place = spec.place
+                want = spec.blocks(block_bytes, B)
+                create_bytes = None
+                if not place.startswith("nvme+tcp://") and not os.path.exists(place):
+                    if want != math.inf:
+                        create_bytes = ((int(want) + head) * round_up(block_bytes, 4096)
+                                        + (64 << 20))
+                    else:
+                        create_bytes = create.get(place)
+                engine = _nvme_engine(place, create_bytes, s.read_qd)
+                if place.startswith("nvme+tcp://"):
+                    try:
+                        media = MediaCounter(engine)
+                    except Exception:
+                        media = None
+                try:
+                    tier = NvmeTier(
+                        engine, block_bytes=block_bytes, url=place,
+                        max_slots=None if want == math.inf else int(want) + head,
+                        read_qd=s.read_qd, write_qd=s.write_qd, seed=s.seed,
+                        geometry=Geometry(model=setup.get("model") or "",
+                                          dtype=setup.get("dtype") or "", block_tokens=B,
+                                          tp=s.tp or 1))
+                except TierError as exc:
+                    engine.close()
+                    raise UsageError(str(exc), field="--nvme") from None
+                tiers["nvme"] = tier
+                if want == math.inf:
+                    if tier.slots - head < 1:
+                        raise UsageError(
+                            f"{place} holds {tier.slots} blocks of {block_bytes:,} B, not "
+                            f"more than the {head} one request needs in flight; use a bigger "
+                            "place or --simulate", field="--nvme")
+                    spec = replace(spec, capacity=Capacity(tier.slots - head, "blocks"))
+                elif tier.slots < int(want) + head:
+                    raise UsageError(
+                        f"{place} holds {tier.slots} blocks of {block_bytes:,} B; "
+                        f"{spec.capacity} is {int(want)} blocks (+{head} in flight): use a "
+                        "smaller --nvme size, a bigger place, or --simulate", field="--nvme")
+            specs.append(spec)
+    except BaseException:
+        for t in tiers.values():
+            t.close()
+        raise
+    return tiers, media, CacheConfig(specs, cfg.write_policy, cfg.label)
+
+
+def _headroom(cfg: CacheConfig, name: str, block_bytes: int, block_tokens: int,
+              work_blocks: int) -> int:
+    """Slots beyond the capacity a tier needs within one request: blocks are inserted
+    before the tier evicts down to its capacity (BRIEF §4), and a watermark above may
+    demote a whole batch at once."""
+    extra = work_blocks
+    names = [t.name for t in cfg.tiers]
+    i = names.index(name)
+    if i > 0:
+        above = cfg.tiers[i - 1]
+        if above.watermark is not None:
+            cap = above.blocks(block_bytes, block_tokens)
+            if cap != math.inf:
+                extra += math.ceil((1 - above.watermark.high + above.watermark.ratio) * cap) + 1
+    return extra
+
+
+# ------------------------------------------------------------------ prepare
+def _default_nvme_place() -> tuple[str, str, int | None]:
+    """(place, why, bytes to create) for the default NVMe tier."""
+    from kvtool.target import default
+    from kvtool.target import state as st
+
+    record = st.load(default.NAME)
+    if record is not None and st.pid_alive(record.pid):
+        for ep in record.endpoints:
+            for lst in ep.get("listeners", []):
+                if lst.get("transport") == "tcp":
+                    url = f"nvme+tcp://{lst['address']}:{lst['port']}/{ep['nqn']}/1"
+                    return url, "the running kvtool target (kvtool target up)", None
+    path = cache_dir() / "replay-nvme.img"
+    why = "a store file in the cache directory (no kvtool target is up)"
+    if path.exists():
+        return str(path), why, None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return str(path), why, DEFAULT_NVME_FILE_BYTES
+
+
+def prepare(s: ReplaySettings, *, on_event: Callable[[str], None] | None = None) -> ReplayJob:
+    """Check the settings, read the trace, resolve configurations and (data mode)
+    capacities against this machine; run nothing yet."""
+    from kvtool.trace import read_trace
+
+    _check(s)
+    tf: TiersFile | None = load_tiers_file(s.tiers_file) if s.tiers_file else None
+    reader = read_trace(s.trace, fmt=s.fmt, block_tokens=s.block_tokens, skip_bad=s.skip_bad)
+    B = reader.block_tokens
+    data = not s.simulate
+    from kvtool.geometry.blocksize import block_size
+
+    model, dtype = s.model, s.dtype
+    if model is None and s.block_bytes is None and data:
+        model, dtype = DEFAULT_MODEL[0], dtype or DEFAULT_MODEL[1]
+    size = block_size(model, dtype=dtype, tp=s.tp, block_tokens=B, block_bytes=s.block_bytes)
+    block_bytes = size.block_bytes if size else None
+    given = any(not t.is_zero for t in s.tiers.values()) or tf is not None or bool(s.compares)
+    configs: list[CacheConfig] = []
+    defaults = data and not given
+    if defaults:
+        configs.append(build_config(
+            {n: TierOption(Capacity.parse(c)) for n, (c, _p) in DEFAULT_PROFILE.items()}
+            | {"nvme": TierOption(None, "<default>")},
+            policy=s.policy, write_policy=s.write_policy, watermark=s.watermark,
+            evict_ratio=s.evict_ratio,
+            tier_policies=None if s.policy else {n: p for n, (_c, p) in DEFAULT_PROFILE.items()}))
+    else:
+        if any(not t.is_zero for t in s.tiers.values()) or tf is not None or not s.compares:
+            configs.append(build_config(dict(s.tiers), policy=s.policy,
+                                        write_policy=s.write_policy, watermark=s.watermark,
+                                        evict_ratio=s.evict_ratio, tiers_file=tf))
+        configs += [parse_compare(spec, policy=s.policy, write_policy=s.write_policy,
+                                  tiers_file=tf) for spec in s.compares]
+    tm = time_model_from(tf.time if tf else {}, prefill_tps=s.prefill_tps, tpot_ms=s.tpot_ms,
+                         read_gbps=s.read_gbps, concurrency=s.concurrency)
+    setup: dict[str, Any] = {"mode": "data" if data else "simulate",
+                             "model": size.model if size else None,
+                             "dtype": size.dtype if size else None, "block_tokens": B,
+                             "block_bytes": block_bytes, "defaults": defaults,
+                             "block_size": size.to_dict() if size else None}
+    job = ReplayJob(s, reader, configs, tm, B, block_bytes, setup, on_event=on_event)
+    if data:
+        assert block_bytes is not None
+        _prepare_data(job)
+    else:
+        for cfg in configs:
+            for spec in cfg.tiers:
+                if spec.place is not None:
+                    raise UsageError(f"{spec.place}: --simulate moves no bytes, so a tier "
+                                     "takes a capacity, not a place", field=f"--{spec.name}")
+        setup["configs"] = [{"label": c.label} for c in configs]
+    return job
+
+
+def _prepare_data(job: ReplayJob) -> None:
+    """Resolve places and capacities, and check that this machine holds them."""
+    s, B, bb = job.settings, job.block_tokens, job.block_bytes
+    assert bb is not None
+    job.work_blocks = max((len(r.block_keys) for r in job.reader), default=1) or 1
+    setups = []
+    resolved = []
+    for cfg in job.configs:
+        specs: list[TierSpec] = []
+        tiers_setup: dict[str, Any] = {}
+        for spec in cfg.tiers:
+            if spec.name in ("gpu", "dram"):
+                if spec.capacity.unit == "inf":
+                    raise UsageError(f"data mode holds real bytes: the {spec.name} tier needs "
+                                     "a size (use --simulate for an unbounded tier)",
+                                     field=f"--{spec.name}")
+                specs.append(spec)
+                tiers_setup[spec.name] = {"capacity": str(spec.capacity),
+                                          "blocks": int(spec.blocks(bb, B)),
+                                          "policy": spec.policy}
+                continue
+            place, why, create = spec.place, "given", None
+            if place in (None, "<default>"):
+                place, why, create = _default_nvme_place()
+            assert place is not None
+            if create is not None:
+                job.create[place] = create
+            cap = spec.capacity
+            spec = replace(spec, place=place)
+            specs.append(spec)
+            tiers_setup["nvme"] = {"capacity": str(cap) if cap.unit != "inf" else "the whole place",
+                                   "place": place, "why": why, "policy": spec.policy}
+        new = CacheConfig(specs, cfg.write_policy, cfg.label if not job.setup["defaults"] else "")
+        resolved.append(new)
+        # memory: the GPU pool and DRAM pools of this configuration
+        need = 0
+        for spec in new.tiers:
+            if spec.name in ("gpu", "dram"):
+                need += (int(spec.blocks(bb, B)) + job.work_blocks) * bb
+        if not any(t.name == "gpu" for t in new.tiers):
+            need += job.work_blocks * bb
+        avail = mem_available()
+        if avail is not None and need > MEMORY_SHARE * avail:
+            raise UsageError(
+                f"data mode needs {format_size(need)} of memory for the {new.label} pools, but "
+                f"this machine has {format_size(avail)} available; use --simulate for "
+                "what-ifs no machine holds", field="--dram")
+        setups.append({"label": new.label, "write_policy": new.write_policy,
+                       "tiers": tiers_setup, "memory_bytes": need})
+    job.configs = resolved
+    job.setup["configs"] = setups
+    job.setup["read_qd"] = s.read_qd
+    job.setup["seed"] = s.seed
+    job.setup["work_blocks"] = job.work_blocks
+    job.setup["on_tier_error"] = s.on_tier_error
+
+
+def describe_setup(setup: dict[str, Any]) -> list[str]:
+    """The setup as lines for people (printed before the run)."""
+    bb = setup.get("block_bytes")
+    lines = [f"mode {setup['mode']}"
+             + (f" · model {setup['model']} {setup['dtype'] or ''}".rstrip() if setup.get("model")
+                else "")
+             + f" · {setup['block_tokens']} tokens/block"
+             + (f" · {bb:,} B/block" if bb else "")]
+    for c in setup.get("configs", []):
+        if "tiers" not in c:
+            continue
+        parts = []
+        for name, t in c["tiers"].items():
+            if name == "nvme":
+                parts.append(f"nvme {t['capacity']} on {t['place']} ({t['why']}), {t['policy']}")
+            else:
+                parts.append(f"{name} {t['capacity']} ({t['blocks']} blocks), {t['policy']}")
+        lines.append("tiers: " + "; ".join(parts) + f" · {c['write_policy']}"
+                     + f" · pools {format_size(c['memory_bytes'])}")
+    return lines

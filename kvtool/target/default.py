@@ -1,0 +1,54 @@
+"""The embedded default target: what ``kvtool target up`` brings up without a CONFIG.
+
+kvtool's own userspace NVMe/TCP target on 127.0.0.1:4420 (the shape of
+``fixtures/targets/demo.toml``) serving one memory-backed namespace large enough for the
+default data-mode replay (``kvtool replay trace.jsonl`` puts its NVMe tier there).
+"""
+
+from __future__ import annotations
+
+from kvtool.target.loader import parse_config
+from kvtool.target.model import TargetConfig
+
+NAME = "kvtool"
+NQN = "nqn.2026-01.io.kvtool:default"
+PORT = 4420
+NAMESPACE_BYTES = 1 << 30
+SOURCE = "<built-in default target>"
+
+_TEMPLATE = """\
+backend = "emulator"
+name = "{name}"
+
+[emulator]
+engine = "userspace"
+
+[[subsystem]]
+nqn = "{nqn}"
+serial = "KVTOOLDEFAULT01"
+model = "kvtool emulator"
+hosts = ["@local"]
+
+  [[subsystem.namespace]]
+  nsid = 1
+  size = {size}
+  lba = 512
+
+[[listener]]
+transport = "tcp"
+address = "127.0.0.1"
+port = {port}
+"""
+
+
+def text(port: int = PORT) -> str:
+    """The default config as TOML (``kvtool target up`` without CONFIG applies it)."""
+    return _TEMPLATE.format(name=NAME, nqn=NQN, size=NAMESPACE_BYTES, port=port)
+
+
+def config(port: int = PORT) -> TargetConfig:
+    return parse_config(text(port), source=None, default_name=NAME)
+
+
+def url(port: int = PORT) -> str:
+    return f"nvme+tcp://127.0.0.1:{port}/{NQN}/1"

@@ -1,0 +1,257 @@
+"""Data mode: real bytes through the tiers; it must agree with --simulate exactly, check
+every block it loads, and survive corruption, a dead target and Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from emulator.nvmetcp import NamespaceConfig, SubsystemConfig, Target, TargetConfig
+from kvtool.cache.data import TierFailed
+from kvtool.cache.run import ReplaySettings, prepare
+from kvtool.tiers.option import TierOption
+from tests.conftest import FIXTURES, run
+
+MULTI = str(FIXTURES / "traces" / "multiturn-8x12.jsonl")
+TOKENS = str(FIXTURES / "traces" / "multiturn-4x6.tokens.jsonl")
+NQN = "nqn.2026-01.io.kvtool:data-mode"
+COMPARED = ("hit_tokens", "recompute_tokens", "put_blocks", "promoted_blocks", "evictions",
+            "blocks_written", "token_hit_ratio", "requests")
+
+
+def settings(trace: str, tiers: dict[str, str], **kw: Any) -> ReplaySettings:
+    return ReplaySettings(trace, tiers={k: TierOption.parse(v, tier=k) for k, v in tiers.items()},
+                          **kw)
+
+
+def same(data: dict[str, Any], sim: dict[str, Any]) -> None:
+    assert data["mode"] == "data" and sim["mode"] == "simulate"
+    for key in COMPARED:
+        assert data[key] == sim[key], key
+    assert len(data["rounds"]) == len(sim["rounds"])
+    for rd, rs in zip(data["rounds"], sim["rounds"], strict=True):
+        for key in COMPARED:
+            assert rd[key] == rs[key], (rd["round"], key)
+    assert data["corrupt_blocks"] == data["lost_blocks"] == 0
+    loaded = sum(v for k, v in data["hit_tokens"].items() if k not in ("gpu", "total"))
+    assert (data["verified_blocks"] > 0) == (loaded > 0)
+
+
+@pytest.mark.parametrize(("trace", "tiers", "extra"), [
+    (MULTI, {"gpu": "20blk", "dram": "60blk", "nvme": "600blk"}, {"policy": "lru"}),
+    (MULTI, {"gpu": "40blk", "dram": "100blk", "nvme": "300blk"},
+     {"policy": "lru-tail-first", "write_policy": "write-back"}),
+    (MULTI, {"dram": "120blk", "nvme": "200blk"}, {"policy": "radix"}),
+    (MULTI, {"gpu": "30blk", "dram": "90blk", "nvme": "250blk"},
+     {"policy": "mooncake", "watermark": 0.9, "evict_ratio": 0.1}),
+    (TOKENS, {"gpu": "4blk", "dram": "8blk", "nvme": "40blk"}, {"policy": "lru"}),
+])
+def test_data_equals_simulate(store_dir: Path, trace: str, tiers: dict[str, str],
+                              extra: dict[str, Any]) -> None:
+    sim = prepare(settings(trace, tiers, simulate=True, block_bytes=4096, **extra)).run()
+    placed = {**tiers, "nvme": f"{tiers['nvme']}@{store_dir / 'nvme.img'}"}
+    data = prepare(settings(trace, placed, block_bytes=4096, read_qd=4, **extra)).run()
+    same(data, sim)
+    assert data["tiers"][-1]["backend"] == "objectstore"
+    assert data["tiers"][-1]["url"] == str(store_dir / "nvme.img")
+
+
+def test_data_equals_simulate_on_a_mooncake_slice(store_dir: Path, mooncake_traces: Path,
+                                                  tmp_path: Path) -> None:
+    lines = (mooncake_traces / "conversation_trace.jsonl").read_text().splitlines()[:400]
+    trace = tmp_path / "slice.jsonl"
+    trace.write_text("\n".join(lines) + "\n")
+    tiers = {"gpu": "20blk", "dram": "2000blk", "nvme": "12000blk"}
+    sim = prepare(settings(str(trace), tiers, simulate=True, block_bytes=2048)).run()
+    placed = {**tiers, "nvme": f"12000blk@{store_dir / 'mc.img'}"}
+    data = prepare(settings(str(trace), placed, block_bytes=2048)).run()
+    same(data, sim)
+    assert all(data["hit_tokens"][t] > 0 for t in ("gpu", "dram", "nvme"))
+
+
+def test_deepseek_blocks_through_the_bounce_path(store_dir: Path) -> None:
+    """Blocks of the real DeepSeek-V4-Flash FP8 size (1,002,240 B ≡ 256 mod 512)."""
+    tiers = {"gpu": "24blk", "dram": "48blk", "nvme": f"300blk@{store_dir / 'ds.img'}"}
+    data = prepare(settings(MULTI, tiers, model="deepseek-v4-flash", dtype="fp8")).run()
+    assert data["block_bytes"] == 1_002_240
+    links = data["measured"]["links"]
+    assert {"gpu<-dram", "gpu<-nvme", "dram<-gpu", "nvme<-gpu"} <= set(links)
+    assert links["nvme<-gpu"]["bytes"] == data["put_bytes"]["nvme"] + data["promoted_bytes"]["nvme"]
+    assert links["gpu<-nvme"]["blocks"] == data["blocks_read"]["nvme"] > 0
+    assert links["gpu<-dram"]["blocks"] == data["blocks_read"]["dram"] > 0
+    assert data["verified_blocks"] == sum(lk["blocks"] for n, lk in links.items()
+                                          if n.startswith("gpu<-"))
+
+
+def _corrupt_every_slot(tier: Any) -> int:
+    """Flip a byte in the middle of every object the NVMe tier holds (behind its back)."""
+    fd = os.open(tier.url, os.O_RDWR)
+    try:
+        for slot in tier.slot_of.values():
+            off = tier.sb.slot_offset(slot) + tier.block_bytes // 2
+            b = os.pread(fd, 1, off)
+            os.pwrite(fd, bytes([b[0] ^ 0xFF]), off)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return len(tier.slot_of)
+
+
+def _engine(job: Any) -> Any:
+    from kvtool.cache.data import DataReplay
+    from kvtool.cache.run import open_tiers
+
+    cfg = job.configs[0]
+    tiers, _media, cfg = open_tiers(cfg, job.block_bytes, job.work_blocks, job.settings,
+                                    job.setup, job.create)
+    return DataReplay(cfg, job.block_tokens, job.block_bytes, tiers=tiers,
+                      work_blocks=job.work_blocks, on_tier_error=job.settings.on_tier_error)
+
+
+def test_corrupt_objects_are_detected_counted_and_recomputed(store_dir: Path) -> None:
+    tiers = {"gpu": "20blk", "dram": "40blk", "nvme": f"600blk@{store_dir / 'c.img'}"}
+    job = prepare(settings(MULTI, tiers, block_bytes=8192, policy="lru"))
+    eng = _engine(job)
+    try:
+        reqs = list(job.reader)
+        for req in reqs[:48]:
+            eng.feed(req)
+        assert eng.data_totals().corrupt_blocks == 0
+        flipped = _corrupt_every_slot(eng.data_tiers["nvme"])
+        assert flipped > 0
+        for req in reqs[48:]:
+            eng.feed(req)
+        res = eng.result()
+    finally:
+        eng.close()
+    sim = prepare(settings(MULTI, {k: v.split("@")[0] for k, v in tiers.items()},
+                           simulate=True, block_bytes=8192, policy="lru")).run()
+    assert res["corrupt_blocks"] > 0
+    # nothing below NVMe: every corrupt block was recomputed, and its stale copy rewritten
+    assert res["recomputed_blocks"] == res["corrupt_blocks"]
+    assert res["repaired_blocks"] == res["corrupt_blocks"]
+    assert res["hit_tokens"]["nvme"] < sim["hit_tokens"]["nvme"]
+    assert res["recompute_tokens"] > sim["recompute_tokens"]
+    assert res["hit_tokens"]["total"] + res["recompute_tokens"] == res["input_tokens"]
+    named = res["problems"]
+    assert named and all(p["kind"] == "corrupt" and p["tier"] == "nvme" for p in named)
+    assert all(p["round"] >= 7 for p in named)
+
+
+@pytest.fixture
+def live_target() -> Iterator[Target]:
+    t = Target(TargetConfig(
+        subsystems=[SubsystemConfig(NQN, [NamespaceConfig(1, "64MiB")], allow_any_host=True)],
+        listen=["127.0.0.1:0"])).start_in_thread()
+    try:
+        yield t
+    finally:
+        t.stop()
+
+
+def _url(t: Target) -> str:
+    return f"nvme+tcp://127.0.0.1:{t.port}/{NQN}/1"
+
+
+@pytest.mark.integration
+def test_media_identity_on_the_emulator_target(live_target: Target) -> None:
+    url = _url(live_target)
+    doc = prepare(settings(MULTI, {"gpu": "20blk", "dram": "40blk", "nvme": url},
+                           block_bytes=65536 + 256)).run()
+    media = doc["media"]
+    assert media["source"] == "smart" and "error" not in media
+    expected = media["replay_padded_bytes"] + media["store_metadata_bytes"]
+    assert media["replay_put_bytes"] == doc["measured"]["links"]["nvme<-gpu"]["bytes"]
+    # SMART counts thousands of 512-byte units, rounded up: within one unit of the truth
+    assert abs(media["media_bytes_written"] - expected) <= media["unit_bytes"]
+    # a DRAM-only run writes nothing to the namespace
+    from kvtool.nvme.engine import open_nvme_tcp
+
+    with open_nvme_tcp(url, write=False, qd=2) as eng:
+        before = eng.ctrl.smart_log(eng.nsid).data_units_written
+        prepare(settings(MULTI, {"dram": "40blk"}, block_bytes=4096)).run()
+        assert eng.ctrl.smart_log(eng.nsid).data_units_written == before
+
+
+@pytest.mark.integration
+def test_target_killed_mid_run(live_target: Target) -> None:
+    url = _url(live_target)
+    tiers = {"dram": "30blk", "nvme": url}
+    job = prepare(settings(MULTI, tiers, block_bytes=8192, policy="lru"))
+    eng = _engine(job)
+    reqs = list(job.reader)
+    try:
+        for req in reqs[:40]:
+            eng.feed(req)
+        live_target.stop()
+        with pytest.raises(TierFailed) as err:
+            for req in reqs[40:]:
+                eng.feed(req)
+    finally:
+        eng.close()
+    line = str(err.value)
+    assert "\n" not in line and line.startswith(f"nvme tier ({url})")
+
+
+@pytest.mark.integration
+def test_target_killed_mid_run_recompute(live_target: Target) -> None:
+    url = _url(live_target)
+    tiers = {"dram": "30blk", "nvme": url}
+    job = prepare(settings(MULTI, tiers, block_bytes=8192, policy="lru",
+                           on_tier_error="recompute"))
+    events: list[str] = []
+    eng = _engine(job)
+    eng.on_event = events.append
+    reqs = list(job.reader)
+    try:
+        for req in reqs[:40]:
+            eng.feed(req)
+        live_target.stop()
+        for req in reqs[40:]:
+            eng.feed(req)
+        res = eng.result()
+    finally:
+        eng.close()
+    assert res["requests"] == len(reqs)
+    assert "nvme" in eng.dead and len(events) == 1 and url in events[0]
+    assert res["tiers"][-1]["failed"]
+    assert res["lost_blocks"] > 0 and res["corrupt_blocks"] == 0
+    assert res["hit_tokens"]["total"] + res["recompute_tokens"] == res["input_tokens"]
+
+
+def test_ctrl_c_gives_a_partial_report(store_dir: Path) -> None:
+    job = prepare(settings(MULTI, {"dram": "40blk", "nvme": f"100blk@{store_dir / 'i.img'}"},
+                           block_bytes=4096))
+    reader = job.reader
+
+    class Interrupting:
+        def __init__(self) -> None:
+            self.format, self.bad_lines = reader.format, reader.bad_lines
+
+        def __len__(self) -> int:
+            return len(reader)
+
+        def __iter__(self) -> Iterator[Any]:
+            for i, req in enumerate(reader):
+                if i == 30:
+                    raise KeyboardInterrupt
+                yield req
+
+    job.reader = Interrupting()
+    doc = job.run()
+    assert doc["interrupted"] is True and doc["requests"] == 30 == doc["requests_served"]
+
+
+def test_cli_data_mode_bad_sizes_suggest_simulate(store_dir: Path) -> None:
+    r = run("replay", MULTI, "--dram", "10TB")
+    assert r.exit_code == 2 and "--simulate" in r.stderr and len(r.stderr.splitlines()) == 1
+    r = run("replay", MULTI, "--dram", "inf")
+    assert r.exit_code == 2 and "--simulate" in r.stderr
+    r = run("replay", MULTI, "--dram", "10blk", "--nvme", str(store_dir / "missing.img"))
+    assert r.exit_code == 2 and "give a size" in r.stderr
+    r = run("replay", MULTI, "--simulate", "--nvme", str(store_dir / "x.img"))
+    assert r.exit_code == 2 and "place" in r.stderr
