@@ -40,8 +40,10 @@ Examples:
   kvtool audit --model deepseek-v4-flash --dtype fp8 --lba 512
   kvtool plan --sessions 112 --input-tokens 109030 --output-tokens 5000 --dram 429.5GB \\
       --model deepseek-v4-flash
-  kvtool replay trace.jsonl --model deepseek-v4-flash --dram 3000000tok --nvme 46.09TB \\
-      --plot replay.png
+  kvtool target up
+  kvtool replay trace.jsonl
+  kvtool replay trace.jsonl --simulate --model deepseek-v4-flash --dram 3000000tok \\
+      --nvme 46.09TB --plot replay.png
   kvtool target up fixtures/targets/demo.toml
   kvtool load nvme+tcp://127.0.0.1:4420/nqn.2026-01.io.kvtool:demo/1 --object-bytes 1002240
   kvtool --json verify /dev/loop3

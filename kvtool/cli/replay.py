@@ -18,13 +18,15 @@ POLICY_NAMES = ("lru", "lru-tail-first", "radix", "prefix-fair", "oracle", "moon
 EPILOG = """
 \b
 Examples:
-  kvtool target up && kvtool replay trace.jsonl     # data mode on the default tiers
-  kvtool replay trace.jsonl --gpu 64MiB --dram 1GiB --nvme 2GiB@/var/tmp/kv.img
-  kvtool replay trace.jsonl --dram 512MiB --nvme nvme+tcp://127.0.0.1:4420/NQN/1 --read-qd 32
+  kvtool replay trace.jsonl        # data mode, default tiers (after: kvtool target up)
+  kvtool replay trace.jsonl --gpu 64MiB --dram 256MiB --nvme 512MiB@/var/tmp/kv-cache.img
+  kvtool replay trace.jsonl --dram 512MiB --read-qd 32 \\
+      --nvme nvme+tcp://127.0.0.1:4420/nqn.2026-01.io.kvtool:default/1
   kvtool replay conversation_trace.jsonl --format mooncake --block-tokens 512 \\
       --simulate --gpu 1000000tok --dram 3000000tok --nvme inf --json
   kvtool replay mt.jsonl --simulate --model deepseek-v4-flash --dtype fp8 \\
       --compare 'dram=429.5GB' --compare 'dram=53.7GB,nvme=46.09TB' --plot cmp.png
+  kvtool replay mt.jsonl --simulate --tiers tiers.toml --csv rounds.csv
 
 \b
 Data mode (default) moves real bytes: a CPU "GPU" pool, a DRAM pool and an NVMe tier on

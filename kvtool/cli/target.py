@@ -141,6 +141,7 @@ def _after_up(con: Console, doc: dict[str, Any]) -> None:
 @command.command(epilog="""
 \b
 Example:
+  kvtool target down                # the built-in default (or the only target up)
   kvtool target down fixtures/targets/demo.toml
   kvtool target down --name demo --dry-run
 """)

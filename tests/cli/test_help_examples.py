@@ -79,6 +79,12 @@ TARGET_SEQUENCE = [
     "kvtool load nvme+tcp://127.0.0.1:4420/nqn.2026-01.io.kvtool:demo/1 --object-bytes 1002240",
     "kvtool target down --name demo --dry-run",
     "kvtool target down fixtures/targets/demo.toml",
+    # the built-in default target, and data-mode replays on its namespace
+    "kvtool target up",
+    "kvtool replay trace.jsonl",
+    "kvtool replay trace.jsonl --dram 512MiB --read-qd 32 "
+    "--nvme nvme+tcp://127.0.0.1:4420/nqn.2026-01.io.kvtool:default/1",
+    "kvtool target down",
 ]
 
 # Example → (path substitutions, options appended).
@@ -99,7 +105,8 @@ OVERRIDES: dict[str, tuple[dict[str, str], list[str]]] = {
 EXIT = {"kvtool audit --object-bytes 1002240 --layout packed:offset=0,count=1000 --strict": 1}
 
 PATHS = {"/dev/loop3": "loop3.img", "/dev/nvme1n1": "nvme1n1.img",
-         "/var/tmp/kv.img": "kv.img", "/var/tmp/bench.img": "bench.img"}
+         "/var/tmp/kv.img": "kv.img", "/var/tmp/bench.img": "bench.img",
+         "/var/tmp/kv-cache.img": "kv-cache.img"}
 
 
 def _invoke(args: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, str, str]:
@@ -163,7 +170,13 @@ def _skip_reason(example: str) -> str | None:
 def _args(example: str, dev: Path, subs: dict[str, str], extra: list[str]) -> list[str]:
     words = shlex.split(example)[1:]
     paths = {**PATHS, **subs}
-    return [str(dev / paths[w]) if w in paths else w for w in words] + extra
+
+    def sub(w: str) -> str:
+        size, at, path = w.rpartition("@")
+        if at and path in paths:  # a tier option SIZE@PLACE
+            return f"{size}@{dev / paths[path]}"
+        return str(dev / paths[w]) if w in paths else w
+    return [sub(w) for w in words] + extra
 
 
 ALL = collect()
@@ -214,9 +227,12 @@ def test_target_examples_run_in_order(world: tuple[Path, Path],
             text = (example.replace("fixtures/targets/demo.toml", "demo.toml")
                     .replace("127.0.0.1:4420", f"127.0.0.1:{port}")
                     .replace("192.168.1.10", f"127.0.0.1:{port}"))
+            if text == "kvtool target up":
+                text += f" --port {port}"
             code, out, err = _invoke(shlex.split(text)[1:], wd, env)
             assert code == 0, f"{example}\n{err}{out[-2000:]}"
             if "--url" in example:
                 assert out.strip() == f"nvme+tcp://127.0.0.1:{port}/{DEMO_NQN}/1"
     finally:
         _invoke(["target", "down", "--name", "demo"], wd, env)
+        _invoke(["target", "down", "--name", "kvtool"], wd, env)
