@@ -18,7 +18,7 @@ from click.testing import CliRunner, Result
 
 from kvtool.cli.main import cli
 
-pytest_plugins = ["tests.helpers.qemu_guest"]
+pytest_plugins = ["tests.helpers.qemu_guest", "tests.helpers.spdk_fixtures"]
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
 FIXTURES = REPO / "fixtures"

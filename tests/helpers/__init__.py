@@ -5,4 +5,6 @@
 * :mod:`~tests.helpers.fake_nvmet` — a simulated nvmet configfs tree;
 * :mod:`~tests.helpers.spdk_peer`, :mod:`~tests.helpers.spdk_schema` — an SPDK JSON-RPC peer;
 * :mod:`~tests.helpers.qemu_guest` — the QEMU kernel guest fixtures (a pytest plugin);
+* :mod:`~tests.helpers.spdk_fixtures` — SPDK built from ../shared/vendor: ``spdk``,
+  ``spdk_app``, ``nvmf_tgt`` (a pytest plugin);
 """

@@ -1,0 +1,134 @@
+"""Run one SPDK application (``nvmf_tgt`` or ``spdk_tgt``) without hugepages, and stop it.
+
+``SpdkApp(install).start()`` runs ``nvmf_tgt --no-huge -s MEM -m CPUMASK --no-pci -r SOCK``
+with its own RPC socket in a private directory, optionally loading a ``--json`` config, and
+returns once the application has finished initializing (``framework_wait_init``). ``rpc()``
+calls any JSON-RPC method; ``stop()`` asks for ``spdk_kill_instance SIGTERM`` and escalates
+to SIGTERM/SIGKILL of its process group, so nothing is left running.
+
+The reactor busy-polls every core in its mask: give the target one core (``0x1``) and SPDK
+host tools another (``-c 0x2``) on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from emulator.spdk.build import SpdkInstall
+from kvtool.target.plan import TargetError
+from kvtool.target.spdk.rpc import SpdkRpc
+
+
+class SpdkAppError(RuntimeError):
+    """The application did not start or answer; the message carries its log's last lines."""
+
+
+class SpdkApp:
+    """One SPDK application process with a private RPC socket."""
+
+    def __init__(self, install: SpdkInstall, binary: str = "nvmf_tgt", *, cpumask: str = "0x1",
+                 mem_mb: int = 1024, config: Path | None = None,
+                 workdir: Path | None = None, args: tuple[str, ...] = ()) -> None:
+        self.install = install
+        self.binary = binary
+        self.cpumask = cpumask
+        self.mem_mb = mem_mb
+        self.config = config
+        self.args = args
+        self._own_dir = workdir is None
+        self.workdir = workdir if workdir is not None else Path(
+            tempfile.mkdtemp(prefix=f"kvtool-{binary}-"))
+        self.socket = self.workdir / "spdk.sock"
+        self.log_path = self.workdir / f"{binary}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._rpc: SpdkRpc | None = None
+        self._log_kept = ""  # the log, once stop() has removed the private directory
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def command(self) -> list[str]:
+        cmd = [str(self.install.bin(self.binary)), "--no-huge", "-s", str(self.mem_mb),
+               "-m", self.cpumask, "--no-pci", "-r", str(self.socket)]
+        if self.config is not None:
+            cmd += ["--json", str(self.config)]
+        return [*cmd, *self.args]
+
+    def start(self, timeout: float = 60.0) -> SpdkApp:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, env=self.install.env(),
+                                         start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while not self.socket.exists():
+            if self.proc.poll() is not None:
+                self.stop()
+                raise SpdkAppError(f"{self.binary} exited {self.proc.returncode} at start: "
+                                   f"{self.log_tail()}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise SpdkAppError(f"{self.binary} did not open {self.socket} in {timeout:.0f} s")
+            time.sleep(0.05)
+        try:
+            self.rpc("framework_wait_init")
+        except (TargetError, OSError) as exc:
+            tail = self.log_tail()
+            self.stop()
+            raise SpdkAppError(f"{self.binary} did not finish initializing: {exc}; {tail}") from None
+        return self
+
+    def rpc(self, method: str, params: dict[str, Any] | None = None) -> Any:
+        """Call a JSON-RPC method; SPDK's errors raise ``SpdkError`` (a ``TargetError``)."""
+        if self._rpc is None:
+            self._rpc = SpdkRpc(str(self.socket), timeout=60.0)
+        return self._rpc.call(method, params)
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return self._log_kept
+
+    def log_tail(self, lines: int = 5) -> str:
+        return " | ".join(self.log_text().strip().splitlines()[-lines:])
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """Stop the application (idempotent); returns its exit status."""
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(Exception):
+                self.rpc("spdk_kill_instance", {"sig_name": "SIGTERM"})
+            for sig, wait in ((None, timeout), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+                if sig is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, sig)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(wait)
+                    break
+        if self._rpc is not None:
+            self._rpc.close()
+            self._rpc = None
+        if self._own_dir and not os.environ.get("KVTOOL_SPDK_KEEP"):
+            self._log_kept = self.log_text()
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        return proc.returncode if proc is not None else None
+
+    def __enter__(self) -> SpdkApp:
+        return self if self.running else self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

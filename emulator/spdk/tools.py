@@ -1,0 +1,131 @@
+"""SPDK's NVMe-oF host tools (spdk_nvme_identify, spdk_nvme_perf, spdk_nvme_discover) as
+library calls, with their output parsed.
+
+Each tool is a DPDK application: it runs without hugepages (``--no-huge -s MEM``) on its own
+core (``0x2`` by default, the target having ``0x1``), under a timeout, since a host that
+loses its controller may wait forever.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from emulator.spdk.build import SpdkInstall
+
+HOST_CORE_MASK = "0x2"
+HOST_MEM_MB = 512
+# spdk_nvme_perf frees its I/O qpairs while its poll group still polls them, which logs
+# this once per qpair at exit; it does so against SPDK's own nvmf_tgt too.
+_EXIT_NOISE = re.compile(r"qid:[1-9]\d*,qpair:\S+,DISCONNECTED\] CQ transport error -6 ")
+_TOTAL = re.compile(r"^Total\s*:\s*([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", re.M)
+
+
+def trid(host: str, port: int, subnqn: str, hostnqn: str | None = None) -> str:
+    """A TCP transport ID string as SPDK's tools take it (``-r``)."""
+    out = f"trtype:TCP adrfam:IPv4 traddr:{host} trsvcid:{port} subnqn:{subnqn}"
+    return out + (f" hostnqn:{hostnqn}" if hostnqn else "")
+
+
+@dataclass
+class ToolRun:
+    """One run of an SPDK host tool: its command, exit status and output."""
+
+    command: list[str]
+    returncode: int
+    output: str
+    timed_out: bool = False
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out and not self.errors
+
+
+def _error_lines(output: str) -> list[str]:
+    return [line for line in output.splitlines()
+            if ("*ERROR*" in line or line.startswith("ERROR")) and not _EXIT_NOISE.search(line)]
+
+
+def run_tool(install: SpdkInstall, name: str, args: list[str], timeout: float = 60.0) -> ToolRun:
+    cmd = [str(install.bin(name)), *args]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, errors="replace",
+                             env=install.env(), timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:  # run() has killed it
+        text = "".join(part.decode(errors="replace") if isinstance(part, bytes) else part
+                       for part in (exc.stdout or "", exc.stderr or ""))
+        return ToolRun(cmd, -9, text, timed_out=True, errors=_error_lines(text))
+    text = out.stdout + out.stderr
+    return ToolRun(cmd, out.returncode, text, errors=_error_lines(text))
+
+
+def identify(install: SpdkInstall, transport_id: str, timeout: float = 60.0) -> ToolRun:
+    """``spdk_nvme_identify``: controller and namespace data as SPDK's host reads them."""
+    return run_tool(install, "spdk_nvme_identify",
+                    ["--no-huge", "-s", str(HOST_MEM_MB), "-p", "1", "-r", transport_id],
+                    timeout)
+
+
+def discover(install: SpdkInstall, transport_id: str, timeout: float = 60.0) -> ToolRun:
+    """``spdk_nvme_discover`` against a discovery controller (``subnqn`` the discovery NQN)."""
+    return run_tool(install, "spdk_nvme_discover",
+                    ["--no-huge", "-s", str(HOST_MEM_MB), "-r", transport_id], timeout)
+
+
+@dataclass
+class PerfResult:
+    run: ToolRun
+    workload: str
+    qd: int
+    io_size: int
+    iops: float = 0.0
+    mib_s: float = 0.0
+    avg_us: float = 0.0
+    min_us: float = 0.0
+    max_us: float = 0.0
+
+    @property
+    def gb_s(self) -> float:
+        return self.mib_s * 1024 * 1024 / 1e9
+
+
+def perf(install: SpdkInstall, transport_id: str, *, workload: str = "randread", qd: int = 32,
+         io_size: int = 4096, seconds: int = 3, read_pct: int = 50,
+         core_mask: str = HOST_CORE_MASK, timeout: float | None = None) -> PerfResult:
+    """``spdk_nvme_perf`` (one I/O queue on one core); ``read_pct`` applies to ``randrw``."""
+    args = ["--no-huge", "-s", str(HOST_MEM_MB), "-c", core_mask, "-q", str(qd),
+            "-o", str(io_size), "-w", workload, "-t", str(seconds), "-r", transport_id]
+    if workload.endswith("rw"):
+        args[-2:-2] = ["-M", str(read_pct)]
+    run = run_tool(install, "spdk_nvme_perf", args, timeout or seconds + 30)
+    result = PerfResult(run, workload, qd, io_size)
+    m = _TOTAL.search(run.output)
+    if m:
+        result.iops, result.mib_s, result.avg_us, result.min_us, result.max_us = (
+            float(g) for g in m.groups())
+    elif run.returncode == 0:
+        run.errors.append("spdk_nvme_perf printed no Total line")
+    return result
+
+
+def nvme_bdev_config(name: str, host: str, port: int, subnqn: str,
+                     hostnqn: str | None = None) -> dict[str, object]:
+    """An SPDK ``--json`` config whose only bdev is an NVMe-oF controller's namespaces
+    (bdevs ``<name>n1``, ``<name>n2``, …), attached over TCP."""
+    params: dict[str, object] = {"name": name, "trtype": "tcp", "adrfam": "ipv4",
+                                 "traddr": host, "trsvcid": str(port), "subnqn": subnqn}
+    if hostnqn:
+        params["hostnqn"] = hostnqn
+    return {"subsystems": [{"subsystem": "bdev", "config": [
+        {"method": "bdev_nvme_attach_controller", "params": params}]}]}
+
+
+def dd(install: SpdkInstall, config: Path, args: list[str], timeout: float = 120.0,
+       core_mask: str = HOST_CORE_MASK) -> ToolRun:
+    """``spdk_dd`` between files and bdevs (``--if/--of/--ib/--ob``), bdevs from ``config``."""
+    return run_tool(install, "spdk_dd",
+                    ["--no-huge", "-s", str(HOST_MEM_MB), "-m", core_mask, "--no-rpc-server",
+                     "--json", str(config), *args], timeout)
