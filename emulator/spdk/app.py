@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from emulator.spdk.build import SpdkInstall
+from emulator.spdk.build import die_with_parent as _die_with_parent
 from kvtool.target.plan import TargetError
 from kvtool.target.spdk.rpc import SpdkRpc
 
@@ -36,13 +37,15 @@ class SpdkApp:
 
     def __init__(self, install: SpdkInstall, binary: str = "nvmf_tgt", *, cpumask: str = "0x1",
                  mem_mb: int = 1024, config: Path | None = None,
-                 workdir: Path | None = None, args: tuple[str, ...] = ()) -> None:
+                 workdir: Path | None = None, args: tuple[str, ...] = (),
+                 die_with_parent: bool = False) -> None:
         self.install = install
         self.binary = binary
         self.cpumask = cpumask
         self.mem_mb = mem_mb
         self.config = config
         self.args = args
+        self.die_with_parent = die_with_parent  # tests: yes; `kvtool target up`: it outlives us
         self._own_dir = workdir is None
         self.workdir = workdir if workdir is not None else Path(
             tempfile.mkdtemp(prefix=f"kvtool-{binary}-"))
@@ -62,7 +65,9 @@ class SpdkApp:
 
     def command(self) -> list[str]:
         cmd = [str(self.install.bin(self.binary)), "--no-huge", "-s", str(self.mem_mb),
-               "-m", self.cpumask, "--no-pci", "-r", str(self.socket)]
+               "-m", self.cpumask, "--no-pci", "-r", str(self.socket),
+               # several SPDK apps (other test runs) may share a core on a small machine
+               "--disable-cpumask-locks"]
         if self.config is not None:
             cmd += ["--json", str(self.config)]
         return [*cmd, *self.args]
@@ -72,7 +77,9 @@ class SpdkApp:
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env=self.install.env(),
-                                         start_new_session=True)
+                                         start_new_session=True,
+                                         preexec_fn=_die_with_parent if self.die_with_parent
+                                         else None)
         deadline = time.monotonic() + timeout
         while not self.socket.exists():
             if self.proc.poll() is not None:

@@ -14,8 +14,10 @@ An flock serializes builders, since the script starts by deleting a half-built t
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -30,6 +32,12 @@ CACHE = Path("/var/tmp/kvtool-spdk")
 # SPDK's applications and scripts run with Debian's PATH, not a virtualenv's: the build
 # and scripts/rpc.py expect Debian's python3 and its modules.
 SYSTEM_PATH = "/usr/bin:/bin:/usr/sbin:/sbin"
+
+
+def die_with_parent() -> None:
+    """``preexec_fn``: the child gets SIGKILL when its parent dies (PR_SET_PDEATHSIG), so an
+    interrupted test run leaves no busy-polling SPDK process behind."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
 
 
 class SpdkNotFound(RuntimeError):

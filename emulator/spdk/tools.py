@@ -13,7 +13,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from emulator.spdk.build import SpdkInstall
+from emulator.spdk.build import SpdkInstall, die_with_parent
 
 HOST_CORE_MASK = "0x2"
 HOST_MEM_MB = 512
@@ -50,10 +50,12 @@ def _error_lines(output: str) -> list[str]:
 
 
 def run_tool(install: SpdkInstall, name: str, args: list[str], timeout: float = 60.0) -> ToolRun:
+    """Run a host tool to completion; on timeout it is killed, and it dies with its caller."""
     cmd = [str(install.bin(name)), *args]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, errors="replace",
-                             env=install.env(), timeout=timeout, stdin=subprocess.DEVNULL)
+                             env=install.env(), timeout=timeout, stdin=subprocess.DEVNULL,
+                             preexec_fn=die_with_parent)
     except subprocess.TimeoutExpired as exc:  # run() has killed it
         text = "".join(part.decode(errors="replace") if isinstance(part, bytes) else part
                        for part in (exc.stdout or "", exc.stderr or ""))
@@ -128,4 +130,5 @@ def dd(install: SpdkInstall, config: Path, args: list[str], timeout: float = 120
     """``spdk_dd`` between files and bdevs (``--if/--of/--ib/--ob``), bdevs from ``config``."""
     return run_tool(install, "spdk_dd",
                     ["--no-huge", "-s", str(HOST_MEM_MB), "-m", core_mask, "--no-rpc-server",
+                     "--disable-cpumask-locks",
                      "--json", str(config), *args], timeout)

@@ -49,7 +49,7 @@ def spdk_app(spdk: SpdkInstall) -> Iterator[MakeApp]:
     started: list[SpdkApp] = []
 
     def make(binary: str = "nvmf_tgt", **options: Any) -> SpdkApp:
-        app = SpdkApp(spdk, binary, **options)
+        app = SpdkApp(spdk, binary, die_with_parent=True, **options)
         started.append(app)
         return app.start()
 

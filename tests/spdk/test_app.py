@@ -14,7 +14,7 @@ from tests.helpers.spdk_fixtures import MakeApp
 
 
 def test_nvmf_tgt_answers_and_stops(spdk: SpdkInstall) -> None:
-    app = SpdkApp(spdk).start()
+    app = SpdkApp(spdk, die_with_parent=True).start()
     try:
         assert app.rpc("spdk_get_version")["version"].startswith("SPDK v26.05")
         with pytest.raises(SpdkError, match="nvmf_get_no_such_method"):
@@ -51,4 +51,4 @@ def test_a_bad_config_is_reported_with_the_log(spdk: SpdkInstall, tmp_path: Path
     config.write_text('{"subsystems": [{"subsystem": "bdev", "config": '
                       '[{"method": "bdev_nope", "params": {}}]}]}')
     with pytest.raises(SpdkAppError, match="nvmf_tgt"):
-        SpdkApp(spdk, config=config).start(timeout=30)
+        SpdkApp(spdk, config=config, die_with_parent=True).start(timeout=30)
