@@ -201,11 +201,13 @@ class SpdkBackend:
                               "lists are not applied to a running target, which offers all and "
                               "picks the strongest the host offers")
         have = self._keyring() if key_names(cfg) else {}
+        self._replaced_keys: set[str] = set()
         for name, path in key_names(cfg):
             old = have.get(name)
             if old is not None and old.get("path") == path:
                 continue
             if old is not None:
+                self._replaced_keys.add(name)  # hosts using it get it again (set_keys)
                 plan.add("delete", "key", name, f"keyring entry for {old.get('path')}",
                          self._call("keyring_file_remove_key", {"name": name}),
                          self._call("keyring_file_add_key", {"name": name,
@@ -294,7 +296,9 @@ class SpdkBackend:
         have_keys = {h["nqn"]: (h.get("dhchap_key"), h.get("dhchap_ctrlr_key"))
                      for h in have.get("hosts", []) if isinstance(h, dict)}
         for h in have_hosts:
-            if h in sub.hosts and have_keys.get(h, (None, None)) != host_key_names(cfg, h):
+            replaced = set(host_key_names(cfg, h)) & getattr(self, "_replaced_keys", set())
+            if h in sub.hosts and (have_keys.get(h, (None, None)) != host_key_names(cfg, h)
+                                   or replaced):
                 params = host_params(cfg, nqn, h)
                 plan.add("update", "host", f"{nqn} host {h}", "DH-HMAC-CHAP keys",
                          self._call("nvmf_subsystem_set_keys", params),
