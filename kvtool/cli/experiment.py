@@ -22,6 +22,7 @@ EPILOG_RUN = """
 Examples:
   kvtool experiment run gp7000-cliff --simulate
   kvtool experiment run gp7000-cliff --simulate --out out/exp --json
+  kvtool experiment run gp7000-read-path
   kvtool experiment run fx100-parallel-read --out out/exp
   kvtool experiment run fixtures/experiments/wqs-random-prompts.toml --simulate
 
@@ -66,15 +67,22 @@ def list_cmd() -> None:
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Directory for JSON, CSV, PNG and the trace [default: out/experiments/NAME].")
 @click.option("--simulate", is_flag=True,
-              help="Replay on the metadata engine (no bytes move; times modelled).")
+              help="Replay on the metadata engine (no bytes move; times modelled) instead of "
+                   "data mode.")
+@click.option("--dram", "dram", metavar="mooncake://HOST:PORT", default=None,
+              help="Data mode: put every configuration's DRAM tier on this Mooncake pool "
+                   "(kvtool pool up; kvtool pool status --json gives the URL).")
+@click.option("--nvme", "nvme", metavar="PLACE", default=None,
+              help="Data mode: the NVMe tiers' place (nvme+tcp://…, a file, a block device) "
+                   "[default: the running kvtool target, else a store file].")
 @click.option("--scratch", type=click.Path(file_okay=False), default=None,
               help="Directory on a real filesystem (O_DIRECT) for parallel-read targets "
                    "[default: --out].")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
               help="Serve Prometheus metrics on 127.0.0.1:PORT while running.")
 @json_option
-def run_cmd(name: str, out_dir: str | None, simulate: bool, scratch: str | None,
-            metrics_port: int | None) -> None:
+def run_cmd(name: str, out_dir: str | None, simulate: bool, dram: str | None,
+            nvme: str | None, scratch: str | None, metrics_port: int | None) -> None:
     """Run one experiment (every configuration) and print the side-by-side table."""
     from kvtool.experiments import find_experiment, run_experiment
 
@@ -87,9 +95,13 @@ def run_cmd(name: str, out_dir: str | None, simulate: bool, scratch: str | None,
         observer = serve_metrics(metrics_port)
         note(f"metrics on http://127.0.0.1:{observer.port}/metrics")
     note(f"[bold]{exp.name}[/]: {exp.title} · writing into {out}")
-    doc = run_experiment(exp, out_dir=out, simulate=simulate,
-                         progress=progress,
-                         observer=observer, scratch=Path(scratch) if scratch else None)
+    if dram is not None:
+        from kvtool.mooncake import parse_mooncake_url
+
+        parse_mooncake_url(dram, field="--dram")
+    doc = run_experiment(exp, out_dir=out, simulate=simulate, progress=progress,
+                         observer=observer, scratch=Path(scratch) if scratch else None,
+                         dram=dram, nvme=nvme, on_event=lambda line: note(f"[dim]{line}[/]"))
     emit(doc, lambda con: render(con, doc))
 
 

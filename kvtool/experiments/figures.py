@@ -41,6 +41,8 @@ class RunData:
     """Parallel-read target → ``{"serial": row, "parallel": row}``."""
     plan_inputs: dict[str, Any] = field(default_factory=dict)
     """Configuration label → its CacheConfig (for ``plan_collapse_round``)."""
+    setup: dict[str, Any] | None = None
+    """Data mode: what the replay chose (block size, places, pools)."""
 
 
 @dataclass(frozen=True)

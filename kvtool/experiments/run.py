@@ -25,6 +25,8 @@ from kvtool.experiments.figures import METRICS, FigureUnavailable, RunData
 from kvtool.experiments.spec import Experiment, block_bytes_of
 
 SCHEMA = "kvtool.experiment/1"
+REPLAY_SCHEMA = "kvtool.replay/2"
+"""Each configuration's document, as ``kvtool replay --json`` prints it."""
 ProgressFactory = Callable[[str, float | None], Any]
 """``progress(description, total)`` → a context manager yielding ``advance(n)``."""
 
@@ -71,24 +73,19 @@ def _needs_requests(exp: Experiment) -> bool:
 
 
 def run_replay_kind(exp: Experiment, trace: Path, *, simulate: bool,
-                    progress: ProgressFactory | None = None,
-                    observer: Any = None) -> RunData:
-    """Replay the experiment's trace through every configuration, side by side."""
-    from kvtool.cache import replay
-    from kvtool.cache.config import time_model_from
-    from kvtool.trace import read_trace
+                    progress: ProgressFactory | None = None, observer: Any = None,
+                    dram: str | None = None, nvme: str | None = None,
+                    scratch: Path | None = None,
+                    on_event: Callable[[str], None] | None = None) -> RunData:
+    """Replay the experiment's trace through every configuration.
 
-    if not simulate:
-        raise UsageError("replay experiments run on the metadata engine: give --simulate",
-                         field="--simulate")
-    configs = _configs(exp)
-    bb = block_bytes_of(exp)
-    tm = time_model_from(exp.time, prefill_tps=None, tpot_ms=None, read_gbps={},
-                         concurrency=None)
-    reader = read_trace(trace, fmt="kvtool")
-    if observer is not None:
-        observer.block_bytes, observer.block_tokens = bb, reader.block_tokens
-    labels = [c.label for c in configs]
+    ``simulate``: the metadata engine, side by side in one pass. Otherwise data mode
+    (:mod:`kvtool.cache.run`): real bytes in every tier, blocks of the experiment's
+    ``[data] block_bytes``; ``dram`` (a ``mooncake://`` URL) and ``nvme`` (a place) put
+    every configuration's DRAM / NVMe tier there. Without ``nvme`` each configuration's
+    NVMe tier is a store file of its size in ``scratch`` (removed afterwards).
+    """
+    labels = [c.label for c in exp.configs]
     per_request: dict[str, list[tuple[int, int, float]]] = {label: [] for label in labels}
 
     def record(i: int, o: Any) -> None:
@@ -97,14 +94,89 @@ def run_replay_kind(exp: Experiment, trace: Path, *, simulate: bool,
             observer.request(labels[i], o)
 
     want = _needs_requests(exp) or observer is not None
+    if simulate:
+        if dram or nvme:
+            raise UsageError("--simulate moves no bytes: a tier takes no place",
+                             field="--dram" if dram else "--nvme")
+        return _simulate(exp, trace, labels, per_request, record if want else None, progress,
+                         observer)
+    scratch = scratch or trace.parent
+    files = [scratch / f"nvme-{i}.img" for i in range(len(exp.configs))]
+    specs = [_placed(c.tiers, dram, nvme or str(f)) + f",label={c.label}"
+             for c, f in zip(exp.configs, files, strict=True)]
+    try:
+        return _run_data(exp, trace, specs, labels, per_request, record if want else None,
+                         progress, observer, on_event)
+    finally:
+        if nvme is None:
+            for f in files:
+                f.unlink(missing_ok=True)
+
+
+def _run_data(exp: Experiment, trace: Path, specs: list[str], labels: list[str],
+              per_request: dict[str, list[tuple[int, int, float]]], record: Any,
+              progress: ProgressFactory | None, observer: Any,
+              on_event: Callable[[str], None] | None) -> RunData:
+    from kvtool.cache.run import ReplaySettings, prepare
+
+    w, t = exp.workload, exp.time
+    bb = exp.data.get("block_bytes")
+    settings = ReplaySettings(
+        trace=str(trace), fmt="kvtool", compares=specs, block_bytes=bb,
+        model=None if bb else w.get("model"), dtype=None if bb else w.get("dtype"),
+        prefill_tps=t.get("prefill_tokens_per_s"), tpot_ms=t.get("tpot_ms"),
+        read_gbps=dict(t.get("read_gbps", {})), concurrency=t.get("concurrency"))
+    job = prepare(settings, on_event=on_event)
+    if observer is not None:
+        observer.block_bytes, observer.block_tokens = job.block_bytes, job.block_tokens
+    if progress is not None:
+        with progress(f"{exp.name}: data mode (requests)", job.total) as advance:
+            doc = job.run(progress=advance, on_request=record)
+    else:
+        doc = job.run(on_request=record)
+    if doc.get("interrupted"):
+        raise KeyboardInterrupt
+    results = doc.get("configs", [doc])
+    return RunData(mode="data", workload=exp.workload, block_bytes=job.block_bytes,
+                   results=dict(zip(labels, results, strict=True)), requests=per_request,
+                   plan_inputs=dict(zip(labels, _configs(exp), strict=True)),
+                   setup=job.setup)
+
+
+def _placed(spec: str, dram: str | None, nvme: str | None) -> str:
+    """``spec`` with its DRAM / NVMe capacity given a place: ``dram=1090blk@mooncake://…``."""
+    out = []
+    for part in spec.split(","):
+        key, eq, value = part.partition("=")
+        name = key.strip().lower()
+        place = {"dram": dram, "nvme": nvme}.get(name) if eq else None
+        if place and "@" not in value and "://" not in value and not value.startswith("/"):
+            part = f"{key}={value.strip()}@{place}"
+        out.append(part)
+    return ",".join(out)
+
+
+def _simulate(exp: Experiment, trace: Path, labels: list[str],
+              per_request: dict[str, list[tuple[int, int, float]]], record: Any,
+              progress: ProgressFactory | None, observer: Any) -> RunData:
+    from kvtool.cache import replay
+    from kvtool.cache.config import time_model_from
+    from kvtool.trace import read_trace
+
+    configs = _configs(exp)
+    bb = block_bytes_of(exp)
+    tm = time_model_from(exp.time, prefill_tps=None, tpot_ms=None, read_gbps={},
+                         concurrency=None)
+    reader = read_trace(trace, fmt="kvtool")
+    if observer is not None:
+        observer.block_bytes, observer.block_tokens = bb, reader.block_tokens
     if progress is not None:
         with progress(f"{exp.name}: replay (requests)", len(reader)) as advance:
             results = replay(reader, configs, block_tokens=reader.block_tokens, block_bytes=bb,
-                             time_model=tm, progress=advance,
-                             on_request=record if want else None)
+                             time_model=tm, progress=advance, on_request=record)
     else:
         results = replay(reader, configs, block_tokens=reader.block_tokens, block_bytes=bb,
-                         time_model=tm, on_request=record if want else None)
+                         time_model=tm, on_request=record)
     return RunData(mode="simulate", workload=exp.workload, block_bytes=bb,
                    results=dict(zip(labels, results, strict=True)), requests=per_request,
                    plan_inputs=dict(zip(labels, configs, strict=True)))
@@ -133,9 +205,12 @@ def compute_rows(exp: Experiment, data: RunData) -> list[dict[str, Any]]:
 
 def run_experiment(exp: Experiment, *, out_dir: Path | None, simulate: bool = False,
                    progress: ProgressFactory | None = None, observer: Any = None,
-                   scratch: Path | None = None) -> dict[str, Any]:
+                   scratch: Path | None = None, dram: str | None = None,
+                   nvme: str | None = None,
+                   on_event: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run ``exp``; write JSON, CSV and PNG into ``out_dir`` (when given); return the
-    ``kvtool.experiment/1`` document."""
+    ``kvtool.experiment/1`` document. Replay experiments run in data mode unless
+    ``simulate`` (``dram``/``nvme``: places for their tiers, see :func:`run_replay_kind`)."""
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="kvtool-exp-") as tmp:
@@ -157,10 +232,13 @@ def run_experiment(exp: Experiment, *, out_dir: Path | None, simulate: bool = Fa
             trace = work / "trace.jsonl"
             doc["requests"] = write_trace(exp, trace)
             data = run_replay_kind(exp, trace, simulate=simulate, progress=progress,
-                                   observer=observer)
+                                   observer=observer, dram=dram, nvme=nvme,
+                                   scratch=scratch or work, on_event=on_event)
             doc["mode"] = data.mode
-            doc["configs"] = [{"schema": "kvtool.replay/1", "trace": str(trace),
-                               "format": "kvtool", **r} for r in data.results.values()]
+            doc["block_bytes"] = data.block_bytes
+            doc["setup"] = data.setup
+            doc["configs"] = [{"schema": REPLAY_SCHEMA, "trace": str(trace), "format": "kvtool",
+                               "mode": data.mode, **r} for r in data.results.values()]
             if out_dir is None:
                 for c in doc["configs"]:
                     c["trace"] = None

@@ -59,7 +59,7 @@ def test_run_cli_writes_json_csv_png(tmp_path: Path) -> None:
     for row in doc["rows"]:
         assert set(row) >= {"claim", "published", "kvtool", "unit", "measured"}
         assert row["measured"] is False  # nothing moves in --simulate
-    assert [c["schema"] for c in doc["configs"]] == ["kvtool.replay/1"] * 2
+    assert [c["schema"] for c in doc["configs"]] == ["kvtool.replay/2"] * 2
     assert json.loads((out / "gp7000-read-path.json").read_text())["rows"] == doc["rows"]
     assert (out / "gp7000-read-path.png").read_bytes()[:4] == b"\x89PNG"
     csv_lines = (out / "gp7000-read-path.csv").read_text().splitlines()
