@@ -316,7 +316,13 @@ def open_tiers(cfg: CacheConfig, block_bytes: int, work_blocks: int, s: ReplaySe
             head = _headroom(cfg, spec.name, block_bytes, B, work_blocks)
             if spec.name == "dram":
                 cap = int(spec.blocks(block_bytes, B))
-                tiers["dram"] = DramTier(cap + head, block_bytes)
+                if spec.place is not None:  # a Mooncake Store pool (kvtool pool)
+                    from kvtool.tiers.mooncake import MooncakeTier
+
+                    tiers["dram"] = MooncakeTier(spec.place, slots=cap + head,
+                                                 block_bytes=block_bytes)
+                else:
+                    tiers["dram"] = DramTier(cap + head, block_bytes)
             elif spec.name == "nvme":
                 assert spec.place is not None
                 place = spec.place
@@ -479,6 +485,8 @@ def _prepare_data(job: ReplayJob) -> None:
                 tiers_setup[spec.name] = {"capacity": str(spec.capacity),
                                           "blocks": int(spec.blocks(bb, B)),
                                           "policy": spec.policy}
+                if spec.place is not None:
+                    tiers_setup[spec.name]["place"] = spec.place
                 continue
             place, why, create = spec.place, "given", None
             if place in (None, "<default>"):

@@ -15,6 +15,7 @@ from kvtool.errors import UsageError
 from kvtool.units import Capacity
 
 PLACED_TIERS: dict[str, str] = {
+    "dram": "a mooncake:// URL (a Mooncake Store pool: kvtool pool up)",
     "nvme": "a file, a block device or an nvme+tcp:// URL",
 }
 """Tiers that take a place, and what the place may be."""
@@ -55,6 +56,16 @@ class TierOption:
             if place.startswith("~"):
                 from pathlib import Path
                 place = str(Path(place).expanduser())
+            if (tier == "dram") != place.startswith("mooncake://"):
+                raise UsageError(f"{text!r}: the {tier} tier's place is "
+                                 f"{PLACED_TIERS[tier]}", field=field)
+            if tier == "dram":
+                from kvtool.mooncake import parse_mooncake_url
+
+                parse_mooncake_url(place, field=field)
+                if cap is None:
+                    raise UsageError(f"{text!r}: a Mooncake DRAM tier needs a size "
+                                     "(example: 1GiB@mooncake://127.0.0.1:50051)", field=field)
         return cls(cap, place)
 
     @property

@@ -97,3 +97,23 @@ def test_bad_experiment_file_is_one_line_exit_2(tmp_path: Path, old: str, new: s
 def test_unknown_experiment_exit_2() -> None:
     result = run("experiment", "run", "no-such-experiment", "--simulate")
     assert result.exit_code == 2 and "gp7000-cliff" in result.stderr
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_cliff_in_data_mode_matches_simulate_and_plan(store_dir: Path) -> None:
+    """Real bytes (DRAM pool, NVMe tier on an O_DIRECT file): every count equals the
+    metadata engine's, the collapse is plan's ±1, and nothing wrong was served."""
+    exp = find_experiment("gp7000-cliff")
+    sim = run_experiment(exp, out_dir=None, simulate=True)
+    data = run_experiment(exp, out_dir=None, scratch=store_dir)
+    assert data["mode"] == "data" and data["block_bytes"] == 65536
+    for s, d in zip(sim["configs"], data["configs"], strict=True):
+        assert [r["hit_tokens"] for r in d["rounds"]] == [r["hit_tokens"] for r in s["rounds"]]
+        assert d["put_blocks"] == s["put_blocks"] and d["cliff_round"] == s["cliff_round"]
+        assert d["corrupt_blocks"] == 0 and d["lost_blocks"] == 0 and d["verified_blocks"] > 0
+    rows = {r["claim"]: r for r in data["rows"]}
+    plan_row = rows["collapse round predicted by the capacity formula"]
+    replay_row = rows["collapse round, DRAM only (measured by the replay)"]
+    assert replay_row["measured"] is True and abs(replay_row["kvtool"] - plan_row["kvtool"]) <= 1
+    assert not list(store_dir.glob("nvme-*.img"))  # the experiment's store files are removed

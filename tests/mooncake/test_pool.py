@@ -126,3 +126,37 @@ def test_no_pool_is_one_line_exit_2_at_once() -> None:
 
     with pytest.raises(MooncakeError, match="kvtool pool up"):
         MooncakeClient(f"mooncake://127.0.0.1:{free_port()}")
+
+
+def test_replay_data_mode_with_the_dram_tier_on_mooncake(pool: dict[str, Any],
+                                                         store_dir: Path) -> None:
+    """kvtool replay in data mode, DRAM on the pool: same hits as --simulate, every block
+    that arrived checked, nothing corrupt or lost."""
+    from tests.conftest import FIXTURES
+
+    trace = str(FIXTURES / "traces" / "multiturn-8x12.jsonl")
+    sim = run_json("replay", trace, "--simulate", "--gpu", "8blk", "--dram", "24blk",
+                   "--nvme", "inf", "--block-bytes", "65536")
+    data = run_json("replay", trace, "--gpu", "8blk", "--dram", f"24blk@{pool['url']}",
+                    "--nvme", f"512blk@{store_dir / 'nvme.img'}", "--block-bytes", "65536")
+    assert data["mode"] == "data"
+    assert [t["backend"] for t in data["tiers"]] == ["numpy", "mooncake", "objectstore"]
+    assert data["tiers"][1]["url"] == pool["url"]
+    assert [r["hit_tokens"] for r in data["rounds"]] == [r["hit_tokens"] for r in sim["rounds"]]
+    assert data["put_blocks"] == sim["put_blocks"]
+    assert data["promoted_blocks"] == sim["promoted_blocks"]
+    assert data["hit_tokens"]["dram"] > 0 and data["verified_blocks"] > 0
+    assert data["corrupt_blocks"] == 0 and data["lost_blocks"] == 0
+    links = data["measured"]["links"]
+    assert links["gpu<-dram"]["bytes"] > 0 and links["dram<-gpu"]["bytes"] > 0
+
+
+def test_experiment_with_dram_on_mooncake(pool: dict[str, Any], store_dir: Path,
+                                          tmp_path: Path) -> None:
+    doc = run_json("experiment", "run", "gp7000-read-path", "--dram", pool["url"],
+                   "--scratch", str(store_dir), "--out", str(tmp_path / "o"))
+    assert doc["mode"] == "data"
+    dram = next(c for c in doc["configs"] if c["label"] == "DRAM tier")
+    assert dram["tiers"][0]["backend"] == "mooncake" and dram["corrupt_blocks"] == 0
+    rows = {r["metric"]: r for r in doc["rows"]}
+    assert rows["load_ratio"]["measured"] is True and rows["load_ratio"]["kvtool"] > 0

@@ -101,8 +101,16 @@ def test_tier_option_syntax(text: str, cap: str | None, place: str | None) -> No
 
 
 def test_tier_option_errors() -> None:
-    with pytest.raises(UsageError, match="local pool"):
+    with pytest.raises(UsageError, match="mooncake://"):
         TierOption.parse("1GiB@/tmp/x", tier="dram")
+    with pytest.raises(UsageError, match="local pool"):
+        TierOption.parse("1GiB@/tmp/x", tier="gpu")
+    with pytest.raises(UsageError, match="needs a size"):
+        TierOption.parse("mooncake://127.0.0.1:50051", tier="dram")
+    with pytest.raises(UsageError, match="nvme\\+tcp"):
+        TierOption.parse("mooncake://127.0.0.1:50051", tier="nvme")
+    opt = TierOption.parse("1GiB@mooncake://127.0.0.1:50051", tier="dram")
+    assert opt.place == "mooncake://127.0.0.1:50051" and str(opt.capacity) == "1 GiB"
     with pytest.raises(UsageError, match="SIZE@PLACE"):
         TierOption.parse("@/tmp/x", tier="nvme")
     with pytest.raises(UsageError, match="not a size"):
