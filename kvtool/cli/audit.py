@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-from rich import box
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 from kvtool.align.audit import AuditReport, audit
 from kvtool.align.layout import read_extents
@@ -18,6 +15,9 @@ from kvtool.cli.output import emit, json_option
 from kvtool.errors import CheckFailed, UsageError
 from kvtool.geometry import KVGeometry, Layout, ObjectSize, custom, from_toml, lookup
 from kvtool.units import format_size, parse_size
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 EPILOG = """
 \b
@@ -159,6 +159,10 @@ def _n(v: int) -> str:
 
 def render(con: Console, report: AuditReport) -> None:
     """The human view of an :class:`AuditReport`."""
+    from rich import box
+    from rich.markup import escape
+    from rich.table import Table
+
     g = report.geometry
     if g is not None:
         dtype = g.dtype + (f" ({g.record})" if g.record else "")

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich import box
-from rich.console import Console
-from rich.table import Table
 
 from kvtool.cli.hostopts import host_options
 from kvtool.cli.load import block_tokens_option, parse_lba, resolve_object
@@ -16,6 +13,9 @@ from kvtool.cli.options import block_size_options
 from kvtool.cli.output import emit, json_option, note, progress
 from kvtool.errors import UsageError
 from kvtool.units import format_size, parse_size
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 PATTERNS = ("seq-write", "rand-write", "seq-read", "rand-read")  # == kvtool.store.bench's
 PATHS = ("aligned", "bounce")
@@ -111,6 +111,9 @@ def command(target: str, model: str | None, dtype: str | None, tp: int | None,
 
 
 def render(c: Console, r: dict[str, Any]) -> None:
+    from rich import box
+    from rich.table import Table
+
     e = r["engine"]
     padded = {row["path"]: row["object_bytes"] for row in r["results"]}
     objects = ", ".join(f"{p} {n:,} B" for p, n in padded.items())

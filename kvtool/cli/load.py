@@ -6,9 +6,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
-from rich import box
-from rich.console import Console
-from rich.table import Table
 
 from kvtool.cli.hostopts import host_options
 from kvtool.cli.options import block_size_from, block_size_options
@@ -17,6 +14,8 @@ from kvtool.errors import UsageError
 from kvtool.units import format_size, parse_percent, parse_size
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from kvtool.store.layout import Geometry
 
 # The store library (numpy, ctypes) is imported inside the commands: every kvtool command
@@ -131,6 +130,9 @@ def command(target: str, model: str | None, dtype: str | None, tp: int | None,
 
 
 def render(c: Console, r: dict[str, Any]) -> None:
+    from rich import box
+    from rich.table import Table
+
     sb = r["store"]
     t = Table(box=box.SIMPLE, show_header=False)
     t.add_column(style="bold")

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import click
-from rich import box
-from rich.console import Console
-from rich.table import Table
 
 from kvtool.cli.options import block_size_from, block_size_options
 from kvtool.cli.output import emit, json_option
 from kvtool.errors import UsageError
 from kvtool.plan.capacity import AnswerKV, Storage, Workload, WritePolicy, plan
 from kvtool.units import Capacity, format_size, parse_percent
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 EPILOG = """
 \b
@@ -110,6 +110,9 @@ def _num(x: float | None, fmt: str = ".2f") -> str:
 
 
 def _render(con: Console, r: dict[str, Any]) -> None:
+    from rich import box
+    from rich.table import Table
+
     w, st, f = r["workload"], r["storage"], r["formula"]
     terms = f["terms"]
     bs = st["block_size"]

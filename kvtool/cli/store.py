@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich import box
-from rich.console import Console
-from rich.table import Table
 
 from kvtool.cli.hostopts import host_options
 from kvtool.cli.output import emit, json_option
 from kvtool.errors import CheckFailed, UsageError
 from kvtool.units import format_size
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 EPILOG = """
 \b
@@ -47,6 +47,9 @@ def inspect_command(target: str, list_objects: int, credentials: Any) -> None:
 
 
 def render(c: Console, r: dict[str, Any]) -> None:
+    from rich import box
+    from rich.table import Table
+
     if r["superblock"] is None:
         c.print(f"[bold red]{r['target']}[/]: {r['superblock_error']}")
         return

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import click
-from rich import box
-from rich.console import Console
-from rich.table import Table
 
 from kvtool.cli.options import block_size_from, block_size_options
 from kvtool.cli.output import emit, json_option, note
@@ -21,6 +18,9 @@ from kvtool.trace.schema import DEFAULT_WINDOW_MS
 from kvtool.trace.stats import trace_stats
 from kvtool.trace.writer import write_records
 from kvtool.units import format_size
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def _reader_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -104,6 +104,9 @@ def stats_cmd(trace: str, fmt: str, block_tokens: int | None, skip_bad: int, win
 
 
 def _render_stats(con: Console, r: dict[str, Any]) -> None:
+    from rich import box
+    from rich.table import Table
+
     summary = Table(title=f"trace {r['trace']} ({r['format']}, {r['block_tokens']} tokens/block)",
                     box=box.SIMPLE, show_header=False)
     summary.add_column(style="bold")

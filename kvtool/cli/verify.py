@@ -5,9 +5,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import click
-from rich import box
-from rich.console import Console
-from rich.table import Table
 
 from kvtool.cli.hostopts import host_options
 from kvtool.cli.load import DEFAULT_QD
@@ -16,6 +13,8 @@ from kvtool.errors import CheckFailed, UsageError
 from kvtool.units import format_size
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from kvtool.store.verify import Sample
 
 EPILOG = """
@@ -79,6 +78,9 @@ def parse_sample(text: str | None) -> Sample | None:
 
 
 def render(c: Console, r: dict[str, Any]) -> None:
+    from rich import box
+    from rich.table import Table
+
     if r["store"] is not None:
         c.print(f"[bold]{r['target']}[/]: {r['objects_checked']:,} of {r['objects_indexed']:,} "
                 f"objects checked ({r['content_checked']:,} with content), "

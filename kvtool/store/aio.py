@@ -14,6 +14,7 @@ Completions are delivered on one reaper thread, which runs the futures' callback
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -78,6 +79,7 @@ class AioQueue:
         self._waiting: deque[tuple[int, int, memoryview, Future[None]]] = deque()
         self._token = 0
         self._stop = False
+        self._destroyed = False
         self._reaper = threading.Thread(target=self._reap, name="kvtool-aio", daemon=True)
         self._reaper.start()
 
@@ -123,6 +125,8 @@ class AioQueue:
             if n < 0:
                 if ctypes.get_errno() == errno.EINTR:
                     continue
+                if self._stop and self._destroyed:
+                    return  # close() destroyed the context to wake us: nothing is in flight
                 n = 0
             done: list[tuple[Future[None], BaseException | None]] = []
             starts: list[tuple[Future[None], OSError]] = []
@@ -155,7 +159,21 @@ class AioQueue:
                 return
 
     def close(self) -> None:
-        """Wait for every request, then destroy the context."""
+        """Wait for every request, then destroy the context.
+
+        Destroying the context wakes the reaper from ``io_getevents`` at once (the kernel's
+        kill_ioctx wakes its waiters), so closing costs no reaper timeout. ``io_destroy``
+        itself then waits for an RCU grace period (tens of ms) with nothing left to do:
+        that wait runs on a daemon thread instead of delaying the command's exit.
+        """
         self._stop = True
+        with self._lock:
+            pending = [f for _, f, _ in self._inflight.values()]
+            pending += [w[3] for w in self._waiting]
+        for fut in pending:
+            with contextlib.suppress(Exception):
+                fut.exception()  # wait; the owner of the future sees the outcome
+        self._destroyed = True
+        threading.Thread(target=_syscall, args=(self._destroy, self._ctx),
+                         name="kvtool-aio-destroy", daemon=True).start()
         self._reaper.join()
-        _syscall(self._destroy, self._ctx)
