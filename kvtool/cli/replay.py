@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 import click
 
 from kvtool.cli.options import block_size_options
-from kvtool.cli.output import emit, json_option, note, progress, want_json
+from kvtool.cli.output import emit, json_option, note, progress, settings, want_json
 from kvtool.errors import CheckFailed, UsageError
 from kvtool.units import format_size
 
@@ -145,7 +146,7 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
     from kvtool.cache.run import ReplaySettings, describe_setup, prepare
 
     check_output_paths(csv=csv_path, plot=plot_path, requests_csv=requests_csv)
-    settings = ReplaySettings(
+    replay_settings = ReplaySettings(
         trace=trace, fmt=fmt, block_tokens=block_tokens, skip_bad=skip_bad, simulate=simulate,
         tiers={k: v for k, v in (("gpu", gpu), ("dram", dram), ("nvme", nvme)) if v is not None},
         policy=policy, tiers_file=tiers_file, write_policy=write_policy, watermark=watermark,
@@ -153,7 +154,11 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
         block_bytes=block_bytes, prefill_tps=prefill_tps, tpot_ms=tpot_ms,
         read_gbps=read_gbps, concurrency=concurrency, read_qd=read_qd, seed=seed,
         on_tier_error=on_tier_error, requests_csv=requests_csv)
-    job = prepare(settings, on_event=lambda m: note(f"[yellow]{m}[/]"))
+    if not settings().debug:
+        # A lost target is reported once, as one line naming the tier and its URL; the
+        # host's reconnect attempts would repeat it (--debug shows them).
+        logging.getLogger("kvtool.nvme").setLevel(logging.ERROR)
+    job = prepare(replay_settings, on_event=lambda m: note(f"[yellow]{m}[/]"))
     if not simulate:
         for line in describe_setup(job.setup):
             note(line)

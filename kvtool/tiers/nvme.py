@@ -20,8 +20,7 @@ import queue
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import FIRST_COMPLETED, FIRST_EXCEPTION, Future, wait
 from dataclasses import replace
 from typing import Any
 
@@ -101,13 +100,19 @@ class NvmeTier(DataTier):
         """Wait for an in-flight write of ``key`` (a read or a reuse of its slot follows)."""
         fut = self._pending.pop(key, None)
         if fut is not None:
-            try:
-                fut.result(timeout=IO_TIMEOUT_S)
-            except FutureTimeout:
-                raise TierError(self.name, self.url, "a write did not complete in "
-                                f"{IO_TIMEOUT_S:.0f} s") from None
-            except Exception as exc:
+            self._wait([fut], "write")
+
+    def _wait(self, futures: Sequence[Future[None]], what: str) -> None:
+        """Wait for ``futures``; the first failure (not the first in order) fails the tier,
+        so a dead target is reported once its first transfer gives up."""
+        done, pending = wait(futures, timeout=IO_TIMEOUT_S, return_when=FIRST_EXCEPTION)
+        for f in done:
+            exc = f.exception()
+            if exc is not None:
                 raise self._error(exc) from None
+        if pending:
+            raise self._error(TimeoutError(f"a {what} did not complete in "
+                                           f"{IO_TIMEOUT_S:.0f} s"))
 
     # ------------------------------------------------------------------ loads
     def prepare_load(self, keys: Sequence[int], dsts: Sequence[np.ndarray]) -> TransferJob:
@@ -144,18 +149,26 @@ class NvmeTier(DataTier):
         n = self.block_bytes
         while inflight:
             i, b, fut = inflight.popleft()
-            try:
-                fut.result(timeout=IO_TIMEOUT_S)
-            except FutureTimeout:
-                raise TierError(self.name, self.url, "a read did not complete in "
-                                f"{IO_TIMEOUT_S:.0f} s") from None
-            except Exception as exc:
-                raise self._error(exc) from None
+            self._wait_head(fut, [x[2] for x in inflight])
             np.copyto(dsts[i], self._rstage[b][:n])
             free.append(b)
             job.ok[i] = True
             self._fill_window(job)
         return job.ok
+
+    def _wait_head(self, head: Future[None], others: list[Future[None]]) -> None:
+        """Wait for ``head`` while failing at once if any other read in flight fails."""
+        while not head.done():
+            others = [f for f in others if not f.done()]
+            done, _ = wait([head, *others], timeout=IO_TIMEOUT_S, return_when=FIRST_COMPLETED)
+            if not done:
+                raise self._error(TimeoutError(f"a read did not complete in "
+                                               f"{IO_TIMEOUT_S:.0f} s"))
+            for f in done:
+                if f.exception() is not None:
+                    raise self._error(f.exception())  # type: ignore[arg-type]
+        if head.exception() is not None:
+            raise self._error(head.exception())  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ stores
     def prepare_store(self, keys: Sequence[int], srcs: Sequence[np.ndarray]) -> TransferJob:
@@ -174,8 +187,8 @@ class NvmeTier(DataTier):
             try:
                 ab = self._wstage.get(timeout=IO_TIMEOUT_S)
             except queue.Empty:
-                raise TierError(self.name, self.url, "writes did not complete in "
-                                f"{IO_TIMEOUT_S:.0f} s") from None
+                raise self._error(TimeoutError(f"writes did not complete in "
+                                               f"{IO_TIMEOUT_S:.0f} s")) from None
             np.copyto(np.frombuffer(ab.view, dtype=np.uint8, count=n), src)
             try:
                 fut = self.engine.submit_write(self.sb.slot_offset(slot), ab.view)
@@ -199,14 +212,8 @@ class NvmeTier(DataTier):
 
     def complete_store(self, job: TransferJob) -> None:
         self._alive()
+        self._wait(job.futures, "write")
         for key, fut in zip(job.keys, job.futures, strict=True):
-            try:
-                fut.result(timeout=IO_TIMEOUT_S)
-            except FutureTimeout:
-                raise TierError(self.name, self.url, "a write did not complete in "
-                                f"{IO_TIMEOUT_S:.0f} s") from None
-            except Exception as exc:
-                raise self._error(exc) from None
             if self._pending.get(key) is fut:
                 del self._pending[key]
 
