@@ -7,4 +7,5 @@
 * :mod:`~tests.helpers.qemu_guest` — the QEMU kernel guest fixtures (a pytest plugin);
 * :mod:`~tests.helpers.spdk_fixtures` — SPDK built from ../shared/vendor: ``spdk``,
   ``spdk_app``, ``nvmf_tgt`` (a pytest plugin);
+* :mod:`~tests.helpers.powerloss` — an I/O engine that loses unflushed writes.
 """
