@@ -259,7 +259,8 @@ class MediaCounter:
         blocks = sum(v["blocks"] for k, v in nvme.items() if k.startswith("nvme<-"))
         padded = blocks * (tier.padded if tier is not None and hasattr(tier, "padded") else 0)
         meta = getattr(tier, "metadata_bytes", 0) if tier is not None else 0
-        return {"source": "smart", "data_units_written": units,
+        return {"source": "smart", "counted": units > 0 or put == 0,
+                "data_units_written": units,
                 "media_bytes_written": units * self.UNIT,
                 "replay_put_bytes": put, "replay_padded_bytes": padded,
                 "store_metadata_bytes": meta, "unit_bytes": self.UNIT}

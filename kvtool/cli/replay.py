@@ -331,7 +331,10 @@ def _render_data(con: Any, results: list[dict[str, Any]], Table: Any) -> None:
             if t_.get("failed"):
                 con.print(f"  [red]{t_['name']} tier failed[/]: {t_['failed']}")
         media = res.get("media")
-        if media and "error" not in media:
+        if media and "error" not in media and not media["counted"]:
+            con.print("NVMe medium: its SMART log counted no writes for this namespace (Linux "
+                      "nvmet counts only block devices with I/O accounting, not brd or files)")
+        elif media and "error" not in media:
             con.print(f"NVMe medium (SMART Data Units Written): "
                       f"{format_size(media['media_bytes_written'], binary=False)} written "
                       f"during the run · replay put {format_size(media['replay_put_bytes'], binary=False)}"

@@ -163,7 +163,7 @@ def test_media_identity_on_the_emulator_target(live_target: Target) -> None:
     doc = prepare(settings(MULTI, {"gpu": "20blk", "dram": "40blk", "nvme": url},
                            block_bytes=65536 + 256)).run()
     media = doc["media"]
-    assert media["source"] == "smart" and "error" not in media
+    assert media["source"] == "smart" and "error" not in media and media["counted"]
     expected = media["replay_padded_bytes"] + media["store_metadata_bytes"]
     assert media["replay_put_bytes"] == doc["measured"]["links"]["nvme<-gpu"]["bytes"]
     # SMART counts thousands of 512-byte units, rounded up: within one unit of the truth
@@ -255,3 +255,22 @@ def test_cli_data_mode_bad_sizes_suggest_simulate(store_dir: Path) -> None:
     assert r.exit_code == 2 and "give a size" in r.stderr
     r = run("replay", MULTI, "--simulate", "--nvme", str(store_dir / "x.img"))
     assert r.exit_code == 2 and "place" in r.stderr
+
+
+def test_data_mode_on_the_kernel_target(kernel_target: Any) -> None:
+    """The NVMe tier on the real Linux nvmet-tcp target in the QEMU guest: same hits as
+    --simulate, every block checked. Its namespace is a brd RAM disk, which does no I/O
+    accounting, so nvmet's SMART log counts no Data Units Written there: the report says
+    the medium did not count rather than claiming an identity (the emulator's counts)."""
+    tiers = {"dram": "4blk", "nvme": "300blk"}
+    sim = prepare(settings(TOKENS, tiers, simulate=True, block_bytes=65536 + 256)).run()
+    doc = prepare(settings(TOKENS, {**tiers, "nvme": f"300blk@{kernel_target.url}"},
+                           block_bytes=65536 + 256, read_qd=4)).run()
+    same(doc, sim)
+    assert doc["put_blocks"]["nvme"] > 0 and doc["verified_blocks"] > 0
+    media = doc["media"]
+    assert media["source"] == "smart" and "error" not in media
+    assert media["counted"] is (media["data_units_written"] > 0)
+    if media["counted"]:
+        expected = media["replay_padded_bytes"] + media["store_metadata_bytes"]
+        assert abs(media["media_bytes_written"] - expected) <= media["unit_bytes"], media
