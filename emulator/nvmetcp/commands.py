@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from emulator.nvmetcp import admin, fabrics, nvm
 from emulator.nvmetcp.auth import AUTH_REQUIRED
+from emulator.nvmetcp.nvm import landing_zone
 from emulator.nvmetcp.sgl import check_pointer
 from kvtool.nvme import pdu as P
 from kvtool.nvme import spec
@@ -18,6 +19,9 @@ from kvtool.nvme.spec import status
 
 if TYPE_CHECKING:
     from emulator.nvmetcp.connection import QueueConnection
+
+
+__all__ = ["dispatch", "landing_zone"]
 
 
 def dispatch(conn: QueueConnection, sqe: P.Sqe, data: bytes | memoryview) -> None:

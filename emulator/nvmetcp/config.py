@@ -62,7 +62,7 @@ class TargetConfig:
     mdts: int = 8  # max transfer 2^mdts × 4 KiB = 1 MiB
     max_queue_size: int = 128  # per queue; CAP.MQES = this − 1
     max_io_queues: int = 8
-    in_capsule_data_size: int = 8192  # I/O queues; IOCCSZ = (64 + this) / 16
+    in_capsule_data_size: int = 1 << 20  # I/O queues; IOCCSZ = (64 + this) / 16
     maxh2cdata: int = 1 << 20  # per H2CData PDU; data is streamed, never buffered whole
     kato_grace_s: float = 5.0  # slack past KATO (a TCG guest host can be late) before a drop
 
@@ -85,8 +85,8 @@ class TargetConfig:
             raise bad("max_queue_size", f"must be 2..1024, got {self.max_queue_size}")
         if not 1 <= self.max_io_queues <= 64:
             raise bad("max_io_queues", f"must be 1..64, got {self.max_io_queues}")
-        if not 0 <= self.in_capsule_data_size <= 131072 or self.in_capsule_data_size % 16:
-            raise bad("in_capsule_data_size", "must be a multiple of 16 in 0..131072, got "
+        if not 0 <= self.in_capsule_data_size <= (16 << 20) or self.in_capsule_data_size % 16:
+            raise bad("in_capsule_data_size", "must be a multiple of 16 in 0..16MiB, got "
                       f"{self.in_capsule_data_size}")
         if self.maxh2cdata < 4096 or self.maxh2cdata % 4 or self.maxh2cdata > (16 << 20):
             raise bad("maxh2cdata", "must be a multiple of 4 in 4096..16MiB, got "

@@ -37,6 +37,7 @@ log = logging.getLogger("emulator.nvmetcp")
 _AWAIT_ICREQ, _AWAIT_CONNECT, _CONNECTED, _CLOSED = range(4)
 FEI_CID = 10  # byte offset of the CID within a CapsuleCmd PDU (8 + 2)
 _CAPSULE_MAX_DATA = 131072  # parser bound; the configured in-capsule size is a CQE status
+_STREAM_MIN = 64 * 1024  # larger in-capsule data is received in place, not staged
 _STAGE_SIZE = 256 * 1024  # holds any whole non-H2CData PDU (72 + 4 + 128 KiB + 4)
 _STAGE_MIN_FREE = 64 * 1024
 _BATCH_LIMIT = 64 * 1024  # larger output parts are written at once, not batched
@@ -78,8 +79,10 @@ class QueueConnection(asyncio.BufferedProtocol, Closable):
         self._end = 0
         self._last_header = b""
         self._sink: memoryview | None = None  # rest of a streamed H2CData's destination
-        self._sink_pdu: P.H2CData | None = None
+        self._sink_pdu: P.H2CData | P.CapsuleCmd | None = None
         self._sink_data: memoryview | None = None
+        self._sink_buf: bytearray | None = None  # a pooled buffer behind _sink_data
+        self.landed: memoryview | None = None  # in-capsule write data already in place
         self._sink_len = 0
         self._sink_digest = False
         self._out: list[bytes | memoryview] = []
@@ -89,6 +92,7 @@ class QueueConnection(asyncio.BufferedProtocol, Closable):
         self.hdgst = False
         self.ddgst = False
         self.maxh2cdata = cfg.maxh2cdata
+        self._capsule_max = max(_CAPSULE_MAX_DATA, cfg.in_capsule_data_size)
         self.qid = -1
         self.ctrl: Controller | None = None
         self.subsys: Subsystem | None = None
@@ -121,6 +125,7 @@ class QueueConnection(asyncio.BufferedProtocol, Closable):
         self.pending.clear()
         self._sink = self._sink_data = None  # drop views of the backing's memory
         self._sink_pdu = None
+        self._sink_buf = None
         ctrl = self.ctrl
         self.ctrl = None
         if ctrl is None:
@@ -194,8 +199,9 @@ class QueueConnection(asyncio.BufferedProtocol, Closable):
             ch = P.decode_common(view[start: start + 8])
             is_h2c = ch.pdu_type == P.PduType.H2C_DATA
             lay = P.layout(ch, hdgst=self.hdgst, ddgst=self.ddgst,
-                           max_data=self.maxh2cdata if is_h2c else _CAPSULE_MAX_DATA)
-            need = lay.data_offset if is_h2c else ch.plen
+                           max_data=self.maxh2cdata if is_h2c else self._capsule_max)
+            streamed = is_h2c or lay.data_len > _STREAM_MIN
+            need = lay.data_offset if streamed else ch.plen
             if avail < need:
                 if start + need > len(self._stage):
                     self._compact()
@@ -204,6 +210,9 @@ class QueueConnection(asyncio.BufferedProtocol, Closable):
             pdu = P.decode_header(ch, view[start: start + lay.header_len], lay)
             if isinstance(pdu, P.H2CData):
                 self._start_stream(pdu, lay)
+                continue
+            if streamed and isinstance(pdu, P.CapsuleCmd):
+                self._start_capsule_stream(pdu, lay)
                 continue
             data = b""
             digest_ok = True
@@ -244,7 +253,21 @@ class QueueConnection(asyncio.BufferedProtocol, Closable):
         """Validate an H2CData header, then move its data straight to the write's buffer."""
         n = lay.data_len
         pw = self._check_h2c(pdu, n)
-        dest = pw.dest[pdu.datao: pdu.datao + n]
+        self._sink_into(pdu, lay, pw.dest[pdu.datao: pdu.datao + n])
+
+    def _start_capsule_stream(self, pdu: P.CapsuleCmd, lay: P.Layout) -> None:
+        """Large in-capsule data: straight into the namespace when the command is a valid
+        write there (no copy, as for H2CData), else into a pooled buffer."""
+        n = lay.data_len
+        dest = commands.landing_zone(self, pdu.sqe, n)
+        if dest is None:
+            self._sink_buf = self._take_buffer(n)
+            dest = memoryview(self._sink_buf)[:n]
+        self._sink_into(pdu, lay, dest)
+
+    def _sink_into(self, pdu: P.H2CData | P.CapsuleCmd, lay: P.Layout,
+                   dest: memoryview) -> None:
+        n = lay.data_len
         self._start += lay.data_offset
         have = min(n, self._end - self._start)
         dest[:have] = self._sview[self._start: self._start + have]
@@ -270,7 +293,18 @@ class QueueConnection(asyncio.BufferedProtocol, Closable):
             self._start += P.DIGEST_LEN
         self._sink_pdu = None
         self._sink_data = None
-        self._h2c_done(pdu, self._sink_len, digest_ok)
+        if isinstance(pdu, P.H2CData):
+            self._h2c_done(pdu, self._sink_len, digest_ok)
+            return True
+        buf, self._sink_buf = self._sink_buf, None
+        self.landed = dest if buf is None else None
+        try:
+            self._dispatch(P.CapsuleCmd(pdu.sqe, dest), digest_ok)
+        finally:
+            self.landed = None
+            dest.release()
+            if buf is not None:
+                self._give_buffer(buf)
         return True
 
     # --- output -------------------------------------------------------------------------

@@ -45,6 +45,22 @@ def dispatch(conn: QueueConnection, ctrl: Controller, sqe: P.Sqe,
     handler(conn, ns, sqe, data)
 
 
+def landing_zone(conn: QueueConnection, sqe: P.Sqe, n: int) -> memoryview | None:
+    """Where ``n`` bytes of in-capsule data may land before the command runs: the
+    namespace's own memory, when the command is a Write that will pass every check."""
+    ctrl = conn.ctrl
+    if (sqe.opcode != spec.IO_WRITE or not conn.connected or conn.qid <= 0 or ctrl is None
+            or not ctrl.ready or n > conn.state.config.in_capsule_data_size
+            or n > conn.state.max_transfer or sqe.flags != P.SQE_FLAGS_PSDT_SGL
+            or sqe.sgl.sgl_id != P.SGL_DATA_BLOCK_OFFSET or sqe.sgl.address
+            or sqe.sgl.length != n):
+        return None
+    ns = ctrl.subsys.namespaces.get(sqe.nsid)
+    if ns is None or n != sqe.nlb * ns.lba_size or sqe.slba + sqe.nlb > ns.nblocks:
+        return None
+    return ns.backing.view(sqe.slba * ns.lba_size, n)
+
+
 def _range_ok(conn: QueueConnection, ns: Namespace, sqe: P.Sqe, slba: int, nlb: int) -> bool:
     if slba + nlb > ns.nblocks:
         conn.complete(sqe.cid, status(spec.SC_LBA_OUT_OF_RANGE))
@@ -100,7 +116,11 @@ def write(conn: QueueConnection, ns: Namespace, sqe: P.Sqe, data: bytes | memory
     offset = slba * ns.lba_size
     cid = sqe.cid
     if data:
-        _store(conn, ns, cid, offset, data)
+        if conn.landed is not None and data is conn.landed:
+            ns.count_write(length)  # received straight into the namespace
+            conn.complete(cid)
+        else:
+            _store(conn, ns, cid, offset, data)
         return
     direct = ns.backing.view(offset, length)
 

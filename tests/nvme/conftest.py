@@ -17,6 +17,9 @@ STRANGER = "nqn.2026-01.io.kvtool:stranger"
 
 
 def make_config(**limits: object) -> TargetConfig:
+    """Two subsystems; in-capsule data capped at 8 KiB (unless given) so that writes above
+    it take the R2T/H2CData path these tests are about."""
+    limits.setdefault("in_capsule_data_size", 8192)
     return TargetConfig(
         subsystems=[
             SubsystemConfig(NQN, [NamespaceConfig(1, "64MiB"), NamespaceConfig(2, "8MiB")],

@@ -145,3 +145,31 @@ def test_namespace_resized_while_connected(tmp_path: Path) -> None:
         assert backing.stat().st_size == 2 << 20
         with pytest.raises(ValueError):
             t.resize_namespace(NQN, 1, 1000)
+
+
+@pytest.mark.parametrize("digests", [False, True])
+@pytest.mark.parametrize("kind", ["memory", "file"])
+def test_large_in_capsule_writes_land_in_place(tmp_path: Path, kind: str,
+                                               digests: bool) -> None:
+    """Writes up to the 1 MiB in-capsule size go without an R2T; the data is received
+    straight into the namespace (memory) or a pooled buffer (file), with digests checked."""
+    backing = "8MiB" if kind == "memory" else str(tmp_path / "ns.img")
+    cfg = simple_config(nqn=NQN, backing=backing, size=None if kind == "memory" else "8MiB",
+                        allow_any_host=True, listen=["127.0.0.1:0"])
+    data = bytes((i * 131) & 0xFF for i in range(1 << 20))
+    with Target(cfg) as t, host.connect("127.0.0.1", t.port, NQN, header_digest=digests,
+                                        data_digest=digests) as ctrl:
+        assert ctrl.io[0].in_capsule_max == 1 << 20
+        ctrl.write(1, 2048, data)
+        ctrl.write(1, 100, data[:200 * 1024])
+        assert ctrl.read(1, 2048, 2048) == data
+        assert ctrl.read(1, 100, 400) == data[:200 * 1024]
+        s = ctrl.smart_log()
+        assert s.host_writes == 2 and s.data_units_written == 3  # 2448 units of 512 B
+        with pytest.raises(NvmeStatusError) as e:  # out of range: not landed, refused
+            ctrl._simple_io(P.Sqe(spec.IO_WRITE, nsid=1, cdw10=16384 - 100, cdw12=199),
+                            "write past the end", data[: 200 * 512])
+        assert e.value.sc == spec.SC_LBA_OUT_OF_RANGE
+    if kind == "file":
+        raw = (tmp_path / "ns.img").read_bytes()
+        assert raw[2048 * 512: 4096 * 512] == data
