@@ -93,6 +93,7 @@ class QueueConnection(asyncio.BufferedProtocol, Closable):
         self.ddgst = False
         self.maxh2cdata = cfg.maxh2cdata
         self._capsule_max = max(_CAPSULE_MAX_DATA, cfg.in_capsule_data_size)
+        self.stream_min = _STREAM_MIN  # the fuzz harness lowers it to reach that path
         self.qid = -1
         self.ctrl: Controller | None = None
         self.subsys: Subsystem | None = None
@@ -200,7 +201,7 @@ class QueueConnection(asyncio.BufferedProtocol, Closable):
             is_h2c = ch.pdu_type == P.PduType.H2C_DATA
             lay = P.layout(ch, hdgst=self.hdgst, ddgst=self.ddgst,
                            max_data=self.maxh2cdata if is_h2c else self._capsule_max)
-            streamed = is_h2c or lay.data_len > _STREAM_MIN
+            streamed = is_h2c or lay.data_len > self.stream_min
             need = lay.data_offset if streamed else ch.plen
             if avail < need:
                 if start + need > len(self._stage):

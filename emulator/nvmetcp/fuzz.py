@@ -82,7 +82,7 @@ class Harness:
 
     def __init__(self, *, mdts: int = 4, queue_size: int = 8) -> None:
         cfg = simple_config(nqn=NQN, backing="1MiB", hosts=[HOSTNQN], listen=["127.0.0.1:0"],
-                            mdts=mdts, max_queue_size=queue_size, in_capsule_data_size=4096,
+                            mdts=mdts, max_queue_size=queue_size, in_capsule_data_size=32768,
                             maxh2cdata=8192)
         self.loop = asyncio.new_event_loop()
         self.state = TargetState(cfg, build_subsystems(cfg), self.loop)
@@ -115,6 +115,7 @@ class Harness:
         """Feed ``stream`` to a fresh connection; check the invariants; return its output."""
         rng = rng or random.Random(len(stream))
         conn = QueueConnection(self.state)
+        conn.stream_min = 2048  # larger in-capsule data takes the streamed (in-place) path
         tr = FakeTransport()
         conn.connection_made(tr)
         before = len(self.errors.records)
@@ -280,6 +281,11 @@ def io_trim_session(*, hd: bool = False, dd: bool = False) -> bytes:
                       transport_len=len(ranges)))
     parts.append(P.encode(P.H2CData(3, 3, 0, ranges, last=True), hdgst=hd, ddgst=dd))
     parts.append(_cmd(P.Sqe(spec.IO_FLUSH, cid=4, nsid=1), hd=hd, dd=dd))
+    landed = bytes(range(256)) * 64  # 16 KiB in-capsule: received straight into place
+    parts.append(_cmd(P.Sqe(spec.IO_WRITE, cid=5, nsid=1, cdw10=256, cdw12=31), landed,
+                      hd=hd, dd=dd))
+    parts.append(_cmd(P.Sqe(spec.IO_DSM, cid=6, nsid=1, cdw10=0, cdw11=4),
+                      ranges[:16] + bytes(4000), hd=hd, dd=dd))  # streamed, not a write
     return b"".join(parts)
 
 
