@@ -42,7 +42,8 @@ def main() -> int:
         print(f"sha256 guest (kernel host) {result['guest_sha256'][:16]}…, kvtool host "
               f"{result['kvtool_host_sha256'][:16]}…, backing file "  # type: ignore[index]
               f"{result['backing_sha256'][:16]}…: "  # type: ignore[index]
-              f"{'agree' if result['views_agree'] else 'DIFFER'}")
+              f"{'agree' if result['views_agree'] else 'DIFFER'}; discard and zero-out read "
+              f"back as zeros: {result['discard_and_zeroout_read_zeros']}")
     return 0 if ok(result) else 1
 
 

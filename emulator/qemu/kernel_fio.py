@@ -5,7 +5,8 @@ running on this machine (a file namespace) and runs fio (this machine's, through
 guest's read-only view of /) with ``--verify=crc32c`` on the namespace: sequential and
 random writes at QD 1 and QD 32, every block read back and checked by fio. Then kvtool's
 own host reads the same namespace over NVMe/TCP, and its bytes must equal both what the
-guest reads through the kernel (O_DIRECT) and the target's backing file.
+guest reads through the kernel (O_DIRECT) and the target's backing file; a ``blkdiscard``
+and a ``blkdiscard -z`` from the guest (Dataset Management, Write Zeroes) read as zeros.
 Used by ``bench/nvme_kernel_fio.py`` (≥ 1 GiB) and tests/emulator/test_kernel_fio.py.
 """
 
@@ -98,6 +99,10 @@ def run(total_mib: int, workdir: Path) -> dict[str, object]:
                              "write_mbps": round(j["write"]["bw_bytes"] / 1e6, 1),
                              "seconds": round(time.monotonic() - t0, 1)})
             result["jobs"] = jobs
+            # the kernel's discard and zero-out reach the target as Dataset Management
+            # (deallocate) and Write Zeroes: both ranges must read back as zeros
+            guest.check(f"chroot /hostroot blkdiscard -o 0 -l {MIB} {dev} && "
+                        f"chroot /hostroot blkdiscard -z -o {MIB} -l {MIB} {dev}", timeout=120)
             guest_sha = guest.check(f"dd if={dev} bs=1M count={total_mib} iflag=direct "
                                     "2>/dev/null | sha256sum", timeout=3600).split()[0]
             guest.exec(f"nvme disconnect -n {NQN}", timeout=30)
@@ -108,6 +113,7 @@ def run(total_mib: int, workdir: Path) -> dict[str, object]:
                 n = min(len(buf), size - off)
                 ctrl.read_into(1, off // 512, memoryview(buf)[:n])
                 h.update(memoryview(buf)[:n])
+            zeros = ctrl.read(1, 0, 2 * MIB // 512) == bytes(2 * MIB)
         kvtool_sha = h.hexdigest()
     finally:
         proc.terminate()
@@ -115,13 +121,15 @@ def run(total_mib: int, workdir: Path) -> dict[str, object]:
     backing_sha = hashlib.sha256((workdir / "ns1.img").read_bytes()).hexdigest()
     result.update({"guest_sha256": guest_sha, "kvtool_host_sha256": kvtool_sha,
                    "backing_sha256": backing_sha,
-                   "views_agree": guest_sha == kvtool_sha == backing_sha})
+                   "views_agree": guest_sha == kvtool_sha == backing_sha,
+                   "discard_and_zeroout_read_zeros": zeros})
     return result
 
 
 def ok(result: dict[str, object]) -> bool:
     jobs = result["jobs"]
     assert isinstance(jobs, list)
-    return bool(jobs) and bool(result["views_agree"]) and all(
+    return bool(jobs) and bool(result["views_agree"]) and bool(
+        result["discard_and_zeroout_read_zeros"]) and all(
         j["fio_exit"] == 0 and j["errors"] == 0 and j["verified_mib"] == j["mib"]
         for j in jobs)

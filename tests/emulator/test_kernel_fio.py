@@ -23,4 +23,5 @@ def test_fio_verify_through_the_kernel_host(guest_image: GuestImage, tmp_path: P
     assert [j["job"] for j in result["jobs"]] == ["seq-qd32", "rand-qd32", "seq-qd1", "rand-qd1"]
     assert all(j["errors"] == 0 and j["verified_mib"] == j["mib"] for j in result["jobs"])
     assert result["views_agree"], result
+    assert result["discard_and_zeroout_read_zeros"]
     assert ok(result)
