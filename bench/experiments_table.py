@@ -1,6 +1,7 @@
 """Run every experiment and print the docs/experiments.md table (markdown) from their JSON.
 
-    python bench/experiments_table.py [--simulate] [--out build/experiments] [NAME ...]
+    python bench/experiments_table.py [--simulate | --dram mooncake://HOST:PORT]
+        [--out build/experiments] [NAME ...]
 
 Replay experiments run in data mode unless ``--simulate``; the FX100 measurement always
 moves real bytes. Each row: claim, published, kvtool, scale note (the experiment's), and
@@ -31,6 +32,9 @@ def main() -> None:
     ap.add_argument("names", nargs="*")
     ap.add_argument("--simulate", action="store_true")
     ap.add_argument("--out", default=str(REPO / "build" / "experiments"))
+    ap.add_argument("--dram", default=None,
+                    help="mooncake:// URL: data-mode DRAM tiers on this Mooncake pool "
+                         "(replay experiments only)")
     args = ap.parse_args()
     kvtool = [sys.executable, "-m", "kvtool"]
     names = args.names or [e["name"] for e in json.loads(subprocess.run(
@@ -39,8 +43,11 @@ def main() -> None:
     for name in names:
         cmd = [*kvtool, "--json", "experiment", "run", name, "--out",
                str(Path(args.out) / name)]
-        if args.simulate and not name.startswith("fx100"):
+        replayed = not name.startswith("fx100")
+        if args.simulate and replayed:
             cmd.append("--simulate")
+        if args.dram and replayed and not args.simulate:
+            cmd += ["--dram", args.dram]
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
         secs = time.perf_counter() - t0
@@ -52,6 +59,8 @@ def main() -> None:
         print(f"Source: {doc['source']}. Mode: **{doc['mode']}**; ran in {secs:.1f} s "
               f"(`{' '.join(cmd[2:])}`).\n")
         print(f"Scale: {doc['scale']}\n")
+        if doc.get("notes"):
+            print(f"{doc['notes']}\n")
         print("| claim | published | kvtool | unit | measured / modelled |")
         print("|---|---|---|---|---|")
         for r in doc["rows"]:
