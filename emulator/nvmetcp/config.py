@@ -9,11 +9,11 @@ exits 2.
 from __future__ import annotations
 
 import ipaddress
-import json
 from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+from kvtool.configfile import read_config
 from kvtool.errors import InputError
 from kvtool.nvme.dhchap import dhgroup_id, hash_id
 from kvtool.nvme.spec import DISCOVERY_NQN, is_loopback, nqn_problem
@@ -166,16 +166,13 @@ class TargetConfig:
 
     @classmethod
     def load(cls, path: str | Path) -> TargetConfig:
+        """Read a JSON config file; every error names the file, the key's line and the key
+        (kvtool.configfile, the reader every kvtool config file goes through)."""
+        doc = read_config(path, kind="json")
         try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise InputError(f"cannot read config: {exc.strerror}", file=str(path)) from None
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"not valid JSON: {exc.msg}", file=str(path),
-                             line=exc.lineno) from None
-        return cls.from_dict(doc, file=str(path))
+            return cls.from_dict(doc.data, file=doc.source)
+        except InputError as exc:
+            raise doc.locate(exc) from None
 
 
 _TYPES: dict[str, tuple[type, ...]] = {

@@ -31,8 +31,6 @@ Compare spec (``--compare``, repeatable): comma-separated ``key=value`` with key
 
 from __future__ import annotations
 
-import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +41,7 @@ from kvtool.cache.hierarchy import WRITE_POLICIES
 from kvtool.cache.policies import POLICIES, WATERMARK_DEFAULTS
 from kvtool.cache.tier import TIER_NAMES, Watermark
 from kvtool.cache.timemodel import DEFAULT_READ_GBPS, TimeModel
+from kvtool.configfile import read_config
 from kvtool.errors import InputError, UsageError
 from kvtool.tiers.option import TierOption
 from kvtool.units import Capacity
@@ -72,45 +71,17 @@ class TiersFile:
     time: dict[str, Any] = field(default_factory=dict)
 
 
-def _line_of(text: str, key: str, table: str | None) -> int | None:
-    """Best-effort line of ``key`` (inside ``[table]`` when given) for error messages."""
-    current: str | None = None
-    for n, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        m = re.match(r"^\[\s*([A-Za-z0-9_.\-]+)\s*\]", line)
-        if m:
-            current = m.group(1)
-            if table is None and current == key:
-                return n
-            continue
-        if re.match(rf"^{re.escape(key)}\s*=", line) and (table is None or current == table):
-            return n
-    return None
-
-
 def load_tiers_file(path: str | Path) -> TiersFile:
     """Parse and check a tiers file; errors name the file, line and field."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror}", file=path, field="--tiers") from None
-    except UnicodeDecodeError as exc:
-        raise InputError(f"not UTF-8 text (byte {exc.start})", file=path,
-                         field="--tiers") from None
-    try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        m = re.search(r"line (\d+)", str(exc))
-        raise InputError(f"not valid TOML: {exc}", file=path,
-                         line=int(m.group(1)) if m else None) from None
+    doc = read_config(path, kind="toml")
 
     def bad(message: str, key: str, table: str | None = None) -> InputError:
-        name = f"{table}.{key}" if table else key
-        return InputError(message, file=path, line=_line_of(text, key, table), field=name)
+        return doc.error(message, (*table.split("."), key) if table else (key,))
 
     out = TiersFile()
-    for key, value in doc.items():
+    if not isinstance(doc.data, dict):
+        raise doc.error("expected a table")
+    for key, value in doc.data.items():
         if key not in _TOP_KEYS:
             raise bad(f"unknown key (use {', '.join(sorted(_TOP_KEYS))})", key)
         if key == "write_policy":

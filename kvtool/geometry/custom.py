@@ -22,11 +22,11 @@ and the key; unknown keys are rejected so typos do not silently fall back to def
 
 from __future__ import annotations
 
-import re
-import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kvtool.configfile import ConfigDocument, read_config
 from kvtool.errors import InputError, UsageError
 from kvtool.geometry.dtypes import DTYPE_BYTES, canonical_dtype
 from kvtool.geometry.model import ComponentSpec, ModelSpec
@@ -81,53 +81,51 @@ def custom(*, layers: int, name: str = "custom", kv_heads: int | None = None,
 
 def from_toml(path: str | Path) -> ModelSpec:
     """Read a custom geometry from TOML (see the module docstring for the keys)."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UsageError(f"no such file: {p}", field="--geometry") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read: {exc}", file=p) from None
-    try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        m = re.search(r"at line (\d+)", str(exc))
-        raise InputError(f"not valid TOML: {exc}", file=p,
-                         line=int(m.group(1)) if m else None) from None
-    return _from_doc(doc, p, text)
+    doc = read_config(path, kind="toml")
+    if not isinstance(doc.data, dict):
+        raise doc.error("expected a table")
+    return _from_doc(doc)
 
 
-def _from_doc(doc: dict[str, Any], p: Path, text: str) -> ModelSpec:
-    def fail(key: str, message: str) -> InputError:
-        return InputError(message, file=p, line=_line_of(text, key), field=key)
+Fail = Callable[..., InputError]
+"""``fail(key, message, *within)``: an error naming ``key`` inside the table ``within``."""
 
-    for key in doc:
+
+def _from_doc(doc: ConfigDocument) -> ModelSpec:
+    data: dict[str, Any] = doc.data
+    p = Path(doc.source or "geometry")
+
+    def fail(key: str, message: str, *within: str | int) -> InputError:
+        return doc.error(message, (*within, key) if key else within)
+
+    for key in data:
         if key not in _TOP_KEYS:
             raise fail(key, f"unknown key (known: {', '.join(sorted(_TOP_KEYS))})")
     for key in ("name", "layers"):
-        if key not in doc:
-            raise InputError("required key is missing", file=p, field=key)
-    name = doc["name"]
+        if key not in data:
+            raise InputError("required key is missing", file=doc.source, field=key)
+    name = data["name"]
     if not isinstance(name, str) or not name.strip():
         raise fail("name", "must be a non-empty string")
-    source = doc.get("source", f"custom geometry from {p.name}")
-    layers = _int(doc, "layers", fail)
-    comps = doc.get("components")
+    source = data.get("source", f"custom geometry from {p.name}")
+    layers = _int(data, "layers", fail)
+    comps = data.get("components")
     try:
         if comps is None:
             spec = custom(
                 layers=layers, name=name, source=str(source),
-                kv_heads=_opt_int(doc, "kv_heads", fail), head_dim=_opt_int(doc, "head_dim", fail),
-                kv_lora_rank=_opt_int(doc, "kv_lora_rank", fail),
-                qk_rope_head_dim=_opt_int(doc, "qk_rope_head_dim", fail),
-                dtype=doc.get("dtype"), dtype_bytes=_opt_int(doc, "dtype_bytes", fail),
+                kv_heads=_opt_int(data, "kv_heads", fail),
+                head_dim=_opt_int(data, "head_dim", fail),
+                kv_lora_rank=_opt_int(data, "kv_lora_rank", fail),
+                qk_rope_head_dim=_opt_int(data, "qk_rope_head_dim", fail),
+                dtype=data.get("dtype"), dtype_bytes=_opt_int(data, "dtype_bytes", fail),
                 field_prefix="")
         else:
-            spec = _with_components(doc, name, str(source), layers, comps, fail)
+            spec = _with_components(data, name, str(source), layers, comps, fail)
     except UsageError as exc:
         raise fail(exc.field or "", exc.message) from None
-    if "attention" in doc and doc["attention"] not in ("mha", "gqa", "mla"):
-        raise fail("attention", f"must be mha, gqa or mla, got {doc['attention']!r}")
+    if "attention" in data and data["attention"] not in ("mha", "gqa", "mla"):
+        raise fail("attention", f"must be mha, gqa or mla, got {data['attention']!r}")
     return spec
 
 
@@ -141,22 +139,24 @@ def _with_components(doc: dict[str, Any], name: str, source: str, layers: int, c
     specs = []
     for i, c in enumerate(comps):
         if not isinstance(c, dict):
-            raise fail("components", f"entry {i + 1} must be a table")
+            raise fail("", "must be a table", "components", i)
         for key in c:
             if key not in _COMPONENT_KEYS:
-                raise fail(key, f"unknown key in components entry {i + 1} "
-                                f"(known: {', '.join(sorted(_COMPONENT_KEYS))})")
+                raise fail(key, f"unknown key (known: {', '.join(sorted(_COMPONENT_KEYS))})",
+                           "components", i)
         for key in ("layers", "entry_bytes"):
             if key not in c:
-                raise fail("components", f"entry {i + 1} lacks '{key}'")
+                raise fail("", f"lacks '{key}'", "components", i)
         kind = c.get("kind", "latent")
         if kind not in ("kv", "latent", "indexer"):
-            raise fail("kind", f"must be kv, latent or indexer, got {kind!r}")
+            raise fail("kind", f"must be kv, latent or indexer, got {kind!r}", "components", i)
         specs.append(ComponentSpec(
             name=str(c.get("name", f"component{i + 1}")), kind=kind,
-            layers=_int(c, "layers", fail), fixed_bytes=_int(c, "entry_bytes", fail),
-            tokens_per_entry=_int(c, "tokens_per_entry", fail, default=1),
-            pad_to=_int(c, "pad_to", fail, default=1)))
+            layers=_int(c, "layers", fail, within=("components", i)),
+            fixed_bytes=_int(c, "entry_bytes", fail, within=("components", i)),
+            tokens_per_entry=_int(c, "tokens_per_entry", fail, default=1,
+                                  within=("components", i)),
+            pad_to=_int(c, "pad_to", fail, default=1, within=("components", i))))
     if sum(s.layers for s in specs if s.kind != "indexer") > layers:
         raise fail("layers", "components cover more layers than the model has")
     dtype = _pick_dtype(doc.get("dtype"), _opt_int(doc, "dtype_bytes", fail), lambda k: k)
@@ -185,18 +185,13 @@ def _positive(value: int, field: str) -> None:
         raise UsageError(f"must be a positive integer, got {value!r}", field=field)
 
 
-def _int(d: dict[str, Any], key: str, fail: Any, default: int | None = None) -> int:
+def _int(d: dict[str, Any], key: str, fail: Fail, default: int | None = None,
+         within: tuple[str | int, ...] = ()) -> int:
     value = d.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise fail(key, f"must be a positive integer, got {value!r}")
+        raise fail(key, f"must be a positive integer, got {value!r}", *within)
     return value
 
 
-def _opt_int(d: dict[str, Any], key: str, fail: Any) -> int | None:
+def _opt_int(d: dict[str, Any], key: str, fail: Fail) -> int | None:
     return None if key not in d else _int(d, key, fail)
-
-
-def _line_of(text: str, key: str) -> int | None:
-    pattern = re.compile(rf"^\s*{re.escape(key)}\s*=", re.M)
-    m = pattern.search(text)
-    return text.count("\n", 0, m.start()) + 1 if m else None

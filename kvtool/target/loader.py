@@ -25,15 +25,20 @@ File format (docs/target.md has the full reference)::
 from __future__ import annotations
 
 import ipaddress
-import json
 import os
 import re
 import stat
-import tomllib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from kvtool.configfile import (
+    ConfigDocument,
+    Locator,
+    field_name,
+    parse_config_text,
+    read_config,
+)
 from kvtool.errors import InputError, KvtoolError
 from kvtool.nvme import dhchap
 from kvtool.nvme.spec import DISCOVERY_NQN, is_loopback, nqn_problem
@@ -53,7 +58,6 @@ from kvtool.target.model import (
 )
 from kvtool.target.nvmet.nvmetcli import looks_like_nvmetcli
 from kvtool.target.nvmet.nvmetcli import to_config_dict as nvmetcli_to_config
-from kvtool.target.tomlpos import Locator
 from kvtool.units import parse_size
 
 _SERIAL_RE = re.compile(r"^[\x20-\x7e]{1,20}$")
@@ -177,13 +181,6 @@ def _show(v: Any) -> str:
     return f"{type(v).__name__} {v!r}"
 
 
-def _field_name(path: tuple[str | int, ...]) -> str:
-    out = ""
-    for p in path:
-        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else p)
-    return out
-
-
 class _Loader:
     def __init__(self, source: str | None, locator: Locator | None) -> None:
         self.source = source
@@ -191,7 +188,7 @@ class _Loader:
 
     def error(self, message: str, path: tuple[str | int, ...]) -> InputError:
         line = self.locator.line(path) if self.locator else None
-        return InputError(message, file=self.source, line=line, field=_field_name(path) or None)
+        return InputError(message, file=self.source, line=line, field=field_name(path) or None)
 
 
 def load_config(path: str | Path, *, backend: str | None = None, engine: str | None = None,
@@ -202,38 +199,29 @@ def load_config(path: str | Path, *, backend: str | None = None, engine: str | N
     devices on this machine (off when they live elsewhere, e.g. inside a QEMU guest).
     """
     p = Path(path)
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise InputError("config file not found", file=str(p)) from None
-    except OSError as exc:
-        raise InputError(f"cannot read config: {exc.strerror}", file=str(p)) from None
-    return parse_config(text, source=str(p), backend=backend, engine=engine,
-                        allow_remote=allow_remote, check_paths=check_paths,
-                        is_json=p.suffix.lower() == ".json", default_name=p.stem)
+    doc = read_config(p)
+    return _from_document(doc, backend=backend, engine=engine, allow_remote=allow_remote,
+                          check_paths=check_paths, default_name=p.stem)
 
 
 def parse_config(text: str, *, source: str | None = None, backend: str | None = None,
                  engine: str | None = None, allow_remote: bool = False, check_paths: bool = True,
                  is_json: bool = False, default_name: str = "target") -> TargetConfig:
     """Parse and validate config text; see :func:`load_config`."""
-    if is_json:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"invalid JSON: {exc.msg}", file=source, line=exc.lineno) from None
-        if looks_like_nvmetcli(data):
-            data = nvmetcli_to_config(data)
-        locator = None
-    else:
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            m = re.search(r"\(at line (\d+), column \d+\)", str(exc))
-            msg = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(exc))
-            raise InputError(f"invalid TOML: {msg}", file=source,
-                             line=int(m.group(1)) if m else None) from None
-        locator = Locator(text)
+    doc = parse_config_text(text, source=source, kind="json" if is_json else "toml")
+    return _from_document(doc, backend=backend, engine=engine, allow_remote=allow_remote,
+                          check_paths=check_paths, default_name=default_name)
+
+
+def _from_document(doc: ConfigDocument, *, backend: str | None, engine: str | None,
+                   allow_remote: bool, check_paths: bool, default_name: str) -> TargetConfig:
+    source = doc.source
+    data: Any = doc.data
+    locator: Locator | None = doc.locator
+    is_json = doc.kind == "json"
+    if is_json and looks_like_nvmetcli(data):
+        data = nvmetcli_to_config(data)
+        locator = None  # nvmetcli's layout: its lines do not map onto kvtool's keys
     ld = _Loader(source, locator)
     root = _Reader(ld, data, ())
     cfg = _build(root, backend_override=backend, engine_override=engine,
@@ -526,7 +514,7 @@ def validate(cfg: TargetConfig, *, allow_remote: bool = False, check_paths: bool
     """Checks that depend on the machine or the backend (run again by ``up`` itself)."""
     def fail(message: str, *path: str | int) -> None:
         file, line = cfg.where(*path)
-        raise InputError(message, file=file, line=line, field=_field_name(path))
+        raise InputError(message, file=file, line=line, field=field_name(path))
 
     for i, lst in enumerate(cfg.listeners):
         if not allow_remote and not is_loopback(lst.address):

@@ -132,7 +132,7 @@ class TargetConfig:
     spdk_socket: str | None = None
     spdk_timeout: float = 60.0
     source: str | None = None  # the file it came from, for messages
-    locator: Any = field(default=None, compare=False, repr=False)  # tomlpos.Locator
+    locator: Any = field(default=None, compare=False, repr=False)  # kvtool.configfile.Locator
 
     def subsystem(self, nqn: str) -> Subsystem | None:
         return next((s for s in self.subsystems if s.nqn == nqn), None)

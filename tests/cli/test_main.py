@@ -82,7 +82,7 @@ def test_every_json_document_names_its_schema() -> None:
 def test_python_dash_m_kvtool_target_follows_the_cli_conventions(tmp_path: Path) -> None:
     env = {**os.environ, "KVTOOL_STATE_DIR": str(tmp_path)}
     for args, words in ((["up", "--bogus"], ["No such option"]),
-                        (["up", str(tmp_path / "none.toml")], ["config file not found"])):
+                        (["up", str(tmp_path / "none.toml")], ["no such file"])):
         p = subprocess.run([sys.executable, "-m", "kvtool.target", *args], capture_output=True,
                            text=True, env=env)
         lines = p.stderr.strip().splitlines()

@@ -185,7 +185,7 @@ def test_binary_tiers_file_is_exit_2(trace: Path, tmp_path: Path) -> None:
     toml.write_bytes(b'[dram]\ncapacity = "\xff"\n')
     result = run("replay", "--simulate", trace, "--tiers", toml)
     assert result.exit_code == 2
-    assert result.stderr == f"kvtool: error: {toml}: field '--tiers': not UTF-8 text (byte 19)\n"
+    assert result.stderr == f"kvtool: error: {toml}: not UTF-8 text (byte 19)\n"
 
 
 @pytest.mark.parametrize(("time", "field"), [

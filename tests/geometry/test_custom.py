@@ -96,13 +96,22 @@ def test_toml_syntax_error_has_line(tmp_path: Path) -> None:
 
 
 def test_toml_missing_file(tmp_path: Path) -> None:
-    with pytest.raises(UsageError) as err:
+    with pytest.raises(InputError) as err:
         from_toml(tmp_path / "absent.toml")
-    assert err.value.field == "--geometry"
+    assert err.value.file == str(tmp_path / "absent.toml") and "no such file" in str(err.value)
 
 
 def test_toml_bad_component(tmp_path: Path) -> None:
     p = _write(tmp_path, 'name = "x"\nlayers = 4\n[[components]]\nlayers = 4\nentry_byte = 10\n')
     with pytest.raises(InputError) as err:
         from_toml(p)
-    assert err.value.field == "entry_byte" and err.value.line == 5
+    assert err.value.field == "components[0].entry_byte" and err.value.line == 5
+
+
+def test_toml_errors_name_the_line_inside_its_table(tmp_path: Path) -> None:
+    """The same key at the top and in a [[components]] table: the error names the right one."""
+    p = _write(tmp_path, 'name = "x"\nlayers = 4\n[[components]]\nlayers = 2\nentry_bytes = 10\n'
+                         '[[components]]\nlayers = 0\nentry_bytes = 10\n')
+    with pytest.raises(InputError) as err:
+        from_toml(p)
+    assert (err.value.field, err.value.line) == ("components[1].layers", 7)

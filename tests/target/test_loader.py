@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from kvtool.configfile import TomlLocator as Locator
 from kvtool.errors import InputError
 from kvtool.nvme.spec import nqn_problem
 from kvtool.target.loader import load_config, parse_config
-from kvtool.target.tomlpos import Locator
 from tests.conftest import FIXTURES
 
 HOST = "nqn.2014-08.org.nvmexpress:uuid:11111111-1111-4111-8111-111111111111"
@@ -163,7 +163,7 @@ def test_listener_must_name_a_subsystem() -> None:
 
 
 def test_missing_file() -> None:
-    with pytest.raises(InputError, match="config file not found"):
+    with pytest.raises(InputError, match="no such file"):
         load_config("/nonexistent/target.toml")
 
 
