@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import os
+import re
 import signal
 import subprocess
 import time
@@ -56,6 +57,17 @@ class SpdkInstall:
     @property
     def rpc_py(self) -> Path:
         return self.root / "scripts" / "rpc.py"
+
+    def version(self) -> dict[str, object]:
+        """What ``spdk_get_version`` would answer, read from ``nvmf_tgt --version``."""
+        out = subprocess.run([str(self.bin("nvmf_tgt")), "--version"], capture_output=True,
+                             text=True, env=self.env(), timeout=30, check=False)
+        m = re.search(r"SPDK v(\d+)\.(\d+)(?:\.(\d+))?(\S*)", out.stdout + out.stderr)
+        if m is None:
+            raise SpdkNotFound(f"{self.bin('nvmf_tgt')} --version printed no SPDK version")
+        return {"version": m.group(0), "fields": {
+            "major": int(m.group(1)), "minor": int(m.group(2)), "patch": int(m.group(3) or 0),
+            "suffix": m.group(4)}}
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items()

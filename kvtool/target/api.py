@@ -64,6 +64,9 @@ def backend_for(cfg: TargetConfig, opts: Options | None = None,
     if engine == "qemu":
         from kvtool.target.guest import QemuEngine
         return QemuEngine(record)
+    if engine == "spdk":
+        from kvtool.target.spdk.engine import SpdkEngine
+        return SpdkEngine(record)
     from kvtool.target.emulator import KernelEngine
     return KernelEngine(opts.configfs_root)
 

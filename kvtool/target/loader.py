@@ -9,7 +9,7 @@ File format (docs/target.md has the full reference)::
     backend = "emulator"            # nvmet | spdk | emulator
     name = "demo"                   # state name (default: the file's stem)
     [emulator]
-    engine = "userspace"            # auto | kernel | qemu | userspace
+    engine = "userspace"            # auto | kernel | qemu | userspace | spdk
     [[subsystem]]
     nqn = "nqn.2026-01.io.kvtool:demo"
     hosts = ["nqn.2014-08.org.nvmexpress:uuid:..."]

@@ -23,11 +23,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 BackendName = Literal["nvmet", "spdk", "emulator"]
-Engine = Literal["auto", "kernel", "qemu", "userspace"]
+Engine = Literal["auto", "kernel", "qemu", "userspace", "spdk"]
 Backing = Literal["memory", "file", "block", "nvme"]
 
 BACKENDS: tuple[str, ...] = ("nvmet", "spdk", "emulator")
-ENGINES: tuple[str, ...] = ("auto", "kernel", "qemu", "userspace")
+ENGINES: tuple[str, ...] = ("auto", "kernel", "qemu", "userspace", "spdk")
 BACKINGS: tuple[str, ...] = ("memory", "file", "block", "nvme")
 TRANSPORTS: tuple[str, ...] = ("tcp", "rdma")
 DEFAULT_PORT = 4420

@@ -16,9 +16,20 @@ import os
 import re
 from typing import Any
 
+from kvtool.errors import InputError
 from kvtool.target.plan import TargetError
 
 DEFAULT_SOCKET = "/var/tmp/spdk.sock"
+
+
+def require_client() -> Any:
+    """The PyPI ``spdk`` client module, or one line saying how to install it (exit 2)."""
+    try:
+        from spdk.rpc import client
+    except ImportError:
+        raise InputError("SPDK's JSON-RPC client is not installed: install kvtool[spdk] "
+                         "(pip install 'kvtool[spdk]')") from None
+    return client
 
 
 class SpdkError(TargetError):
@@ -50,11 +61,8 @@ class SpdkRpc:
         self.calls: list[tuple[str, dict[str, Any]]] = []  # what was sent, for the report
 
     def _connect(self) -> Any:
-        try:
-            from spdk.rpc.client import JSONRPCClient, JSONRPCException
-        except ImportError:
-            raise TargetError("the spdk backend needs the PyPI 'spdk' client: "
-                              "pip install 'kvtool[spdk]'") from None
+        client = require_client()
+        JSONRPCClient, JSONRPCException = client.JSONRPCClient, client.JSONRPCException
         if not os.path.exists(self.socket_path):
             raise TargetError(f"no SPDK RPC socket at {self.socket_path}: is spdk_tgt running? "
                               "(start it with: spdk_tgt -r SOCKET, or give --spdk-socket)")
@@ -65,7 +73,7 @@ class SpdkRpc:
                               f"{exc.message.splitlines()[-1]}") from None
 
     def call(self, method: str, params: dict[str, Any] | None = None) -> Any:
-        from spdk.rpc.client import JSONRPCException  # _connect reports when it is missing
+        JSONRPCException = require_client().JSONRPCException
         if self._client is None:
             self._client = self._connect()
         sent = copy.deepcopy(params or {})

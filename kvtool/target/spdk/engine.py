@@ -1,0 +1,164 @@
+"""The emulator's ``spdk`` engine: SPDK's own ``nvmf_tgt``, started by kvtool on 127.0.0.1.
+
+``kvtool target up CONFIG --engine spdk`` (or ``[emulator] engine = "spdk"``) starts
+``nvmf_tgt --no-huge -m 0x1 --no-pci`` (SPDK from ``$KVTOOL_SPDK_DIR`` or the build of
+``../shared/vendor/spdk``, :mod:`emulator.spdk`) as a background process with a private RPC
+socket, then configures it through the spdk backend: memory namespaces become malloc bdevs,
+files AIO bdevs. The process outlives ``up``; its pid, socket and log are in the target's
+state record, so ``status`` (SPDK's own view), ``load``/``replay`` (the endpoints) and
+``down`` (which stops it) find it. While it runs, a changed config is applied by the spdk
+backend's incremental plan.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+from kvtool.errors import InputError
+from kvtool.target.emulator import BackgroundEngine, stop_pid
+from kvtool.target.model import TargetConfig
+from kvtool.target.plan import Plan, TargetError
+from kvtool.target.spdk.backend import SpdkBackend, spdk_config
+from kvtool.target.spdk.rpc import SpdkRpc, require_client
+
+CPUMASK = "0x1"
+BASE_MEM_MB = 1024  # DPDK memory beyond the malloc bdevs (buffers, pools); touched lazily
+_READS = ("nvmf_get_transports", "nvmf_get_subsystems", "bdev_get_bdevs",
+          "bdev_nvme_get_controllers", "keyring_get_keys")
+
+
+class _NotStartedRpc(SpdkRpc):
+    """The RPC of an nvmf_tgt that a plan is about to start: at plan time reads answer as
+    a fresh target would; once started, every call goes to it."""
+
+    def __init__(self, socket_path: str, timeout: float, version: dict[str, Any]) -> None:
+        super().__init__(socket_path, timeout)
+        self.version = version
+        self.started = False
+
+    def call(self, method: str, params: dict[str, Any] | None = None) -> Any:
+        if not self.started:
+            if method == "spdk_get_version":
+                return self.version
+            if method in _READS:
+                return []
+        return super().call(method, params)
+
+
+def memory_mb(cfg: TargetConfig) -> int:
+    return BASE_MEM_MB + sum((ns.size or 0) >> 20 for s in cfg.subsystems
+                             for ns in s.namespaces if ns.backing == "memory")
+
+
+def _install() -> Any:
+    from emulator.spdk import SpdkNotFound, find_spdk
+    try:
+        return find_spdk(build=False)
+    except SpdkNotFound as exc:
+        raise InputError(f"the spdk engine needs SPDK: {exc}", field="engine") from None
+
+
+class SpdkEngine(BackgroundEngine):
+    """nvmf_tgt as the emulator's target, configured through :class:`SpdkBackend`."""
+
+    engine = "spdk"
+
+    def _backend(self, cfg: TargetConfig) -> SpdkBackend:
+        return SpdkBackend(socket_path=self.extra["spdk_socket"], timeout=cfg.spdk_timeout)
+
+    def plan_up(self, cfg: TargetConfig, previous: TargetConfig | None = None) -> Plan:
+        if self._running():
+            plan = self._backend(cfg).plan_up(cfg, previous)
+            plan.backend = self.name
+            return plan
+        require_client()
+        install = _install()
+        # short (a Unix socket path has 107 bytes), created only when the plan runs
+        workdir = Path(tempfile.gettempdir()) / f"kvtool-spdk-{uuid.uuid4().hex[:10]}"
+        rpc = _NotStartedRpc(str(workdir / "spdk.sock"), cfg.spdk_timeout, install.version())
+        inner = SpdkBackend(rpc).plan_up(cfg)
+        plan = Plan(self.name, "up")
+        mem = memory_mb(cfg)
+
+        def start() -> None:
+            self._start(cfg, install, workdir, mem)
+            rpc.started = True
+
+        def stop() -> None:
+            self._stop(self.pid)
+            shutil.rmtree(workdir, ignore_errors=True)
+
+        plan.add("start", "process", "nvmf_tgt",
+                 f"--no-huge -s {mem} -m {CPUMASK} --no-pci, RPC {rpc.socket_path}", start, stop)
+        for step in inner.steps:
+            if step.undo is None:  # a transport: it goes with the process
+                step.undo = lambda: None
+            plan.steps.append(step)
+        plan.notes.extend(n for n in inner.notes if "SPDK has no RPC to delete" not in n)
+        return plan
+
+    def _start(self, cfg: TargetConfig, install: Any, workdir: Path, mem: int,
+               config: Path | None = None) -> None:
+        from emulator.spdk import SpdkApp, SpdkAppError
+        workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        app = SpdkApp(install, "nvmf_tgt", cpumask=CPUMASK, mem_mb=mem, workdir=workdir,
+                      config=config)
+        try:
+            app.start()
+        except SpdkAppError as exc:
+            raise TargetError(str(exc)) from None
+        self.pid = app.pid
+        self.extra = {"spdk_socket": str(app.socket), "spdk_dir": str(workdir),
+                      "spdk_root": str(install.root), "log": str(app.log_path),
+                      "mem_mb": mem}
+
+    def _stop(self, pid: int | None) -> None:
+        sock = self.extra.get("spdk_socket")
+        if pid and sock and Path(sock).exists():
+            with contextlib.suppress(Exception), SpdkRpc(sock, timeout=5) as rpc:
+                rpc.call("spdk_kill_instance", {"sig_name": "SIGTERM"})
+        stop_pid(pid)
+        if pid == self.pid:
+            self.pid = None
+
+    def plan_down(self, cfg: TargetConfig) -> Plan:
+        plan = Plan(self.name, "down")
+        if not self._running():
+            plan.notes.append("no nvmf_tgt is running for this config")
+            return plan
+        assert self.record is not None
+        pid, workdir = self.record.pid, Path(self.extra["spdk_dir"])
+        previous = dict(self.extra)
+
+        def stop() -> None:
+            self._stop(pid)
+            shutil.rmtree(workdir, ignore_errors=True)
+
+        def restart() -> None:  # the config as SPDK's JSON: the same state in one start
+            from emulator.spdk import SpdkInstall
+            workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            saved = workdir / "restore.json"
+            saved.write_text(json.dumps(spdk_config(cfg)))
+            self._start(cfg, SpdkInstall(Path(previous["spdk_root"])), workdir,
+                        int(previous.get("mem_mb", memory_mb(cfg))), config=saved)
+
+        plan.add("stop", "process", f"nvmf_tgt pid {pid}", "spdk_kill_instance SIGTERM",
+                 stop, restart)
+        return plan
+
+    def status(self, cfg: TargetConfig) -> dict[str, Any]:
+        if not self._running():
+            return {"backend": self.name, "engine": self.engine, "pid": None,
+                    "subsystems": [{"nqn": s.nqn, "state": "absent", "namespaces": [],
+                                    "listeners": [], "hosts": [], "allow_any_host": False}
+                                   for s in cfg.subsystems]}
+        assert self.record is not None
+        live = self._backend(cfg).status(cfg)
+        return {**live, "backend": self.name, "engine": self.engine, "pid": self.record.pid,
+                "log": self.extra.get("log")}
