@@ -28,8 +28,9 @@ from kvtool.errors import CheckFailed, UsageError
 from kvtool.store.checksum import crc32c
 from kvtool.store.engine import DEFAULT_QD, open_engine
 from kvtool.store.layout import ORDINAL_NONE, PAYLOAD_FILE, BadSuperblock, NotAStore
-from kvtool.store.objectstore import ObjectStore, read_slots
+from kvtool.store.objectstore import ObjectStore
 from kvtool.store.payload import ANALYTIC_CRC_MIN_OBJECTS, Payload, make_payload
+from kvtool.store.reader import read_slots
 
 if TYPE_CHECKING:
     from kvtool.nvme.hostauth import HostCredentials

@@ -74,6 +74,137 @@ def _quantile(sorted_values: list[int], q: float) -> int:
     return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
+class RequestTally:
+    """Counts, tokens, sessions, rounds, input lengths and duration of the requests."""
+
+    def __init__(self) -> None:
+        self.requests = self.input_tokens = self.output_tokens = self.max_round = 0
+        self.sessions: set[str | int] = set()
+        self.block_tokens: int | None = None
+        self.first_ts: float | None = None
+        self.last_ts: float | None = None
+        self.lengths: list[int] = []
+
+    def add(self, req: Request) -> None:
+        self.requests += 1
+        if self.block_tokens is None:
+            self.block_tokens = req.block_tokens
+        if self.first_ts is None:
+            self.first_ts = req.timestamp
+        self.last_ts = req.timestamp
+        self.input_tokens += req.input_length
+        self.output_tokens += req.output_length
+        self.lengths.append(req.input_length)
+        if req.session is not None:
+            self.sessions.add(req.session)
+        if req.round is not None and req.round > self.max_round:
+            self.max_round = req.round
+
+    def to_dict(self) -> dict[str, Any]:
+        lengths = sorted(self.lengths)
+        n = self.requests
+        return {
+            "requests": n, "sessions": len(self.sessions), "rounds": self.max_round,
+            "block_tokens": self.block_tokens, "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "input_length": {"mean": self.input_tokens / n if n else 0.0,
+                             "p50": _quantile(lengths, 0.50), "p99": _quantile(lengths, 0.99),
+                             "max": lengths[-1] if lengths else 0},
+            "duration_ms": (self.last_ts - self.first_ts)
+            if self.first_ts is not None and self.last_ts is not None else 0.0,
+        }
+
+
+class ReuseDistances:
+    """The histogram of reuse distances (LRU stack distances, in blocks)."""
+
+    def __init__(self) -> None:
+        self.fenwick = _Fenwick()
+        self.buckets: list[int] = []
+        self.cold = 0
+        self.reuses = 0
+
+    def access(self, position: int, last: int | None) -> None:
+        """Block access number ``position``; ``last``: its previous access, if any."""
+        fenwick = self.fenwick
+        if last is None:
+            self.cold += 1
+        else:
+            # Every tracked block's mark lies before `position`, so the distinct blocks
+            # touched since `last` are the marks after it.
+            b = (fenwick.total - fenwick.prefix(last)).bit_length()
+            if b >= len(self.buckets):
+                self.buckets.extend([0] * (b + 1 - len(self.buckets)))
+            self.buckets[b] += 1
+            self.reuses += 1
+            fenwick.add(last, -1)
+        fenwick.add(position, 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"unit": "blocks", "cold": self.cold, "reuses": self.reuses,
+                "buckets": [{"min": lo, "max": hi, "count": count} for lo, hi, count in
+                            ((*_bucket_bounds(i), c) for i, c in enumerate(self.buckets))]}
+
+
+class InfiniteCache:
+    """Prefix hits of an infinite cache (the theoretical maximum), overall and per round."""
+
+    def __init__(self, reuse: ReuseDistances | None = None) -> None:
+        self.seen: dict[int, int] = {}  # key -> position of its latest access (1-based)
+        self.reuse = reuse
+        self.position = self.accesses = self.hit_blocks = 0
+        self.input_tokens = self.hit_tokens = 0
+        self.rounds: dict[int, list[int]] = {}  # round -> [requests, input, hit, new blocks]
+
+    def add(self, req: Request) -> None:
+        seen, reuse = self.seen, self.reuse
+        keys = req.block_keys
+        k = 0
+        for key in keys:
+            if key not in seen:
+                break
+            k += 1
+        hit = min(k * req.block_tokens, req.input_length)
+        new_blocks = 0
+        position = self.position
+        for key in keys:
+            position += 1
+            last = seen.get(key)
+            if last is None:
+                new_blocks += 1
+            if reuse is not None:
+                reuse.access(position, last)
+            seen[key] = position
+        self.position = position
+        self.accesses += len(keys)
+        self.hit_blocks += k
+        self.hit_tokens += hit
+        self.input_tokens += req.input_length
+        row = self.rounds.setdefault(req.report_round, [0, 0, 0, 0])
+        row[0] += 1
+        row[1] += req.input_length
+        row[2] += hit
+        row[3] += new_blocks
+
+    def to_dict(self, block_bytes: int | None) -> dict[str, Any]:
+        unique = len(self.seen)
+        return {
+            "block_accesses": self.accesses,
+            "unique_blocks": unique,
+            "unique_bytes": unique * block_bytes if block_bytes else None,
+            "max_hit_tokens": self.hit_tokens,
+            "max_token_hit_ratio": self.hit_tokens / self.input_tokens
+            if self.input_tokens else 0.0,
+            "max_block_hit_ratio": self.hit_blocks / self.accesses if self.accesses else 0.0,
+            "per_round": [
+                {"round": r, "requests": row[0], "input_tokens": row[1],
+                 "max_hit_tokens": row[2],
+                 "max_token_hit_ratio": row[2] / row[1] if row[1] else 0.0,
+                 "new_blocks": row[3]}
+                for r, row in sorted(self.rounds.items())],
+        }
+
+
 def trace_stats(
     requests: Iterable[Request],
     *,
@@ -86,109 +217,11 @@ def trace_stats(
     ``block_bytes`` adds the footprint of the unique blocks in bytes.
     Schema: docs/trace.md ("trace stats").
     """
-    seen: dict[int, int] = {}  # key -> position of its latest access (1-based)
-    fenwick = _Fenwick() if reuse else None
-    buckets: list[int] = []
-    cold = 0
-    position = 0
-    n_requests = 0
-    input_tokens = output_tokens = hit_tokens = 0
-    accesses = hit_blocks = 0
-    sessions: set[str | int] = set()
-    max_round = 0
-    block_tokens: int | None = None
-    first_ts: float | None = None
-    last_ts: float | None = None
-    lengths: list[int] = []
-    rounds: dict[int, list[int]] = {}  # round -> [requests, input, hit, new blocks]
-
+    tally = RequestTally()
+    distances = ReuseDistances() if reuse else None
+    cache = InfiniteCache(distances)
     for req in requests:
-        n_requests += 1
-        if block_tokens is None:
-            block_tokens = req.block_tokens
-        if first_ts is None:
-            first_ts = req.timestamp
-        last_ts = req.timestamp
-        input_tokens += req.input_length
-        output_tokens += req.output_length
-        lengths.append(req.input_length)
-        if req.session is not None:
-            sessions.add(req.session)
-        if req.round is not None and req.round > max_round:
-            max_round = req.round
-        keys = req.block_keys
-        k = 0
-        for key in keys:
-            if key not in seen:
-                break
-            k += 1
-        hit = min(k * req.block_tokens, req.input_length)
-        hit_tokens += hit
-        hit_blocks += k
-        new_blocks = 0
-        for key in keys:
-            position += 1
-            last = seen.get(key)
-            if last is None:
-                cold += 1
-                new_blocks += 1
-            elif fenwick is not None:
-                # Every tracked block's mark lies before `position`, so the distinct blocks
-                # touched since `last` are the marks after it.
-                distance = fenwick.total - fenwick.prefix(last)
-                b = distance.bit_length()
-                if b >= len(buckets):
-                    buckets.extend([0] * (b + 1 - len(buckets)))
-                buckets[b] += 1
-                fenwick.add(last, -1)
-            if fenwick is not None:
-                fenwick.add(position, 1)
-            seen[key] = position
-        accesses += len(keys)
-        row = rounds.setdefault(req.report_round, [0, 0, 0, 0])
-        row[0] += 1
-        row[1] += req.input_length
-        row[2] += hit
-        row[3] += new_blocks
-
-    lengths.sort()
-    unique = len(seen)
-    result: dict[str, Any] = {
-        "requests": n_requests,
-        "sessions": len(sessions),
-        "rounds": max_round,
-        "block_tokens": block_tokens,
-        "input_tokens": input_tokens,
-        "output_tokens": output_tokens,
-        "input_length": {
-            "mean": input_tokens / n_requests if n_requests else 0.0,
-            "p50": _quantile(lengths, 0.50),
-            "p99": _quantile(lengths, 0.99),
-            "max": lengths[-1] if lengths else 0,
-        },
-        "duration_ms": (last_ts - first_ts) if first_ts is not None and last_ts is not None
-        else 0.0,
-        "block_accesses": accesses,
-        "unique_blocks": unique,
-        "unique_bytes": unique * block_bytes if block_bytes else None,
-        "max_hit_tokens": hit_tokens,
-        "max_token_hit_ratio": hit_tokens / input_tokens if input_tokens else 0.0,
-        "max_block_hit_ratio": hit_blocks / accesses if accesses else 0.0,
-        "per_round": [
-            {"round": r, "requests": row[0], "input_tokens": row[1], "max_hit_tokens": row[2],
-             "max_token_hit_ratio": row[2] / row[1] if row[1] else 0.0, "new_blocks": row[3]}
-            for r, row in sorted(rounds.items())
-        ],
-        "reuse_distance": None,
-    }
-    if fenwick is not None:
-        result["reuse_distance"] = {
-            "unit": "blocks",
-            "cold": cold,
-            "reuses": accesses - cold,
-            "buckets": [
-                {"min": lo, "max": hi, "count": count}
-                for lo, hi, count in ((*_bucket_bounds(i), c) for i, c in enumerate(buckets))
-            ],
-        }
-    return result
+        tally.add(req)
+        cache.add(req)
+    return {**tally.to_dict(), **cache.to_dict(block_bytes),
+            "reuse_distance": distances.to_dict() if distances is not None else None}
