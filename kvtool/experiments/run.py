@@ -220,6 +220,9 @@ def run_experiment(exp: Experiment, *, out_dir: Path | None, simulate: bool = Fa
             "schema": SCHEMA, "name": exp.name, "title": exp.title, "source": exp.source,
             "claim": exp.claim, "scale": exp.scale, "notes": exp.notes, "kind": exp.kind,
             "workload": exp.workload, "block_bytes": block_bytes_of(exp),
+            # One shape for every kind and mode (docs/experiments.md): what does not apply
+            # is null.
+            "mode": None, "requests": None, "setup": None, "reads": None, "configs": [],
         }
         if exp.kind == "parallel-read":
             from kvtool.experiments.parallel_read import run_parallel_read
@@ -227,7 +230,6 @@ def run_experiment(exp: Experiment, *, out_dir: Path | None, simulate: bool = Fa
             data = run_parallel_read(exp, scratch=scratch or work, progress=progress)
             doc["mode"] = "measure"
             doc["reads"] = data.reads
-            doc["configs"] = []
         else:
             trace = work / "trace.jsonl"
             doc["requests"] = write_trace(exp, trace)

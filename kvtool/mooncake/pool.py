@@ -126,11 +126,18 @@ def _binary(name: str) -> str:
     return found
 
 
+def _not_up(name: str) -> dict[str, Any]:
+    """The document of a pool that is not up: the same keys as a running one's."""
+    return {"schema": "kvtool.pool/1", "name": name, "running": False, "url": None,
+            "master": None, "metadata": None, "metrics_url": None, "logs": None,
+            "started": None, "eviction": None}
+
+
 def status(name: str = "default") -> dict[str, Any]:
     """``{"name", "running", "url", "master", "metadata", "metrics_url", ...}``."""
     rec = read_record(name)
     if rec is None:
-        return {"schema": "kvtool.pool/1", "name": name, "running": False, "url": None}
+        return {**_not_up(name), "changed": None}
     procs = {"master": (rec.master_pid, rec.rpc_port), "metadata": (rec.metadata_pid,
                                                                     rec.metadata_port)}
     parts = {k: {"pid": pid, "port": port, "alive": _alive(pid), "listening": _listening(port)}
@@ -138,6 +145,7 @@ def status(name: str = "default") -> dict[str, Any]:
     running = all(p["alive"] and p["listening"] and _is_mooncake(p["pid"])
                   for p in parts.values())
     return {"schema": "kvtool.pool/1", "name": name, "running": running, "url": rec.url,
+            "changed": None,
             **parts, "metrics_url": f"http://{LOOPBACK}:{rec.metrics_port}/metrics",
             "logs": rec.logs, "started": rec.started,
             "eviction": {"high_watermark": rec.eviction_high_watermark,
@@ -226,10 +234,8 @@ def down(name: str = "default") -> dict[str, Any]:
     """Stop the pool's processes and forget it; ``changed`` is False when none was up."""
     rec = read_record(name)
     if rec is None:
-        return {"schema": "kvtool.pool/1", "name": name, "running": False, "url": None,
-                "changed": False}
+        return {**_not_up(name), "changed": False}
     for pid in (rec.master_pid, rec.metadata_pid):
         _stop_pid(pid)
     _record_path(name).unlink(missing_ok=True)
-    return {"schema": "kvtool.pool/1", "name": name, "running": False, "url": None,
-            "changed": True}
+    return {**_not_up(name), "changed": True}

@@ -117,3 +117,24 @@ def test_cliff_in_data_mode_matches_simulate_and_plan(store_dir: Path) -> None:
     replay_row = rows["collapse round, DRAM only (measured by the replay)"]
     assert replay_row["measured"] is True and abs(replay_row["kvtool"] - plan_row["kvtool"]) <= 1
     assert not list(store_dir.glob("nvme-*.img"))  # the experiment's store files are removed
+
+
+def test_experiment_documents_have_one_shape(store_dir: Path, tmp_path: Path) -> None:
+    """simulate, data and measure runs: the same top-level keys, each documented."""
+    small = tmp_path / "fx100-parallel-read.toml"
+    src = find_experiment("fx100-parallel-read").path
+    assert src is not None
+    small.write_text(src.read_text().replace("chunk_bytes = 4194304", "chunk_bytes = 65536")
+                     .replace('targets = ["file", "loop", "nvme-tcp"]', 'targets = ["file"]'))
+    from kvtool.experiments.spec import load_experiment
+
+    docs = [run_experiment(find_experiment("gp7000-read-path"), out_dir=None, simulate=True),
+            run_experiment(find_experiment("gp7000-read-path"), out_dir=None, scratch=store_dir),
+            run_experiment(load_experiment(small), out_dir=None, scratch=store_dir)]
+    assert [d["mode"] for d in docs] == ["simulate", "data", "measure"]
+    assert len({frozenset(d) for d in docs}) == 1
+    text = (Path(__file__).resolve().parents[2] / "docs" / "experiments.md").read_text()
+    missing = [k for k in docs[0] if f"{k}" not in text]
+    assert not missing
+    list_doc = run_json("experiment", "list")
+    assert set(list_doc) == {"schema", "experiments"}

@@ -49,7 +49,10 @@ def test_replay_counters_match_the_report() -> None:
         assert got.get(("kvtool_hit_tokens_total", key), 0) == res["hit_tokens"][tier]
         assert got.get(("kvtool_evictions_total", key), 0) == res["evictions"][tier]
         assert got.get(("kvtool_blocks_written_total", key), 0) == res["blocks_written"][tier]
+        assert got.get(("kvtool_puts_total", key), 0) == res["put_blocks"][tier]
+        assert got.get(("kvtool_promotions_total", key), 0) == res["promoted_blocks"][tier]
     assert res["hit_tokens"]["nvme"] > 0 and res["evictions"]["dram"] > 0  # the test can fail
+    assert res["promoted_blocks"]["dram"] > 0
     assert got[("kvtool_request_ttft_seconds_count", (("config", "t"),))] == res["requests"]
 
 

@@ -160,3 +160,15 @@ def test_experiment_with_dram_on_mooncake(pool: dict[str, Any], store_dir: Path,
     assert dram["tiers"][0]["backend"] == "mooncake" and dram["corrupt_blocks"] == 0
     rows = {r["metric"]: r for r in doc["rows"]}
     assert rows["load_ratio"]["measured"] is True and rows["load_ratio"]["kvtool"] > 0
+
+
+def test_pool_documents_have_one_shape(pool: dict[str, Any], tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    up = run_json("pool", "status", "--name", "t")
+    monkeypatch.setenv("KVTOOL_STATE_DIR", str(tmp_path))
+    started = {k: v for k, v in pool.items() if k not in ("state", "ports")}  # the fixture's
+    shapes = {frozenset(d) for d in (up, started, run_json("pool", "status", "--name", "none"),
+                                     run_json("pool", "down", "--name", "none"))}
+    assert len(shapes) == 1, shapes
+    text = (Path(__file__).resolve().parents[2] / "docs" / "mooncake.md").read_text()
+    assert all(k in text for k in up)
