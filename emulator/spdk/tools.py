@@ -114,15 +114,28 @@ def perf(install: SpdkInstall, transport_id: str, *, workload: str = "randread",
 
 
 def nvme_bdev_config(name: str, host: str, port: int, subnqn: str,
-                     hostnqn: str | None = None) -> dict[str, object]:
+                     hostnqn: str | None = None, dhchap_key_file: str | None = None,
+                     dhchap_ctrlr_key_file: str | None = None) -> dict[str, object]:
     """An SPDK ``--json`` config whose only bdev is an NVMe-oF controller's namespaces
-    (bdevs ``<name>n1``, ``<name>n2``, …), attached over TCP."""
+    (bdevs ``<name>n1``, ``<name>n2``, …), attached over TCP. With key files (DHHC-1,
+    mode 0600) the host authenticates with DH-HMAC-CHAP (keyring_file keys ``<name>-key``,
+    ``<name>-ckey``; the controller key makes it bidirectional)."""
     params: dict[str, object] = {"name": name, "trtype": "tcp", "adrfam": "ipv4",
                                  "traddr": host, "trsvcid": str(port), "subnqn": subnqn}
     if hostnqn:
         params["hostnqn"] = hostnqn
-    return {"subsystems": [{"subsystem": "bdev", "config": [
-        {"method": "bdev_nvme_attach_controller", "params": params}]}]}
+    keys = []
+    for option, suffix, path in (("dhchap_key", "key", dhchap_key_file),
+                                 ("dhchap_ctrlr_key", "ckey", dhchap_ctrlr_key_file)):
+        if path:
+            keys.append({"method": "keyring_file_add_key",
+                         "params": {"name": f"{name}-{suffix}", "path": path}})
+            params[option] = f"{name}-{suffix}"
+    subsystems: list[dict[str, object]] = [{"subsystem": "bdev", "config": [
+        {"method": "bdev_nvme_attach_controller", "params": params}]}]
+    if keys:
+        subsystems.insert(0, {"subsystem": "keyring", "config": keys})
+    return {"subsystems": subsystems}
 
 
 def dd(install: SpdkInstall, config: Path, args: list[str], timeout: float = 120.0,
