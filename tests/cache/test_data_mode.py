@@ -274,3 +274,20 @@ def test_data_mode_on_the_kernel_target(kernel_target: Any) -> None:
     if media["counted"]:
         expected = media["replay_padded_bytes"] + media["store_metadata_bytes"]
         assert abs(media["media_bytes_written"] - expected) <= media["unit_bytes"], media
+
+
+def test_place_syntax_in_compare_and_tiers_files(store_dir: Path, tmp_path: Path) -> None:
+    from tests.conftest import run_json
+
+    a, b = store_dir / "a.img", store_dir / "b.img"
+    doc = run_json("replay", MULTI, "--block-bytes", "4096",
+                   "--compare", f"dram=30blk,nvme=200blk@{a},label=A",
+                   "--compare", "gpu=10blk,dram=60blk,label=B")
+    assert [c["label"] for c in doc["configs"]] == ["A", "B"]
+    assert doc["configs"][0]["tiers"][-1]["url"] == str(a)
+    assert all(c["mode"] == "data" and c["verified_blocks"] > 0 for c in doc["configs"])
+    toml = tmp_path / "tiers.toml"
+    toml.write_text(f'[dram]\ncapacity = "30blk"\n[nvme]\ncapacity = "200blk@{b}"\n')
+    doc2 = run_json("replay", MULTI, "--block-bytes", "4096", "--tiers", toml)
+    assert doc2["tiers"][-1]["url"] == str(b)
+    assert doc2["hit_tokens"] == doc["configs"][0]["hit_tokens"]
