@@ -95,6 +95,9 @@ def run_cmd(name: str, out_dir: str | None, simulate: bool, dram: str | None,
         observer = serve_metrics(metrics_port)
         note(f"metrics on http://127.0.0.1:{observer.port}/metrics")
     note(f"[bold]{exp.name}[/]: {exp.title} · writing into {out}")
+    if exp.kind == "parallel-read" and (simulate or dram or nvme):
+        note(f"{exp.name} measures reads on its own targets: --simulate, --dram and --nvme "
+             "do not apply")
     if dram is not None:
         from kvtool.mooncake import parse_mooncake_url
 
