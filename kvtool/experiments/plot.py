@@ -83,7 +83,8 @@ def _random_prompts(data: RunData, ax: Any) -> None:
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("prompt length, tokens")
-    ax.set_ylabel("mean TTFT, ms (modelled)")
+    ax.set_ylabel("mean TTFT, ms (" + ("modelled" if data.mode == "simulate"
+                                       else "measured loads + modelled prefill") + ")")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
 
