@@ -20,6 +20,8 @@ CSV_COLUMNS = (
     + ["recompute_tokens"]
     + [f"blocks_written_{t}" for t in TIER_NAMES]
     + [f"bytes_written_{t}" for t in TIER_NAMES]
+    + [f"put_blocks_{t}" for t in TIER_NAMES]
+    + [f"promoted_blocks_{t}" for t in TIER_NAMES]
     + [f"bytes_read_{t}" for t in TIER_NAMES]
     + [f"evictions_{t}" for t in TIER_NAMES]
     + ["ttft_p50_s", "ttft_p99_s", "wall_s"]
@@ -48,7 +50,8 @@ def write_csv(results: list[dict[str, Any]], path: str | Path) -> None:
                     "wall_s": rnd["wall_s"],
                 }
                 for t in TIER_NAMES:
-                    for field in ("hit_tokens", "blocks_written", "bytes_written", "bytes_read",
+                    for field in ("hit_tokens", "blocks_written", "bytes_written", "put_blocks",
+                                  "promoted_blocks", "bytes_read",
                                   "evictions"):
                         row[f"{field}_{t}"] = rnd[field].get(t)
                 w.writerow(["" if row[c] is None else row[c] for c in CSV_COLUMNS])

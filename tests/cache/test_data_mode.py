@@ -291,3 +291,16 @@ def test_place_syntax_in_compare_and_tiers_files(store_dir: Path, tmp_path: Path
     doc2 = run_json("replay", MULTI, "--block-bytes", "4096", "--tiers", toml)
     assert doc2["tiers"][-1]["url"] == str(b)
     assert doc2["hit_tokens"] == doc["configs"][0]["hit_tokens"]
+
+
+@pytest.mark.root
+def test_nvme_tier_on_a_block_device(loop_device: Any) -> None:
+    """``--nvme /dev/loopN``: the whole device (4 KiB sectors: objects pad to 4 KiB)."""
+    dev = loop_device(48 << 20, sector_size=4096)
+    tiers = {"gpu": "10blk", "dram": "30blk"}
+    sim = prepare(settings(MULTI, {**tiers, "nvme": "inf"}, simulate=True,
+                           block_bytes=65536 + 256)).run()
+    data = prepare(settings(MULTI, {**tiers, "nvme": dev}, block_bytes=65536 + 256)).run()
+    nvme = data["tiers"][-1]
+    assert nvme["url"] == dev and nvme["capacity_blocks"] >= 480  # the trace's unique blocks
+    same(data, sim)
