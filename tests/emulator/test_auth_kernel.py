@@ -164,6 +164,37 @@ def test_load_and_verify_on_linux_nvmet(world: World) -> None:
     assert refused.exit_code == 1 and "refused" in refused.stderr
 
 
+# --- Linux 6.12 host → Linux 6.12 nvmet (both in the guest, over its loopback) ------------
+
+def _kernel_loop(w: World, secret: str | None, ctrl: str | None) -> tuple[int, str]:
+    _nqn, hostid = uuid_nqn(100)
+    args = f"--hostnqn {KV_HOST} --hostid {hostid}"
+    if secret is not None:
+        args += f" --dhchap-secret '{w.secrets[secret].encode()}'"
+    if ctrl is not None:
+        args += f" --dhchap-ctrl-secret '{w.secrets[ctrl].encode()}'"
+    rc, out = w.guest.exec(f"nvme connect -t tcp -a 127.0.0.1 -s 4420 -n {SUB} {args}",
+                           timeout=120)
+    w.guest.exec(f"nvme disconnect -n {SUB}", timeout=60)
+    return rc, out
+
+
+@pytest.mark.parametrize("hash_name, group", CELLS)
+def test_linux_host_to_linux_nvmet(world: World, hash_name: str, group: str) -> None:
+    """Right keys on every cell; the refusals on one (a refused kernel-to-kernel connect may
+    wait out the 10 s admin_timeout set above)."""
+    w = world
+    _set_algorithms(w.guest, hash_name, group)
+    assert _kernel_loop(w, "host", "ctrl")[0] == 0
+    dmesg = w.guest.check("dmesg | grep 'qid 0: authenticated with hash' | tail -n 1")
+    assert f"hmac({hash_name})" in dmesg and group in dmesg
+    assert _kernel_loop(w, "host", None)[0] == 0
+    if group == "ffdhe2048":
+        assert _kernel_loop(w, "wrong", None)[0] != 0
+        assert _kernel_loop(w, None, None)[0] != 0
+        assert _kernel_loop(w, "host", "wrongctrl")[0] != 0
+
+
 # --- (b) Linux 6.12 host → kvtool target ------------------------------------------------------
 
 def _linux_connect(w: World, hostnqn: str, hostid: str, secret: D.Secret | None,
@@ -253,6 +284,7 @@ def test_linux_host_to_spdk_target(world: World, spdk: SpdkInstall, tmp_path: Pa
         assert attempt(w.secrets["linux"], None) == 0
         assert attempt(w.secrets["wrong"], None) != 0
         assert attempt(None, None) != 0
+        assert attempt(w.secrets["linux"], w.secrets["wrongctrl"]) != 0
         assert "challenge response mismatch" in app.log_text()
 
 
@@ -283,6 +315,7 @@ def test_spdk_host_to_linux_nvmet(world: World, spdk: SpdkInstall, tmp_path: Pat
     assert got == "SPDK->nvmet "
     bad = dd(w.keys["wrong"], None)
     assert bad.returncode != 0
+    assert dd(w.keys["host"], None).returncode == 0  # unidirectional
     bad = dd(w.keys["host"], w.keys["wrongctrl"])
     assert bad.returncode != 0 and "controller challenge mismatch" in bad.output
     assert "host response mismatch" in w.guest.check("dmesg | tail -n 40")

@@ -142,8 +142,13 @@ def test_spdk_host_to_spdk_target(spdk: SpdkInstall, nvmf_tgt: SpdkApp, keys: di
                                     "dhchap_ctrlr_key": "ck"})
     rpc("nvmf_subsystem_add_listener", {"nqn": NQN, "listen_address": {
         "trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": str(port)}})
-    ok = _dd(spdk, tmp_path, port, NQN, keys["host"], keys["ctrl"])
-    assert ok.ok, ok.output[-2000:]
+    for ckey in (keys["ctrl"], None):  # bidirectional, unidirectional
+        ok = _dd(spdk, tmp_path, port, NQN, keys["host"], ckey)
+        assert ok.ok, ok.output[-2000:]
     bad = _dd(spdk, tmp_path, port, NQN, keys["wrong"], None)
     assert not bad.ok
     assert "challenge response mismatch" in nvmf_tgt.log_text()
+    bad = _dd(spdk, tmp_path, port, NQN, None, None)
+    assert not bad.ok and "missing DH-HMAC-CHAP key" in bad.output
+    bad = _dd(spdk, tmp_path, port, NQN, keys["host"], keys["wrongctrl"])
+    assert not bad.ok and "controller challenge mismatch" in bad.output
