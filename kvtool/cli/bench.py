@@ -17,6 +17,8 @@ from kvtool.units import format_size, parse_size
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from kvtool.nvme.hostauth import HostCredentials
+
 PATTERNS = ("seq-write", "rand-write", "seq-read", "rand-read")  # == kvtool.store.bench's
 PATHS = ("aligned", "bounce")
 
@@ -81,7 +83,7 @@ def command(target: str, model: str | None, dtype: str | None, tp: int | None,
             block_bytes: int | None, block_tokens: int, qd_text: str, pattern_text: str,
             path_text: str | None,
             seconds: float, ops: int | None, region: str, read_only: bool, force: bool,
-            lba: str | None, create: str | None, credentials: Any) -> None:
+            lba: str | None, create: str | None, credentials: HostCredentials | None) -> None:
     """Measure GB/s, IOPS and latency (p50/p99/p99.9) of object-sized I/O on TARGET."""
     from kvtool.store.bench import bench
 

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from kvtool.errors import UsageError
+
+if TYPE_CHECKING:
+    from kvtool.nvme.hostauth import HostCredentials
 
 F = TypeVar("F", bound=Callable[..., Any])
 NVME_TCP_SCHEME = "nvme+tcp://"
@@ -47,7 +50,7 @@ def host_options(f: F) -> F:
 
 
 def credentials(hostnqn: str | None, secret_file: str | None, ctrl_file: str | None,
-                target: str | None) -> Any:
+                target: str | None) -> HostCredentials | None:
     """Validate and load; UsageError (exit 2, one line, no key material) when unusable."""
     if hostnqn is None and secret_file is None and ctrl_file is None:
         return None

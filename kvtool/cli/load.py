@@ -16,6 +16,7 @@ from kvtool.units import format_size, parse_percent, parse_size
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from kvtool.nvme.hostauth import HostCredentials
     from kvtool.store.layout import Geometry
 
 # The store library (numpy, ctypes) is imported inside the commands: every kvtool command
@@ -97,7 +98,7 @@ def command(target: str, model: str | None, dtype: str | None, tp: int | None,
             block_bytes: int | None, block_tokens: int, count: int | None, fill: str | None,
             qd: int, seed: int,
             force: bool, payload_file: str | None, ack_file: str | None, batch: int,
-            lba: str | None, create: str | None, credentials: Any) -> None:
+            lba: str | None, create: str | None, credentials: HostCredentials | None) -> None:
     """Write KV objects onto TARGET (block device, file, or nvme+tcp:// URL) with an
     on-device index and per-object CRC32C; every commit is durable before it is
     acknowledged."""

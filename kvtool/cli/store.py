@@ -14,6 +14,8 @@ from kvtool.units import format_size
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from kvtool.nvme.hostauth import HostCredentials
+
 EPILOG = """
 \b
 Example:
@@ -33,7 +35,7 @@ def command() -> None:
               help="Also list the first N objects (slot order).")
 @host_options
 @json_option
-def inspect_command(target: str, list_objects: int, credentials: Any) -> None:
+def inspect_command(target: str, list_objects: int, credentials: HostCredentials | None) -> None:
     """Show TARGET's superblock and a summary of its index (read-only). Exit 1 when the
     superblock is damaged, 2 when TARGET holds no kvtool store."""
     from kvtool.store.inspect import inspect

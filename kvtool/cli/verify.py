@@ -15,6 +15,7 @@ from kvtool.units import format_size
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from kvtool.nvme.hostauth import HostCredentials
     from kvtool.store.verify import Sample
 
 EPILOG = """
@@ -47,7 +48,7 @@ TARGET is not a kvtool store.
 @host_options
 @json_option
 def command(target: str, qd: int, sample: str | None, sample_seed: int | None,
-            payload_file: str | None, checksums_only: bool, credentials: Any) -> None:
+            payload_file: str | None, checksums_only: bool, credentials: HostCredentials | None) -> None:
     """Verify every object on TARGET (or a --sample): checksum and content; name each bad
     object and exit 1 if any."""
     from kvtool.store.verify import verify

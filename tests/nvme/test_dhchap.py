@@ -18,6 +18,8 @@ import zlib
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvtool.errors import InputError
 from kvtool.nvme import dhchap as D
@@ -321,3 +323,28 @@ def test_responses_bind_both_nqns() -> None:
     ctrl.on_send(host.negotiate())
     ctrl.on_send(host.reply(ctrl.on_receive()))
     assert not ctrl.authenticated and ctrl.step == D.MSG_FAILURE1
+
+
+# --- robustness: whatever a peer sends, only protocol failures come out ------------------------
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.binary(max_size=200), min_size=1, max_size=4))
+def test_controller_survives_any_messages(messages: list[bytes]) -> None:
+    hk = D.generate_secret(raw=bytes(32))
+    ctrl = D.ControllerAuth(HOST, SUB, D.HostKeys(hk, hk))
+    for m in messages:
+        ctrl.on_send(m)
+        ctrl.on_receive()  # a message, or a Failure1: never an exception
+    assert not ctrl.authenticated
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.binary(max_size=400), st.binary(max_size=100))
+def test_host_survives_any_challenge(challenge: bytes, success1: bytes) -> None:
+    host = D.HostAuth(HOST, SUB, D.generate_secret(raw=bytes(32)), D.generate_secret(), 0)
+    try:
+        host.reply(challenge)
+        host.finish(success1)
+    except (D.AuthFailed, D.Rejected):
+        return
+    pytest.fail("a random exchange authenticated a bidirectional host")
