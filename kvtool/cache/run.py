@@ -477,6 +477,10 @@ def _prepare_data(job: ReplayJob) -> None:
         specs: list[TierSpec] = []
         tiers_setup: dict[str, Any] = {}
         for spec in cfg.tiers:
+            if spec.name == "dram" and spec.place is not None and spec.capacity.unit == "inf":
+                # A Mooncake pool's size is what its clients contribute, and this replay is
+                # the client: without a size it contributes the default profile's DRAM.
+                spec = replace(spec, capacity=Capacity.parse(DEFAULT_PROFILE["dram"][0]))
             if spec.name in ("gpu", "dram"):
                 if spec.capacity.unit == "inf":
                     raise UsageError(f"data mode holds real bytes: the {spec.name} tier needs "

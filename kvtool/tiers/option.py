@@ -63,9 +63,6 @@ class TierOption:
                 from kvtool.mooncake import parse_mooncake_url
 
                 parse_mooncake_url(place, field=field)
-                if cap is None:
-                    raise UsageError(f"{text!r}: a Mooncake DRAM tier needs a size "
-                                     "(example: 1GiB@mooncake://127.0.0.1:50051)", field=field)
         return cls(cap, place)
 
     @property

@@ -151,6 +151,18 @@ def test_replay_data_mode_with_the_dram_tier_on_mooncake(pool: dict[str, Any],
     assert links["gpu<-dram"]["bytes"] > 0 and links["dram<-gpu"]["bytes"] > 0
 
 
+def test_dram_url_without_a_size_contributes_the_default(pool: dict[str, Any],
+                                                         store_dir: Path) -> None:
+    from tests.conftest import FIXTURES
+
+    doc = run_json("replay", str(FIXTURES / "traces" / "multiturn-8x12.jsonl"),
+                   "--dram", pool["url"], "--nvme", f"256blk@{store_dir / 'n.img'}",
+                   "--block-bytes", "65536")
+    dram = doc["setup"]["configs"][0]["tiers"]["dram"]
+    assert dram["place"] == pool["url"] and dram["blocks"] == (256 << 20) // 65536
+    assert doc["tiers"][0]["backend"] == "mooncake" and doc["corrupt_blocks"] == 0
+
+
 def test_experiment_with_dram_on_mooncake(pool: dict[str, Any], store_dir: Path,
                                           tmp_path: Path) -> None:
     doc = run_json("experiment", "run", "gp7000-read-path", "--dram", pool["url"],

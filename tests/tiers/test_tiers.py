@@ -105,8 +105,7 @@ def test_tier_option_errors() -> None:
         TierOption.parse("1GiB@/tmp/x", tier="dram")
     with pytest.raises(UsageError, match="local pool"):
         TierOption.parse("1GiB@/tmp/x", tier="gpu")
-    with pytest.raises(UsageError, match="needs a size"):
-        TierOption.parse("mooncake://127.0.0.1:50051", tier="dram")
+    assert TierOption.parse("mooncake://127.0.0.1:50051", tier="dram").capacity is None
     with pytest.raises(UsageError, match="nvme\\+tcp"):
         TierOption.parse("mooncake://127.0.0.1:50051", tier="nvme")
     opt = TierOption.parse("1GiB@mooncake://127.0.0.1:50051", tier="dram")
