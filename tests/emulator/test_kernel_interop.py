@@ -33,12 +33,11 @@ from typing import Any
 
 import pytest
 
-from emulator.qemu.build import GUEST_HOSTNQN
 from emulator.qemu.guest import GUESTFWD_ADDR, Guest
 from kvtool.nvme.engine import open_nvme_tcp
 from kvtool.nvme.host import ConnectError, connect, discover
 from tests.conftest import run, run_json
-from tests.helpers.qemu_guest import KernelTarget
+from tests.helpers.qemu_guest import GUEST_HOSTNQN, KernelTarget
 
 pytestmark = [pytest.mark.qemu, pytest.mark.integration, pytest.mark.slow]
 

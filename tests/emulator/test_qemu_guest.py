@@ -22,7 +22,7 @@ from emulator.qemu import build, cpio, measure, moddeps, probe, vmlinux
 from emulator.qemu.guest import GUESTFWD_ADDR, RELAY, Guest, GuestError
 from kvtool.nvme.host import ConnectError, connect
 from kvtool.nvme.url import default_hostnqn
-from tests.helpers.qemu_guest import KernelTarget, MakeGuest
+from tests.helpers.qemu_guest import GUEST_HOSTNQN, KernelTarget, MakeGuest
 
 # --- builder parts (no QEMU) ------------------------------------------------------------------
 
@@ -117,7 +117,7 @@ def test_cached_build_is_reused_without_apt(
     """Once built, the image is returned offline: no apt, no root."""
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     monkeypatch.setenv("PATH", str(Path(shutil.which("qemu-system-x86_64") or "/").parent))
-    again = build.ensure_built(guest_image.workdir)
+    again = build.ensure_built(guest_image.workdir, kernel=guest_image.series)
     assert again == guest_image
     assert again.kernel.read_bytes()[:4] == b"\x7fELF"
 
@@ -222,7 +222,7 @@ def test_relay_exits_nonzero_when_nothing_listens() -> None:
 @pytest.fixture(scope="module")
 def kernel_target_options() -> dict[str, Any]:
     """This module's target lists its hosts: kvtool's default host NQN and the guest's own."""
-    return {"allowed_hosts": [default_hostnqn(), build.GUEST_HOSTNQN]}
+    return {"allowed_hosts": [default_hostnqn(), GUEST_HOSTNQN]}
 
 
 def test_kernel_target_boots_answers_icreq_runs_commands_and_stops(
@@ -243,7 +243,7 @@ def test_kernel_target_boots_answers_icreq_runs_commands_and_stops(
     assert guest.exec("exit 7")[0] == 7
     subsys = f"/sys/kernel/config/nvmet/subsystems/{kernel_target.subnqn}"
     assert guest.check(f"cat {subsys}/attr_allow_any_host; ls {subsys}/allowed_hosts").split() \
-        == ["0", *sorted([default_hostnqn(), build.GUEST_HOSTNQN])]
+        == ["0", *sorted([default_hostnqn(), GUEST_HOSTNQN])]
     with pytest.raises(ConnectError, match="not allowed"):
         connect(kernel_target.host, kernel_target.port, kernel_target.subnqn,
                 hostnqn="nqn.2026-01.io.kvtool:host:unlisted")
@@ -264,7 +264,9 @@ def test_measure_runs_every_case_on_a_running_guest(kernel_target: KernelTarget)
 
 
 def test_command_line_build_and_exec(kernel_target: KernelTarget) -> None:
-    built = subprocess.run([sys.executable, "-m", "emulator.qemu", "build"], capture_output=True,
+    assert kernel_target.guest.image is not None
+    built = subprocess.run([sys.executable, "-m", "emulator.qemu", "build", "--kernel",
+                            kernel_target.guest.image.series], capture_output=True,
                            text=True, timeout=600, check=True)
     record = json.loads(built.stdout)
     assert kernel_target.guest.image is not None

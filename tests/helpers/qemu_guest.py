@@ -1,6 +1,7 @@
 """pytest fixtures for the real Linux kernel in a QEMU guest (loaded from tests/conftest.py).
 
-* ``guest_image`` (session): the built kernel + initramfs (``emulator.qemu.ensure_built``);
+* ``guest_image`` (session): the built kernel + initramfs (``emulator.qemu.ensure_built``;
+  ``$KVTOOL_GUEST_KERNEL``: 6.1, the default, or 6.12);
   ``guest_image_612``: the same with bookworm-backports' 6.12 kernel (NVMe authentication).
   Skips with the reason when it cannot be built here (not root, apt unreachable); under CI
   (``$CI`` set) that is a failure instead, since CI has everything it needs.
@@ -23,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from emulator.qemu.build import BuildError, GuestImage, ensure_built
+from emulator.qemu.build import BuildError, GuestImage, ensure_built, guest_hostnqn
 from emulator.qemu.guest import DEFAULT_NQN, Guest
 
 MAX_GUESTS = 2
@@ -71,10 +72,16 @@ def _start(guest: Guest) -> Guest:
     return guest
 
 
+# The guest tests run on either kernel: KVTOOL_GUEST_KERNEL=6.12 runs them on backports' 6.12
+# (the authentication tests always use 6.12, through ``guest_image_612``).
+GUEST_KERNEL = os.environ.get("KVTOOL_GUEST_KERNEL", "6.1")
+GUEST_HOSTNQN = guest_hostnqn(GUEST_KERNEL)  # what the guest's nvme-cli presents
+
+
 @pytest.fixture(scope="session")
 def guest_image() -> GuestImage:
     try:
-        return ensure_built()
+        return ensure_built(kernel=GUEST_KERNEL)
     except BuildError as e:
         if os.environ.get("CI"):
             pytest.fail(f"QEMU guest image cannot be built in CI: {e}")
