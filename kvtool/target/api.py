@@ -45,7 +45,7 @@ def engine_of(cfg: TargetConfig) -> str | None:
     if cfg.backend != "emulator":
         return None
     from kvtool.target.emulator import resolve_engine
-    return resolve_engine(cfg.engine)
+    return resolve_engine(cfg.engine, needs_auth=bool(cfg.host_keys()))
 
 
 def backend_for(cfg: TargetConfig, opts: Options | None = None,

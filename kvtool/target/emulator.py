@@ -48,10 +48,21 @@ def host_has_nvmet() -> bool:
     return any(mod_dir.glob("nvmet.ko*")) and Path("/sys/kernel/config").is_dir()
 
 
-def resolve_engine(engine: str) -> str:
+def host_has_nvmet_auth() -> bool:
+    """True when this kernel's nvmet can do DH-HMAC-CHAP (CONFIG_NVME_TARGET_AUTH: the
+    nvme-auth module is loaded or shipped; Debian bookworm's 6.1 has neither)."""
+    if Path("/sys/module/nvme_auth").is_dir():
+        return True
+    mod_dir = Path("/lib/modules", os.uname().release, "kernel/drivers/nvme/common")
+    return any(mod_dir.glob("nvme-auth.ko*"))
+
+
+def resolve_engine(engine: str, *, needs_auth: bool = False) -> str:
+    """``auto``: kernel, else qemu, else userspace; with ``needs_auth`` (a host has
+    DH-HMAC-CHAP keys) the host kernel only when its nvmet can authenticate."""
     if engine != "auto":
         return engine
-    if host_has_nvmet():
+    if host_has_nvmet() and (not needs_auth or host_has_nvmet_auth()):
         return "kernel"
     if shutil.which("qemu-system-x86_64"):
         return "qemu"

@@ -362,3 +362,58 @@ port = 4420
     assert engine.plan_up(cfg).empty
     apply(engine.plan_down(cfg))
     assert not any(k.startswith("subsystems/") and k != "subsystems" for k in snapshot())
+
+
+AUTH = f"""
+[[host]]
+nqn = "{H1}"
+dhchap_key_file = "/keys/h1.key"
+dhchap_ctrl_key_file = "/keys/c1.key"
+dhchap_hashes = ["sha384"]
+dhchap_dhgroups = ["ffdhe3072", "ffdhe2048"]
+"""
+
+
+def _keys() -> dict[str, str]:
+    from kvtool.nvme import dhchap
+    os.makedirs("/keys")
+    out = {}
+    for name in ("h1", "c1"):
+        secret = dhchap.generate_secret()
+        dhchap.write_secret_file(f"/keys/{name}.key", secret)
+        out[name] = secret.encode()
+    return out
+
+
+def test_host_keys_go_to_configfs_from_key_files(backend: NvmetBackend) -> None:
+    keys = _keys()
+    plan = backend.plan_up(cfg_of(BASE + AUTH))
+    assert not [s for s in plan.steps if "DHHC-1" in s.detail + s.target]  # only file names
+    assert any("one hash and one DH group" in n for n in plan.notes)
+    apply(plan)
+    tree = snapshot()
+    assert tree[f"hosts/{H1}/dhchap_key"].strip() == keys["h1"]
+    assert tree[f"hosts/{H1}/dhchap_ctrl_key"].strip() == keys["c1"]
+    assert tree[f"hosts/{H1}/dhchap_hash"].strip() == "hmac(sha384)"
+    assert tree[f"hosts/{H1}/dhchap_dhgroup"].strip() == "ffdhe3072"
+    assert tree[f"hosts/{H2}/dhchap_key"].strip() == ""  # a host without keys stays open
+    assert backend.plan_up(cfg_of(BASE + AUTH)).steps == []  # compared with the live values
+
+
+def test_kernel_without_nvmet_auth_is_named(backend: NvmetBackend) -> None:
+    """Debian bookworm's 6.1 has no hosts/<NQN>/dhchap_* attributes."""
+    _keys()
+    plan = backend.plan_up(cfg_of(BASE + AUTH))
+    create_host = next(i for i, s in enumerate(plan.steps)
+                       if s.kind == "host" and s.action == "create" and H1 in s.target)
+    apply_host = plan.steps[create_host].do
+    assert apply_host is not None
+
+    def host_without_auth() -> None:
+        apply_host()
+        for attr in ("dhchap_key", "dhchap_ctrl_key", "dhchap_hash", "dhchap_dhgroup"):
+            os.unlink(f"{ROOT}/hosts/{H1}/{attr}")
+
+    plan.steps[create_host].do = host_without_auth
+    with pytest.raises(ApplyFailed, match="CONFIG_NVME_TARGET_AUTH"):
+        apply(plan)

@@ -254,7 +254,7 @@ class NvmetBackend:
             have = h.get(attr) if exists else None
             if (have or "").strip() != want:
                 plan.add("update", "host", f"{h.rel}/{attr}", label or want,
-                         partial(h.set, attr, want),
+                         partial(_set_auth, h, attr, want),
                          partial(h.set, attr, have or "") if exists and have else _noop)
 
     def _plan_subsystem(self, plan: Plan, sub: Subsystem, live: bool) -> None:
@@ -533,3 +533,13 @@ def read_secret(path: str) -> str:
     """The ``DHHC-1`` text of a key file (checked: mode 0600, format, CRC) for configfs."""
     from kvtool.nvme.dhchap import load_secret_file
     return load_secret_file(path, field="dhchap_key_file").encode()
+
+
+def _set_auth(host: Any, attr: str, value: str) -> None:
+    """Write a host's DH-HMAC-CHAP attribute; a kernel built without it has no such file."""
+    if not host.has(attr):
+        raise TargetError(f"this kernel's nvmet has no DH-HMAC-CHAP ({host.rel}/{attr} is "
+                          "missing: CONFIG_NVME_TARGET_AUTH is off, as in Debian bookworm's "
+                          "6.1); use a kernel built with it (bookworm-backports 6.12), the "
+                          "emulator's qemu engine or its userspace engine")
+    host.set(attr, value)
