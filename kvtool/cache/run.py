@@ -24,7 +24,7 @@ import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvtool.cache.config import (
     TiersFile,
@@ -40,6 +40,9 @@ from kvtool.errors import UsageError
 from kvtool.tiers.base import DataTier, TierError
 from kvtool.tiers.option import TierOption
 from kvtool.units import Capacity, format_size
+
+if TYPE_CHECKING:
+    from kvtool.nvme.hostauth import HostCredentials
 
 SCHEMA = "kvtool.replay/2"
 
@@ -108,6 +111,7 @@ class ReplaySettings:
     seed: int = 0
     on_tier_error: str = "fail"
     requests_csv: str | None = None
+    credentials: HostCredentials | None = None  # nvme+tcp:// places: host NQN, DH-HMAC-CHAP
 
 
 def _check(s: ReplaySettings) -> None:
@@ -266,7 +270,8 @@ class MediaCounter:
                 "store_metadata_bytes": meta, "unit_bytes": self.UNIT}
 
 
-def _nvme_engine(place: str, create_bytes: int | None, read_qd: int) -> Any:
+def _nvme_engine(place: str, create_bytes: int | None, read_qd: int,
+                 credentials: HostCredentials | None = None) -> Any:
     from kvtool.store.engine import open_engine
 
     if place.startswith("nvme+tcp://"):
@@ -274,7 +279,7 @@ def _nvme_engine(place: str, create_bytes: int | None, read_qd: int) -> Any:
 
         try:
             return open_nvme_tcp(place, write=True, qd=max(read_qd, 16), reconnect=2.0,
-                                 timeout=5.0)
+                                 timeout=5.0, credentials=credentials)
         except UsageError as exc:
             raise UsageError(exc.message, field="--nvme") from None
     path = Path(place)
@@ -335,7 +340,7 @@ def open_tiers(cfg: CacheConfig, block_bytes: int, work_blocks: int, s: ReplaySe
                                         + (64 << 20))
                     else:
                         create_bytes = create.get(place)
-                engine = _nvme_engine(place, create_bytes, s.read_qd)
+                engine = _nvme_engine(place, create_bytes, s.read_qd, s.credentials)
                 if place.startswith("nvme+tcp://"):
                     try:
                         media = MediaCounter(engine)

@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from kvtool.cli.hostopts import host_options
 from kvtool.cli.options import block_size_options
 from kvtool.cli.output import emit, json_option, note, progress, settings, want_json
 from kvtool.errors import CheckFailed, UsageError
 from kvtool.units import format_size
+
+if TYPE_CHECKING:
+    from kvtool.nvme.hostauth import HostCredentials
 
 POLICY_NAMES = ("lru", "lru-tail-first", "radix", "prefix-fair", "oracle", "mooncake")
 
@@ -126,6 +130,7 @@ def _fraction(_ctx: click.Context, param: click.Parameter, value: float | None) 
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
               help="Serve Prometheus metrics on 127.0.0.1:PORT while replaying.")
 @json_option
+@host_options
 def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: str | None,
             tiers_file: str | None, write_policy: str | None, watermark: float | None,
             evict_ratio: float | None, block_tokens: int | None, fmt: str, model: str | None,
@@ -133,7 +138,8 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
             compares: tuple[str, ...], read_qd: int, seed: int, on_tier_error: str,
             skip_bad: int, prefill_tps: float | None, tpot_ms: float | None,
             read_gbps: dict[str, float], concurrency: int | None, csv_path: str | None,
-            requests_csv: str | None, plot_path: str | None, metrics_port: int | None) -> None:
+            requests_csv: str | None, plot_path: str | None, metrics_port: int | None,
+            credentials: HostCredentials | None) -> None:
     """Replay a request trace through a GPU → DRAM → NVMe prefix cache.
 
     Data mode (default) moves real bytes through the tiers and checks every block;
@@ -153,7 +159,7 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
         evict_ratio=evict_ratio, compares=compares, model=model, dtype=dtype, tp=tp,
         block_bytes=block_bytes, prefill_tps=prefill_tps, tpot_ms=tpot_ms,
         read_gbps=read_gbps, concurrency=concurrency, read_qd=read_qd, seed=seed,
-        on_tier_error=on_tier_error, requests_csv=requests_csv)
+        on_tier_error=on_tier_error, requests_csv=requests_csv, credentials=credentials)
     if not settings().debug:
         # A lost target is reported once, as one line naming the tier and its URL; the
         # host's reconnect attempts would repeat it (--debug shows them).

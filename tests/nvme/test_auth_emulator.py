@@ -168,3 +168,21 @@ def test_bad_key_files_are_input_errors(keys: dict[str, Path], tmp_path: Path) -
     r = run("verify", "nvme+tcp://127.0.0.1:9/nqn.2026-01.io.kvtool:x", "--dhchap-ctrl-secret",
             str(keys["ctrl"]))
     assert r.exit_code == 2 and "--dhchap-secret" in r.stderr
+
+
+def test_replay_data_mode_on_an_authenticated_target(keys: dict[str, Path],
+                                                     backing: Path) -> None:
+    """``kvtool replay --nvme nvme+tcp://…`` takes the same options (data mode, real bytes)."""
+    t = _target(keys, backing, "sha256", "ffdhe2048", True)
+    try:
+        url = _url(t)
+        trace = Path(__file__).parents[2] / "fixtures" / "traces" / "multiturn-8x12.jsonl"
+        args = ["replay", str(trace), "--block-bytes", "64KiB", "--nvme", url,
+                "--hostnqn", HOSTNQN]
+        doc = run_json(*args, "--dhchap-secret", str(keys["host"]),
+                       "--dhchap-ctrl-secret", str(keys["ctrl"]))
+        assert doc["mode"] == "data"
+        refused = run(*args)
+        assert refused.exit_code == 1 and "requires authentication" in refused.stderr
+    finally:
+        t.stop()
