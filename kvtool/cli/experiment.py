@@ -32,7 +32,15 @@ NAME-rounds.csv (every configuration's rounds), NAME.png and trace.jsonl into --
 """
 
 
-@click.group("experiment")
+EPILOG_GROUP = """
+\b
+Examples:
+  kvtool experiment list
+  kvtool experiment run gp7000-cliff --simulate
+"""
+
+
+@click.group("experiment", epilog=EPILOG_GROUP)
 def command() -> None:
     """Re-run the published tiering experiments (GP7000, FX100, WQS) at laptop scale."""
 

@@ -53,7 +53,7 @@ def up_cmd(name: str, rpc_port: int, metadata_port: int, metrics_port: int, wate
     emit(doc, lambda con: _render(con, doc))
 
 
-@command.command("down")
+@command.command("down", epilog=EPILOG)
 @_name
 @json_option
 def down_cmd(name: str) -> None:
@@ -65,7 +65,7 @@ def down_cmd(name: str) -> None:
                                                          else "was not up")))
 
 
-@command.command("status")
+@command.command("status", epilog=EPILOG)
 @_name
 @json_option
 def status_cmd(name: str) -> None:
