@@ -95,7 +95,7 @@ def serve_registry(registry: CollectorRegistry, port: int) -> int:
         server, _thread = start_http_server(port, addr="127.0.0.1", registry=registry)
     except OSError as exc:
         raise UsageError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror or exc}",
-                         field="--metrics-port") from None
+                         field="metrics_port") from None
     return int(server.server_port)
 
 

@@ -50,7 +50,7 @@ def lbas(nbytes: int, lba: int) -> int:
     return round_up(nbytes, lba) // lba
 
 
-def check_alignment(a: int, *, field: str = "--lba") -> int:
+def check_alignment(a: int, *, field: str = "lba") -> int:
     """Return ``a`` if it is a power of two ≥ 1, else raise :class:`UsageError`."""
     if isinstance(a, bool) or not isinstance(a, int) or a <= 0:
         raise UsageError(f"alignment must be a positive power of two, got {a!r}", field=field)

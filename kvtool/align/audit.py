@@ -102,14 +102,14 @@ def audit(objects: Sequence[ObjectSize], *, lbas: Sequence[int] | None = None,
     and ``extent_lists`` (``(name, extents)``)."""
     sources: dict[int, str] = {}
     for a in lbas or ():
-        sources[check_alignment(a, field="--lba")] = "--lba"
+        sources[check_alignment(a, field="lba")] = "--lba"
     if device is not None:
         sources.setdefault(device.dio_offset_align, "device")
     if not sources:
         sources = dict.fromkeys(DEFAULT_LBAS, "default")
     mem = mem_align if mem_align is not None else (
         device.dio_mem_align if device is not None else PAGE)
-    check_alignment(mem, field="--mem-align")
+    check_alignment(mem, field="mem_align")
     report = AuditReport(geometry, object_layout, list(objects), device, list(sources), mem)
 
     if device is not None and not device.dio_supported:
@@ -135,7 +135,7 @@ def audit(objects: Sequence[ObjectSize], *, lbas: Sequence[int] | None = None,
             targets = [(o.name, o.nbytes) for o in objects]
         else:
             raise UsageError("the packed rule needs size=S, or give an object size "
-                             "(--model, --object-bytes or --geometry)", field="--layout")
+                             "(--model, --object-bytes or --geometry)", field="layout")
         for name, nbytes in targets:
             rule = parse_rule(text, default_size=nbytes)
             for lba in sources:

@@ -114,7 +114,7 @@ def audit_extents(extents: Iterable[Extent | tuple[int, ...]], *, lba: int,
                   source: str = "extents") -> LayoutAudit:
     """Check every extent; report the first misaligned one, the first overlap and the
     first extent past ``device_size``. ``mem_align`` defaults to ``lba``."""
-    check_alignment(lba, field="--lba")
+    check_alignment(lba, field="lba")
     mem = check_alignment(mem_align if mem_align is not None else lba, field="mem_align")
     items = [e if isinstance(e, Extent) else Extent(*e) for e in extents]
     first: Misalignment | None = None
@@ -123,7 +123,7 @@ def audit_extents(extents: Iterable[Extent | tuple[int, ...]], *, lba: int,
     for i, e in enumerate(items):
         if e.offset < 0 or e.length <= 0:
             raise UsageError(f"extent {i}: offset must be ≥ 0 and length > 0, got "
-                             f"({e.offset}, {e.length})", field="--layout")
+                             f"({e.offset}, {e.length})", field="layout")
         probs = _problems(e, lba, mem)
         if probs:
             bad += 1
@@ -156,12 +156,12 @@ class PackedRule:
              align: int = 1) -> PackedRule:
         if count <= 0 or size <= 0 or offset < 0:
             raise UsageError("packed rule needs offset ≥ 0, count > 0 and size > 0",
-                             field="--layout")
-        check_alignment(align, field="--layout")
+                             field="layout")
+        check_alignment(align, field="layout")
         start = round_up(offset, align)
         step = round_up(size, align) if stride is None else stride
         if step <= 0:
-            raise UsageError(f"stride must be positive, got {step}", field="--layout")
+            raise UsageError(f"stride must be positive, got {step}", field="layout")
         return cls(start, count, size, step, align)
 
     def extent(self, i: int) -> Extent:
@@ -180,28 +180,28 @@ def parse_rule(text: str, *, default_size: int | None = None) -> PackedRule:
     kind, _, body = text.partition(":")
     if kind.strip().lower() != "packed":
         raise UsageError(f"unknown layout rule {kind!r} (use packed:offset=X,count=N[,size=S]"
-                         "[,stride=T][,align=A] or an extents file)", field="--layout")
+                         "[,stride=T][,align=A] or an extents file)", field="layout")
     values: dict[str, int] = {}
     for item in filter(None, (s.strip() for s in body.split(","))):
         key, eq, val = item.partition("=")
         key = key.strip().lower()
         if not eq or key not in {"offset", "count", "size", "stride", "align"}:
             raise UsageError(f"bad rule item {item!r} (keys: offset, count, size, stride, align)",
-                             field="--layout")
+                             field="layout")
         if key == "count":
             try:
                 values[key] = int(val)
             except ValueError:
                 raise UsageError(f"count must be an integer, got {val!r}",
-                                 field="--layout") from None
+                                 field="layout") from None
         else:
-            values[key] = parse_size(val, field="--layout")
+            values[key] = parse_size(val, field="layout")
     if "count" not in values:
-        raise UsageError("packed rule needs count=N", field="--layout")
+        raise UsageError("packed rule needs count=N", field="layout")
     size = values.get("size", default_size)
     if size is None:
         raise UsageError("packed rule needs size=S when no object size is given",
-                         field="--layout")
+                         field="layout")
     return PackedRule.make(offset=values.get("offset", 0), count=values["count"], size=size,
                            stride=values.get("stride"), align=values.get("align", 1))
 
@@ -213,7 +213,7 @@ def audit_rule(rule: PackedRule, *, lba: int, device_size: int | None = None) ->
     and then exactly one residue class of i modulo ``a / gcd(t, a)`` — so aligned offsets
     can be counted in closed form.
     """
-    check_alignment(lba, field="--lba")
+    check_alignment(lba, field="lba")
     s, t, n, size = rule.offset, rule.stride, rule.count, rule.size
     g = math.gcd(t, lba)
     period = lba // g
@@ -247,7 +247,7 @@ def read_extents(path: str | Path) -> list[Extent]:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise UsageError(f"no such extents file: {p} (or give a rule: "
-                         "packed:offset=X,count=N)", field="--layout") from None
+                         "packed:offset=X,count=N)", field="layout") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"cannot read: {exc}", file=p) from None
     if p.suffix.lower() == ".json" or text.lstrip()[:1] in ("[", "{"):

@@ -82,8 +82,8 @@ def plan_object(nbytes: int, lba: int, mem_align: int = PAGE) -> ObjectPlan:
     """
     if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
         raise UsageError(f"object size must be a positive number of bytes, got {nbytes!r}",
-                         field="--object-bytes")
-    check_alignment(lba, field="--lba")
+                         field="object_bytes")
+    check_alignment(lba, field="lba")
     check_alignment(mem_align, field="mem_align")
     r = residue(nbytes, lba)
     padded = padded_size(nbytes, lba)

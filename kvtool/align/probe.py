@@ -141,21 +141,21 @@ def probe_device(path: str | os.PathLike[str]) -> DeviceLimits:
     try:
         st = os.stat(p)
     except FileNotFoundError:
-        raise UsageError(f"no such file or device: {p}", field="--device") from None
+        raise UsageError(f"no such file or device: {p}", field="device") from None
     except OSError as exc:
-        raise UsageError(f"cannot stat {p}: {exc.strerror}", field="--device") from None
+        raise UsageError(f"cannot stat {p}: {exc.strerror}", field="device") from None
     if stat.S_ISBLK(st.st_mode):
         return _probe_block(p, st)
     if stat.S_ISREG(st.st_mode):
         return _probe_file(p, st)
-    raise UsageError(f"{p} is neither a block device nor a regular file", field="--device")
+    raise UsageError(f"{p} is neither a block device nor a regular file", field="device")
 
 
 def _probe_block(p: str, st: os.stat_result) -> DeviceLimits:
     try:
         fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
-        raise InputError(f"cannot open {p}: {exc.strerror}", field="--device") from None
+        raise InputError(f"cannot open {p}: {exc.strerror}", field="device") from None
     try:
         logical = _ioctl_uint(fd, BLKSSZGET, "i")
         physical = _ioctl_uint(fd, BLKPBSZGET, "I")
@@ -164,7 +164,7 @@ def _probe_block(p: str, st: os.stat_result) -> DeviceLimits:
         opt_io = _ioctl_uint(fd, BLKIOOPT, "I")
     except OSError as exc:
         raise InputError(f"block-device ioctl failed on {p}: {exc.strerror}",
-                         field="--device") from None
+                         field="device") from None
     finally:
         os.close(fd)
     dio = statx_dioalign(p)

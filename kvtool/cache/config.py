@@ -204,7 +204,7 @@ def parse_compare(spec: str, *, policy: str | None, write_policy: str | None,
         key, value = key.strip().lower(), value.strip()
         if not eq or not value:
             raise UsageError(f"{part!r} in {spec!r} is not key=value "
-                             "(example: dram=53.7GB,nvme=46.09TB)", field="--compare")
+                             "(example: dram=53.7GB,nvme=46.09TB)", field="compare")
         if key in TIER_NAMES:
             caps[key] = TierOption.parse(value, tier=key, field=f"--compare {key}")
         elif key.endswith("-policy") and key[:-7] in TIER_NAMES:
@@ -214,13 +214,13 @@ def parse_compare(spec: str, *, policy: str | None, write_policy: str | None,
         else:
             raise UsageError(f"unknown key {key!r} in {spec!r} (use gpu, dram, nvme, policy, "
                              "gpu-policy, dram-policy, nvme-policy, write-policy, watermark, "
-                             "evict-ratio, label)", field="--compare")
+                             "evict-ratio, label)", field="compare")
     if not any(c is not None and not c.is_zero for c in caps.values()):
-        raise UsageError(f"{spec!r} names no tier with a non-zero size", field="--compare")
+        raise UsageError(f"{spec!r} names no tier with a non-zero size", field="compare")
     for pol in [values.get("policy"), *tier_policies.values()]:
         if pol is not None and pol not in POLICIES:
             raise UsageError(f"unknown policy {pol!r} in {spec!r} (use {', '.join(POLICIES)})",
-                             field="--compare")
+                             field="compare")
     fractions = {}
     for key in ("watermark", "evict-ratio"):
         if key in values:
@@ -230,7 +230,7 @@ def parse_compare(spec: str, *, policy: str | None, write_policy: str | None,
                 f = -1.0
             if not 0 < f <= 1:
                 raise UsageError(f"{key} must be a fraction in (0, 1], got {values[key]!r}",
-                                 field="--compare")
+                                 field="compare")
             fractions[key] = f
     base = TiersFile(time=tiers_file.time) if tiers_file else None
     return build_config(caps, policy=values.get("policy", policy),

@@ -70,7 +70,7 @@ class TierSpec:
                              field="tier")
         if self.policy not in POLICIES:
             raise UsageError(f"unknown policy {self.policy!r} (use {', '.join(POLICIES)})",
-                             field="--policy")
+                             field="policy")
         if self.watermark is None and self.policy in WATERMARK_DEFAULTS:
             self.watermark = Watermark(*WATERMARK_DEFAULTS[self.policy])
 
@@ -78,7 +78,7 @@ class TierSpec:
         """Capacity in whole blocks; a byte size needs ``block_bytes``."""
         if self.capacity.unit == "bytes" and not block_bytes:
             raise UsageError(f"{self.capacity} is a size in bytes: give --model/--dtype or "
-                             "--block-bytes, or use blk/tok units", field=f"--{self.name}")
+                             "--block-bytes, or use blk/tok units", field=f"{self.name}")
         return self.capacity.blocks(block_bytes or 0, block_tokens)
 
 
@@ -93,7 +93,7 @@ class CacheConfig:
     def __post_init__(self) -> None:
         if self.write_policy not in WRITE_POLICIES:
             raise UsageError(f"unknown write policy {self.write_policy!r} "
-                             f"(use {', '.join(WRITE_POLICIES)})", field="--write-policy")
+                             f"(use {', '.join(WRITE_POLICIES)})", field="write_policy")
         order = {n: i for i, n in enumerate(TIER_NAMES)}
         self.tiers = sorted((t for t in self.tiers if not t.capacity.is_zero),
                             key=lambda t: order[t.name])
@@ -102,7 +102,7 @@ class CacheConfig:
             raise UsageError("a tier is given twice", field="tier")
         if not self.tiers:
             raise UsageError("no cache tier: give --gpu, --dram or --nvme with a non-zero size",
-                             field="--dram")
+                             field="dram")
         if not self.label:
             self.label = " + ".join(
                 f"{t.name} {t.capacity}{'@' + t.place if t.place else ''} {t.policy}"
@@ -116,7 +116,7 @@ class CacheConfig:
             if cap <= 0:
                 raise UsageError(f"{spec.capacity} holds no whole block of {block_tokens} tokens"
                                  + (f" ({block_bytes} B)" if block_bytes else ""),
-                                 field=f"--{spec.name}")
+                                 field=f"{spec.name}")
             policy = make_policy(spec.policy, window=spec.window)
             tiers.append(Tier(spec.name, cap, policy, watermark=spec.watermark,
                               backend=(backends or {}).get(spec.name)))

@@ -34,7 +34,7 @@ def write_csv(results: list[dict[str, Any]], path: str | Path) -> None:
     try:
         f = open(path, "w", newline="", encoding="utf-8")  # noqa: SIM115 - closed below
     except OSError as exc:
-        raise UsageError(f"cannot write {path}: {exc.strerror}", field="--csv") from None
+        raise UsageError(f"cannot write {path}: {exc.strerror}", field="csv") from None
     with f:
         w = csv.writer(f)
         w.writerow(CSV_COLUMNS)
@@ -74,7 +74,7 @@ class RequestCsv:
             self._file = open(path, "w", newline="", encoding="utf-8")  # noqa: SIM115
         except OSError as exc:
             raise UsageError(f"cannot write {path}: {exc.strerror}",
-                             field="--requests-csv") from None
+                             field="requests_csv") from None
         self._labels = labels
         self._writer = csv.writer(self._file)
         self._writer.writerow(self.COLUMNS)
@@ -101,7 +101,7 @@ def write_plot(results: list[dict[str, Any]], path: str | Path, *, title: str = 
         import matplotlib.pyplot as plt
     except ImportError:
         raise UsageError("matplotlib is not installed; install the plot extra: "
-                         "pip install 'kvtool[plot]'", field="--plot") from None
+                         "pip install 'kvtool[plot]'", field="plot") from None
 
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True)
     kind = results[0].get("round_kind", "round")
@@ -147,7 +147,7 @@ def write_plot(results: list[dict[str, Any]], path: str | Path, *, title: str = 
     try:
         fig.savefig(path, dpi=90)
     except OSError as exc:
-        raise UsageError(f"cannot write {path}: {exc.strerror}", field="--plot") from None
+        raise UsageError(f"cannot write {path}: {exc.strerror}", field="plot") from None
     finally:
         plt.close(fig)
 
@@ -157,4 +157,4 @@ def check_output_paths(**paths: str | None) -> None:
     for option, path in paths.items():
         if path and not Path(path).resolve().parent.is_dir():
             raise UsageError(f"cannot write {path}: no such directory",
-                             field="--" + option.replace("_", "-"))
+                             field=option)

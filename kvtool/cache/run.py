@@ -116,15 +116,15 @@ class ReplaySettings:
 
 def _check(s: ReplaySettings) -> None:
     if s.concurrency is not None and s.concurrency < 1:
-        raise UsageError(f"must be at least 1, got {s.concurrency}", field="--concurrency")
+        raise UsageError(f"must be at least 1, got {s.concurrency}", field="concurrency")
     if s.prefill_tps is not None and not s.prefill_tps > 0:
-        raise UsageError(f"must be positive, got {s.prefill_tps}", field="--prefill-tps")
+        raise UsageError(f"must be positive, got {s.prefill_tps}", field="prefill_tps")
     if s.tpot_ms is not None and not s.tpot_ms >= 0:
-        raise UsageError(f"must be a number ≥ 0, got {s.tpot_ms}", field="--tpot-ms")
+        raise UsageError(f"must be a number ≥ 0, got {s.tpot_ms}", field="tpot_ms")
     if s.read_qd < 1:
-        raise UsageError(f"must be at least 1, got {s.read_qd}", field="--read-qd")
+        raise UsageError(f"must be at least 1, got {s.read_qd}", field="read_qd")
     if s.on_tier_error not in ON_TIER_ERROR:
-        raise UsageError(f"use {' or '.join(ON_TIER_ERROR)}", field="--on-tier-error")
+        raise UsageError(f"use {' or '.join(ON_TIER_ERROR)}", field="on_tier_error")
 
 
 @dataclass
@@ -281,25 +281,25 @@ def _nvme_engine(place: str, create_bytes: int | None, read_qd: int,
             return open_nvme_tcp(place, write=True, qd=max(read_qd, 16), reconnect=2.0,
                                  timeout=5.0, credentials=credentials)
         except UsageError as exc:
-            raise UsageError(exc.message, field="--nvme") from None
+            raise UsageError(exc.message, field="nvme") from None
     path = Path(place)
     if not path.exists():
         if create_bytes is None:
             raise UsageError(f"{place} does not exist; give a size to create it: "
-                             f"--nvme 2GiB@{place}", field="--nvme")
+                             f"--nvme 2GiB@{place}", field="nvme")
         parent = path.resolve().parent
         if not parent.is_dir():
-            raise UsageError(f"cannot create {place}: no such directory", field="--nvme")
+            raise UsageError(f"cannot create {place}: no such directory", field="nvme")
         free = shutil.disk_usage(parent).free
         if create_bytes > free:
             raise UsageError(f"{format_size(create_bytes)} does not fit in {parent} "
                              f"({format_size(free)} free); use a smaller size or --simulate",
-                             field="--nvme")
+                             field="nvme")
     try:
         return open_engine(place, write=True, qd=max(read_qd, 16),
                            create_bytes=create_bytes if not path.exists() else None)
     except UsageError as exc:
-        raise UsageError(exc.message, field="--nvme") from None
+        raise UsageError(exc.message, field="nvme") from None
 
 
 def open_tiers(cfg: CacheConfig, block_bytes: int, work_blocks: int, s: ReplaySettings,
@@ -356,20 +356,20 @@ def open_tiers(cfg: CacheConfig, block_bytes: int, work_blocks: int, s: ReplaySe
                                           tp=s.tp or 1))
                 except TierError as exc:
                     engine.close()
-                    raise UsageError(str(exc), field="--nvme") from None
+                    raise UsageError(str(exc), field="nvme") from None
                 tiers["nvme"] = tier
                 if want == math.inf:
                     if tier.slots - head < 1:
                         raise UsageError(
                             f"{place} holds {tier.slots} blocks of {block_bytes:,} B, not "
                             f"more than the {head} one request needs in flight; use a bigger "
-                            "place or --simulate", field="--nvme")
+                            "place or --simulate", field="nvme")
                     spec = replace(spec, capacity=Capacity(tier.slots - head, "blocks"))
                 elif tier.slots < int(want) + head:
                     raise UsageError(
                         f"{place} holds {tier.slots} blocks of {block_bytes:,} B; "
                         f"{spec.capacity} is {int(want)} blocks (+{head} in flight): use a "
-                        "smaller --nvme size, a bigger place, or --simulate", field="--nvme")
+                        "smaller --nvme size, a bigger place, or --simulate", field="nvme")
             specs.append(spec)
     except BaseException:
         for t in tiers.values():
@@ -466,7 +466,7 @@ def prepare(s: ReplaySettings, *, on_event: Callable[[str], None] | None = None)
             for spec in cfg.tiers:
                 if spec.place is not None:
                     raise UsageError(f"{spec.place}: --simulate moves no bytes, so a tier "
-                                     "takes a capacity, not a place", field=f"--{spec.name}")
+                                     "takes a capacity, not a place", field=f"{spec.name}")
         setup["configs"] = [{"label": c.label} for c in configs]
     return job
 
@@ -490,7 +490,7 @@ def _prepare_data(job: ReplayJob) -> None:
                 if spec.capacity.unit == "inf":
                     raise UsageError(f"data mode holds real bytes: the {spec.name} tier needs "
                                      "a size (use --simulate for an unbounded tier)",
-                                     field=f"--{spec.name}")
+                                     field=f"{spec.name}")
                 specs.append(spec)
                 tiers_setup[spec.name] = {"capacity": str(spec.capacity),
                                           "blocks": int(spec.blocks(bb, B)),
@@ -523,7 +523,7 @@ def _prepare_data(job: ReplayJob) -> None:
             raise UsageError(
                 f"data mode needs {format_size(need)} of memory for the {new.label} pools, but "
                 f"this machine has {format_size(avail)} available; use --simulate for "
-                "what-ifs no machine holds", field="--dram")
+                "what-ifs no machine holds", field="dram")
         setups.append({"label": new.label, "write_policy": new.write_policy,
                        "tiers": tiers_setup, "memory_bytes": need})
     job.configs = resolved

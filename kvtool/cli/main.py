@@ -106,11 +106,19 @@ def name_flags(cmd: click.Command) -> None:
 
     The library names the parameter it was given (``field="block_bytes"``); the user typed
     ``--block-bytes``. A :class:`~kvtool.errors.UsageError` whose field is the name of one
-    of ``cmd``'s options is rewritten to that option's flag on its way out.
+    of ``cmd``'s parameters (or a flag's name as an identifier) is rewritten to that flag
+    (or argument, ``TARGET``) on its way out.
     """
-    flags = {p.name: next((o for o in p.opts if o.startswith("--")), p.opts[0])
-             if isinstance(p, click.Option) else p.human_readable_name
-             for p in cmd.params if p.name}
+    flags: dict[str, str] = {}
+    for p in cmd.params:
+        if isinstance(p, click.Option):
+            longs = [o for o in p.opts if o.startswith("--")]
+            for o in longs:  # the flag's own name too: --pattern for a param pattern_text
+                flags.setdefault(o[2:].replace("-", "_"), o)
+            if p.name:
+                flags[p.name] = longs[0] if longs else p.opts[0]
+        elif p.name:
+            flags[p.name] = p.human_readable_name
     invoke = cmd.invoke
 
     def invoke_naming_flags(ctx: click.Context) -> Any:

@@ -25,7 +25,7 @@ def plot_experiment(exp: Experiment, data: RunData, path: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise UsageError("matplotlib is not installed; install the plot extra: "
-                         "pip install 'kvtool[plot]'", field="--out") from None
+                         "pip install 'kvtool[plot]'", field="out") from None
     title = f"{exp.name}: {exp.title} ({data.mode})"
     if exp.kind == "multi-turn":
         fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True)

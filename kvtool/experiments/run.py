@@ -97,7 +97,7 @@ def run_replay_kind(exp: Experiment, trace: Path, *, simulate: bool,
     if simulate:
         if dram or nvme:
             raise UsageError("--simulate moves no bytes: a tier takes no place",
-                             field="--dram" if dram else "--nvme")
+                             field="dram" if dram else "--nvme")
         return _simulate(exp, trace, labels, per_request, record if want else None, progress,
                          observer)
     scratch = scratch or trace.parent
@@ -282,5 +282,5 @@ def write_files(exp: Experiment, doc: dict[str, Any], data: RunData, out_dir: Pa
         files["json"].write_text(dump_json(doc) + "\n", encoding="utf-8")
     except OSError as exc:
         raise UsageError(f"cannot write into {out_dir}: {exc.strerror or exc}",
-                         field="--out") from None
+                         field="out") from None
     return out

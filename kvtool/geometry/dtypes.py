@@ -38,7 +38,7 @@ _ALIASES: dict[str, str] = {
 KNOWN_DTYPES: tuple[str, ...] = (*DTYPE_BYTES, *RECORD_DTYPES)
 
 
-def canonical_dtype(name: str, *, field: str = "--dtype") -> str:
+def canonical_dtype(name: str, *, field: str = "dtype") -> str:
     """``"BF16"`` → ``"bf16"``, ``"float8_e4m3fn"`` → ``"fp8"``; unknown → :class:`UsageError`."""
     key = str(name).strip().lower()
     try:
@@ -49,7 +49,7 @@ def canonical_dtype(name: str, *, field: str = "--dtype") -> str:
         ) from None
 
 
-def dtype_bytes(name: str, *, field: str = "--dtype") -> int:
+def dtype_bytes(name: str, *, field: str = "dtype") -> int:
     """Bytes per element of a generic dtype (not of a packed record such as ``fp8_ds_mla``)."""
     canon = canonical_dtype(name, field=field)
     if canon not in DTYPE_BYTES:

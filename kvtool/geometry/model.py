@@ -103,21 +103,21 @@ class ModelSpec:
         record = self.dtype_aliases.get(canon, canon)
         if isinstance(block_tokens, bool) or not isinstance(block_tokens, int) or block_tokens <= 0:
             raise UsageError(f"block tokens must be a positive integer, got {block_tokens!r}",
-                             field="--block-tokens")
+                             field="block_tokens")
         if isinstance(tp, bool) or not isinstance(tp, int) or tp <= 0:
-            raise UsageError(f"TP size must be a positive integer, got {tp!r}", field="--tp")
+            raise UsageError(f"TP size must be a positive integer, got {tp!r}", field="tp")
         comps: list[Component] = []
         for spec in self.components:
             entry = spec.entry_bytes(record)
             if entry is None:
                 raise UsageError(
                     f"{self.name} has no known KV layout for dtype {canon} "
-                    f"(supported: {', '.join(self.supported_dtypes())})", field="--dtype")
+                    f"(supported: {', '.join(self.supported_dtypes())})", field="dtype")
             if block_tokens % spec.tokens_per_entry:
                 raise UsageError(
                     f"{self.name}: the {spec.name} component stores one entry per "
                     f"{spec.tokens_per_entry} tokens, so block tokens must be a multiple of "
-                    f"{spec.tokens_per_entry}, got {block_tokens}", field="--block-tokens")
+                    f"{spec.tokens_per_entry}, got {block_tokens}", field="block_tokens")
             comps.append(Component(spec.name, spec.kind, spec.layers, entry,
                                    spec.tokens_per_entry, spec.pad_to))
         shards = 1
@@ -126,7 +126,7 @@ class ModelSpec:
             if heads % tp and tp % heads:
                 raise UsageError(
                     f"{self.name} has {heads} KV heads; TP size must divide it or be a multiple "
-                    f"of it (vLLM's rule), got {tp}", field="--tp")
+                    f"of it (vLLM's rule), got {tp}", field="tp")
             shards = min(tp, heads)
         return KVGeometry(model=self.name, dtype=canon, block_tokens=block_tokens, tp=tp,
                           attention=self.attention, layers=self.layers,
@@ -231,7 +231,7 @@ class KVGeometry:
             return (self.block_bytes,)
         if layout == "layer":
             return self.per_layer_object_bytes()
-        raise UsageError(f"unknown layout {layout!r} (use block or layer)", field="--layout")
+        raise UsageError(f"unknown layout {layout!r} (use block or layer)", field="layout")
 
     def object_sizes(self, layout: Layout = "block") -> tuple[ObjectSize, ...]:
         """Distinct objects of ``layout`` with how many of each a rank writes per block."""
@@ -240,7 +240,7 @@ class KVGeometry:
         if layout == "layer":
             return tuple(ObjectSize(f"layer:{c.name}", c.page_bytes(self.block_tokens, self.shards),
                                     c.layers) for c in self.components)
-        raise UsageError(f"unknown layout {layout!r} (use block or layer)", field="--layout")
+        raise UsageError(f"unknown layout {layout!r} (use block or layer)", field="layout")
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready summary (schema in docs/geometry.md)."""

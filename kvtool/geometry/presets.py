@@ -118,7 +118,7 @@ def lookup(model: str) -> ModelSpec:
     spec = _BY_NAME.get(_norm(model))
     if spec is None:
         raise UsageError(f"unknown model {model!r} (known: {', '.join(MODELS)}; or use "
-                         "--geometry FILE.toml for a custom model)", field="--model")
+                         "--geometry FILE.toml for a custom model)", field="model")
     return spec
 
 

@@ -47,7 +47,7 @@ def _import_store() -> Any:
         from mooncake.store import MooncakeDistributedStore
     except ImportError as exc:
         raise UsageError("Mooncake Store is not installed: pip install 'kvtool[mooncake]' "
-                         f"(Debian also needs libibverbs1) ({exc})", field="--dram") from None
+                         f"(Debian also needs libibverbs1) ({exc})", field="dram") from None
     return MooncakeDistributedStore
 
 
@@ -65,7 +65,7 @@ class MooncakeClient:
             if not _listening(host, port):
                 raise MooncakeError(f"no Mooncake {what} listens at {host}:{port} ({self.url}); "
                                     "start one with kvtool pool up (kvtool pool status)",
-                                    field="--dram")
+                                    field="dram")
         self._store = store_cls()
         rc = self._store.setup("127.0.0.1" if self.url.host in ("127.0.0.1", "localhost")
                                else self.url.host, self.url.metadata_url, segment_bytes,
@@ -73,7 +73,7 @@ class MooncakeClient:
         if rc != 0:
             raise MooncakeError(f"cannot join the Mooncake pool at {self.url} (setup returned "
                                 f"{rc}); is it up? (kvtool pool up; kvtool pool status)",
-                                field="--dram")
+                                field="dram")
         self._registered: dict[int, int] = {}
         self._closed = False
 

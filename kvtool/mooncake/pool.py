@@ -60,7 +60,7 @@ def pools_dir() -> Path:
 
 def _record_path(name: str) -> Path:
     if not name or "/" in name or name.startswith("."):
-        raise UsageError(f"not a pool name: {name!r}", field="--name")
+        raise UsageError(f"not a pool name: {name!r}", field="name")
     return pools_dir() / f"{name}.json"
 
 
@@ -166,7 +166,7 @@ def up(name: str = "default", *, rpc_port: int = DEFAULT_RPC_PORT,
         if not _port_free(port):
             raise UsageError(f"127.0.0.1:{port} is in use", field=flag)
     if len({rpc_port, metadata_port, metrics_port}) != 3:
-        raise UsageError("the three ports must differ", field="--rpc-port")
+        raise UsageError("the three ports must differ", field="rpc_port")
     master, meta = _binary("mooncake_master"), _binary("mooncake_http_metadata_server")
     logdir = state_dir() / "run"
     logdir.mkdir(parents=True, exist_ok=True)

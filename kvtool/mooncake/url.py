@@ -47,7 +47,7 @@ def _hostport(text: str, url: str, field: str) -> tuple[str, int]:
     return m.group("host"), int(m.group("port"))
 
 
-def parse_mooncake_url(url: str, *, field: str = "--dram") -> MooncakeUrl:
+def parse_mooncake_url(url: str, *, field: str = "dram") -> MooncakeUrl:
     if not url.startswith(SCHEME):
         raise UsageError(f"{url!r} is not a {SCHEME} URL", field=field)
     where, _, query = url[len(SCHEME):].partition("?")

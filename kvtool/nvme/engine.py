@@ -187,7 +187,7 @@ def open_nvme_tcp(url: str, *, write: bool, qd: int = 32, hostnqn: str | None = 
     authentication raises :class:`~kvtool.errors.AuthenticationFailed` (exit 1).
     """
     if qd < 1:
-        raise UsageError(f"queue depth must be at least 1, got {qd}", field="--qd")
+        raise UsageError(f"queue depth must be at least 1, got {qd}", field="qd")
     parsed = parse_nvme_url(url)
     creds = credentials or HostCredentials()
     nqn = hostnqn or creds.hostnqn or parsed.hostnqn or default_hostnqn()
@@ -204,18 +204,18 @@ def open_nvme_tcp(url: str, *, write: bool, qd: int = 32, hostnqn: str | None = 
     except AuthenticationError as exc:
         raise AuthenticationFailed(str(exc)) from None
     except ConnectError as exc:
-        raise UsageError(str(exc), field="TARGET") from None
+        raise UsageError(str(exc), field="target") from None
     except OSError as exc:
-        raise UsageError(f"{url}: {exc}", field="TARGET") from None
+        raise UsageError(f"{url}: {exc}", field="target") from None
     try:
         nsid = parsed.nsid
         if nsid is None:
             active = ctrl.active_namespaces()
             if not active:
-                raise UsageError(f"{url}: the subsystem has no active namespace", field="TARGET")
+                raise UsageError(f"{url}: the subsystem has no active namespace", field="target")
             nsid = active[0]
         elif not ctrl.identify_namespace(nsid).active:
-            raise UsageError(f"{url}: namespace {nsid} is not active", field="TARGET")
+            raise UsageError(f"{url}: namespace {nsid} is not active", field="target")
         return NvmeTcpEngine(ctrl, nsid, url=str(parsed), write=write, qd=qd)
     except BaseException:
         ctrl.close()

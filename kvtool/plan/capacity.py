@@ -72,23 +72,23 @@ class Workload:
     answer_kv: AnswerKV = "stored"
 
     def __post_init__(self) -> None:
-        for name, value, low in (("--sessions", self.sessions, 1), ("--rounds", self.rounds, 1),
-                                 ("--block-tokens", self.block_tokens, 1),
-                                 ("--input-tokens", self.input_tokens, 0),
-                                 ("--output-tokens", self.output_tokens, 0),
-                                 ("--system-prompt-tokens", self.system_prompt_tokens, 0)):
+        for name, value, low in (("sessions", self.sessions, 1), ("rounds", self.rounds, 1),
+                                 ("block_tokens", self.block_tokens, 1),
+                                 ("input_tokens", self.input_tokens, 0),
+                                 ("output_tokens", self.output_tokens, 0),
+                                 ("system_prompt_tokens", self.system_prompt_tokens, 0)):
             if value < low:
                 raise UsageError(f"must be {'positive' if low else 'non-negative'}, got {value}",
                                  field=name)
         if self.rounds > MAX_PLANNED_ROUNDS:
             raise UsageError(f"at most {MAX_PLANNED_ROUNDS} rounds, got {self.rounds}",
-                             field="--rounds")
+                             field="rounds")
         if self.answer_kv not in ("stored", "next-round"):
             raise UsageError(f"unknown value {self.answer_kv!r} (use stored or next-round)",
-                             field="--answer-kv")
+                             field="answer_kv")
         if self.input_tokens + self.output_tokens == 0:
             raise UsageError("sessions must add tokens each round (N + M > 0)",
-                             field="--input-tokens")
+                             field="input_tokens")
 
     @property
     def delta(self) -> int:
@@ -133,14 +133,14 @@ class Storage:
 
     def __post_init__(self) -> None:
         if self.block_bytes is not None and self.block_bytes <= 0:
-            raise UsageError(f"must be positive, got {self.block_bytes}", field="--block-bytes")
+            raise UsageError(f"must be positive, got {self.block_bytes}", field="block_bytes")
         if self.replicas < 1:
-            raise UsageError(f"must be at least 1, got {self.replicas}", field="--replicas")
+            raise UsageError(f"must be at least 1, got {self.replicas}", field="replicas")
         if not 0 < self.watermark <= 1:
-            raise UsageError(f"must be in (0, 1], got {self.watermark}", field="--watermark")
+            raise UsageError(f"must be in (0, 1], got {self.watermark}", field="watermark")
         if self.write_policy not in ("write-through", "write-back"):
             raise UsageError(f"unknown write policy {self.write_policy!r}",
-                             field="--write-policy")
+                             field="write_policy")
 
     @property
     def copies(self) -> int:
@@ -192,7 +192,7 @@ class CapacityPlan:
         self.s = storage
         self.tiers = {t: c for t, c in tiers.items() if c}
         if not self.tiers.get("dram"):
-            raise UsageError("a DRAM tier is required (the formula's M)", field="--dram")
+            raise UsageError("a DRAM tier is required (the formula's M)", field="dram")
         self.nvme_given = nvme_given
         w = workload
         self.footprint = [self.footprint_units(r) for r in range(w.rounds + 1)]
@@ -420,5 +420,5 @@ def plan(workload: Workload, storage: Storage, *, dram: Capacity, gpu: Capacity 
     tiers: dict[str, float] = {}
     for name, cap in (("gpu", gpu), ("dram", dram), ("nvme", nvme)):
         if cap is not None and not cap.is_zero:
-            tiers[name] = capacity_units(cap, storage, workload.block_tokens, f"--{name}")
+            tiers[name] = capacity_units(cap, storage, workload.block_tokens, name)
     return CapacityPlan(workload, storage, tiers, nvme_given=nvme is not None and not nvme.is_zero)

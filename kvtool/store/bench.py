@@ -193,15 +193,15 @@ def bench(target: str, *, object_bytes: int, qds: list[int], patterns: list[str]
             if found is not None:
                 what = "a kvtool store" if found == "kvtool" else found
                 raise UsageError(f"{target} holds {what}; write patterns would destroy it: "
-                                 "use --force, or --read-only", field="TARGET")
+                                 "use --force, or --read-only", field="target")
         if paths and "bounce" in paths and object_bytes % engine.lba_size == 0:
             raise UsageError(f"{object_bytes} B is a whole number of {engine.lba_size} B "
-                             "blocks: there is no bounce path to measure", field="--path")
+                             "blocks: there is no bounce path to measure", field="path")
         cases = plan_cases(object_bytes, engine.lba_size, patterns, qds, paths)
         region = min(region_bytes, engine.size)
         if region < max(padded_size(c.object_bytes, engine.lba_size) for c in cases):
             raise UsageError(f"the region ({region} B) is smaller than one object",
-                             field="--region")
+                             field="region")
         if on_total is not None:
             on_total(len(cases))
         rows = []

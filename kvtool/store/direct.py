@@ -85,16 +85,16 @@ class DirectEngine(ThreadedEngine):
         except FileNotFoundError:
             if not create_bytes:
                 raise UsageError(f"{path}: no such file or device (a new file needs --create "
-                                 "SIZE)", field="TARGET") from None
+                                 "SIZE)", field="target") from None
             st = _create_file(path, create_bytes)
         except OSError as exc:
-            raise UsageError(f"{path}: {exc.strerror}", field="TARGET") from None
+            raise UsageError(f"{path}: {exc.strerror}", field="target") from None
         if stat.S_ISBLK(st.st_mode):
             kind = "block"
         elif stat.S_ISREG(st.st_mode):
             kind = "file"
         else:
-            raise UsageError(f"{path}: not a block device or regular file", field="TARGET")
+            raise UsageError(f"{path}: not a block device or regular file", field="target")
         flags = (os.O_RDWR if write else os.O_RDONLY) | os.O_DIRECT | os.O_CLOEXEC
         if write and kind == "block":
             flags |= os.O_EXCL  # a block device: fail if mounted or claimed by another writer
@@ -103,25 +103,25 @@ class DirectEngine(ThreadedEngine):
         except OSError as exc:
             if exc.errno == errno.EBUSY:
                 raise UsageError(f"{path}: in use (mounted, or held open exclusively by "
-                                 "another program)", field="TARGET") from None
+                                 "another program)", field="target") from None
             if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM) and write:
                 raise UsageError(f"{path}: read-only ({exc.strerror}); kvtool needs to write "
-                                 "it", field="TARGET") from None
+                                 "it", field="target") from None
             if exc.errno == errno.EINVAL:
                 raise UsageError(f"{path}: this filesystem does not support O_DIRECT (tmpfs?); "
                                  "use a file on ext4/xfs or a block device",
-                                 field="TARGET") from None
-            raise UsageError(f"{path}: {exc.strerror}", field="TARGET") from None
+                                 field="target") from None
+            raise UsageError(f"{path}: {exc.strerror}", field="target") from None
         try:
             if write and kind == "block" and _block_read_only(fd):
                 raise UsageError(f"{path}: read-only block device; kvtool needs to write it",
-                                 field="TARGET")
+                                 field="target")
             limits = _probe(path)
             dev_lba = limits["lba"]
             if lba is not None:
                 if lba % dev_lba or lba & (lba - 1):
                     raise UsageError(f"{lba} is not a power-of-two multiple of the device's "
-                                     f"{dev_lba}-byte logical block", field="--lba")
+                                     f"{dev_lba}-byte logical block", field="lba")
                 dev_lba = lba
             size = limits["size"] // dev_lba * dev_lba
             mem_align = max(1, min(limits["mem_align"], PAGE_SIZE))
@@ -175,7 +175,7 @@ def _create_file(path: str, nbytes: int) -> os.stat_result:
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     except OSError as exc:
-        raise UsageError(f"{path}: cannot create ({exc.strerror})", field="TARGET") from None
+        raise UsageError(f"{path}: cannot create ({exc.strerror})", field="target") from None
     try:
         try:
             os.posix_fallocate(fd, 0, nbytes)
@@ -202,7 +202,7 @@ def _probe(path: str) -> dict[str, int]:
     try:
         lim = probe_device(path)
     except InputError as exc:
-        raise UsageError(exc.message, field="TARGET") from None
+        raise UsageError(exc.message, field="target") from None
     lba = int(lim.dio_offset_align or lim.logical_block_size or 512)
     lba = max(lba, int(lim.logical_block_size or 0))
     return {"lba": lba, "physical": int(lim.physical_block_size or lba),

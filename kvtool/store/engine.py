@@ -50,10 +50,10 @@ def open_engine(target: str, *, write: bool, qd: int = DEFAULT_QD, **opts: Any) 
 
         if opts.get("create_bytes"):
             raise UsageError(f"{target}: an NVMe/TCP namespace cannot be created; --create "
-                             "applies to a regular file", field="--create")
+                             "applies to a regular file", field="create")
         if opts.get("lba"):
             raise UsageError(f"{target}: an NVMe/TCP namespace has its own logical block "
-                             "size; --lba applies to a file or block device", field="--lba")
+                             "size; --lba applies to a file or block device", field="lba")
         engine: IOEngine = open_nvme_tcp(target, write=write, qd=qd,
                                          hostnqn=opts.get("hostnqn"),
                                          credentials=opts.get("credentials"))
@@ -62,7 +62,7 @@ def open_engine(target: str, *, write: bool, qd: int = DEFAULT_QD, **opts: Any) 
     if scheme and not os.path.lexists(target):
         raise UsageError(f"{target}: unsupported URL scheme {scheme.group(0)!r}; the only URL "
                          f"kvtool reads and writes is {NVME_TCP_SCHEME}HOST:PORT/SUBNQN[/NSID]",
-                         field="TARGET")
+                         field="target")
     from kvtool.store.direct import DirectEngine
 
     return DirectEngine.open(target, write=write, qd=qd, lba=opts.get("lba"),

@@ -33,7 +33,7 @@ def inspect(target: str, *, list_objects: int = 0,
         except NotAStore as exc:
             head = read_head(engine)
             found = f"it holds {identify(head) or 'nothing (all zeros)'}" if head else str(exc)
-            raise UsageError(f"{target} is not a kvtool store ({found})", field="TARGET") from None
+            raise UsageError(f"{target} is not a kvtool store ({found})", field="target") from None
         except OSError as exc:
             raise CheckFailed(f"{target}: cannot read the superblock or index: {exc}") from None
         except BadSuperblock as exc:

@@ -140,7 +140,7 @@ class ThreadedEngine:
 
     def __init__(self, qd: int) -> None:
         if qd < 1:
-            raise UsageError(f"queue depth must be at least 1, got {qd}", field="--qd")
+            raise UsageError(f"queue depth must be at least 1, got {qd}", field="qd")
         self.qd = qd
         self._pool: ThreadPoolExecutor | None = None
 

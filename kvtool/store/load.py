@@ -92,7 +92,7 @@ def prepare(engine: IOEngine, spec: LoadSpec, payload: Payload, target: str,
         except (BadSuperblock, NotAStore) as exc:
             if not spec.force:
                 raise UsageError(f"{target}: damaged kvtool store ({exc}); --force reformats "
-                                 "it (its objects are lost)", field="TARGET") from None
+                                 "it (its objects are lost)", field="target") from None
             replacing = "a damaged kvtool store"
         if existing is not None:
             why = _compatible(existing, spec, payload, engine.lba_size)
@@ -101,14 +101,14 @@ def prepare(engine: IOEngine, spec: LoadSpec, payload: Payload, target: str,
                     existing.close()
                     raise UsageError(f"{target} holds a kvtool store that cannot be extended: "
                                      f"{why}; --force reformats it ({len(existing)} objects "
-                                     "lost)", field="TARGET")
+                                     "lost)", field="target")
                 replacing = f"a kvtool store of {len(existing)} objects"
                 existing.close()
                 existing = None
     elif found is not None:
         if not spec.force:
             raise UsageError(f"{target} holds {found}; refusing to overwrite it without --force",
-                             field="TARGET")
+                             field="target")
         replacing = found
     if existing is not None:
         slots = existing.sb.slot_count
@@ -118,14 +118,14 @@ def prepare(engine: IOEngine, spec: LoadSpec, payload: Payload, target: str,
             raise UsageError(f"{target} is too small for one {spec.object_bytes}-byte object "
                              f"({engine.size} bytes; a store needs at least "
                              f"{doff + -(-spec.object_bytes // engine.lba_size) * engine.lba_size}"
-                             ")", field="TARGET")
+                             ")", field="target")
     if spec.count is not None:
         count = spec.count
         if count > slots:
             if existing is not None:
                 existing.close()
             raise UsageError(f"{count} objects do not fit: {target} holds at most {slots} "
-                             f"objects of {spec.object_bytes} B", field="--count")
+                             f"objects of {spec.object_bytes} B", field="count")
     else:
         count = math.floor((spec.fill or 1.0) * slots)
     return existing, slots, count, replacing
@@ -177,7 +177,7 @@ def _load_into(store: ObjectStore, spec: LoadSpec, payload: Payload, count: int,
     present = count - len(todo)
     if len(todo) > store.free_slots:
         raise UsageError(f"{len(todo)} more objects do not fit: {target} has "
-                         f"{store.free_slots} free slots", field="--count")
+                         f"{store.free_slots} free slots", field="count")
     if on_total is not None:
         on_total(len(todo))
     batch = spec.batch_objects or max(4, (64 << 20) // sb.slot_bytes)

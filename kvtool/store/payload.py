@@ -205,12 +205,12 @@ def _load_bytes(path: Path) -> np.ndarray:
         else:
             data = np.fromfile(path, dtype=np.uint8)
     except FileNotFoundError:
-        raise InputError("no such file", file=path, field="--payload-file") from None
+        raise InputError("no such file", file=path, field="payload_file") from None
     except (OSError, ValueError) as exc:
         raise InputError(f"cannot read tensor data: {exc}", file=path,
-                         field="--payload-file") from None
+                         field="payload_file") from None
     if data.size == 0:
-        raise InputError("payload file is empty", file=path, field="--payload-file")
+        raise InputError("payload file is empty", file=path, field="payload_file")
     return np.array(data, copy=True)
 
 

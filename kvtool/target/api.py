@@ -211,7 +211,7 @@ def find(name: str | None = None) -> st.TargetState:
         names = [default.NAME]
     if len(names) > 1:
         raise InputError(f"several targets are recorded ({', '.join(names)}); name one "
-                         "(--name NAME) or give the config", field="--name")
+                         "(--name NAME) or give the config", field="name")
     record = st.load(names[0])
     assert record is not None
     return record
@@ -298,9 +298,9 @@ def discover(address: str, port: int = 4420, hostnqn: str | None = None,
     from kvtool.nvme.url import check_nqn
     if not 0 < timeout < float("inf"):  # also refuses nan
         raise UsageError(f"must be a positive number of seconds, got {timeout}",
-                         field="--timeout")
+                         field="timeout")
     if hostnqn is not None:
-        check_nqn(hostnqn, field="--hostnqn")
+        check_nqn(hostnqn, field="hostnqn")
     try:
         entries = nvme_host.discover(address, port, hostnqn=hostnqn, timeout=timeout)
     except Unreachable as exc:

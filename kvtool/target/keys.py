@@ -30,16 +30,16 @@ def keygen(path: str | os.PathLike[str], *, transform: str = "none", length: int
     hmac_id = TRANSFORMS.get(transform)
     if hmac_id is None:
         raise UsageError(f"unknown transformation {transform!r} (none, sha256, sha384, sha512)",
-                         field="--transform")
+                         field="transform")
     if hmac_id and not nqn:
-        raise UsageError("a transformed key is bound to an NQN: give --nqn", field="--nqn")
+        raise UsageError("a transformed key is bound to an NQN: give --nqn", field="nqn")
     if not hmac_id and nqn:
         raise UsageError("--nqn only applies with --transform sha256|sha384|sha512",
-                         field="--nqn")
+                         field="nqn")
     try:
         secret = dhchap.generate_secret(length, hmac_id, nqn)
     except ValueError as exc:
-        raise UsageError(str(exc), field="--length") from None
+        raise UsageError(str(exc), field="length") from None
     p = Path(path)
     try:
         dhchap.write_secret_file(p, secret)

@@ -37,9 +37,9 @@ def convert_trace(reader: TraceReader, out: str | os.PathLike[str], *, to: str,
                   interval_ms: float = 1.0) -> ConvertResult:
     """Write ``reader``'s requests to ``out`` in format ``to`` ("kvtool" or "mooncake")."""
     if to not in ("kvtool", "mooncake"):
-        raise UsageError(f"unknown format {to!r} (use kvtool or mooncake)", field="--to")
+        raise UsageError(f"unknown format {to!r} (use kvtool or mooncake)", field="to")
     if not interval_ms >= 0:
-        raise UsageError(f"must not be negative, got {interval_ms}", field="--interval-ms")
+        raise UsageError(f"must not be negative, got {interval_ms}", field="interval_ms")
     add_ts = to == "mooncake" and not reader.timed
     records = (
         to_record(req, ids, fmt=to,

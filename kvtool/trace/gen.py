@@ -53,11 +53,11 @@ class MultiTurn:
     interval_ms: float | None = None
 
     def __post_init__(self) -> None:
-        _positive(self.sessions, "--sessions")
-        _positive(self.rounds, "--rounds")
-        _not_negative(self.input_tokens, "--input-tokens")
+        _positive(self.sessions, "sessions")
+        _positive(self.rounds, "rounds")
+        _not_negative(self.input_tokens, "input_tokens")
         _check_common(self)
-        _request_limit(self.input_length(self.rounds), "--input-tokens")
+        _request_limit(self.input_length(self.rounds), "input_tokens")
 
     def input_length(self, round_: int) -> int:
         """Input tokens of every session's round-``round_`` request (1-based)."""
@@ -81,13 +81,13 @@ class RandomPrompts:
 
     def __post_init__(self) -> None:
         if not self.input_lengths:
-            raise UsageError("give at least one length", field="--random-input-len")
+            raise UsageError("give at least one length", field="random_input_len")
         for n in self.input_lengths:
-            _positive(n, "--random-input-len")
-        _positive(self.num_prompts, "--num-prompts")
-        _positive(self.iterations, "--iterations")
+            _positive(n, "random_input_len")
+        _positive(self.num_prompts, "num_prompts")
+        _positive(self.iterations, "iterations")
         _check_common(self)
-        _request_limit(self.system_prompt_tokens + max(self.input_lengths), "--random-input-len")
+        _request_limit(self.system_prompt_tokens + max(self.input_lengths), "random_input_len")
 
 
 def _positive(value: int, field: str) -> None:
@@ -102,15 +102,15 @@ def _not_negative(value: int, field: str) -> None:
 
 def _check_common(spec: MultiTurn | RandomPrompts) -> None:
     """Check the parameters both workloads share."""
-    _positive(spec.block_tokens, "--block-tokens")
-    _not_negative(spec.output_tokens, "--output-tokens")
-    _not_negative(spec.system_prompt_tokens, "--system-prompt-tokens")
-    _not_negative(spec.seed, "--seed")
+    _positive(spec.block_tokens, "block_tokens")
+    _not_negative(spec.output_tokens, "output_tokens")
+    _not_negative(spec.system_prompt_tokens, "system_prompt_tokens")
+    _not_negative(spec.seed, "seed")
     if spec.form not in ("tokens", "hash_ids"):
-        raise UsageError(f"unknown form {spec.form!r} (use tokens or hash_ids)", field="--format")
+        raise UsageError(f"unknown form {spec.form!r} (use tokens or hash_ids)", field="format")
     if spec.interval_ms is not None and not 0 <= spec.interval_ms < math.inf:
         raise UsageError(f"must be a finite number >= 0, got {spec.interval_ms}",
-                         field="--interval-ms")
+                         field="interval_ms")
 
 
 def _request_limit(longest: int, field: str) -> None:

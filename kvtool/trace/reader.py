@@ -182,14 +182,14 @@ class TraceReader:
     ) -> None:
         if fmt not in FORMATS:
             raise InputError(f"unknown trace format {fmt!r} (use {', '.join(FORMATS)})",
-                             field="--format")
+                             field="format")
         if block_tokens is not None and block_tokens <= 0:
             raise InputError(f"must be a positive number of tokens, got {block_tokens}",
-                             field="--block-tokens")
+                             field="block_tokens")
         if skip_bad < 0:
-            raise InputError(f"must not be negative, got {skip_bad}", field="--skip-bad")
+            raise InputError(f"must not be negative, got {skip_bad}", field="skip_bad")
         if not window_ms > 0:
-            raise InputError(f"must be positive, got {window_ms}", field="--window-ms")
+            raise InputError(f"must be positive, got {window_ms}", field="window_ms")
         self.path = str(path)
         self.skip_bad = skip_bad
         self.window_ms = float(window_ms)

@@ -40,5 +40,5 @@ def test_padding_invariants(n: int, a: int) -> None:
 def test_check_alignment(bad: int) -> None:
     with pytest.raises(UsageError) as err:
         check_alignment(bad)
-    assert err.value.field == "--lba"
+    assert err.value.field == "lba"
     assert check_alignment(4096) == 4096

@@ -94,7 +94,7 @@ def test_extents_overlap() -> None:
 def test_bad_rules(text: str) -> None:
     with pytest.raises(UsageError) as err:
         parse_rule(text, default_size=4096)
-    assert err.value.field == "--layout"
+    assert err.value.field == "layout"
 
 
 def test_read_csv(tmp_path: Path) -> None:
@@ -129,4 +129,4 @@ def test_json_error_names_line(tmp_path: Path) -> None:
 def test_missing_extents_file(tmp_path: Path) -> None:
     with pytest.raises(UsageError) as err:
         read_extents(tmp_path / "none.csv")
-    assert err.value.field == "--layout"
+    assert err.value.field == "layout"

@@ -35,9 +35,9 @@ def test_scratch_alignment_follows_device_limits() -> None:
     assert p.bounce is not None and p.bounce.scratch_align == 512
 
 
-@pytest.mark.parametrize(("nbytes", "lba", "field"), [(0, 512, "--object-bytes"),
-                                                       (-5, 512, "--object-bytes"),
-                                                       (100, 0, "--lba"), (100, 1000, "--lba")])
+@pytest.mark.parametrize(("nbytes", "lba", "field"), [(0, 512, "object_bytes"),
+                                                       (-5, 512, "object_bytes"),
+                                                       (100, 0, "lba"), (100, 1000, "lba")])
 def test_bad_plan_inputs(nbytes: int, lba: int, field: str) -> None:
     with pytest.raises(UsageError) as err:
         plan_object(nbytes, lba)

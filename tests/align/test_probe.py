@@ -71,10 +71,10 @@ def test_statx_matches_kernel_version() -> None:
 def test_missing_path() -> None:
     with pytest.raises(UsageError) as err:
         probe_device("/nonexistent/dev/nvme9n9")
-    assert err.value.field == "--device"
+    assert err.value.field == "device"
 
 
 def test_directory_is_rejected(tmp_path: Path) -> None:
     with pytest.raises(UsageError) as err:
         probe_device(tmp_path)
-    assert err.value.field == "--device" and "neither" in str(err.value)
+    assert err.value.field == "device" and "neither" in str(err.value)

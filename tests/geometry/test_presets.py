@@ -111,13 +111,13 @@ def test_deepseek_v4_flash_scales_with_block_tokens() -> None:
     assert g.bytes_per_token == 4054.5
     with pytest.raises(UsageError) as err:
         resolve("deepseek-v4-flash", block_tokens=64)
-    assert err.value.field == "--block-tokens" and "128" in str(err.value)
+    assert err.value.field == "block_tokens" and "128" in str(err.value)
 
 
 def test_v4_rejects_dtypes_it_has_no_layout_for() -> None:
     with pytest.raises(UsageError) as err:
         resolve("deepseek-v4-flash", dtype="bf16")
-    assert err.value.field == "--dtype" and "fp8" in str(err.value)
+    assert err.value.field == "dtype" and "fp8" in str(err.value)
 
 
 def test_tp_sharding_and_replication() -> None:
@@ -138,7 +138,7 @@ def test_tp_sharding_and_replication() -> None:
     assert g.bytes_per_token == 70_272  # per stored copy, independent of TP
     with pytest.raises(UsageError) as err:
         resolve("llama-3-70b", tp=3)
-    assert err.value.field == "--tp"
+    assert err.value.field == "tp"
 
 
 def test_names_are_case_insensitive_with_aliases() -> None:
@@ -154,14 +154,14 @@ def test_names_are_case_insensitive_with_aliases() -> None:
 def test_unknown_model_lists_known_names() -> None:
     with pytest.raises(UsageError) as err:
         resolve("gpt-17")
-    assert err.value.field == "--model"
+    assert err.value.field == "model"
     for name in MODELS:
         assert name in str(err.value)
 
 
-@pytest.mark.parametrize(("kw", "field"), [({"dtype": "int3"}, "--dtype"),
-                                           ({"block_tokens": 0}, "--block-tokens"),
-                                           ({"tp": 0}, "--tp")])
+@pytest.mark.parametrize(("kw", "field"), [({"dtype": "int3"}, "dtype"),
+                                           ({"block_tokens": 0}, "block_tokens"),
+                                           ({"tp": 0}, "tp")])
 def test_bad_values_name_the_option(kw: dict[str, object], field: str) -> None:
     with pytest.raises(UsageError) as err:
         resolve("llama-3-8b", **kw)  # type: ignore[arg-type]

@@ -66,7 +66,7 @@ def test_engine_read_only_and_errors(target: Target) -> None:
             eng.write_from(0, memoryview(bytes(4096)))
     with pytest.raises(UsageError) as info:
         open_nvme_tcp(url(target), write=True, hostnqn=STRANGER)
-    assert info.value.field == "TARGET" and "not allowed" in str(info.value)
+    assert info.value.field == "target" and "not allowed" in str(info.value)
     with pytest.raises(UsageError, match="namespace 5 is not active"):
         open_nvme_tcp(url(target, tail="/5"), write=True, hostnqn=HOST_A)
     with pytest.raises(UsageError, match="cannot connect"):
@@ -80,7 +80,7 @@ def test_open_engine_dispatches_nvme_urls(target: Target) -> None:
     finally:
         eng.close()
     # file-only options are refused, not silently ignored (a 512 B layout under --lba 4096)
-    for opt, option in (("lba", "--lba"), ("create_bytes", "--create")):
+    for opt, option in (("lba", "lba"), ("create_bytes", "create")):
         with pytest.raises(UsageError) as info:
             open_engine(url(target, tail="/1"), write=True, hostnqn=HOST_A, **{opt: 4096})
         assert info.value.field == option

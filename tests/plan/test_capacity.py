@@ -131,7 +131,7 @@ def test_capacities_in_blocks_without_geometry() -> None:
     assert d["rounds"][0]["footprint_blocks"] == 16 * 9
     with pytest.raises(UsageError) as err:
         plan(Workload(16, 2000, 500), Storage(None), dram=GB("1GB"))
-    assert err.value.field == "--dram"
+    assert err.value.field == "dram"
 
 
 def test_report_sanity_check() -> None:
@@ -172,16 +172,16 @@ def test_no_eviction_curve_matches_trace_stats_of_the_generated_workload(
 
 
 @pytest.mark.parametrize(("make", "field"), [
-    (lambda: Workload(0, 1, 1), "--sessions"),
-    (lambda: Workload(1, -1, 1), "--input-tokens"),
-    (lambda: Workload(1, 0, 0), "--input-tokens"),
-    (lambda: Workload(1, 1, 1, rounds=0), "--rounds"),
-    (lambda: Workload(1, 1, 1, rounds=100_001), "--rounds"),
-    (lambda: Workload(1, 1, 1, answer_kv="never"), "--answer-kv"),
-    (lambda: Storage(0), "--block-bytes"),
-    (lambda: Storage(1, replicas=0), "--replicas"),
-    (lambda: Storage(1, watermark=1.5), "--watermark"),
-    (lambda: plan(Workload(1, 1, 1), Storage(1), dram=GB("0")), "--dram"),
+    (lambda: Workload(0, 1, 1), "sessions"),
+    (lambda: Workload(1, -1, 1), "input_tokens"),
+    (lambda: Workload(1, 0, 0), "input_tokens"),
+    (lambda: Workload(1, 1, 1, rounds=0), "rounds"),
+    (lambda: Workload(1, 1, 1, rounds=100_001), "rounds"),
+    (lambda: Workload(1, 1, 1, answer_kv="never"), "answer_kv"),
+    (lambda: Storage(0), "block_bytes"),
+    (lambda: Storage(1, replicas=0), "replicas"),
+    (lambda: Storage(1, watermark=1.5), "watermark"),
+    (lambda: plan(Workload(1, 1, 1), Storage(1), dram=GB("0")), "dram"),
 ])
 def test_bad_values_name_the_option(make: object, field: str) -> None:
     with pytest.raises(UsageError) as err:

@@ -81,7 +81,7 @@ def test_read_only_engine_refuses_writes(blank_file: Callable[[int], Path]) -> N
 def test_bad_targets(store_dir: Path) -> None:
     with pytest.raises(UsageError, match="no such file") as exc:
         open_engine(str(store_dir / "missing.img"), write=True)
-    assert exc.value.field == "TARGET"
+    assert exc.value.field == "target"
     with pytest.raises(UsageError, match="not a block device or regular file"):
         open_engine(str(store_dir), write=False)
     assert not (store_dir / "missing.img").exists()

@@ -62,5 +62,5 @@ def test_mooncake_round_trip(tmp_path: Path, mooncake_traces: Path) -> None:
 def test_bad_target_format(tmp_path: Path) -> None:
     with pytest.raises(UsageError) as err:
         convert_trace(read_trace(TOKENS), tmp_path / "x", to="csv")
-    assert err.value.field == "--to"
+    assert err.value.field == "to"
     assert not (tmp_path / "x").exists()

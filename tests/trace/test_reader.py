@@ -241,10 +241,10 @@ def test_files_that_are_not_traces(tmp_path: Path) -> None:
         read_trace(path, skip_bad=1)
 
 
-@pytest.mark.parametrize(("kwargs", "field"), [({"fmt": "csv"}, "--format"),
-                                               ({"block_tokens": 0}, "--block-tokens"),
-                                               ({"skip_bad": -1}, "--skip-bad"),
-                                               ({"window_ms": 0}, "--window-ms")])
+@pytest.mark.parametrize(("kwargs", "field"), [({"fmt": "csv"}, "format"),
+                                               ({"block_tokens": 0}, "block_tokens"),
+                                               ({"skip_bad": -1}, "skip_bad"),
+                                               ({"window_ms": 0}, "window_ms")])
 def test_bad_reader_options(tmp_path: Path, kwargs: dict[str, Any], field: str) -> None:
     path = write(tmp_path, [mc(0, 10, [1])])
     with pytest.raises(InputError) as err:
