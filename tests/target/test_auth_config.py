@@ -10,16 +10,14 @@
 
 from __future__ import annotations
 
-import base64
-import os
 from pathlib import Path
 
 import pytest
 
 from kvtool.errors import InputError
-from kvtool.nvme import dhchap as D
 from kvtool.target.loader import parse_config
 from tests.conftest import free_port, run, run_json
+from tests.helpers.secrets import files_under, search
 
 HOST = "nqn.2014-08.org.nvmexpress:uuid:44444444-4444-4444-8444-444444444444"
 NQN = "nqn.2026-01.io.kvtool:authcfg"
@@ -116,42 +114,8 @@ def test_world_readable_key_file_is_refused_by_target_up(keydir: Path, tmp_path:
 
 # --- end to end, and the secret grep --------------------------------------------------------
 
-def _needles(keydir: Path) -> dict[str, bytes]:
-    """Every form a secret could leak in: the DHHC-1 text, its base64, the key bytes (raw,
-    hex, base64) and the transformed key the responses are keyed with."""
-    out: dict[str, bytes] = {}
-    for name in ("host", "ctrl", "wrong"):
-        text = (keydir / f"{name}.key").read_text().strip()
-        s = D.Secret.parse(text)
-        out[f"{name}:b64"] = text.split(":")[2][:24].encode()
-        out[f"{name}:raw"] = s.key[:16]
-        out[f"{name}:hex"] = s.key.hex()[:32].encode()
-        out[f"{name}:keyb64"] = base64.b64encode(s.key)[:24]
-        out[f"{name}:transformed"] = s.transform(HOST)[:16]
-        out[f"{name}:transformed-hex"] = s.transform(HOST).hex()[:32].encode()
-    return out
-
-
-def _grep(blobs: dict[str, bytes], needles: dict[str, bytes], keydir: Path) -> list[str]:
-    # the search itself works: each key file is found by its own needle
-    for name in ("host", "ctrl", "wrong"):
-        assert f"{name}:b64 in f" in _hits({"f": (keydir / f"{name}.key").read_bytes()}, needles)
-    return _hits(blobs, needles)
-
-
-def _hits(blobs: dict[str, bytes], needles: dict[str, bytes]) -> list[str]:
-    return [f"{n} in {where}" for where, blob in blobs.items() for n, needle in needles.items()
-            if needle in blob]
-
-
-def _files(root: Path) -> dict[str, bytes]:
-    out = {}
-    for dirpath, _dirs, files in os.walk(root):
-        for f in files:
-            p = Path(dirpath) / f
-            if p.stat().st_size < 64 << 20:  # namespace images are not outputs
-                out[str(p)] = p.read_bytes()
-    return out
+def _key_files(keydir: Path) -> dict[str, Path]:
+    return {name: keydir / f"{name}.key" for name in ("host", "ctrl", "wrong")}
 
 
 def _run_and_collect(keydir: Path, tmp_path: Path, url: str, outputs: dict[str, bytes]) -> None:
@@ -196,11 +160,11 @@ def test_emulator_target_up_authenticated_and_no_secret_anywhere(
         down = run("--json", "target", "down", str(cfg))
         outputs["down"] = (down.stdout + down.stderr).encode()
     assert down.exit_code == 0
-    files = _files(state_dir)
+    files = files_under(state_dir)
     log = b"".join(v for k, v in files.items() if k.endswith(".log"))
     assert b"DH-HMAC-CHAP refused" in log  # the wrong key reached the target and was logged
     assert any(str(keydir / "host.key").encode() in v for v in files.values())
-    hits = _grep({**outputs, **files}, _needles(keydir), keydir)
+    hits = search({**outputs, **files}, _key_files(keydir), HOST)
     assert hits == []
 
 
@@ -227,8 +191,8 @@ def test_qemu_engine_configures_nvmet_auth_and_no_secret_anywhere(
         down = run("--json", "target", "down", str(cfg))
         outputs["down"] = (down.stdout + down.stderr).encode()
     assert down.exit_code == 0, down.stdout + down.stderr
-    files = _files(state_dir)
+    files = files_under(state_dir)
     guest_log = b"".join(v for k, v in files.items() if k.endswith(".log"))
     assert b"hmac(sha512)" in guest_log and b"ffdhe2048" in guest_log  # the guest's plan
-    hits = _grep({**outputs, **files}, _needles(keydir), keydir)
+    hits = search({**outputs, **files}, _key_files(keydir), HOST)
     assert hits == []

@@ -22,6 +22,7 @@ from emulator.nvmetcp import Target
 from emulator.nvmetcp.config import HostKeyConfig, simple_config
 from emulator.spdk import SpdkApp, SpdkInstall, tools
 from tests.conftest import free_port, run, run_json
+from tests.helpers.secrets import files_under, search
 
 HOST = "nqn.2014-08.org.nvmexpress:uuid:55555555-5555-4555-8555-555555555555"
 NQN = "nqn.2026-01.io.kvtool:spdkauth"
@@ -63,11 +64,20 @@ port = {port}
 
 def test_kvtool_host_to_spdk_target(nvmf_tgt: SpdkApp, keys: dict[str, Path], tmp_path: Path,
                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("KVTOOL_STATE_DIR", str(tmp_path / "state"))
+    state_dir = tmp_path / "state"
+    monkeypatch.setenv("KVTOOL_STATE_DIR", str(state_dir))
     port = free_port()
     cfg = tmp_path / "spdkauth.toml"
     cfg.write_text(_spdk_config(keys, nvmf_tgt.socket, port))
-    up = run_json("target", "up", str(cfg))
+    outputs: dict[str, bytes] = {}
+
+    def cli(name: str, *args: str, code: int = 0) -> str:
+        r = run(*args)
+        outputs[name] = (r.stdout + r.stderr).encode()
+        assert r.exit_code == code, (name, r.stdout, r.stderr)
+        return r.stdout + r.stderr
+
+    up = json.loads(cli("up", "--json", "target", "up", str(cfg)))
     kinds = [s["kind"] for s in up["plan"]["steps"]]
     assert kinds.count("key") == 2, up["plan"]
     hosts = nvmf_tgt.rpc("nvmf_get_subsystems")[-1]["hosts"]
@@ -75,18 +85,26 @@ def test_kvtool_host_to_spdk_target(nvmf_tgt: SpdkApp, keys: dict[str, Path], tm
     url = f"nvme+tcp://127.0.0.1:{port}/{NQN}/1"
     auth = ["--hostnqn", HOST, "--dhchap-secret", str(keys["host"]),
             "--dhchap-ctrl-secret", str(keys["ctrl"])]
-    assert run_json("load", url, "--block-bytes", "1002240", "--count", "2", *auth)["written"] == 2
-    assert run_json("verify", url, "--hostnqn", HOST, "--dhchap-secret", str(keys["host"]))["ok"]
+    loaded = cli("load", "--json", "load", url, "--block-bytes", "1002240", "--count", "2", *auth)
+    assert json.loads(loaded)["written"] == 2
+    checked = cli("verify", "--json", "verify", url, "--hostnqn", HOST, "--dhchap-secret",
+                  str(keys["host"]))
+    assert json.loads(checked)["ok"]
+    cli("status", "--json", "target", "status", "--name", "spdkauth")
+    cli("export", "target", "export", str(cfg))
     for args, side in ((["--dhchap-secret", str(keys["wrong"])], "refused host"),
                        ([], "requires authentication"),
                        (["--dhchap-secret", str(keys["host"]), "--dhchap-ctrl-secret",
                          str(keys["wrongctrl"])], "failed bidirectional")):
-        r = run("verify", url, "--hostnqn", HOST, *args)
-        assert r.exit_code == 1 and side in r.stderr, r.stderr
-    assert "challenge response mismatch" in nvmf_tgt.log_text()
-    down = run_json("target", "down", str(cfg))
+        assert side in cli(side, "verify", url, "--hostnqn", HOST, *args, code=1)
+    log = nvmf_tgt.log_text()
+    assert "challenge response mismatch" in log
+    down = json.loads(cli("down", "--json", "target", "down", str(cfg)))
     assert down["applied"] >= 1
     assert nvmf_tgt.rpc("keyring_get_keys") == []
+    found = search({**outputs, **files_under(state_dir), "nvmf_tgt log": log.encode()},
+                   {k: keys[k] for k in ("host", "ctrl", "wrong", "wrongctrl")}, HOST)
+    assert found == []
 
 
 def _dd(spdk: SpdkInstall, tmp_path: Path, port: int, nqn: str, key: Path | None,
