@@ -11,8 +11,9 @@ the harness checks the invariants the target promises:
 * a connection the target closed was closed after a C2HTermReq, or by an orderly path.
 
 :func:`seed_sessions` builds valid sessions (admin bring-up, in-capsule and R2T writes,
-reads, digests) and :func:`mutate` derives malformed variants from them (bit flips, byte
-replacement, truncation, insertion, duplication, splicing, header-field rewrites).
+reads, digests, a DH-HMAC-CHAP exchange the target refuses) and :func:`mutate` derives
+malformed variants from them (bit flips, byte replacement, truncation, insertion,
+duplication, splicing, header-field rewrites).
 """
 
 from __future__ import annotations
@@ -21,18 +22,22 @@ import asyncio
 import logging
 import random
 import struct
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from emulator.nvmetcp.config import simple_config
+from emulator.nvmetcp.auth import load_host_keys
+from emulator.nvmetcp.config import HostKeyConfig, simple_config
 from emulator.nvmetcp.connection import QueueConnection
 from emulator.nvmetcp.model import build_subsystems
 from emulator.nvmetcp.target import TargetState
+from kvtool.nvme import dhchap, spec
 from kvtool.nvme import pdu as P
-from kvtool.nvme import spec
 
 NQN = "nqn.2026-01.io.kvtool:fuzz"
 HOSTNQN = "nqn.2026-01.io.kvtool:fuzz-host"
+AUTH_HOSTNQN = "nqn.2026-01.io.kvtool:fuzz-auth-host"  # must pass DH-HMAC-CHAP (NULL group)
 
 
 class FakeTransport(asyncio.Transport):
@@ -81,11 +86,17 @@ class Harness:
     """A target state (memory namespace) plus an event loop that is never run."""
 
     def __init__(self, *, mdts: int = 4, queue_size: int = 8) -> None:
-        cfg = simple_config(nqn=NQN, backing="1MiB", hosts=[HOSTNQN], listen=["127.0.0.1:0"],
-                            mdts=mdts, max_queue_size=queue_size, in_capsule_data_size=32768,
-                            maxh2cdata=8192)
+        self._keydir = tempfile.TemporaryDirectory(prefix="kvtool-fuzz-")
+        key = Path(self._keydir.name) / "host.key"
+        dhchap.write_secret_file(key, dhchap.generate_secret())
+        cfg = simple_config(nqn=NQN, backing="1MiB", hosts=[HOSTNQN, AUTH_HOSTNQN],
+                            listen=["127.0.0.1:0"], mdts=mdts, max_queue_size=queue_size,
+                            in_capsule_data_size=32768, maxh2cdata=8192,
+                            host_keys=[HostKeyConfig(AUTH_HOSTNQN, str(key), None,
+                                                     ["sha256"], ["null"])])
         self.loop = asyncio.new_event_loop()
-        self.state = TargetState(cfg, build_subsystems(cfg), self.loop)
+        self.state = TargetState(cfg, build_subsystems(cfg), self.loop,
+                                 load_host_keys(cfg))
         self.state.listeners = [("127.0.0.1", 4420)]
         self.errors = _InternalErrors()
         logger = logging.getLogger("emulator.nvmetcp")
@@ -110,6 +121,7 @@ class Harness:
             for ns in sub.namespaces.values():
                 ns.backing.close()
         self.loop.close()
+        self._keydir.cleanup()
 
     def run(self, stream: bytes, rng: random.Random | None = None) -> bytes:
         """Feed ``stream`` to a fresh connection; check the invariants; return its output."""
@@ -194,8 +206,9 @@ def _cmd(sqe: P.Sqe, data: bytes = b"", *, hd: bool, dd: bool, transport_len: in
     return P.encode(P.CapsuleCmd(sqe, data), hdgst=hd, ddgst=dd)
 
 
-def _connect(qid: int, cntlid: int, *, hd: bool, dd: bool, cid: int = 0) -> bytes:
-    data = spec.ConnectData(bytes(16), cntlid, NQN, HOSTNQN).encode()
+def _connect(qid: int, cntlid: int, *, hd: bool, dd: bool, cid: int = 0,
+             hostnqn: str = HOSTNQN) -> bytes:
+    data = spec.ConnectData(bytes(16), cntlid, NQN, hostnqn).encode()
     return _cmd(P.Sqe(spec.OPC_FABRICS, cid=cid, nsid=spec.FCTYPE_CONNECT, cdw10=qid << 16,
                       cdw11=7, cdw12=0), data, hd=hd, dd=dd)
 
@@ -289,6 +302,26 @@ def io_trim_session(*, hd: bool = False, dd: bool = False) -> bytes:
     return b"".join(parts)
 
 
+def auth_session(rng: random.Random, *, hd: bool = False, dd: bool = False) -> bytes:
+    """Connect as a host that must authenticate; Identify before it (Authentication
+    Required), AUTH_Negotiate, read the challenge, a Reply with a wrong response, read the
+    Failure1 (the target then deletes the controller)."""
+    fab = spec.OPC_FABRICS
+    cdw10 = (dhchap.SECP_DHCHAP << 24) | (dhchap.SPSP << 16) | (dhchap.SPSP << 8)
+    parts = [P.encode(P.ICReq(hdgst=hd, ddgst=dd)),
+             _connect(0, 0xFFFF, hd=hd, dd=dd, hostnqn=AUTH_HOSTNQN),
+             _cmd(P.Sqe(spec.ADMIN_IDENTIFY, cid=1, cdw10=spec.CNS_CONTROLLER), hd=hd, dd=dd,
+                  transport_len=4096)]
+    negotiate = dhchap.Negotiate(7).encode()
+    reply = dhchap.Reply(7, rng.randbytes(32), bytes(32), False, 0).encode()
+    for cid, msg in ((2, negotiate), (4, reply)):
+        parts.append(_cmd(P.Sqe(fab, cid=cid, nsid=dhchap.FCTYPE_AUTH_SEND, cdw10=cdw10,
+                                cdw11=len(msg)), msg, hd=hd, dd=dd))
+        parts.append(_cmd(P.Sqe(fab, cid=cid + 1, nsid=dhchap.FCTYPE_AUTH_RECEIVE,
+                                cdw10=cdw10, cdw11=4096), hd=hd, dd=dd, transport_len=4096))
+    return b"".join(parts)
+
+
 def seed_sessions(rng: random.Random) -> list[bytes]:
     out = []
     for hd, dd in ((False, False), (True, False), (False, True), (True, True)):
@@ -296,6 +329,7 @@ def seed_sessions(rng: random.Random) -> list[bytes]:
         out.append(io_session(rng, hd=hd, dd=dd))
         out.append(admin_logs_session(hd=hd, dd=dd))
         out.append(io_trim_session(hd=hd, dd=dd))
+        out.append(auth_session(rng, hd=hd, dd=dd))
     return out
 
 
