@@ -140,7 +140,10 @@ def nvme_bdev_config(name: str, host: str, port: int, subnqn: str,
 
 def dd(install: SpdkInstall, config: Path, args: list[str], timeout: float = 120.0,
        core_mask: str = HOST_CORE_MASK) -> ToolRun:
-    """``spdk_dd`` between files and bdevs (``--if/--of/--ib/--ob``), bdevs from ``config``."""
+    """``spdk_dd`` between files and bdevs (``--if/--of/--ib/--ob``), bdevs from ``config``.
+
+    spdk_dd ignores the status of its bdev reads and writes (SPDK v26.05): a failed I/O is
+    counted as copied and exits 0. Check the bytes, never only the exit status."""
     return run_tool(install, "spdk_dd",
                     ["--no-huge", "-s", str(HOST_MEM_MB), "-m", core_mask, "--no-rpc-server",
                      "--disable-cpumask-locks",

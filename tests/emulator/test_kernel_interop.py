@@ -37,6 +37,7 @@ from emulator.qemu.guest import GUESTFWD_ADDR, Guest
 from kvtool.nvme.engine import open_nvme_tcp
 from kvtool.nvme.host import ConnectError, connect, discover
 from tests.conftest import run, run_json
+from tests.helpers.guest_nvme import dmesg_tail, guest_sha256, kernel_connect, kernel_disconnect
 from tests.helpers.qemu_guest import GUEST_HOSTNQN, KernelTarget
 
 pytestmark = [pytest.mark.qemu, pytest.mark.integration, pytest.mark.slow]
@@ -199,34 +200,6 @@ def kernel_target_options(kvtool_target: UserspaceTarget) -> dict[str, Any]:
 
 
 # --- guest-side helpers ------------------------------------------------------------------------
-
-
-def guest_sha256(guest: Guest, device: str, offset: int, length: int) -> str:
-    """sha256 of ``length`` bytes at ``offset`` of a guest block device, read with O_DIRECT."""
-    bs = 1 << 20 if offset % (1 << 20) == 0 and length % (1 << 20) == 0 else 4096
-    assert offset % bs == 0 and length % bs == 0
-    out = guest.check(f"dd if={device} bs={bs} skip={offset // bs} count={length // bs}"
-                      f" iflag=direct 2>/dev/null | sha256sum", timeout=120)
-    return out.split()[0]
-
-
-def kernel_connect(guest: Guest, port: int, nqn: str, *, digests: bool) -> str:
-    """`nvme connect` the guest kernel's host to 10.0.2.100:port; returns the namespace device."""
-    flags = "-g -G" if digests else ""
-    guest.check(f"nvme connect -t tcp -a {GUESTFWD_ADDR} -s {port} -n {nqn} {flags}", timeout=60)
-    out = guest.check(
-        "for i in $(seq 200); do for c in /sys/class/nvme/nvme*; do"
-        f" [ \"$(cat $c/subsysnqn)\" = {nqn} ] && for n in /dev/$(basename $c)n1; do"
-        " [ -b $n ] && echo $n && exit 0; done; done; usleep 50000; done; exit 1", timeout=30)
-    return out.strip()
-
-
-def kernel_disconnect(guest: Guest, nqn: str) -> None:
-    guest.exec(f"nvme disconnect -n {nqn}", timeout=30)
-
-
-def dmesg_tail(guest: Guest, n: int = 30) -> str:
-    return guest.exec(f"dmesg | tail -n {n}")[1]
 
 
 def dmesg_mark(guest: Guest) -> int:

@@ -6,6 +6,7 @@
 * :mod:`~tests.helpers.secrets` — searching a run's outputs and files for DH-HMAC-CHAP secrets;
 * :mod:`~tests.helpers.spdk_peer`, :mod:`~tests.helpers.spdk_schema` — an SPDK JSON-RPC peer;
 * :mod:`~tests.helpers.qemu_guest` — the QEMU kernel guest fixtures (a pytest plugin);
+* :mod:`~tests.helpers.guest_nvme` — the guest kernel's NVMe/TCP host (nvme connect, hashes);
 * :mod:`~tests.helpers.spdk_fixtures` — SPDK built from ../shared/vendor: ``spdk``,
   ``spdk_app``, ``nvmf_tgt`` (a pytest plugin);
 * :mod:`~tests.helpers.powerloss` — an I/O engine that loses unflushed writes.
