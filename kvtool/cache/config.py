@@ -46,6 +46,9 @@ from kvtool.errors import InputError, UsageError
 from kvtool.tiers.option import TierOption
 from kvtool.units import Capacity
 
+ON_TIER_ERROR = ("fail", "recompute")
+"""What data-mode replay does when a tier's medium fails mid-run (``--on-tier-error``)."""
+
 _TIER_KEYS = {"capacity", "policy", "watermark", "evict_ratio", "window"}
 _TIME_KEYS = {"prefill_tokens_per_s", "tpot_ms", "concurrency", "read_gbps"}
 _TOP_KEYS = {"write_policy", "time", *TIER_NAMES}

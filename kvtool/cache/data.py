@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from kvtool.cache.config import ON_TIER_ERROR
 from kvtool.cache.engine import CacheConfig, Replay, RequestLike, RequestOutcome, outcome
 from kvtool.cache.stats import RoundStats
 from kvtool.cache.timemodel import TimeModel, percentile
@@ -44,7 +45,6 @@ from kvtool.tiers.base import DataTier, Link, TierError, TransferJob
 from kvtool.tiers.dram import DramTier
 from kvtool.tiers.gpu import GpuBlockPool
 
-ON_TIER_ERROR = ("fail", "recompute")
 MAX_NAMED = 100
 """Corrupt or lost blocks named individually in a report (the rest are counted)."""
 

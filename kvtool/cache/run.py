@@ -27,22 +27,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvtool.cache.config import (
+    ON_TIER_ERROR,
     TiersFile,
     build_config,
     load_tiers_file,
     parse_compare,
     time_model_from,
 )
-from kvtool.cache.data import ON_TIER_ERROR, DataReplay
 from kvtool.cache.engine import CacheConfig, RequestOutcome, TierSpec, replay
 from kvtool.cache.timemodel import TimeModel
 from kvtool.errors import UsageError
-from kvtool.tiers.base import DataTier, TierError
 from kvtool.tiers.option import TierOption
 from kvtool.units import Capacity, format_size
 
 if TYPE_CHECKING:
     from kvtool.nvme.hostauth import HostCredentials
+    from kvtool.tiers.base import DataTier
+
+# Data mode (kvtool.cache.data, kvtool.tiers: numpy, the store) is imported when a data-mode
+# run starts, so that --simulate starts fast (bench/startup.py).
 
 SCHEMA = "kvtool.replay/2"
 
@@ -209,6 +212,8 @@ class ReplayJob:
             nv = next(t for t in cfg.tiers if t.name == "nvme")
             self.on_event(f"nvme tier: {int(nv.blocks(self.block_bytes, self.block_tokens)):,} "
                           f"blocks on {nv.place} (store of {tiers['nvme'].slots:,} slots)")
+        from kvtool.cache.data import DataReplay
+
         try:
             sink = self._sink
             eng = DataReplay(cfg, self.block_tokens, self.block_bytes, tiers=tiers,
@@ -310,6 +315,7 @@ def open_tiers(cfg: CacheConfig, block_bytes: int, work_blocks: int, s: ReplaySe
     (a place without a size: what it holds). ``create``: files to create, and their size."""
     from kvtool.align import round_up
     from kvtool.store.layout import Geometry
+    from kvtool.tiers.base import TierError
     from kvtool.tiers.dram import DramTier
     from kvtool.tiers.nvme import NvmeTier
 

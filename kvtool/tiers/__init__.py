@@ -15,10 +15,25 @@ Which blocks a tier holds, and which it evicts, is decided by the metadata engin
 (:mod:`kvtool.cache`); a data tier moves bytes and frees space when told.
 """
 
-from kvtool.tiers.base import DataTier, Link, TierError, TransferJob
-from kvtool.tiers.dram import DramTier
-from kvtool.tiers.gpu import GpuBlockPool
-from kvtool.tiers.option import TierOption
+from typing import TYPE_CHECKING
+
+from kvtool.lazy import exports
+
+if TYPE_CHECKING:
+    from kvtool.tiers.base import DataTier, Link, TierError, TransferJob
+    from kvtool.tiers.dram import DramTier
+    from kvtool.tiers.gpu import GpuBlockPool
+    from kvtool.tiers.option import TierOption
+
+__getattr__, __dir__ = exports(__name__, {
+    "DataTier": "base",
+    "DramTier": "dram",
+    "GpuBlockPool": "gpu",
+    "Link": "base",
+    "TierError": "base",
+    "TierOption": "option",
+    "TransferJob": "base",
+})
 
 __all__ = ["DataTier", "DramTier", "GpuBlockPool", "Link", "TierError", "TierOption",
            "TransferJob"]
