@@ -5,8 +5,9 @@ Where SPDK comes from, in order:
 1. ``$KVTOOL_SPDK_DIR``: an SPDK tree built elsewhere (``build/bin/nvmf_tgt`` and
    ``scripts/rpc.py`` under it);
 2. ``../shared/reference/spdk/build.sh``, which builds SPDK v26.05 with DPDK v26.03 from the
-   tarballs in ``../shared/vendor/spdk`` into ``/var/tmp/kvtool-spdk/<hash of the tarballs>``
-   (about 4-8 minutes on 2 cores the first time; instant afterwards). Debian's libdpdk-dev
+   tarballs in ``../shared/vendor/spdk`` into ``$KVTOOL_SPDK_CACHE/<hash of the tarballs>``
+   (default ``/var/tmp/kvtool-spdk``; about 4-8 minutes on 2 cores the first time; instant
+   afterwards). Debian's libdpdk-dev
    cannot be used: SPDK refuses it at run time. The script apt-installs what it needs.
 
 An flock serializes builders, since the script starts by deleting a half-built tree.
@@ -29,7 +30,11 @@ REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared"
 BUILD_SCRIPT = SHARED / "reference" / "spdk" / "build.sh"
 VENDOR = SHARED / "vendor" / "spdk"
-CACHE = Path("/var/tmp/kvtool-spdk")
+DEFAULT_CACHE = Path("/var/tmp/kvtool-spdk")
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("KVTOOL_SPDK_CACHE") or DEFAULT_CACHE)
 # SPDK's applications and scripts run with Debian's PATH, not a virtualenv's: the build
 # and scripts/rpc.py expect Debian's python3 and its modules.
 SYSTEM_PATH = "/usr/bin:/bin:/usr/sbin:/sbin"
@@ -82,8 +87,8 @@ def _usable(root: Path) -> bool:
 
 def build_dir() -> Path:
     """Where build.sh puts (or has put) SPDK for the vendored tarballs."""
-    out = subprocess.run(["bash", str(BUILD_SCRIPT), "--print-dir"], capture_output=True,
-                         text=True, check=True)
+    out = subprocess.run(["bash", str(BUILD_SCRIPT), str(cache_dir()), "--print-dir"],
+                         capture_output=True, text=True, check=True)
     return Path(out.stdout.strip().splitlines()[-1])
 
 
@@ -105,15 +110,17 @@ def find_spdk(build: bool = False, log: Callable[[str], None] | None = None) -> 
     if not build:
         raise SpdkNotFound(f"SPDK is not built yet: run `bash {BUILD_SCRIPT}` (about 5 minutes) "
                            "or set KVTOOL_SPDK_DIR")
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with open(CACHE / ".build.lock", "w") as lock:
+    cache = cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / ".build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not ((root / ".kvtool-built").exists() and _usable(root)):
             if log:
                 log(f"building SPDK from {VENDOR} into {root.parent} (minutes, once)")
             started = time.monotonic()
-            out = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True,
-                                 env=dict(os.environ, PATH=SYSTEM_PATH), check=False)
+            out = subprocess.run(["bash", str(BUILD_SCRIPT), str(cache)], capture_output=True,
+                                 text=True, env=dict(os.environ, PATH=SYSTEM_PATH),
+                                 check=False)
             if out.returncode != 0:
                 tail = " | ".join((out.stderr or out.stdout).strip().splitlines()[-5:])
                 raise SpdkNotFound(f"{BUILD_SCRIPT} exited {out.returncode}: {tail}")
