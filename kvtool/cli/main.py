@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib
 import sys
-import traceback
 from typing import Any
 
 import click
@@ -145,6 +144,8 @@ def _usage_exit(exc: click.UsageError) -> click.exceptions.Exit:
 def _report(ctx: click.Context, exc: BaseException, line: str) -> None:
     obj = ctx.find_object(Settings)
     if obj is not None and obj.debug:
+        import traceback  # only with --debug: not worth its import time otherwise
+
         traceback.print_exception(exc, file=sys.stderr)
     click.echo(line, err=True)
 
