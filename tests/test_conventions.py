@@ -4,6 +4,8 @@
   (``-m "not slow"``) stays fast.
 * No test module imports helpers from another test module: shared helpers live in a
   ``conftest.py`` (fixtures) or in the ``tests/helpers`` package.
+* Text users and contributors read (code, --help, docs) cites pages they have (docs/, the
+  specifications), never the product brief or research notes outside the repository.
 """
 
 from __future__ import annotations
@@ -64,3 +66,17 @@ def test_no_test_imports_another_test_module() -> None:
                     continue
                 bad.append(f"{path.relative_to(REPO)} imports {name}")
     assert not bad, "import shared helpers from tests/helpers/ or a conftest: " + "; ".join(bad)
+
+
+def test_no_citations_of_documents_users_do_not_have() -> None:
+    bad = []
+    roots = [REPO / d for d in ("kvtool", "emulator", "bench", "tests", "docs", "fixtures")]
+    files = [REPO / "README.md", REPO / "BENCHMARKS.md"]
+    files += [p for r in roots for p in r.rglob("*") if p.suffix in (".py", ".md", ".toml")]
+    for path in files:
+        if path == Path(__file__):
+            continue
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if "BRIEF §" in line or "nvmeof.md §" in line or "semantics §" in line:
+                bad.append(f"{path.relative_to(REPO)}:{n}")
+    assert not bad, "cite docs/ or a specification instead: " + ", ".join(bad)

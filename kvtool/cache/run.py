@@ -387,7 +387,7 @@ def open_tiers(cfg: CacheConfig, block_bytes: int, work_blocks: int, s: ReplaySe
 def _headroom(cfg: CacheConfig, name: str, block_bytes: int, block_tokens: int,
               work_blocks: int) -> int:
     """Slots beyond the capacity a tier needs within one request: blocks are inserted
-    before the tier evicts down to its capacity (BRIEF §4), and a watermark above may
+    before the tier evicts down to its capacity (docs/definitions.md), and a watermark above may
     demote a whole batch at once."""
     extra = work_blocks
     names = [t.name for t in cfg.tiers]

@@ -21,7 +21,7 @@ class RoundStats:
     ``blocks_written`` counts blocks inserted into a tier (computed, promoted, demoted);
     ``promoted_blocks`` the part of them that are *promotions* (hits copied up from a lower
     tier); the rest are *puts* (blocks computed now, or demoted on eviction under
-    write-back): BRIEF §4, the published "writes per round" are puts.
+    write-back): docs/definitions.md; the published "writes per round" are puts.
     """
 
     __slots__ = ("blocks_read", "blocks_written", "evictions", "hit_blocks", "hit_tokens",

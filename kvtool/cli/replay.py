@@ -146,7 +146,7 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
     --simulate counts metadata only. Reports the token hit ratio by tier, recomputed
     tokens, puts and promotions per tier, bytes per link (measured in data mode),
     corrupt/lost blocks, the collapse round and TTFT, per round and in total
-    (definitions: BRIEF §4, docs/definitions.md; schema: docs/json.md).
+    (definitions: docs/definitions.md; schema: docs/json.md).
     """
     from kvtool.cache.report import check_output_paths
     from kvtool.cache.run import ReplaySettings, describe_setup, prepare

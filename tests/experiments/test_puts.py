@@ -1,4 +1,4 @@
-"""Store puts vs promotions (BRIEF §4), counted apart, on a hand-checked trace."""
+"""Store puts vs promotions (docs/definitions.md), counted apart, on a hand-checked trace."""
 
 from __future__ import annotations
 
