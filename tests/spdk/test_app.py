@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 
-from emulator.spdk import SpdkApp, SpdkAppError, SpdkInstall
+from emulator.spdk import SpdkApp, SpdkAppError, SpdkInstall, tools
 from kvtool.target.spdk.rpc import SpdkError
 from tests.conftest import free_port
 from tests.helpers.spdk_fixtures import MakeApp
@@ -52,3 +53,22 @@ def test_a_bad_config_is_reported_with_the_log(spdk: SpdkInstall, tmp_path: Path
                       '[{"method": "bdev_nope", "params": {}}]}]}')
     with pytest.raises(SpdkAppError, match="nvmf_tgt"):
         SpdkApp(spdk, config=config, die_with_parent=True).start(timeout=30)
+
+
+def test_spdk_hosts_against_spdk_target(spdk: SpdkInstall, nvmf_tgt: SpdkApp) -> None:
+    """The SPDK × SPDK cell of the interop matrix: identify and perf, no error."""
+    port, nqn = free_port(), "nqn.2016-06.io.spdk:self"
+    nvmf_tgt.rpc("bdev_malloc_create", {"name": "M0", "num_blocks": 32768, "block_size": 512})
+    nvmf_tgt.rpc("nvmf_create_subsystem", {"nqn": nqn, "allow_any_host": True})
+    nvmf_tgt.rpc("nvmf_subsystem_add_ns", {"nqn": nqn, "namespace": {"bdev_name": "M0"}})
+    nvmf_tgt.rpc("nvmf_subsystem_add_listener", {"nqn": nqn, "listen_address": {
+        "trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": str(port)}})
+    trid = tools.trid("127.0.0.1", port, nqn)
+    run = tools.identify(spdk, trid)
+    assert run.ok and "Model Number:                          SPDK bdev Controller" in run.output
+    result = tools.perf(spdk, trid, workload="randrw", qd=32, io_size=4096, seconds=1)
+    assert result.run.ok and result.iops > 0, result.run.errors
+    deadline = time.monotonic() + 10  # SPDK drops a controller asynchronously
+    while nvmf_tgt.rpc("nvmf_subsystem_get_controllers", {"nqn": nqn}):
+        assert time.monotonic() < deadline, "perf left its controller behind"
+        time.sleep(0.1)
