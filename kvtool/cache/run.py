@@ -184,14 +184,18 @@ class ReplayJob:
                                  progress=progress, on_request=sink)
                 for r in results:
                     r["mode"] = "simulate"
+                    r["requests_served"] = r["requests"]
                     for t in r["tiers"]:
-                        t.update({"backend": "metadata", "url": None})
+                        t.update({"backend": "metadata", "url": None, "pool_blocks": None,
+                                  "failed": None})
             else:
                 results = [self._run_data(i, cfg, progress) for i, cfg in enumerate(self.configs)
                            if not self.interrupted]
         finally:
             if per_request is not None:
                 per_request.close()
+        for r in results:
+            _one_shape(r)
         bad = [{"line": line, "message": msg} for line, msg in self.reader.bad_lines]
         head = {"schema": SCHEMA, "trace": self.settings.trace, "format": self.reader.format,
                 "mode": self.mode, "block_tokens": self.block_tokens,
@@ -243,6 +247,24 @@ class ReplayJob:
             return out
         finally:
             eng.close()
+
+
+DATA_FIELDS: dict[str, Any] = {
+    "time_basis": {"load": "modelled", "prefill": "modelled", "decode": "modelled"},
+    "verified_blocks": None, "corrupt_blocks": None, "lost_blocks": None,
+    "recomputed_blocks": None, "repaired_blocks": None, "problems": [], "measured": None,
+    "media": None,
+}
+"""Fields only data mode measures: ``null`` in ``--simulate`` so both modes share one shape."""
+
+
+def _one_shape(result: dict[str, Any]) -> None:
+    for key, value in DATA_FIELDS.items():
+        result.setdefault(key, value)
+    for rnd in result["rounds"]:
+        for key in ("verified_blocks", "corrupt_blocks", "lost_blocks", "recomputed_blocks",
+                    "repaired_blocks"):
+            rnd.setdefault(key, None)
 
 
 # ------------------------------------------------------------------ tiers

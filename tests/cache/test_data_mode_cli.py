@@ -29,10 +29,16 @@ def long_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+def _default_sigint() -> None:
+    # A test run started in the background (CI, `cmd &`) inherits SIGINT ignored, and
+    # Python then installs no Ctrl-C handler: give the child the terminal's default.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _kvtool(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "kvtool", *args], cwd=REPO, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, **(env or {})})
+                            env={**os.environ, **(env or {})}, preexec_fn=_default_sigint)
 
 
 def _wait_rows(csv: Path, rows: int, proc: subprocess.Popen[str]) -> None:

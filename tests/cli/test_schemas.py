@@ -48,7 +48,7 @@ SCHEMAS: dict[str, tuple[str, set[str]]] = {
         "wrote", "results", "bounce_cost"}),
 }
 REPLAY_HEAD = {"schema", "trace", "format", "block_tokens", "block_bytes", "block_size",
-               "bad_lines"}
+               "bad_lines", "mode", "setup", "interrupted"}
 
 
 def _flip(path: Path, offset: int) -> None:
@@ -111,19 +111,27 @@ def test_every_schema_has_one_shape(documents: list[dict[str, Any]]) -> None:
     assert damaged["store"] is None and damaged["bad"][0]["check"] == "superblock"
 
 
-def test_replay_has_two_documented_shapes() -> None:
-    """One configuration: the head and its results in one object; several: the head and a
-    list of configurations, each with the same keys as the single case's results."""
+def _replay_shapes(mode: list[str]) -> tuple[set[str], set[str], set[str], set[str]]:
     trace = str(FIXTURES / "traces" / "multiturn-8x12.jsonl")
-    one = run_json("replay", "--simulate", trace, "--dram", "10blk")
-    many = run_json("replay", "--simulate", trace, "--compare", "dram=10blk", "--compare",
-                    "dram=20blk")
+    one = run_json("replay", *mode, trace, "--dram", "10blk", "--block-bytes", "4096")
+    many = run_json("replay", *mode, trace, "--block-bytes", "4096", "--compare", "dram=10blk",
+                    "--compare", "dram=20blk")
     head = set(many) - {"configs"}
     per_config = set(many["configs"][0])
     assert head >= REPLAY_HEAD and "configs" in many
     assert set(one) == head | per_config, set(one) ^ (head | per_config)
     for config in many["configs"]:
         assert set(config) == per_config
+    rounds = {frozenset(r) for c in [one, *many["configs"]] for r in c["rounds"]}
+    assert len(rounds) == 1
+    return set(one), head, per_config, next(iter(rounds))
+
+
+def test_replay_has_two_documented_shapes() -> None:
+    """One configuration: the head and its results in one object; several: the head and a
+    list of configurations, each with the same keys as the single case's results. Data mode
+    and --simulate have the same shape (data-only fields are null in --simulate)."""
+    assert _replay_shapes(["--simulate"]) == _replay_shapes([])
 
 
 @pytest.mark.parametrize("schema", sorted(SCHEMAS))
