@@ -457,9 +457,20 @@ def prepare(s: ReplaySettings, *, on_event: Callable[[str], None] | None = None)
     from kvtool.geometry.blocksize import block_size
 
     model, dtype = s.model, s.dtype
-    if model is None and s.block_bytes is None and data:
+    default_model = model is None and s.block_bytes is None and data
+    if default_model:
         model, dtype = DEFAULT_MODEL[0], dtype or DEFAULT_MODEL[1]
-    size = block_size(model, dtype=dtype, tp=s.tp, block_tokens=B, block_bytes=s.block_bytes)
+    try:
+        size = block_size(model, dtype=dtype, tp=s.tp, block_tokens=B,
+                          block_bytes=s.block_bytes)
+    except UsageError:
+        if not default_model or s.tp is not None:
+            raise
+        # The default model's geometry does not divide this trace's blocks (e.g. 16-token
+        # blocks): keep its bytes per token instead of refusing a plain `kvtool replay`.
+        ref = block_size(model, dtype=dtype, block_tokens=256)
+        assert ref is not None
+        size = block_size(None, block_tokens=B, block_bytes=-(-ref.block_bytes * B // 256))
     block_bytes = size.block_bytes if size else None
     given = any(not t.is_zero for t in s.tiers.values()) or tf is not None or bool(s.compares)
     configs: list[CacheConfig] = []

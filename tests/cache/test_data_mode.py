@@ -304,3 +304,18 @@ def test_nvme_tier_on_a_block_device(loop_device: Any) -> None:
     nvme = data["tiers"][-1]
     assert nvme["url"] == dev and nvme["capacity_blocks"] >= 480  # the trace's unique blocks
     same(data, sim)
+
+
+def test_plain_replay_without_a_target_uses_a_store_file(store_dir: Path, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """`kvtool replay trace.jsonl` with nothing up: default tiers, the NVMe tier on a store
+    file in the cache directory; 16-token blocks keep DeepSeek-V4-Flash's bytes per token."""
+    from tests.conftest import run_json
+
+    monkeypatch.setenv("KVTOOL_CACHE_DIR", str(store_dir))
+    monkeypatch.setenv("KVTOOL_STATE_DIR", str(tmp_path / "state"))
+    doc = run_json("replay", TOKENS)
+    assert doc["mode"] == "data" and doc["setup"]["defaults"] is True
+    assert doc["block_bytes"] == -(-1_002_240 * 16 // 256)
+    assert doc["tiers"][-1]["url"] == str(store_dir / "replay-nvme.img")
+    assert [t["name"] for t in doc["tiers"]] == ["gpu", "dram", "nvme"]
