@@ -18,6 +18,7 @@ per H2CData PDU, H2CData offsets exactly in sequence within the R2T's range.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -303,7 +304,8 @@ class QueueConnection(asyncio.BufferedProtocol, Closable):
             self._dispatch(P.CapsuleCmd(pdu.sqe, dest), digest_ok)
         finally:
             self.landed = None
-            dest.release()
+            with contextlib.suppress(BufferError):  # a handler kept a view: GC frees it
+                dest.release()
             if buf is not None:
                 self._give_buffer(buf)
         return True

@@ -54,8 +54,10 @@ def data_units(nbytes: int) -> int:
     return -(-(nbytes // 512) // 1000)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SmartCounters:
+    """Live I/O counters of a namespace (mutated in place on the hot path)."""
+
     bytes_read: int = 0
     bytes_written: int = 0
     reads: int = 0

@@ -33,13 +33,13 @@ class Namespace:
 
     def count_read(self, nbytes: int) -> None:
         s = self.smart
-        self.smart = SmartCounters(s.bytes_read + nbytes, s.bytes_written, s.reads + 1,
-                                   s.writes, s.errors)
+        s.bytes_read += nbytes
+        s.reads += 1
 
     def count_write(self, nbytes: int) -> None:
         s = self.smart
-        self.smart = SmartCounters(s.bytes_read, s.bytes_written + nbytes, s.reads,
-                                   s.writes + 1, s.errors)
+        s.bytes_written += nbytes
+        s.writes += 1
 
     @property
     def nblocks(self) -> int:
