@@ -682,6 +682,75 @@ def _feat_unknown(t: Target) -> Outcome:
 
 # Keep Alive, unknown opcodes
 
+@case("Admin", "fifth Asynchronous Event Request (AERL 3)")
+def _aer_limit(t: Target) -> Outcome:
+    with Session(t) as s:
+        for cid in range(100, 104):  # four AERs stay outstanding
+            s.admin.send(P.CapsuleCmd(P.Sqe(spec.ADMIN_ASYNC_EVENT, cid=cid,
+                                            sgl=P.SglDescriptor.transport(0))))
+        return outcome(admin_cmd(s, spec.ADMIN_ASYNC_EVENT))
+
+
+@case("Admin", "Abort of a command that is not outstanding")
+def _abort(t: Target) -> Outcome:
+    with Session(t) as s:
+        r = admin_cmd(s, spec.ADMIN_ABORT, cdw10=(77 << 16) | 0)
+        return outcome(r, not_aborted=r.cqe.dw0 & 1)
+
+
+@case("Admin", "Property Get of an unknown offset (30h)")
+def _prop_unknown(t: Target) -> Outcome:
+    with Session(t) as s:
+        return outcome(prop_get(s.admin, 0x30))
+
+
+@case("Admin", "Property Set CC.EN with IOSQES 5 (wrong SQ entry size)")
+def _prop_bad_cc(t: Target) -> Outcome:
+    with RawHost(t.addr) as h:
+        h.icreq()
+        fabrics_connect(h, t.nqn)
+        r = prop_set(h, spec.PROP_CC, 0x00450001)
+        time.sleep(0.1)
+        csts = prop_get(h, spec.PROP_CSTS).cqe.dw0
+        return outcome(r, rdy=csts & 1, cfs=(csts >> 1) & 1)
+
+
+@case("Log page", "SMART / Health with a dword-aligned offset (LPO 4)")
+def _log_offset(t: Target) -> Outcome:
+    with Session(t) as s:
+        return outcome(get_log(s, spec.LID_SMART, 508, nsid=0xFFFFFFFF, offset=4))
+
+
+@case("Features", "Set Keep Alive Timer with the Save bit")
+def _feat_save(t: Target) -> Outcome:
+    with Session(t) as s:
+        return outcome(admin_cmd(s, spec.ADMIN_SET_FEATURES,
+                                 cdw10=spec.FID_KEEP_ALIVE_TIMER | (1 << 31), cdw11=15000))
+
+
+@case("I/O", "Write with FUA, Read with Limited Retry")
+def _io_fua(t: Target) -> Outcome:
+    with Session(t, io=True) as s:
+        assert s.io is not None
+        w = rw(s.io, spec.IO_WRITE, 40, 1, data=b"\x5a" * 512, cdw12_extra=1 << 30)
+        r = rw(s.io, spec.IO_READ, 40, 1, read=512, cdw12_extra=1 << 31)
+        return outcome(w, read=status_text(r.cqe), same=r.data == b"\x5a" * 512)
+
+
+@case("I/O", "Flush of NSID FFFFFFFFh")
+def _io_flush_all(t: Target) -> Outcome:
+    with Session(t, io=True) as s:
+        assert s.io is not None
+        return outcome(s.io.command(P.Sqe(spec.IO_FLUSH, nsid=0xFFFFFFFF)))
+
+
+@case("I/O", "Read of NSID 0")
+def _io_ns0(t: Target) -> Outcome:
+    with Session(t, io=True) as s:
+        assert s.io is not None
+        return outcome(rw(s.io, spec.IO_READ, 0, 1, read=512, nsid=0))
+
+
 @case("Admin", "Keep Alive")
 def _ka(t: Target) -> Outcome:
     with Session(t) as s:
@@ -1026,6 +1095,9 @@ REASONS: dict[str, str] = {
     "Log page: SMART / Health: Data Units Written after 1000+1 blocks":
         "Linux copies block-layer statistics, and the guest's brd device keeps none (file "
         "namespaces report zeros too); kvtool counts every Read and Write",
+    "Log page: SMART / Health with a dword-aligned offset (LPO 4)":
+        "spec: LPA bit 2, which Linux advertises too, allows an offset and a partial page; "
+        "Linux 6.1 answers any SMART read that is not exactly 512 bytes with Internal Error",
     "Log page: Firmware Slot Information":
         "spec and SPDK: AFI names the active slot (1); Linux returns an all-zero page",
     "Log page: Discovery log (70h) on a data NQN":
