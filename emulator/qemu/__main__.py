@@ -82,7 +82,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="configure no nvmet target (modules loaded, configfs mounted)")
     r.add_argument("--nqn", default=DEFAULT_NQN)
     r.add_argument("--size-mb", type=_positive, default=64)
-    r.add_argument("--backing", choices=("ram", "file"), default="ram")
+    r.add_argument("--backing", choices=("ram", "file", "loop"), default="ram")
     r.add_argument("--allow-host", action="append", default=[], metavar="HOSTNQN")
     r.add_argument("--port", type=_port_or_0, default=0,
                    help="host 127.0.0.1 port for the guest's port 4420 (default: a free one)")

@@ -14,9 +14,10 @@ into the initramfs (busybox insmod reads plain ``.ko`` only). Adapted from the 6
 
 Cache: ``$KVTOOL_QEMU_DIR`` (default ``/var/tmp/kvtool-qemu``); 6.12: ``$KVTOOL_QEMU_612_DIR``
 (default ``/var/tmp/kvtool-qemu-612``). ``ensure_built`` is idempotent
-and safe to call from several processes at once (an flock serializes builders); an image is
-rebuilt when a file is missing or when its inputs (init script, module list, this builder's
-version) change. Never commit the output.
+and safe to call from several processes at once (an flock serializes builders). Each initramfs
+is named by the digest of its inputs (init script, module lists, this builder's version):
+changing them builds a new file beside the old one, so checkouts of different ages share the
+cache without rebuilding each other's image. Never commit the output.
 
 Adapted from the qemu-nvmet recipe (../shared/reference/qemu-nvmet/build.sh, kvtool project).
 """
@@ -55,6 +56,10 @@ CORE_MODULES = [
 # 6.12: nvmet, nvme-core and nvme-tcp depend on these (the DH/HMAC/SHA-2 crypto is built in)
 AUTH_MODULES = ["nvme-keyring", "nvme-auth"]
 HOSTROOT_MODULES = ["9pnet_virtio", "9p", "overlay"]
+# Shipped but loaded by /init only when needed: brd (the default backing) and loop (the
+# ``loop`` backing: blk-mq, so the block layer keeps I/O statistics that nvmet's SMART log
+# reads; brd is bio-based and keeps none).
+ON_DEMAND_MODULES = ["brd", "loop"]
 NVME_CLI_PACKAGES = ["nvme-cli", "libnvme1", "libjson-c5", "libuuid1"]
 GUEST_HOSTNQN = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-00000000kvt0"
 # 6.12's nvme-fabrics refuses a host NQN whose host ID another NQN already uses: the 6.12
@@ -204,8 +209,9 @@ def _inputs_digest(kernel_pkg: str, with_nvme_cli: bool, kernel: str = "6.1") ->
     h = hashlib.sha256()
     parts = [BUILDER_VERSION, kernel_pkg, str(with_nvme_cli), " ".join(CORE_MODULES),
              " ".join(HOSTROOT_MODULES), GUEST_HOSTNQN]
-    if kernel != "6.1":  # the 6.1 digest stays what it was: its cached image stays valid
+    if kernel != "6.1":
         parts += [kernel, " ".join(AUTH_MODULES), GUEST_HOSTNQN_612, "moddeps-xz"]
+    parts.append(" ".join(ON_DEMAND_MODULES))
     for part in parts:
         h.update(part.encode() + b"\0")
     h.update((HERE / "init.sh").read_bytes())
@@ -242,30 +248,28 @@ def ensure_built(workdir: Path | str | None = None, *, with_nvme_cli: bool = Tru
     _check_kernel(kernel)
     ensure_qemu()
     wd = cache_dir(workdir, kernel)
-    initrd_name = "initramfs.cpio" if with_nvme_cli else "initramfs-nocli.cpio"
     with _locked(wd):
-        stamp_path = wd / (initrd_name + ".json")
-        stamp = _read_stamp(stamp_path)
         vmlinux_path = wd / "vmlinux"
-        initrd = wd / initrd_name
-        # Offline-friendly: a complete cached build is reused without asking apt, as long as
-        # the inputs kept in this repository are unchanged.
-        if (stamp and vmlinux_path.exists() and initrd.exists()
-                and stamp.get("digest") == _inputs_digest(stamp.get("kernel_package", ""),
-                                                          with_nvme_cli, kernel)):
-            return GuestImage(vmlinux_path, initrd, stamp["kernel_version"], with_nvme_cli, wd,
-                              kernel)
-        if os.geteuid() != 0:
-            raise BuildError(f"no cached guest image in {wd}, and building one needs root "
-                             "(apt-get download, dpkg -x)")
         # the kernel is shared by both initramfs flavours: its modules must match it
         pinned = (_read_stamp(wd / "vmlinux.json").get("kernel_package")
                   if vmlinux_path.exists() else None)
+        # Offline-friendly: a complete cached build is reused without asking apt, as long as
+        # the inputs kept in this repository are unchanged. Each set of inputs has its own
+        # file (keyed by their digest), so checkouts of different ages sharing this cache
+        # never rebuild each other's image.
+        if pinned:
+            image = _cached(wd, pinned, with_nvme_cli, kernel)
+            if image is not None:
+                return image
+        if os.geteuid() != 0:
+            raise BuildError(f"no cached guest image in {wd}, and building one needs root "
+                             "(apt-get download, dpkg -x)")
         if not pinned:
             vmlinux_path.unlink(missing_ok=True)
         apt = _bpo_apt(wd) if kernel == "6.12" else None
         try:
             kernel_pkg = pinned or _kernel_package(apt)
+            initrd = wd / _initrd_name(kernel_pkg, with_nvme_cli, kernel)
             _build(wd, kernel_pkg, with_nvme_cli, initrd, kernel, apt)
         except BuildError:
             if pinned:
@@ -273,14 +277,28 @@ def ensure_built(workdir: Path | str | None = None, *, with_nvme_cli: bool = Tru
             # stale package lists name a kernel the mirror no longer has: refresh, retry once
             _apt_update(apt)
             kernel_pkg = _kernel_package(apt)
+            initrd = wd / _initrd_name(kernel_pkg, with_nvme_cli, kernel)
             _build(wd, kernel_pkg, with_nvme_cli, initrd, kernel, apt)
         kver = kernel_pkg[len("linux-image-"):]
-        stamp_path.write_text(json.dumps({
+        Path(str(initrd) + ".json").write_text(json.dumps({
             "digest": _inputs_digest(kernel_pkg, with_nvme_cli, kernel),
             "kernel_package": kernel_pkg,
             "kernel_version": kver,
         }))
         return GuestImage(vmlinux_path, initrd, kver, with_nvme_cli, wd, kernel)
+
+
+def _initrd_name(kernel_pkg: str, with_nvme_cli: bool, kernel: str) -> str:
+    flavour = "initramfs" if with_nvme_cli else "initramfs-nocli"
+    return f"{flavour}-{_inputs_digest(kernel_pkg, with_nvme_cli, kernel)}.cpio"
+
+
+def _cached(wd: Path, kernel_pkg: str, with_nvme_cli: bool, kernel: str) -> GuestImage | None:
+    initrd = wd / _initrd_name(kernel_pkg, with_nvme_cli, kernel)
+    stamp = _read_stamp(Path(str(initrd) + ".json"))
+    if not (stamp and initrd.exists() and stamp.get("kernel_package") == kernel_pkg):
+        return None
+    return GuestImage(wd / "vmlinux", initrd, stamp["kernel_version"], with_nvme_cli, wd, kernel)
 
 
 def _build(wd: Path, kernel_pkg: str, with_nvme_cli: bool, initrd: Path, series: str = "6.1",
@@ -326,11 +344,12 @@ def _initramfs_tree(root: Path, x: Path, moddir: Path, with_nvme_cli: bool,
 
     modules = _core_modules(series)
     core = moddeps.resolve(moddir, modules)
-    everything = moddeps.resolve(moddir, modules + HOSTROOT_MODULES + ["brd"])
+    everything = moddeps.resolve(moddir, modules + HOSTROOT_MODULES + ON_DEMAND_MODULES)
+    on_demand = set(moddeps.resolve(moddir, ON_DEMAND_MODULES)) - set(core)
     plain = moddeps.plain
     (root / "modules.load").write_text("".join(plain(m) + "\n" for m in core))
     (root / "modules-9p.load").write_text("".join(
-        plain(m) + "\n" for m in everything if m not in core and "/brd.ko" not in m))
+        plain(m) + "\n" for m in everything if m not in core and m not in on_demand))
     for m in everything:
         dest = root / "lib" / "modules" / plain(m)
         dest.parent.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ Invariants:
   port 2323, always forwarded to a free loopback port). It is unauthenticated and meant for
   tests only; it listens on host loopback and nowhere else.
 * With ``target=True`` the guest's /init configures an nvmet-tcp target (subsystem ``nqn``,
-  namespace 1 on a brd RAM disk or a tmpfs file, port 1 on 0.0.0.0:4420) before it reports
+  namespace 1 on a brd RAM disk, a tmpfs file or a loop device, port 1 on 0.0.0.0:4420) before it reports
   ready; with ``target=False`` it loads the modules and mounts configfs, and configures
   nothing.
 * ``wait_ready`` returns only when the guest is really serving: the console marker is
@@ -109,8 +109,10 @@ class Guest:
     Parameters:
       image: a built ``GuestImage`` (default: ``ensure_built()``).
       target: boot with the auto-configured nvmet-tcp target (True) or none (False).
-      nqn, size_mb, backing ("ram" | "file"), allowed_hosts: the target's subsystem NQN,
-        namespace 1 size and backing, and allowed host NQNs (empty: allow any host).
+      nqn, size_mb, backing ("ram" | "file" | "loop"), allowed_hosts: the target's subsystem
+        NQN, namespace 1 size and backing (brd, a tmpfs file, or a loop device over one: the
+        only one whose SMART log counts Data Units Written), and allowed host NQNs (empty:
+        allow any host).
         ``size_mb`` also sizes /dev/ram0 when ``target`` is False.
       forwards: extra host -> guest forwards, ``{guest_port: host_port}``; host_port 0 picks a
         free one. Guest port 4420 and the control port are always forwarded.
@@ -136,8 +138,8 @@ class Guest:
         boot_timeout: float = 180.0,
         extra_cmdline: Sequence[str] = (),
     ) -> None:
-        if backing not in ("ram", "file"):
-            raise ValueError(f"backing must be 'ram' or 'file', not {backing!r}")
+        if backing not in ("ram", "file", "loop"):
+            raise ValueError(f"backing must be 'ram', 'file' or 'loop', not {backing!r}")
         if size_mb <= 0:
             raise ValueError("size_mb must be positive")
         for text in (nqn, *allowed_hosts):

@@ -8,7 +8,10 @@
 #   kvt.nqn=NQN           subsystem NQN          (default nqn.2024-01.io.kvtool:emu)
 #   kvt.port=N            NVMe/TCP listen port   (default 4420)
 #   kvt.size_mb=N         namespace size in MiB  (default 64)
-#   kvt.backing=ram|file  brd /dev/ram0, or a file on tmpfs with buffered_io=1
+#   kvt.backing=ram|file|loop  brd /dev/ram0; a file on tmpfs with buffered_io=1; or
+#                         /dev/loop0 over a tmpfs file. Only loop (blk-mq) keeps the block
+#                         I/O statistics nvmet's SMART log reports as Data Units Read/Written:
+#                         brd is bio-based and keeps none, and a file namespace reports 0.
 #   kvt.hosts=NQN[,NQN]   allowed host NQNs (default: allow any host)
 #   kvt.hostroot=1        mount host / (9p tag hostroot) read-only + tmpfs overlay at /hostroot
 #   kvt.ctl=0             no control shell on guest port 2323 (default: on)
@@ -59,6 +62,11 @@ insmod /lib/modules/kernel/drivers/block/brd.ko rd_nr=1 rd_size=$((SIZE_MB * 102
 if [ "$BACKING" = file ]; then
     DEV=/run/ns1.img
     truncate -s "${SIZE_MB}M" "$DEV"
+elif [ "$BACKING" = loop ]; then
+    insmod /lib/modules/kernel/drivers/block/loop.ko || fail "insmod loop"
+    truncate -s "${SIZE_MB}M" /run/ns1.img
+    DEV=/dev/loop0
+    losetup "$DEV" /run/ns1.img || fail "losetup $DEV"
 else
     DEV=/dev/ram0
 fi

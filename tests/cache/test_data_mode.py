@@ -257,11 +257,17 @@ def test_cli_data_mode_bad_sizes_suggest_simulate(store_dir: Path) -> None:
     assert r.exit_code == 2 and "place" in r.stderr
 
 
+@pytest.fixture(scope="module")
+def kernel_target_options() -> dict[str, Any]:
+    # a loop device: the guest backing whose block layer keeps the I/O statistics nvmet's
+    # SMART log reports (brd keeps none, a file namespace reports 0)
+    return {"backing": "loop"}
+
+
 def test_data_mode_on_the_kernel_target(kernel_target: Any) -> None:
     """The NVMe tier on the real Linux nvmet-tcp target in the QEMU guest: same hits as
-    --simulate, every block checked. Its namespace is a brd RAM disk, which does no I/O
-    accounting, so nvmet's SMART log counts no Data Units Written there: the report says
-    the medium did not count rather than claiming an identity (the emulator's counts)."""
+    --simulate, every block checked, and media identity: the kernel's own SMART Data Units
+    Written across the run match the replay's NVMe puts; a DRAM-only run writes nothing."""
     tiers = {"dram": "4blk", "nvme": "300blk"}
     sim = prepare(settings(TOKENS, tiers, simulate=True, block_bytes=65536 + 256)).run()
     doc = prepare(settings(TOKENS, {**tiers, "nvme": f"300blk@{kernel_target.url}"},
@@ -269,11 +275,37 @@ def test_data_mode_on_the_kernel_target(kernel_target: Any) -> None:
     same(doc, sim)
     assert doc["put_blocks"]["nvme"] > 0 and doc["verified_blocks"] > 0
     media = doc["media"]
-    assert media["source"] == "smart" and "error" not in media
-    assert media["counted"] is (media["data_units_written"] > 0)
-    if media["counted"]:
-        expected = media["replay_padded_bytes"] + media["store_metadata_bytes"]
-        assert abs(media["media_bytes_written"] - expected) <= media["unit_bytes"], media
+    assert media["source"] == "smart" and "error" not in media and media["counted"], media
+    assert media["replay_put_bytes"] == sum(
+        v["bytes"] for k, v in doc["measured"]["links"].items() if k.startswith("nvme<-"))
+    expected = media["replay_padded_bytes"] + media["store_metadata_bytes"]
+    # Linux rounds sectors written up to thousands: within one 512,000-byte unit
+    assert abs(media["media_bytes_written"] - expected) <= media["unit_bytes"], media
+    from kvtool.nvme.engine import open_nvme_tcp
+
+    with open_nvme_tcp(kernel_target.url, write=False, qd=2) as eng:
+        before = eng.ctrl.smart_log(eng.nsid).data_units_written
+        prepare(settings(TOKENS, {"dram": "40blk"}, block_bytes=65536 + 256)).run()
+        assert eng.ctrl.smart_log(eng.nsid).data_units_written == before
+
+
+def test_a_file_namespace_reports_not_counted(kernel_target: Any) -> None:
+    """A file-backed nvmet namespace reports Data Units Written 0 whatever it takes: the
+    report says the medium did not count, rather than claiming 0 B were written."""
+    guest, nqn = kernel_target.guest, kernel_target.subnqn
+    ns = f"/sys/kernel/config/nvmet/subsystems/{nqn}/namespaces/2"
+    guest.check(f"truncate -s 32M /run/ns2.img && mkdir {ns} && "
+                f"echo -n /run/ns2.img > {ns}/device_path && echo 1 > {ns}/buffered_io && "
+                f"echo 1 > {ns}/enable")
+    try:
+        url = kernel_target.url.rsplit("/", 1)[0] + "/2"
+        doc = prepare(settings(TOKENS, {"dram": "4blk", "nvme": f"200blk@{url}"},
+                               block_bytes=65536 + 256)).run()
+    finally:
+        guest.check(f"echo 0 > {ns}/enable && rmdir {ns}")
+    media = doc["media"]
+    assert doc["put_blocks"]["nvme"] > 0 and media["replay_put_bytes"] > 0
+    assert media["counted"] is False and media["data_units_written"] == 0, media
 
 
 def test_place_syntax_in_compare_and_tiers_files(store_dir: Path, tmp_path: Path) -> None:
