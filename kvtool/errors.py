@@ -9,7 +9,20 @@ Library code raises these; only the CLI decides how they are shown.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable, Mapping
 from os import PathLike
+
+_PARAM = re.compile("\x00([A-Za-z_][A-Za-z0-9_]*)\x00")
+
+
+def param(name: str) -> str:
+    """A parameter named inside an error message (``f"... unless {param('force')}"``).
+
+    Library users read the parameter's name (``force``); the CLI shows the flag the user
+    types (``--force``): see :meth:`InputError.name_params`.
+    """
+    return f"\x00{name}\x00"
 
 
 class KvtoolError(Exception):
@@ -33,7 +46,8 @@ class InputError(KvtoolError):
         line: int | None = None,
         field: str | None = None,
     ) -> None:
-        self.message = message
+        self.raw_message = message
+        self.message = _PARAM.sub(r"\1", message)
         self.file = None if file is None else str(file)
         self.line = line
         self.field = field
@@ -42,6 +56,12 @@ class InputError(KvtoolError):
     def rename_field(self, field: str) -> None:
         """Name the field as the user knows it (the CLI maps parameter names to flags)."""
         self.field = field
+        self.args = (self._format(),)
+
+    def name_params(self, flag_of: Callable[[str], str | None] | Mapping[str, str]) -> None:
+        """Show the parameters the message names (:func:`param`) as ``flag_of`` names them."""
+        lookup = flag_of.get if isinstance(flag_of, Mapping) else flag_of
+        self.message = _PARAM.sub(lambda m: lookup(m.group(1)) or m.group(1), self.raw_message)
         self.args = (self._format(),)
 
     def _format(self) -> str:

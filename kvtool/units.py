@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Literal
 
-from kvtool.errors import UsageError
+from kvtool.errors import UsageError, param
 
 _UNITS: dict[str, int] = {
     "": 1,
@@ -169,8 +169,8 @@ class Capacity:
         if self.unit == "tokens":
             return self.value // block_tokens
         if block_bytes <= 0:
-            raise UsageError("a capacity in bytes needs the block size (--model or --block-bytes)",
-                             field="capacity")
+            raise UsageError(f"a capacity in bytes needs the block size ({param('model')} or "
+                             f"{param('block_bytes')})", field="capacity")
         return self.value // block_bytes
 
     def __str__(self) -> str:

@@ -19,7 +19,7 @@ from kvtool.align.arith import check_alignment
 from kvtool.align.layout import Extent, LayoutAudit, audit_extents, audit_rule, parse_rule
 from kvtool.align.plan import PAGE, ObjectPlan, plan_object
 from kvtool.align.probe import DeviceLimits
-from kvtool.errors import UsageError
+from kvtool.errors import UsageError, param
 from kvtool.geometry import KVGeometry, ObjectSize
 
 SCHEMA = "kvtool.audit/1"
@@ -135,7 +135,8 @@ def audit(objects: Sequence[ObjectSize], *, lbas: Sequence[int] | None = None,
             targets = [(o.name, o.nbytes) for o in objects]
         else:
             raise UsageError("the packed rule needs size=S, or give an object size "
-                             "(--model, --object-bytes or --geometry)", field="layout")
+                             f"({param('model')}, {param('block_bytes')} or "
+                             f"{param('geometry')})", field="layout")
         for name, nbytes in targets:
             rule = parse_rule(text, default_size=nbytes)
             for lba in sources:

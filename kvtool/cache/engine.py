@@ -28,7 +28,7 @@ from kvtool.cache.stats import RoundStats
 from kvtool.cache.tier import TIER_NAMES, Tier, TierBackend, Watermark
 from kvtool.cache.timemodel import TimeModel
 from kvtool.collapse import collapse_round
-from kvtool.errors import UsageError
+from kvtool.errors import UsageError, param
 from kvtool.units import Capacity
 
 
@@ -77,8 +77,9 @@ class TierSpec:
     def blocks(self, block_bytes: int | None, block_tokens: int) -> float:
         """Capacity in whole blocks; a byte size needs ``block_bytes``."""
         if self.capacity.unit == "bytes" and not block_bytes:
-            raise UsageError(f"{self.capacity} is a size in bytes: give --model/--dtype or "
-                             "--block-bytes, or use blk/tok units", field=f"{self.name}")
+            raise UsageError(f"{self.capacity} is a size in bytes: give {param('model')} or "
+                             f"{param('block_bytes')}, or use blk/tok units",
+                             field=f"{self.name}")
         return self.capacity.blocks(block_bytes or 0, block_tokens)
 
 
@@ -101,7 +102,8 @@ class CacheConfig:
         if len(set(names)) != len(names):
             raise UsageError("a tier is given twice", field="tier")
         if not self.tiers:
-            raise UsageError("no cache tier: give --gpu, --dram or --nvme with a non-zero size",
+            raise UsageError(f"no cache tier: give {param('gpu')}, {param('dram')} or "
+                             f"{param('nvme')} with a non-zero size",
                              field="dram")
         if not self.label:
             self.label = " + ".join(

@@ -126,6 +126,7 @@ def name_flags(cmd: click.Command) -> None:
         except UsageError as exc:
             if exc.file is None and exc.field in flags:
                 exc.rename_field(flags[exc.field])
+            exc.name_params(flags)
             raise
 
     cmd.invoke = invoke_naming_flags  # type: ignore[method-assign]

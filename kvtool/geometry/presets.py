@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from kvtool.errors import UsageError
+from kvtool.errors import UsageError, param
 from kvtool.geometry.model import ComponentSpec, KVGeometry, ModelSpec
 
 _LMCACHE_CALC = ("LMCache examples/kv_cache_calculator/modelconfig.json "
@@ -118,7 +118,7 @@ def lookup(model: str) -> ModelSpec:
     spec = _BY_NAME.get(_norm(model))
     if spec is None:
         raise UsageError(f"unknown model {model!r} (known: {', '.join(MODELS)}; or use "
-                         "--geometry FILE.toml for a custom model)", field="model")
+                         f"{param('geometry')} FILE.toml for a custom model)", field="model")
     return spec
 
 

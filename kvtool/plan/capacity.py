@@ -45,7 +45,7 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any, Literal
 
 from kvtool.collapse import collapse_round
-from kvtool.errors import UsageError
+from kvtool.errors import UsageError, param
 from kvtool.units import Capacity
 
 if TYPE_CHECKING:
@@ -177,8 +177,9 @@ def capacity_units(cap: Capacity, storage: Storage, block_tokens: int, field_nam
         return math.inf
     if cap.unit == "bytes":
         if storage.block_bytes is None:
-            raise UsageError("a capacity in bytes needs --model or --block-bytes (or give "
-                             "blocks/tokens: 5859blk, 3000000tok)", field=field_name)
+            raise UsageError(f"a capacity in bytes needs {param('model')} or "
+                             f"{param('block_bytes')} (or give blocks/tokens: 5859blk, "
+                             "3000000tok)", field=field_name)
         return float(cap.value)
     return float(cap.blocks(storage.unit_bytes, block_tokens) * storage.unit_bytes)
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kvtool.align import padded_size
-from kvtool.errors import CheckFailed, UsageError
+from kvtool.errors import CheckFailed, UsageError, param
 from kvtool.store.bounce import as_bytes_view, copy_into, stage_for_write
 from kvtool.store.engine import AlignedBuffer, IOEngine, open_engine
 from kvtool.store.load import read_head
@@ -193,7 +193,7 @@ def bench(target: str, *, object_bytes: int, qds: list[int], patterns: list[str]
             if found is not None:
                 what = "a kvtool store" if found == "kvtool" else found
                 raise UsageError(f"{target} holds {what}; write patterns would destroy it: "
-                                 "use --force, or --read-only", field="target")
+                                 f"use {param('force')}, or {param('read_only')}", field="target")
         if paths and "bounce" in paths and object_bytes % engine.lba_size == 0:
             raise UsageError(f"{object_bytes} B is a whole number of {engine.lba_size} B "
                              "blocks: there is no bounce path to measure", field="path")

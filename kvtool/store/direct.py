@@ -19,7 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from kvtool.errors import UsageError
+from kvtool.errors import UsageError, param
 from kvtool.store.aio import IOCB_CMD_PREAD, IOCB_CMD_PWRITE, AioQueue, AioUnavailable
 from kvtool.store.io import PAGE_SIZE, ThreadedEngine
 
@@ -84,8 +84,8 @@ class DirectEngine(ThreadedEngine):
             st = os.stat(path)
         except FileNotFoundError:
             if not create_bytes:
-                raise UsageError(f"{path}: no such file or device (a new file needs --create "
-                                 "SIZE)", field="target") from None
+                raise UsageError(f"{path}: no such file or device (a new file needs "
+                                 f"{param('create')} SIZE)", field="target") from None
             st = _create_file(path, create_bytes)
         except OSError as exc:
             raise UsageError(f"{path}: {exc.strerror}", field="target") from None

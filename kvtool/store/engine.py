@@ -11,7 +11,7 @@ import os
 import re
 from typing import Any
 
-from kvtool.errors import UsageError
+from kvtool.errors import UsageError, param
 from kvtool.store.io import (
     DEFAULT_QD,
     PAGE_SIZE,
@@ -49,11 +49,11 @@ def open_engine(target: str, *, write: bool, qd: int = DEFAULT_QD, **opts: Any) 
         from kvtool.nvme.engine import open_nvme_tcp  # the NVMe/TCP host: only when asked
 
         if opts.get("create_bytes"):
-            raise UsageError(f"{target}: an NVMe/TCP namespace cannot be created; --create "
-                             "applies to a regular file", field="create")
+            raise UsageError(f"{target}: an NVMe/TCP namespace cannot be created; "
+                             f"{param('create')} applies to a regular file", field="create")
         if opts.get("lba"):
             raise UsageError(f"{target}: an NVMe/TCP namespace has its own logical block "
-                             "size; --lba applies to a file or block device", field="lba")
+                             f"size; {param('lba')} applies to a file or block device", field="lba")
         engine: IOEngine = open_nvme_tcp(target, write=write, qd=qd,
                                          hostnqn=opts.get("hostnqn"),
                                          credentials=opts.get("credentials"))

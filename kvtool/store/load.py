@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvtool.errors import CheckFailed, UsageError
+from kvtool.errors import CheckFailed, UsageError, param
 from kvtool.store.engine import DEFAULT_QD, AlignedBuffer, IOEngine, open_engine
 from kvtool.store.keys import object_keys
 from kvtool.store.layout import BadSuperblock, Geometry, NotAStore, new_superblock, plan_layout
@@ -91,8 +91,8 @@ def prepare(engine: IOEngine, spec: LoadSpec, payload: Payload, target: str,
             existing = ObjectStore.open(engine)
         except (BadSuperblock, NotAStore) as exc:
             if not spec.force:
-                raise UsageError(f"{target}: damaged kvtool store ({exc}); --force reformats "
-                                 "it (its objects are lost)", field="target") from None
+                raise UsageError(f"{target}: damaged kvtool store ({exc}); {param('force')} "
+                                 "reformats it (its objects are lost)", field="target") from None
             replacing = "a damaged kvtool store"
         if existing is not None:
             why = _compatible(existing, spec, payload, engine.lba_size)
@@ -100,14 +100,15 @@ def prepare(engine: IOEngine, spec: LoadSpec, payload: Payload, target: str,
                 if not spec.force:
                     existing.close()
                     raise UsageError(f"{target} holds a kvtool store that cannot be extended: "
-                                     f"{why}; --force reformats it ({len(existing)} objects "
+                                     f"{why}; {param('force')} reformats it ({len(existing)} objects "
                                      "lost)", field="target")
                 replacing = f"a kvtool store of {len(existing)} objects"
                 existing.close()
                 existing = None
     elif found is not None:
         if not spec.force:
-            raise UsageError(f"{target} holds {found}; refusing to overwrite it without --force",
+            raise UsageError(f"{target} holds {found}; refusing to overwrite it without "
+                             f"{param('force')}",
                              field="target")
         replacing = found
     if existing is not None:

@@ -113,3 +113,20 @@ def test_internal_errors_exit_3_in_one_line_and_debug_shows_the_traceback() -> N
     assert len(lines) == 1 and "internal error: RuntimeError: a bug" in lines[0]
     result = CliRunner().invoke(group, ["--debug", "boom"])
     assert result.exit_code == 3 and "Traceback" in result.stderr
+
+
+def test_library_errors_name_parameters_and_the_cli_shows_flags() -> None:
+    from kvtool.errors import UsageError, param
+    from kvtool.units import Capacity
+    from tests.conftest import run
+
+    try:
+        Capacity.parse("1GB").blocks(0, 256)
+    except UsageError as exc:
+        assert "(model or block_bytes)" in str(exc) and "--" not in str(exc)
+    result = run("plan", "--sessions", "2", "--input-tokens", "10", "--output-tokens", "1",
+                 "--dram", "1GB")
+    assert result.exit_code == 2
+    assert "field '--dram'" in result.stderr and "--model or --block-bytes" in result.stderr
+    assert str(UsageError(f"use {param('force')}", field="target")) == \
+        "field 'target': use force"
