@@ -47,6 +47,7 @@ class InputError(KvtoolError):
         field: str | None = None,
     ) -> None:
         self.raw_message = message
+        self._params_named = False
         self.message = _PARAM.sub(r"\1", message)
         self.file = None if file is None else str(file)
         self.line = line
@@ -59,7 +60,13 @@ class InputError(KvtoolError):
         self.args = (self._format(),)
 
     def name_params(self, flag_of: Callable[[str], str | None] | Mapping[str, str]) -> None:
-        """Show the parameters the message names (:func:`param`) as ``flag_of`` names them."""
+        """Show the parameters the message names (:func:`param`) as ``flag_of`` names them.
+
+        The first call wins: the innermost command, whose flags the user typed, names them.
+        """
+        if self._params_named or _PARAM.search(self.raw_message) is None:
+            return
+        self._params_named = True
         lookup = flag_of.get if isinstance(flag_of, Mapping) else flag_of
         self.message = _PARAM.sub(lambda m: lookup(m.group(1)) or m.group(1), self.raw_message)
         self.args = (self._format(),)

@@ -36,7 +36,7 @@ from kvtool.cache.config import (
 )
 from kvtool.cache.engine import CacheConfig, RequestOutcome, TierSpec, replay
 from kvtool.cache.timemodel import TimeModel
-from kvtool.errors import UsageError
+from kvtool.errors import UsageError, param
 from kvtool.tiers.option import TierOption
 from kvtool.units import Capacity, format_size
 
@@ -313,14 +313,14 @@ def _nvme_engine(place: str, create_bytes: int | None, read_qd: int,
     if not path.exists():
         if create_bytes is None:
             raise UsageError(f"{place} does not exist; give a size to create it: "
-                             f"--nvme 2GiB@{place}", field="nvme")
+                             f"{param('nvme')} 2GiB@{place}", field="nvme")
         parent = path.resolve().parent
         if not parent.is_dir():
             raise UsageError(f"cannot create {place}: no such directory", field="nvme")
         free = shutil.disk_usage(parent).free
         if create_bytes > free:
             raise UsageError(f"{format_size(create_bytes)} does not fit in {parent} "
-                             f"({format_size(free)} free); use a smaller size or --simulate",
+                             f"({format_size(free)} free); use a smaller size or {param('simulate')}",
                              field="nvme")
     try:
         return open_engine(place, write=True, qd=max(read_qd, 16),
@@ -504,7 +504,7 @@ def prepare(s: ReplaySettings, *, on_event: Callable[[str], None] | None = None)
         for cfg in configs:
             for spec in cfg.tiers:
                 if spec.place is not None:
-                    raise UsageError(f"{spec.place}: --simulate moves no bytes, so a tier "
+                    raise UsageError(f"{spec.place}: {param('simulate')} moves no bytes, so a tier "
                                      "takes a capacity, not a place", field=f"{spec.name}")
         setup["configs"] = [{"label": c.label} for c in configs]
     return job
@@ -528,7 +528,7 @@ def _prepare_data(job: ReplayJob) -> None:
             if spec.name in ("gpu", "dram"):
                 if spec.capacity.unit == "inf":
                     raise UsageError(f"data mode holds real bytes: the {spec.name} tier needs "
-                                     "a size (use --simulate for an unbounded tier)",
+                                     f"a size (use {param('simulate')} for an unbounded tier)",
                                      field=f"{spec.name}")
                 specs.append(spec)
                 tiers_setup[spec.name] = {"capacity": str(spec.capacity),
@@ -561,7 +561,7 @@ def _prepare_data(job: ReplayJob) -> None:
         if avail is not None and need > MEMORY_SHARE * avail:
             raise UsageError(
                 f"data mode needs {format_size(need)} of memory for the {new.label} pools, but "
-                f"this machine has {format_size(avail)} available; use --simulate for "
+                f"this machine has {format_size(avail)} available; use {param('simulate')} for "
                 "what-ifs no machine holds", field="dram")
         setups.append({"label": new.label, "write_policy": new.write_policy,
                        "tiers": tiers_setup, "memory_bytes": need})

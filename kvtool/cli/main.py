@@ -15,7 +15,7 @@ import click
 
 from kvtool import __version__
 from kvtool.cli.output import Settings, err_console
-from kvtool.errors import KvtoolError, UsageError
+from kvtool.errors import InputError, KvtoolError, UsageError
 
 # One module per command under kvtool/cli/, each exposing ``command`` (a click command or
 # group). Keep this list sorted; add a line when a command lands.
@@ -123,8 +123,8 @@ def name_flags(cmd: click.Command) -> None:
     def invoke_naming_flags(ctx: click.Context) -> Any:
         try:
             return invoke(ctx)
-        except UsageError as exc:
-            if exc.file is None and exc.field in flags:
+        except InputError as exc:
+            if isinstance(exc, UsageError) and exc.file is None and exc.field in flags:
                 exc.rename_field(flags[exc.field])
             exc.name_params(flags)
             raise

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvtool.errors import UsageError
+from kvtool.errors import UsageError, param
 from kvtool.experiments.figures import METRICS, FigureUnavailable, RunData
 from kvtool.experiments.spec import Experiment, block_bytes_of
 
@@ -96,8 +96,8 @@ def run_replay_kind(exp: Experiment, trace: Path, *, simulate: bool,
     want = _needs_requests(exp) or observer is not None
     if simulate:
         if dram or nvme:
-            raise UsageError("--simulate moves no bytes: a tier takes no place",
-                             field="dram" if dram else "--nvme")
+            raise UsageError(f"{param('simulate')} moves no bytes: a tier takes no place",
+                             field="dram" if dram else "nvme")
         return _simulate(exp, trace, labels, per_request, record if want else None, progress,
                          observer)
     scratch = scratch or trace.parent

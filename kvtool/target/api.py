@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from kvtool.errors import InputError, UsageError
+from kvtool.errors import InputError, UsageError, param
 from kvtool.target import state as st
 from kvtool.target.document import config_document
 from kvtool.target.loader import load_config, parse_config
@@ -211,7 +211,7 @@ def find(name: str | None = None) -> st.TargetState:
         names = [default.NAME]
     if len(names) > 1:
         raise InputError(f"several targets are recorded ({', '.join(names)}); name one "
-                         "(--name NAME) or give the config", field="name")
+                         f"({param('name')} NAME) or give the config", field="name")
     record = st.load(names[0])
     assert record is not None
     return record

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from kvtool.errors import UsageError
+from kvtool.errors import UsageError, param
 from kvtool.nvme import dhchap
 
 SCHEMA = "kvtool.target.keygen/1"
@@ -32,9 +32,11 @@ def keygen(path: str | os.PathLike[str], *, transform: str = "none", length: int
         raise UsageError(f"unknown transformation {transform!r} (none, sha256, sha384, sha512)",
                          field="transform")
     if hmac_id and not nqn:
-        raise UsageError("a transformed key is bound to an NQN: give --nqn", field="nqn")
+        raise UsageError(f"a transformed key is bound to an NQN: give {param('nqn')}",
+                         field="nqn")
     if not hmac_id and nqn:
-        raise UsageError("--nqn only applies with --transform sha256|sha384|sha512",
+        raise UsageError(f"{param('nqn')} only applies with {param('transform')} "
+                         "sha256|sha384|sha512",
                          field="nqn")
     try:
         secret = dhchap.generate_secret(length, hmac_id, nqn)

@@ -39,7 +39,7 @@ from kvtool.configfile import (
     parse_config_text,
     read_config,
 )
-from kvtool.errors import InputError, KvtoolError
+from kvtool.errors import InputError, KvtoolError, param
 from kvtool.nvme import dhchap
 from kvtool.nvme.spec import DISCOVERY_NQN, is_loopback, nqn_problem
 from kvtool.target.model import (
@@ -519,7 +519,7 @@ def validate(cfg: TargetConfig, *, allow_remote: bool = False, check_paths: bool
     for i, lst in enumerate(cfg.listeners):
         if not allow_remote and not is_loopback(lst.address):
             fail(f"address {lst.address} is not local: targets listen on loopback unless "
-                 "--allow-remote is given", "listener", i, "address")
+                 f"{param('allow_remote')} is given", "listener", i, "address")
         if lst.transport == "rdma" and cfg.backend == "emulator":
             fail("the emulator speaks NVMe/TCP only", "listener", i, "transport")
     for si, sub in enumerate(cfg.subsystems):

@@ -130,3 +130,7 @@ def test_library_errors_name_parameters_and_the_cli_shows_flags() -> None:
     assert "field '--dram'" in result.stderr and "--model or --block-bytes" in result.stderr
     assert str(UsageError(f"use {param('force')}", field="target")) == \
         "field 'target': use force"
+    # a nested command (target up) names its own flag, not its group's
+    result = run("target", "up", "--dry-run", str(REPO / "fixtures" / "targets" /
+                                                  "spdk-production.toml"))
+    assert result.exit_code == 2 and "--allow-remote is given" in result.stderr

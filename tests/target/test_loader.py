@@ -93,7 +93,7 @@ def test_address_not_local_needs_allow_remote() -> None:
     text = GOOD.replace('address = "127.0.0.1"', 'address = "0.0.0.0"')
     e = err(text)
     assert (e.line, e.field) == (16, "listener[0].address")
-    assert "--allow-remote" in e.message
+    assert "allow_remote" in e.message  # the library names its parameter; the CLI its flag
     parse_config(text, allow_remote=True)
 
 
