@@ -80,23 +80,30 @@ class SpdkApp:
                                          start_new_session=True,
                                          preexec_fn=_die_with_parent if self.die_with_parent
                                          else None)
+        try:
+            self._wait_ready(timeout)
+        except BaseException:  # a failed start, no RPC client, an interrupt: stop the reactor
+            tail = self.log_tail()
+            self.stop()
+            self._log_kept = self._log_kept or tail
+            raise
+        return self
+
+    def _wait_ready(self, timeout: float) -> None:
+        assert self.proc is not None
         deadline = time.monotonic() + timeout
         while not self.socket.exists():
             if self.proc.poll() is not None:
-                self.stop()
                 raise SpdkAppError(f"{self.binary} exited {self.proc.returncode} at start: "
                                    f"{self.log_tail()}")
             if time.monotonic() > deadline:
-                self.stop()
                 raise SpdkAppError(f"{self.binary} did not open {self.socket} in {timeout:.0f} s")
             time.sleep(0.05)
         try:
             self.rpc("framework_wait_init")
         except (TargetError, OSError) as exc:
-            tail = self.log_tail()
-            self.stop()
-            raise SpdkAppError(f"{self.binary} did not finish initializing: {exc}; {tail}") from None
-        return self
+            raise SpdkAppError(f"{self.binary} did not finish initializing: {exc}; "
+                               f"{self.log_tail()}") from None
 
     def rpc(self, method: str, params: dict[str, Any] | None = None) -> Any:
         """Call a JSON-RPC method; SPDK's errors raise ``SpdkError`` (a ``TargetError``)."""

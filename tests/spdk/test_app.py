@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from emulator.spdk import SpdkApp, SpdkAppError, SpdkInstall, tools
+from kvtool.errors import InputError
 from kvtool.target.spdk.rpc import SpdkError
 from tests.conftest import free_port
 from tests.helpers.spdk_fixtures import MakeApp
@@ -72,3 +74,17 @@ def test_spdk_hosts_against_spdk_target(spdk: SpdkInstall, nvmf_tgt: SpdkApp) ->
     while nvmf_tgt.rpc("nvmf_subsystem_get_controllers", {"nqn": nqn}):
         assert time.monotonic() < deadline, "perf left its controller behind"
         time.sleep(0.1)
+
+
+def test_a_start_that_fails_after_exec_leaves_nothing_running(
+        spdk: SpdkInstall, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without SPDK's RPC client the readiness call fails after nvmf_tgt was started: the
+    process is stopped and its directory removed before the error goes up."""
+    for name in [m for m in sys.modules if m == "spdk" or m.startswith("spdk.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "spdk", None)
+    app = SpdkApp(spdk, die_with_parent=True)
+    with pytest.raises(InputError, match="install kvtool\\[spdk\\]"):
+        app.start()
+    assert app.proc is not None and app.proc.returncode is not None
+    assert not app.workdir.exists()
