@@ -15,9 +15,13 @@ Measured in the same run, both with the peer in a separate process:
   kvtool/SPDK (bar: ≥ 0.7).
 
 Each round measures the reference and the NVMe/TCP cases back to back, so a busy machine
-slows both alike; the printed ratio is the median over rounds.
+slows both alike; the printed ratio is the median over rounds. On a shared machine the
+ratios swing by ±50 % between runs, so the sequential cases also report CPU time per MiB
+(this process + the peer process, from getrusage and /proc): what a change to the stack
+saves shows there even when the wall clock is dominated by other load.
 
-usage: python bench/nvme_tcp.py [--rounds 5] [--mib 256] [--io-queues 1] [--spdk DIR] [--json]
+usage: python bench/nvme_tcp.py [--rounds 5] [--mib 256] [--io-queues 1] [--disable-sqflow]
+                               [--spdk DIR] [--json]
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import json
 import os
 import queue
 import random
+import resource
 import socket
 import subprocess
 import sys
@@ -100,6 +105,14 @@ class StreamPeer:
     def close(self) -> None:
         self.proc.kill()
         self.proc.wait()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of this process (all threads) and of process ``pid``."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return ru.ru_utime + ru.ru_stime + (int(fields[11]) + int(fields[12])) / os.sysconf(
+        "SC_CLK_TCK")
 
 
 def start_target(size: str) -> tuple[subprocess.Popen[str], int]:
@@ -209,6 +222,9 @@ def main() -> int:
     ap.add_argument("--io-queues", type=int, default=1)
     ap.add_argument("--spdk", type=Path, help="SPDK build dir: compare with spdk_nvme_perf")
     ap.add_argument("--spdk-seconds", type=int, default=5)
+    ap.add_argument("--disable-sqflow", action="store_true",
+                    help="connect with SQ flow control disabled: reads complete with C2HData "
+                         "SUCCESS, no CapsuleResp")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
 
@@ -216,27 +232,34 @@ def main() -> int:
     region = 512 * MIB
     proc, port = start_target(f"{region // MIB + 16}MiB")
     samples: dict[str, list[float]] = {}
+    cpu: dict[str, list[float]] = {}  # CPU ms per MiB, both processes together
     ratios: dict[str, list[float]] = {}
     lat_all: dict[str, list[float]] = {"qd1": [], "qd32": []}
     iops: dict[str, list[float]] = {"qd1": [], "qd32": []}
     spdk_rows: dict[str, list[tuple[float, float]]] = {}
     try:
         with host.connect("127.0.0.1", port, NQN, hostnqn=HOSTNQN, io_queues=a.io_queues,
-                          queue_depth=64) as ctrl:
+                          queue_depth=64, disable_sqflow=a.disable_sqflow) as ctrl:
             payload = memoryview(os.urandom(MIB))
             rng = random.Random(1)
             for _ in range(a.rounds):
                 for name, mode, opcode in (("write", "W", spec.IO_WRITE),
                                            ("read", "R", spec.IO_READ)):
+                    c0 = cpu_seconds(peer.proc.pid)
                     ref = peer.measure(mode, a.mib * MIB)
+                    cpu.setdefault(f"reference_{name}", []).append(
+                        (cpu_seconds(peer.proc.pid) - c0) * 1e3 / a.mib)
                     samples.setdefault(f"reference_{name}", []).append(ref)
                     for qd in (1, 8):
                         bufs = [payload if opcode == spec.IO_WRITE
                                 else memoryview(bytearray(MIB)) for _ in range(qd)]
                         offsets = [(i * MIB) % region for i in range(a.mib)]
+                        c0 = cpu_seconds(proc.pid)
                         t0 = time.perf_counter()
                         run_pipelined(ctrl, opcode, offsets, MIB, qd, bufs)
                         gbps = a.mib * MIB / (time.perf_counter() - t0) / 1e9
+                        cpu.setdefault(f"{name}_qd{qd}", []).append(
+                            (cpu_seconds(proc.pid) - c0) * 1e3 / a.mib)
                         samples.setdefault(f"{name}_qd{qd}", []).append(gbps)
                         ratios.setdefault(f"{name}_qd{qd}", []).append(gbps / ref)
                 for qd in (1, 32):
@@ -265,19 +288,24 @@ def main() -> int:
         proc.wait(10)
         peer.close()
     seq = {k: {"gbps": round(median(v), 3), "ratio": round(median(ratios[k]), 3),
-               "ratio_min": round(min(ratios[k]), 3), "ratio_max": round(max(ratios[k]), 3)}
+               "ratio_min": round(min(ratios[k]), 3), "ratio_max": round(max(ratios[k]), 3),
+               "cpu_ms_per_mib": round(median(cpu[k]), 3)}
            for k, v in samples.items() if not k.startswith("reference")}
     ref = {k.split("_")[1]: round(median(v), 3) for k, v in samples.items()
            if k.startswith("reference")}
+    ref_cpu = {k.split("_")[1]: round(median(v), 3) for k, v in cpu.items()
+               if k.startswith("reference")}
     rnd = {k: {"iops": round(median(iops[k])), "p50_us": round(pct(lat_all[k], 50) * 1e6, 1),
                "p99_us": round(pct(lat_all[k], 99) * 1e6, 1)} for k in iops}
     vs_spdk = {k: {"kvtool_iops": round(median([o for o, _ in v])),
                    "spdk_perf_iops": round(median([t for _, t in v])),
                    "ratio": round(median([o / t for o, t in v]), 3)}
                for k, v in spdk_rows.items()}
-    results = {"reference_stream_gbps": ref, "seq_1mib": seq, "rand_read_4k": rnd,
+    results = {"reference_stream_gbps": ref, "reference_cpu_ms_per_mib": ref_cpu,
+               "seq_1mib": seq, "rand_read_4k": rnd,
                "vs_spdk_perf_4k": vs_spdk,
-               "rounds": a.rounds, "mib_per_case": a.mib, "io_queues": a.io_queues,
+               "disable_sqflow": a.disable_sqflow, "rounds": a.rounds, "mib_per_case": a.mib,
+               "io_queues": a.io_queues,
                "machine": f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}",
                "load_average": os.getloadavg()[0],
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
@@ -285,12 +313,14 @@ def main() -> int:
         print(json.dumps(results, indent=2))
         return 0
     print(f"reference plain Python TCP stream (median of {a.rounds}): write {ref['write']:.2f} "
-          f"GB/s, read {ref['read']:.2f} GB/s")
+          f"GB/s, read {ref['read']:.2f} GB/s; CPU (both ends) write {ref_cpu['write']:.3f}, "
+          f"read {ref_cpu['read']:.3f} ms/MiB")
     for key, row in seq.items():
         floor = 0.6 if key == "write_qd1" else 0.8
         bar = "ok" if row["ratio"] >= floor else f"BELOW {floor}"
         print(f"1 MiB seq {key:9s} {row['gbps']:.2f} GB/s  ratio {row['ratio']:.2f} "
-              f"(rounds {row['ratio_min']:.2f}..{row['ratio_max']:.2f})  {bar}")
+              f"(rounds {row['ratio_min']:.2f}..{row['ratio_max']:.2f})  {bar}  CPU (host + "
+              f"target) {row['cpu_ms_per_mib']:.3f} ms/MiB")
     for key, r in rnd.items():
         print(f"4 KiB rand-read {key:5s} {r['iops']:>7} IOPS  p50 {r['p50_us']:.0f} µs  "
               f"p99 {r['p99_us']:.0f} µs")
