@@ -92,7 +92,8 @@ OVERRIDES: dict[str, tuple[dict[str, str], list[str]]] = {
     "kvtool bench /var/tmp/bench.img --create 2GiB --model deepseek-v4-flash --dtype fp8":
         ({}, ["--seconds", "0.05", "--region", "16MiB", "--qd", "1,4"]),
     "kvtool bench /dev/loop3 --block-bytes 32MiB --qd 1,8,32 --seconds 3 --force":
-        ({"/dev/loop3": "blank.img"}, ["--seconds", "0.05", "--region", "64MiB"]),
+        ({"/dev/loop3": "blank.img"},
+         ["--seconds", "0.05", "--region", "64MiB", "--qd", "1"]),
     "kvtool bench /dev/nvme1n1 --model llama-3-70b --read-only --pattern rand-read --json":
         ({}, ["--seconds", "0.05", "--region", "160MiB"]),
     "kvtool load /var/tmp/kv.img --create 4GiB --block-bytes 32MiB --count 100":
