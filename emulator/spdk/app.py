@@ -124,9 +124,12 @@ class SpdkApp:
         """Stop the application (idempotent); returns its exit status."""
         proc = self.proc
         if proc is not None and proc.poll() is None:
+            asked = False
             with contextlib.suppress(Exception):
                 self.rpc("spdk_kill_instance", {"sig_name": "SIGTERM"})
-            for sig, wait in ((None, timeout), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+                asked = True
+            steps = ((None, timeout),) if asked else ()  # else no use waiting for it
+            for sig, wait in (*steps, (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
                 if sig is not None:
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(proc.pid, sig)
