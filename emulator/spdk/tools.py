@@ -96,10 +96,17 @@ class PerfResult:
 
 def perf(install: SpdkInstall, transport_id: str, *, workload: str = "randread", qd: int = 32,
          io_size: int = 4096, seconds: int = 3, read_pct: int = 50,
-         core_mask: str = HOST_CORE_MASK, timeout: float | None = None) -> PerfResult:
-    """``spdk_nvme_perf`` (one I/O queue on one core); ``read_pct`` applies to ``randrw``."""
+         core_mask: str = HOST_CORE_MASK, timeout: float | None = None,
+         dhchap_key_file: str | None = None, dhchap_ctrlr_key_file: str | None = None
+         ) -> PerfResult:
+    """``spdk_nvme_perf`` (one I/O queue on one core); ``read_pct`` applies to ``randrw``;
+    the key files (DH-HMAC-CHAP) are passed by path, so no secret reaches argv."""
     args = ["--no-huge", "-s", str(HOST_MEM_MB), "-c", core_mask, "-q", str(qd),
             "-o", str(io_size), "-w", workload, "-t", str(seconds), "-r", transport_id]
+    for option, path in (("--dhchap-key", dhchap_key_file),
+                         ("--dhchap-ctrlr-key", dhchap_ctrlr_key_file)):
+        if path is not None:
+            args[:0] = [option, path]
     if workload.endswith("rw"):
         args[-2:-2] = ["-M", str(read_pct)]
     run = run_tool(install, "spdk_nvme_perf", args, timeout or seconds + 30)

@@ -133,7 +133,12 @@ class AioQueue:
             with self._lock:
                 for k in range(n):
                     ev = events[k]
-                    _, fut, nbytes = self._inflight.pop(ev.data)
+                    item = self._inflight.pop(ev.data, None)
+                    if item is None:
+                        # a Ctrl-C landed between io_submit and recording the request: its
+                        # submitter already gave up on it, so nobody waits for this completion
+                        continue
+                    _, fut, nbytes = item
                     res = ev.res
                     if res == nbytes:
                         done.append((fut, None))
