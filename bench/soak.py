@@ -13,7 +13,11 @@ Recorded per pass and in total: requests, bytes moved per link (measured by the
 replay), corrupt and lost blocks, exit status; the target's resident memory (VmRSS)
 after every pass, and the replays' peak RSS, for memory growth; the target's own
 Prometheus counters (commands, bytes, error completions) at the end. Then
-``kvtool verify`` of the namespace. Errors must be 0. Writes ``soak.json`` and prints
+``kvtool verify`` of the namespace: each replay commits its NVMe tier's store index at
+its end, so verify checks, byte for byte (CRC32C and the payload regenerated from the
+key), every block the last pass left on the medium; their count must equal the blocks
+that pass committed. Errors (corrupt or lost blocks, failed passes, verify finding a bad
+object or a different count) must be 0. Writes ``soak.json`` and prints
 the BENCHMARKS.md paragraph. Not a CI test (it runs for as long as it is told).
 """
 
@@ -123,7 +127,9 @@ def main() -> None:
                 doc = json.loads(r.stdout)
                 row.update(requests=doc["requests"], corrupt=doc.get("corrupt_blocks", 0),
                            lost=doc.get("lost_blocks", 0), measured=doc.get("measured", {}),
-                           hit_ratio=doc["token_hit_ratio"])
+                           hit_ratio=doc["token_hit_ratio"],
+                           committed=next((t["committed_objects"] for t in doc["tiers"]
+                                           if t["name"] == "nvme"), None))
             else:
                 row["error"] = r.stderr.strip()[-500:]
             row["target_rss_kib"] = rss_kib(proc.pid)
@@ -162,13 +168,26 @@ def main() -> None:
                    else v.stderr.strip()),
         "passes_detail": passes,
     }
+    vdoc = summary["verify"] if isinstance(summary["verify"], dict) else {}
+    committed = passes[-1].get("committed") if passes else None
+    summary["verify_objects"] = {
+        "committed_by_last_pass": committed, "indexed": vdoc.get("objects_indexed"),
+        "checked": vdoc.get("objects_checked"), "content_checked": vdoc.get("content_checked"),
+        "bytes_checked": vdoc.get("bytes_checked"), "bad": len(vdoc.get("bad", [])),
+        "seconds": vdoc.get("seconds")}
+    verify_ok = v.returncode == 0 and committed is not None \
+        and vdoc.get("objects_checked") == vdoc.get("content_checked") == committed
+    summary["verify_ok"] = verify_ok
     (out / "soak.json").write_text(json.dumps(summary, indent=2) + "\n")
-    errors = summary["corrupt_blocks"] + summary["lost_blocks"] + summary["failed_passes"]
+    errors = (summary["corrupt_blocks"] + summary["lost_blocks"] + summary["failed_passes"]
+              + (0 if verify_ok else 1))
     print(f"\nsoak: {len(passes)} passes in {wall:.0f} s, {summary['requests']:,} requests, "
           f"{link_bytes / 1e9:.2f} GB over the replay's links, errors {errors}, target RSS "
           f"after pass 1 {target_rss[min(1, len(target_rss) - 1)] / 1024:.1f} → "
-          f"{target_rss[-1] / 1024:.1f} MiB, verify exit "
-          f"{v.returncode}; details in {out / 'soak.json'}")
+          f"{target_rss[-1] / 1024:.1f} MiB; verify exit {v.returncode}: "
+          f"{vdoc.get('objects_checked')} objects checked ({vdoc.get('content_checked')} "
+          f"with content, {len(vdoc.get('bad', []))} bad) of the {committed} the last pass "
+          f"committed; details in {out / 'soak.json'}")
     sys.exit(1 if errors else 0)
 
 

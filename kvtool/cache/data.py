@@ -506,6 +506,19 @@ class DataReplay(Replay):
             total.add(dc)
         return total
 
+    def persist(self) -> None:
+        """End of a run (or a clean stop): commit every data tier that keeps a store, so
+        its blocks outlive the run (``kvtool verify`` of the NVMe place checks them)."""
+        self.drain()
+        for name, tier in self.data_tiers.items():
+            commit = getattr(tier, "commit", None)
+            if commit is None or name in self.dead:
+                continue
+            try:
+                commit()
+            except TierError as err:
+                self._fail(err)
+
     def result(self) -> dict[str, Any]:
         self.drain()
         out = super().result()
@@ -515,9 +528,11 @@ class DataReplay(Replay):
         for t in out["tiers"]:
             dt = self.data_tiers.get(t["name"])
             if t["name"] == "gpu" or dt is None:
-                t.update({"backend": "numpy", "url": None, "pool_blocks": self.gpu.num_blocks})
+                t.update({"backend": "numpy", "url": None, "pool_blocks": self.gpu.num_blocks,
+                          "committed_objects": None})
             else:
-                t.update({"backend": dt.backend, "url": dt.url, "pool_blocks": dt.slots})
+                t.update({"backend": dt.backend, "url": dt.url, "pool_blocks": dt.slots,
+                          "committed_objects": getattr(dt, "committed", None)})
             t["failed"] = self.dead.get(t["name"])
         out.update(self.data_totals().to_dict())
         out["problems"] = list(self.named)

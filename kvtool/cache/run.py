@@ -187,7 +187,7 @@ class ReplayJob:
                     r["requests_served"] = r["requests"]
                     for t in r["tiers"]:
                         t.update({"backend": "metadata", "url": None, "pool_blocks": None,
-                                  "failed": None})
+                                  "failed": None, "committed_objects": None})
             else:
                 results = [self._run_data(i, cfg, progress) for i, cfg in enumerate(self.configs)
                            if not self.interrupted]
@@ -240,6 +240,7 @@ class ReplayJob:
                         progress(1)
             except KeyboardInterrupt:
                 self.interrupted = True
+            eng.persist()
             out = eng.result()
             out["requests_served"] = served
             if media is not None:
@@ -379,6 +380,7 @@ def open_tiers(cfg: CacheConfig, block_bytes: int, work_blocks: int, s: ReplaySe
                         engine, block_bytes=block_bytes, url=place,
                         max_slots=None if want == math.inf else int(want) + head,
                         read_qd=s.read_qd, write_qd=s.write_qd, seed=s.seed,
+                        keyed_payload=True,
                         geometry=Geometry(model=setup.get("model") or "",
                                           dtype=setup.get("dtype") or "", block_tokens=B,
                                           tp=s.tp or 1))

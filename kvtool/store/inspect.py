@@ -8,7 +8,7 @@ import numpy as np
 
 from kvtool.errors import CheckFailed, UsageError
 from kvtool.store.engine import open_engine
-from kvtool.store.layout import BadSuperblock, NotAStore
+from kvtool.store.layout import ORDINAL_KEYED, BadSuperblock, NotAStore
 from kvtool.store.load import read_head
 from kvtool.store.objectstore import ObjectStore
 from kvtool.store.signatures import identify
@@ -59,7 +59,7 @@ def inspect(target: str, *, list_objects: int = 0,
                         "offset": int(e["offset"][s]), "length": int(e["length"][s]),
                         "crc32c": f"{int(e['data_crc'][s]):#010x}",
                         "generation": int(e["generation"][s]),
-                        "ordinal": None if int(e["ordinal"][s]) == (1 << 64) - 1
+                        "ordinal": None if int(e["ordinal"][s]) >= ORDINAL_KEYED
                         else int(e["ordinal"][s])}
                        for s in live[:list_objects].tolist()]
             problems = [{"slot": p.slot, "entry_offset": p.entry_offset,

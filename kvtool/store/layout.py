@@ -35,6 +35,10 @@ ENTRY_BYTES = 64
 FLAG_VALID = 1
 ORDINAL_NONE = (1 << 64) - 1
 """``ordinal`` of an object not written by ``kvtool load`` (no deterministic payload)."""
+ORDINAL_KEYED = (1 << 64) - 2
+"""``ordinal`` of an object whose bytes are the deterministic payload of its key but which
+is not in ``kvtool load``'s key sequence (a data-mode replay's NVMe tier): verify checks
+its content as well as its CRC."""
 
 PAYLOAD_SYNTHETIC = 0
 PAYLOAD_FILE = 1

@@ -253,6 +253,16 @@ class ObjectStore:
         with self._lock:
             self._free.extend(retire)
 
+    def commit_written(self, records: list[tuple[int, int, int, int, int]]) -> None:
+        """Commit ``(slot, key, length, crc, ordinal)`` records whose data the caller wrote
+        into slots it owns (every write completed): steps 2–4 of the protocol, one batch.
+        The slots must be free in this store's index (a fresh store's caller allocates
+        them itself, as the NVMe tier does)."""
+        with self._lock:
+            taken = {r[0] for r in records}
+            self._free = deque(s for s in self._free if s not in taken)
+        self._commit(records)
+
     def allocate(self) -> int:
         with self._lock:
             if not self._free:
