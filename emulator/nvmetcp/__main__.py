@@ -86,13 +86,14 @@ def main(listen: tuple[str, ...], allow_remote: bool, nqn: str | None, backing: 
         cfg = _config(listen, allow_remote, nqn, backing, size, int(lba), hosts,
                       allow_any_host, config_file, mdts, queue_size, io_queues)
         _add_keys(cfg, dhchap_keys, dhchap_ctrl_keys, dhchap_hash, dhchap_dhgroup)
-        metrics = None
+        metrics, metrics_url = None, None
         if metrics_port is not None:
             from emulator.nvmetcp.metrics import TargetMetrics
             from kvtool.metrics import serve_registry
 
             metrics = TargetMetrics()
             port = serve_registry(metrics.registry, metrics_port)
+            metrics_url = f"http://127.0.0.1:{port}/metrics"
             logging.getLogger("emulator.nvmetcp").info("metrics on 127.0.0.1:%d", port)
         try:
             target = Target(cfg, metrics=metrics)
@@ -106,7 +107,7 @@ def main(listen: tuple[str, ...], allow_remote: bool, nqn: str | None, backing: 
         click.echo(f"nvmetcp: error: {exc}", err=True)
         sys.exit(exc.exit_code)
     try:
-        asyncio.run(_run(target, ready_file))
+        asyncio.run(_run(target, ready_file, metrics_url))
     except (OSError, KvtoolError) as exc:
         message = str(exc) if isinstance(exc, KvtoolError) else \
             f"cannot listen: {exc.strerror or exc}"
@@ -208,7 +209,7 @@ def _option(config_field: str) -> str:
     return config_field
 
 
-async def _run(target: Target, ready_file: str | None) -> None:
+async def _run(target: Target, ready_file: str | None, metrics_url: str | None) -> None:
     loop = asyncio.get_running_loop()
     await target.start()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -217,7 +218,7 @@ async def _run(target: Target, ready_file: str | None) -> None:
     if ready_file:
         record = {"pid": os.getpid(), "urls": urls,
                   "listen": [f"{h}:{p}" for h, p in target.addresses],
-                  "discovery": target.discovery_url()}
+                  "discovery": target.discovery_url(), "metrics": metrics_url}
         path = Path(ready_file)
         tmp = path.with_name(path.name + ".tmp")
         try:

@@ -5,6 +5,7 @@ Thin wrappers over :mod:`kvtool.target.api`; JSON schemas are in docs/target.md.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import click
@@ -101,23 +102,28 @@ def command() -> None:
               help="Listener port of the built-in default target (without CONFIG) [4420].")
 @click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
 @click.option("--allow-remote", is_flag=True, help="Allow non-loopback listener addresses.")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+              help="Serve the emulator target's Prometheus metrics on 127.0.0.1:PORT (the "
+                   "userspace engine; 0: a free port; overrides [emulator] metrics_port).")
 @json_option
 def up(config: str | None, backend: str | None, engine: str | None, configfs_root: str | None,
        spdk_socket: str | None, name: str | None, port: int | None, dry_run: bool,
-       allow_remote: bool) -> None:
+       allow_remote: bool, metrics_port: int | None) -> None:
     """Bring a target up to the config CONFIG (TOML, kvtool JSON or nvmetcli JSON).
 
     Without CONFIG: the built-in default target (kvtool's emulator serving a 1 GiB
     namespace on 127.0.0.1:4420), where `kvtool replay` puts its NVMe tier.
     """
     if config is None:
-        cfg = api.default_target(port=port, name=name, engine=engine)
+        cfg = api.default_target(port=port, name=name, engine=engine, metrics_port=metrics_port)
     else:
         if port is not None:
             raise UsageError("--port applies to the built-in default target (no CONFIG); "
                              "set the listener port in CONFIG", field="--port")
         cfg, _ = api.resolve(config, name, backend=backend, engine=engine,
                              allow_remote=allow_remote, check_paths=(engine or "") != "qemu")
+        if metrics_port is not None:
+            cfg = replace(cfg, metrics_port=metrics_port)
     opts = api.Options(configfs_root=configfs_root, spdk_socket=spdk_socket)
     result = api.up(cfg, opts, dry_run=dry_run, on_plan=_show_plan(cfg.name),
                     on_step=_progress)
@@ -225,6 +231,8 @@ def _status_tables(con: Console, doc: dict[str, Any]) -> None:
         con.print(f"{sub['nqn']} allows: {hosts}", soft_wrap=True)
     for reg in doc["registrations"]:  # whole lines: people copy them
         con.print(f"nsid {reg['nsid']}: {reg['url']}", soft_wrap=True)
+    if doc.get("metrics"):
+        con.print(f"metrics: {doc['metrics']}", soft_wrap=True)
 
 
 @command.command(epilog="""

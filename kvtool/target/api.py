@@ -107,6 +107,12 @@ def up(cfg: TargetConfig, opts: Options | None = None, *, dry_run: bool = False,
        on_plan: Callable[[Plan], None] | None = None,
        on_step: Callable[[int, Step], None] | None = None) -> Result:
     """Bring the target to ``cfg``; a no-op when it already matches."""
+    if cfg.metrics_port is not None and engine_of(cfg) != "userspace":
+        raise UsageError(f"metrics apply to the emulator's userspace engine only; this target "
+                         f"runs on {cfg.backend}"
+                         + (f" ({engine_of(cfg)} engine)" if engine_of(cfg) else "")
+                         + ": use --engine userspace, or no metrics port",
+                         field="--metrics-port")
     record = st.load(cfg.name)
     if record is not None and (record.backend, record.engine) != (cfg.backend, engine_of(cfg)):
         was = record.backend + (f" ({record.engine} engine)" if record.engine else "")
@@ -179,8 +185,9 @@ def resolve(config: str | None, name: str | None, *, backend: str | None = None,
 
 
 def default_target(port: int | None = None, name: str | None = None,
-                   engine: str | None = None) -> TargetConfig:
-    """The built-in default target (:mod:`kvtool.target.default`)."""
+                   engine: str | None = None, metrics_port: int | None = None) -> TargetConfig:
+    """The built-in default target (:mod:`kvtool.target.default`); ``metrics_port``: the
+    userspace engine's Prometheus port (0: a free one)."""
     from kvtool.target import default
 
     cfg = default.config(port or default.PORT)
@@ -188,6 +195,8 @@ def default_target(port: int | None = None, name: str | None = None,
         cfg = replace(cfg, name=name)
     if engine is not None:
         cfg = replace(cfg, engine=engine)  # type: ignore[arg-type]
+    if metrics_port is not None:
+        cfg = replace(cfg, metrics_port=metrics_port)
     return cfg
 
 

@@ -14,6 +14,8 @@ def config_document(cfg: TargetConfig) -> dict[str, Any]:
     doc: dict[str, Any] = {"backend": cfg.backend, "name": cfg.name}
     if cfg.backend == "emulator":
         doc["emulator"] = {"engine": cfg.engine}
+        if cfg.metrics_port is not None:
+            doc["emulator"]["metrics_port"] = cfg.metrics_port
     if cfg.nvmet_root:
         doc["nvmet"] = {"configfs_root": cfg.nvmet_root}
     if cfg.spdk_socket:

@@ -166,14 +166,19 @@ class UserspaceEngine(BackgroundEngine):
                 return plan  # already serving exactly this config
             old_pid = self.record.pid
             old_cfg = json.loads(self.record.extra.get("engine_config", "{}"))
+            old_port = self.record.extra.get("metrics_port")
             plan.add("stop", "process", f"pid {old_pid}", "userspace target with the old config",
                      lambda: self._stop(old_pid),
-                     lambda: self._start(cfg.name, old_cfg))
+                     lambda: self._start(cfg.name, old_cfg, old_port))
         new_cfg = userspace_config(cfg)
         nss = sum(len(s.namespaces) for s in cfg.subsystems)
+        metrics = ("" if cfg.metrics_port is None else
+                   f", Prometheus metrics on 127.0.0.1:{cfg.metrics_port or 'a free port'}")
         plan.add("start", "process", "python -m emulator.nvmetcp",
-                 f"{len(cfg.subsystems)} subsystem(s), {nss} namespace(s) on {listeners}",
-                 lambda: self._start(cfg.name, new_cfg), lambda: self._stop(self.pid))
+                 f"{len(cfg.subsystems)} subsystem(s), {nss} namespace(s) on {listeners}"
+                 f"{metrics}",
+                 lambda: self._start(cfg.name, new_cfg, cfg.metrics_port),
+                 lambda: self._stop(self.pid))
         return plan
 
     def plan_down(self, cfg: TargetConfig) -> Plan:
@@ -182,13 +187,15 @@ class UserspaceEngine(BackgroundEngine):
             assert self.record is not None
             pid = self.record.pid
             old_cfg = json.loads(self.record.extra.get("engine_config", "{}"))
+            old_port = self.record.extra.get("metrics_port")
             plan.add("stop", "process", f"pid {pid}", "SIGTERM, clean shutdown (flushes backing files)",
-                     lambda: self._stop(pid), lambda: self._start(cfg.name, old_cfg))
+                     lambda: self._stop(pid), lambda: self._start(cfg.name, old_cfg, old_port))
         else:
             plan.notes.append("no userspace target is running for this config")
         return plan
 
-    def _start(self, name: str, engine_cfg: dict[str, Any]) -> None:
+    def _start(self, name: str, engine_cfg: dict[str, Any],
+               metrics_port: int | None = None) -> None:
         d = st.run_dir()
         d.mkdir(parents=True, exist_ok=True)
         cfg_path = d / f"{name}.userspace.json"
@@ -199,6 +206,8 @@ class UserspaceEngine(BackgroundEngine):
             ready.unlink()
         argv = [sys.executable, "-m", "emulator.nvmetcp", "--config", str(cfg_path),
                 "--ready-file", str(ready)]
+        if metrics_port is not None:
+            argv += ["--metrics-port", str(metrics_port)]
         env = dict(os.environ)
         repo = str(Path(__file__).resolve().parents[2])  # so `-m emulator.nvmetcp` resolves
         env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -218,8 +227,12 @@ class UserspaceEngine(BackgroundEngine):
                                   f"{READY_TIMEOUT:.0f} s: {_tail(log_path)}")
             time.sleep(0.05)
         self.pid = proc.pid
+        text = ready.read_text().strip()
         self.extra = {"engine_config": json.dumps(engine_cfg), "log": str(log_path),
-                      "ready": ready.read_text().strip()}
+                      "ready": text}
+        if metrics_port is not None:
+            # the URL names the port the target bound (a free one when asked for 0)
+            self.extra.update(metrics_port=metrics_port, metrics=json.loads(text).get("metrics"))
 
     def _stop(self, pid: int | None) -> None:
         stop_pid(pid)
@@ -258,7 +271,9 @@ class UserspaceEngine(BackgroundEngine):
                                "listeners": listeners if running else []})
         return {"backend": self.name, "engine": self.engine,
                 "pid": self.record.pid if running and self.record else None,
-                "log": self.extra.get("log"), "subsystems": subsystems}
+                "log": self.extra.get("log"),
+                "metrics": self.extra.get("metrics") if running else None,
+                "subsystems": subsystems}
 
 
 def _probe(cfg: TargetConfig, listeners: Any, sub: Any) -> dict[int, tuple[int, int]]:

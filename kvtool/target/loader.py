@@ -10,6 +10,7 @@ File format (docs/target.md has the full reference)::
     name = "demo"                   # state name (default: the file's stem)
     [emulator]
     engine = "userspace"            # auto | kernel | qemu | userspace | spdk
+    metrics_port = 9464             # userspace engine: Prometheus metrics (0: any free port)
     [[subsystem]]
     nqn = "nqn.2026-01.io.kvtool:demo"
     hosts = ["nqn.2014-08.org.nvmexpress:uuid:..."]
@@ -247,12 +248,19 @@ def _build(root: _Reader, *, backend_override: str | None, engine_override: str 
         root.fail(f"name must be 1-64 of A-Z a-z 0-9 _ . -, got {name!r}", ("name",))
 
     engine = "auto"
+    metrics_port = None
     emu = root.table("emulator")
     if emu is not None:
-        emu.check_keys({"engine"})
+        emu.check_keys({"engine", "metrics_port"})
         engine = emu.choice("engine", ENGINES, "auto") or "auto"
+        metrics_port = emu.integer("metrics_port", None, lo=0, hi=65535)
     if engine_override is not None:
         engine = engine_override
+    if metrics_port is not None and (backend != "emulator"
+                                     or engine not in ("auto", "userspace")):
+        assert emu is not None
+        emu.fail("metrics_port applies to the emulator's userspace engine only (the kernel, "
+                 "QEMU and SPDK targets have no kvtool metrics)", ("emulator", "metrics_port"))
 
     nvmet_root = None
     nv = root.table("nvmet")
@@ -292,7 +300,8 @@ def _build(root: _Reader, *, backend_override: str | None, engine_override: str 
                 root.fail(f"no [[subsystem]] has nqn {nqn!r}", ("listener", i, "subsystems", j))
     return TargetConfig(
         name=name, backend=backend, engine=engine,  # type: ignore[arg-type]
-        subsystems=tuple(subsystems), listeners=tuple(listeners), hosts=tuple(hosts),
+        metrics_port=metrics_port, subsystems=tuple(subsystems), listeners=tuple(listeners),
+        hosts=tuple(hosts),
         transports=tuple(transports), nvmet_root=nvmet_root, spdk_socket=spdk_socket,
         spdk_timeout=spdk_timeout)
 

@@ -128,6 +128,7 @@ class TargetConfig:
     hosts: tuple[Host, ...] = ()
     transports: tuple[Transport, ...] = ()
     engine: Engine = "auto"
+    metrics_port: int | None = None  # the userspace engine's Prometheus port (0: any free)
     nvmet_root: str | None = None
     spdk_socket: str | None = None
     spdk_timeout: float = 60.0
@@ -158,6 +159,8 @@ class TargetConfig:
         d = asdict(self)
         d.pop("locator", None)
         d.pop("source", None)
+        if d["metrics_port"] is None:
+            del d["metrics_port"]  # digests of configs without it stay as they were
         return d
 
     def digest(self) -> str:

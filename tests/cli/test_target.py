@@ -215,3 +215,49 @@ def test_discover_where_nothing_listens_is_bad_input() -> None:
         assert r.exit_code == 2, r.stderr
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and f"field '{option}'" in lines[0], r.stderr
+
+
+def _scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=5) as r:
+        text = r.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+@pytest.mark.integration
+def test_metrics_port_from_the_config_and_the_option(tmp_path: Path, state_dir: Path) -> None:
+    port = free_port()
+    cfg = write_config(tmp_path, port)
+    cfg.write_text(cfg.read_text().replace('engine = "userspace"',
+                                           'engine = "userspace"\nmetrics_port = 0'))
+    up = run_json("target", "up", str(cfg))
+    url = up["status"]["metrics"]
+    assert url.startswith("http://127.0.0.1:") and url.endswith("/metrics")
+    assert run_json("target", "status")["metrics"] == url
+    assert f"metrics: {url}" in run("target", "status").stdout
+
+    writes = ("kvtool_nvmetcp_commands_total", (("opcode", "write"), ("queue", "io")))
+    assert _scrape(url).get(writes, 0) == 0
+    with nvme_host.connect("127.0.0.1", port, NQN, hostnqn=HOST) as ctrl:
+        ctrl.write(1, 0, b"\1" * 4096)
+        ctrl.write(1, 8, b"\2" * 4096)
+    assert _scrape(url)[writes] == 2  # the reply follows the counting: no wait needed
+
+    # --metrics-port overrides the config: a changed desired state, so the target restarts
+    mport = free_port()
+    again = run_json("target", "up", str(cfg), "--metrics-port", str(mport))
+    assert again["applied"] == 2 and again["status"]["metrics"] == \
+        f"http://127.0.0.1:{mport}/metrics"
+    assert _scrape(again["status"]["metrics"]).get(writes, 0) == 0
+
+    # other engines have no kvtool metrics: bad input, nothing changed
+    bad = run("target", "up", str(cfg), "--engine", "kernel", "--dry-run")
+    assert bad.exit_code == 2 and "metrics_port" in bad.stderr and "emu.toml:" in bad.stderr
+    bad = run("target", "up", "--engine", "qemu", "--metrics-port", "0", "--port",
+              str(free_port()), "--name", "other", "--dry-run")
+    assert bad.exit_code == 2 and "--metrics-port" in bad.stderr
+    assert state.names() == ["clitest"]
