@@ -15,6 +15,8 @@ follow the client's conventions (``_total`` counters, base units)::
     kvtool_evictions_total{config,tier}
     kvtool_corrupt_blocks_total{config,tier}            blocks that failed their check
     kvtool_request_ttft_seconds{config}                 histogram (modelled or measured)
+    kvtool_request_load_seconds{config}                 histogram, data mode: measured time
+                                                        loading a request's hit blocks
 
 The emulator's NVMe/TCP target has its own (``emulator.nvmetcp.metrics``).
 """
@@ -28,6 +30,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from kvtool.errors import UsageError
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+LOAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                0.5, 1, 2.5, 5, 10)
+"""A request's loads take from microseconds (GPU hits only) to seconds (many NVMe blocks)."""
 
 
 class ReplayMetrics:
@@ -61,6 +66,9 @@ class ReplayMetrics:
                                "check (never served)", ["config", "tier"], registry=r)
         self.ttft = Histogram("kvtool_request_ttft_seconds", "Time to first token per request",
                               ["config"], buckets=TTFT_BUCKETS, registry=r)
+        self.load = Histogram("kvtool_request_load_seconds", "Measured time loading a "
+                              "request's hit blocks into the GPU pool (data mode)",
+                              ["config"], buckets=LOAD_BUCKETS, registry=r)
 
     def request(self, label: str, o: Any) -> None:
         """Count one request's outcome (:class:`kvtool.cache.RequestOutcome`)."""
@@ -82,6 +90,9 @@ class ReplayMetrics:
                 if n:
                     counter.labels(label, tier).inc(n)
         self.ttft.labels(label).observe(o.ttft_s)
+        load_s = getattr(o, "load_s", None)
+        if load_s is not None:  # simulate mode models loads: nothing measured to show
+            self.load.labels(label).observe(load_s)
 
     def serve(self, port: int) -> ReplayMetrics:
         self.port = serve_registry(self.registry, port)

@@ -326,7 +326,7 @@ class DataReplay(Replay):
             corrupt: dict[str, int] = {}
             for tname in self._corrupt_now:
                 corrupt[tname] = corrupt.get(tname, 0) + 1
-            self.on_request(outcome(req, r, names, st, ttft, corrupt))
+            self.on_request(outcome(req, r, names, st, ttft, corrupt, load_s))
         self.measured.load_s.append(load_s)
         self.measured.blocks += len(keys)
         self.measured.wall_s += time.perf_counter() - t_start

@@ -140,10 +140,13 @@ class RequestOutcome(NamedTuple):
     promoted_blocks: dict[str, int] | None = None
     corrupt_blocks: dict[str, int] | None = None
     """Data mode: blocks that failed their content check, by the tier that served them."""
+    load_s: float | None = None
+    """Data mode: measured seconds loading the request's hit blocks into the GPU pool."""
 
 
 def outcome(req: RequestLike, r: int, names: list[str], one: RoundStats, ttft: float,
-            corrupt: dict[str, int] | None = None) -> RequestOutcome:
+            corrupt: dict[str, int] | None = None,
+            load_s: float | None = None) -> RequestOutcome:
     """One request's :class:`RequestOutcome` from the counters it alone added."""
     def per(values: list[int]) -> dict[str, int]:
         return dict(zip(names, values, strict=True))
@@ -154,7 +157,7 @@ def outcome(req: RequestLike, r: int, names: list[str], one: RoundStats, ttft: f
         evictions=per(one.evictions), ttft_s=ttft,
         put_blocks=per([w - p for w, p in zip(one.blocks_written, one.promoted_blocks,
                                               strict=True)]),
-        promoted_blocks=per(one.promoted_blocks), corrupt_blocks=corrupt)
+        promoted_blocks=per(one.promoted_blocks), corrupt_blocks=corrupt, load_s=load_s)
 
 
 @dataclass

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -111,3 +113,31 @@ def test_emulator_cli_metrics_port() -> None:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_data_mode_request_load_histogram_matches_the_report(tmp_path: Path) -> None:
+    port = free_port()
+    r = run("--json", "replay", FIXTURES / "traces" / "multiturn-8x12.jsonl", "--gpu", "8blk",
+            "--dram", "16blk", "--nvme", f"300blk@{tmp_path / 'nvme.img'}", "--block-bytes",
+            "65536", "--metrics-port", str(port))
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    got = scrape(port)  # the CLI's server thread outlives the in-process command
+
+    def one(name: str) -> float:
+        [value] = [v for (n, _labels), v in got.items() if n == name]
+        return value
+
+    assert one("kvtool_request_load_seconds_count") == doc["requests"]
+    assert one("kvtool_request_ttft_seconds_count") == doc["requests"]
+    assert abs(one("kvtool_request_load_seconds_sum") - doc["measured"]["load_s"]["total"]) < 1e-6
+    assert doc["measured"]["load_s"]["total"] > 0
+
+    # --simulate models its loads: no load histogram
+    sport = free_port()
+    s = run("replay", FIXTURES / "traces" / "multiturn-8x12.jsonl", "--simulate", "--dram",
+            "16blk", "--nvme", "300blk", "--metrics-port", str(sport))
+    assert s.exit_code == 0, s.stderr
+    names = {n for n, _labels in scrape(sport)}
+    assert "kvtool_request_ttft_seconds_count" in names
+    assert "kvtool_request_load_seconds_count" not in names
