@@ -58,13 +58,10 @@ def _strip_comment(line: str) -> str:
     return "".join(out)
 
 
-class TomlLocator:
-    """Key path → line number for one TOML text."""
+class _Locator:
+    """Key path → line number; a path with no line of its own takes its nearest parent's."""
 
-    def __init__(self, text: str) -> None:
-        self._lines: dict[KeyPath, int] = {}
-        self._aot_count: dict[KeyPath, int] = {}
-        self._scan(text)
+    _lines: dict[KeyPath, int]
 
     def line(self, path: Sequence[str | int]) -> int | None:
         p = tuple(path)
@@ -73,6 +70,16 @@ class TomlLocator:
                 return self._lines[p]
             p = p[:-1]
         return None
+
+
+class TomlLocator(_Locator):
+    """Key path → line number for one TOML text."""
+
+    def __init__(self, text: str) -> None:
+        self._lines: dict[KeyPath, int] = {}
+        self._aot_count: dict[KeyPath, int] = {}
+        self._scan(text)
+
 
     def _resolve(self, parts: list[str]) -> KeyPath:
         """A header's dotted name → a path, entering the latest element of arrays of tables."""
@@ -144,20 +151,13 @@ class _Open:
         self.expect_key = not is_array
 
 
-class JsonLocator:
+class JsonLocator(_Locator):
     """Key path → line number for one JSON text (objects by key, arrays by index)."""
 
     def __init__(self, text: str) -> None:
         self._lines: dict[KeyPath, int] = {}
         self._scan(text)
 
-    def line(self, path: Sequence[str | int]) -> int | None:
-        p = tuple(path)
-        while p:
-            if p in self._lines:
-                return self._lines[p]
-            p = p[:-1]
-        return None
 
     def _scan(self, text: str) -> None:
         stack: list[_Open] = []

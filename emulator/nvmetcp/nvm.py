@@ -86,15 +86,25 @@ def flush(conn: QueueConnection, ns: Namespace, sqe: P.Sqe, data: bytes | memory
     conn.complete(sqe.cid)
 
 
-def read(conn: QueueConnection, ns: Namespace, sqe: P.Sqe, data: bytes | memoryview) -> None:
+def _transfer(conn: QueueConnection, ns: Namespace, sqe: P.Sqe,
+              data: bytes | memoryview) -> tuple[int, int] | None:
+    """A Read's or Write's byte offset and length, or None once it has been failed (SGL length
+    disagreeing with NLB, LBA range, more than MDTS)."""
     slba, nlb = sqe.slba, sqe.nlb
     length = nlb * ns.lba_size
     if not expect_len(conn, sqe, data, length) or not _range_ok(conn, ns, sqe, slba, nlb):
-        return
+        return None
     if length > conn.state.max_transfer:
         conn.complete(sqe.cid, status(spec.SC_INVALID_FIELD))
+        return None
+    return slba * ns.lba_size, length
+
+
+def read(conn: QueueConnection, ns: Namespace, sqe: P.Sqe, data: bytes | memoryview) -> None:
+    checked = _transfer(conn, ns, sqe, data)
+    if checked is None:
         return
-    offset = slba * ns.lba_size
+    offset, length = checked
     try:
         view = ns.backing.view(offset, length) if length > _DIRECT_MIN else None
         payload = view if view is not None else ns.backing.read(offset, length)
@@ -106,14 +116,10 @@ def read(conn: QueueConnection, ns: Namespace, sqe: P.Sqe, data: bytes | memoryv
 
 
 def write(conn: QueueConnection, ns: Namespace, sqe: P.Sqe, data: bytes | memoryview) -> None:
-    slba, nlb = sqe.slba, sqe.nlb
-    length = nlb * ns.lba_size
-    if not expect_len(conn, sqe, data, length) or not _range_ok(conn, ns, sqe, slba, nlb):
+    checked = _transfer(conn, ns, sqe, data)
+    if checked is None:
         return
-    if length > conn.state.max_transfer:
-        conn.complete(sqe.cid, status(spec.SC_INVALID_FIELD))
-        return
-    offset = slba * ns.lba_size
+    offset, length = checked
     cid = sqe.cid
     if data:
         if conn.landed is not None and data is conn.landed:
