@@ -22,6 +22,7 @@ from tests.conftest import REPO
 
 OBJ = 1_002_240  # the bounce path
 COUNT = 240
+BATCH = 3
 
 
 def _acked(ack_file: Path) -> set[int]:
@@ -31,6 +32,14 @@ def _acked(ack_file: Path) -> set[int]:
     for line in ack_file.read_text().splitlines():
         keys.update(int(k, 16) for k in json.loads(line)["keys"])
     return keys
+
+
+def _commits(ack_file: Path) -> int:
+    """Acknowledged commits so far: the ack file has one line per commit."""
+    try:
+        return ack_file.read_bytes().count(b"\n")
+    except FileNotFoundError:
+        return 0
 
 
 def _stored(path: str) -> set[int]:
@@ -55,21 +64,26 @@ def _wipe_head(path: str) -> None:
 
 def kill_loop(path: str, ack_file: Path, iterations: int, rng: random.Random) -> dict[str, int]:
     cmd = [sys.executable, "-m", "kvtool", "-q", "load", path, "--object-bytes", str(OBJ),
-           "--count", str(COUNT), "--qd", "4", "--batch", "3", "--seed", "11",
+           "--count", str(COUNT), "--qd", "4", "--batch", str(BATCH), "--seed", "11",
            "--ack-file", str(ack_file)]
     stats = {"killed": 0, "completed": 0, "acked_max": 0}
     for _ in range(iterations):
-        before = ack_file.stat().st_size if ack_file.exists() else 0
+        commits_before = _commits(ack_file)
+        # the kill point is counted in this run's own commits, not in seconds, so that it
+        # lands mid-load however fast the machine is: at least one batch is always left
+        batches_left = -(-(COUNT - len(_acked(ack_file))) // BATCH)
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE)
         if rng.random() < 0.25:
-            time.sleep(rng.uniform(0.0, 1.5))  # anywhere: start-up, format, first writes
-        else:  # mid-load: once this run has acknowledged something, a little later
+            time.sleep(rng.uniform(0.0, 0.3))  # anywhere: start-up, format, first writes
+        elif batches_left > 1:  # mid-load: after k of this run's commits
+            target = commits_before + rng.randint(1, batches_left - 1)
             deadline = time.monotonic() + 30
             while (proc.poll() is None and time.monotonic() < deadline
-                   and (not ack_file.exists() or ack_file.stat().st_size == before)):
+                   and _commits(ack_file) < target):
                 time.sleep(0.002)
-            time.sleep(rng.uniform(0.0, 0.2))
+        else:  # one batch left: let it finish, so the next runs start over from empty
+            proc.wait(timeout=60)
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             stats["killed"] += 1
