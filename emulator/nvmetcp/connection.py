@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -42,6 +43,7 @@ _STREAM_MIN = 64 * 1024  # larger in-capsule data is received in place, not stag
 _STAGE_SIZE = 256 * 1024  # holds any whole non-H2CData PDU (72 + 4 + 128 KiB + 4)
 _STAGE_MIN_FREE = 64 * 1024
 _BATCH_LIMIT = 64 * 1024  # larger output parts are written at once, not batched
+_LOWAT_MIN_STEP = 64 * 1024  # streamed data: below this much left, wait for all of it
 _SPARE_PER_SIZE = 8
 _STATUS_ERROR = 0x0FFE  # SCT and SC
 _STATUS_MORE = 0x4000
@@ -87,6 +89,7 @@ class QueueConnection(asyncio.BufferedProtocol, Closable):
         self._sink_len = 0
         self._sink_digest = False
         self._out: list[bytes | memoryview] = []
+        self._lowat = 1
         self._spare: dict[int, list[bytearray]] = {}
         self.transport: asyncio.BaseTransport | None = None
         self._state = _AWAIT_ICREQ
@@ -166,6 +169,25 @@ class QueueConnection(asyncio.BufferedProtocol, Closable):
             self._terminate(P.FES_INVALID_HEADER_FIELD, 0, f"internal error: {exc!r}")
         finally:
             self.flush()
+            self._set_lowat()
+
+    def _set_lowat(self) -> None:
+        """While a large write streams in, be woken for half of what is still to come (all
+        of it once that is under 64 KiB) instead of for every segment: SO_RCVLOWAT. Never
+        more than the PDU still owes — bytes past it may never be sent."""
+        if self._sink is None:
+            want = 1
+        else:
+            left = len(self._sink)
+            want = left if left <= _LOWAT_MIN_STEP else left // 2
+        if want != self._lowat and self.transport is not None:
+            sock = self.transport.get_extra_info("socket")
+            if sock is not None:
+                try:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, want)
+                except OSError:
+                    return
+                self._lowat = want
 
     def data_received(self, data: bytes) -> None:
         """Feed bytes through the buffered path (used by the fuzz harness)."""
