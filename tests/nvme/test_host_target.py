@@ -36,13 +36,16 @@ def test_identify_and_namespaces(target: Target) -> None:
         assert ctrl.identify_namespace(1).lba_size == 4096
 
 
-@pytest.mark.parametrize(("hd", "dd"), [(False, False), (True, False), (False, True),
-                                        (True, True)])
-def test_read_write_paths(target: Target, hd: bool, dd: bool) -> None:
-    """In-capsule (≤ 8 KiB), R2T with several H2CData PDUs, and split beyond MDTS."""
+@pytest.mark.parametrize(("hd", "dd", "poll"), [
+    (False, False, False), (True, False, False), (False, True, False), (True, True, False),
+    (False, False, True), (True, True, True)])
+def test_read_write_paths(target: Target, hd: bool, dd: bool, poll: bool) -> None:
+    """In-capsule (≤ 8 KiB), R2T with several H2CData PDUs, and split beyond MDTS; on
+    interrupt-driven and on polled I/O queues."""
     rng = random.Random(hd * 2 + dd)
     with host.connect("127.0.0.1", target.port, NQN, hostnqn=HOST_B, io_queues=2,
-                      header_digest=hd, data_digest=dd) as ctrl:
+                      header_digest=hd, data_digest=dd, poll=poll) as ctrl:
+        assert all(q.polled == poll for q in ctrl.io)
         small = rng.randbytes(4096)
         big = rng.randbytes(300 * 1024)  # > MAXH2CDATA (128 KiB): three H2CData PDUs
         huge = rng.randbytes(3 << 20)  # > MDTS (1 MiB): split into four commands
@@ -123,7 +126,8 @@ def test_discovery_log_is_filtered_per_host(target: Target) -> None:
     assert host.discover("127.0.0.1", target.port, hostnqn=STRANGER) == []
 
 
-def test_several_hosts_and_queues_concurrently(target: Target) -> None:
+@pytest.mark.parametrize("poll", [False, True])
+def test_several_hosts_and_queues_concurrently(target: Target, poll: bool) -> None:
     """3 hosts × 3 I/O queues × pipelined writes and reads, each host its own LBA range."""
     errors: list[BaseException] = []
     chunk = 64 * 1024
@@ -133,7 +137,7 @@ def test_several_hosts_and_queues_concurrently(target: Target) -> None:
         try:
             rng = random.Random(index)
             with host.connect("127.0.0.1", target.port, NQN, hostnqn=hostnqn, io_queues=3,
-                              queue_depth=8) as ctrl:
+                              queue_depth=8, poll=poll) as ctrl:
                 assert len(ctrl.io) == 3
                 base = index * per_host * chunk // 512
                 blobs = [rng.randbytes(chunk) for _ in range(per_host)]
@@ -256,6 +260,35 @@ def test_duplicate_cid_of_a_running_command_is_fatal(target: Target) -> None:
         assert isinstance(term, P.TermReq) and term.fei == 10
 
 
+def test_streamed_data_arriving_in_dribbles_completes(target: Target) -> None:
+    """The target asks to be woken only for part of a streamed PDU's data (SO_RCVLOWAT):
+    data that trickles in, then stops exactly at the PDU's end with nothing behind it,
+    must still complete the write (waiting for bytes the host never owes would hang)."""
+    payload = random.Random(5).randbytes(300 * 1024)
+    with host.connect("127.0.0.1", target.port, NQN, hostnqn=HOST_A, io_queues=0) as ctrl, \
+            socket.create_connection(("127.0.0.1", target.port), timeout=5) as s:
+        _raw_connect(s, ctrl.cntlid, qid=1)
+        sqe = P.Sqe(spec.IO_WRITE, cid=9, nsid=1, cdw10=3000, cdw12=len(payload) // 512 - 1,
+                    sgl=P.SglDescriptor.transport(len(payload)))
+        s.sendall(P.encode(P.CapsuleCmd(sqe)))
+        r2t = _recv_pdus(s, P.R2T)[0]
+        assert isinstance(r2t, P.R2T) and r2t.r2tl == len(payload)
+        step = 128 * 1024  # MAXH2CDATA: three H2CData PDUs
+        for off in range(0, len(payload), step):
+            chunk = payload[off: off + step]
+            pdu = P.encode(P.H2CData(9, r2t.ttag, off, chunk,
+                                     last=off + step >= len(payload)))
+            s.sendall(pdu[:24])
+            for i in range(0, 20 * 997, 997):  # a trickle, then the rest at once
+                s.sendall(pdu[24 + i: 24 + i + 997])
+                time.sleep(0.001)
+            s.sendall(pdu[24 + 20 * 997:])
+        resp = _recv_pdus(s, P.CapsuleResp)[0]
+        assert isinstance(resp, P.CapsuleResp) and resp.cqe.cid == 9 and resp.cqe.ok
+    with host.connect("127.0.0.1", target.port, NQN, hostnqn=HOST_A) as ctrl:
+        assert ctrl.read(1, 3000, len(payload) // 512) == payload
+
+
 def test_malformed_pdu_over_socket_gets_term_req(target: Target) -> None:
     with socket.create_connection(("127.0.0.1", target.port), timeout=5) as s:
         s.sendall(P.encode(P.ICReq()))
@@ -310,9 +343,11 @@ def test_clean_disconnect_deletes_controller(target: Target) -> None:
         ctrl.read(1, 0, 1)
 
 
-def test_target_gone_fails_cleanly() -> None:
+@pytest.mark.parametrize("poll", [False, True])
+def test_target_gone_fails_cleanly(poll: bool) -> None:
     t = Target(make_config()).start_in_thread()
-    ctrl = host.connect("127.0.0.1", t.port, NQN, hostnqn=HOST_A, reconnect=1.0, timeout=2.0)
+    ctrl = host.connect("127.0.0.1", t.port, NQN, hostnqn=HOST_A, reconnect=1.0, timeout=2.0,
+                        poll=poll)
     ctrl.write(1, 0, b"a" * 512)
     t.stop()
     started = time.monotonic()
