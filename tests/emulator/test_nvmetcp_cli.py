@@ -68,6 +68,8 @@ def test_bad_options_one_line_exit_2(tmp_path: Path) -> None:
     assert "allow-remote" in bad("--nqn", NQN, "--backing", "1MiB", "--allow-any-host",
                                  "--listen", "0.0.0.0:4420")
     assert "--mdts" in bad("--nqn", NQN, "--backing", "1MiB", "--allow-any-host", "--mdts", "40")
+    assert "--busy-poll" in bad("--nqn", NQN, "--backing", "1MiB", "--allow-any-host",
+                                "--busy-poll", "-5")
     cfg = tmp_path / "t.json"
     cfg.write_text(json.dumps({"subsystems": [{"nqn": NQN, "namespaces": [
         {"nsid": 1, "backing": "1MiB", "lba_size": 1024}]}]}))
