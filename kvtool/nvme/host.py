@@ -6,6 +6,11 @@ Identify Controller → Set Features Number of Queues → one TCP connection per
 (ICReq → Connect qid N with the CNTLID). A keep-alive thread sends Keep Alive every
 KATO/2. ``close()`` sets CC.SHN, waits for CSTS.SHST = complete and closes the sockets.
 
+I/O queues are interrupt-driven (a reader thread each) unless ``poll=True``: then each
+I/O queue is polled — the thread that waits for a command receives its completion itself,
+busy-polling briefly (:mod:`kvtool.nvme.queue`), like the Linux host's poll queues and
+SPDK's host. The admin queue is always interrupt-driven (keep-alive, shutdown).
+
 Reconnect: when a queue's connection fails (target restart, reset, timeout) a read, write
 or flush re-establishes the whole controller (retrying for ``reconnect`` seconds) and then
 re-issues the command; reads and writes are idempotent, so a retried write is safe. A
@@ -26,7 +31,7 @@ from types import TracebackType
 from kvtool.nvme import dhchap, spec
 from kvtool.nvme import pdu as P
 from kvtool.nvme.hostauth import AuthenticationError, HostCredentials, authenticate
-from kvtool.nvme.queue import Command, HostQueue, NvmeStatusError, TransportError
+from kvtool.nvme.queue import DEFAULT_SPIN, Command, HostQueue, NvmeStatusError, TransportError
 from kvtool.nvme.spec import ControllerInfo, DiscoveryEntry, NamespaceInfo
 from kvtool.nvme.url import default_hostnqn, hostid_for
 
@@ -72,7 +77,8 @@ class Controller:
                  data_digest: bool = False, timeout: float = 10.0,
                  kato_ms: int = DEFAULT_KATO_MS, reconnect: float = 10.0,
                  disable_sqflow: bool = False, dhchap_secret: dhchap.Secret | None = None,
-                 dhchap_ctrl_secret: dhchap.Secret | None = None) -> None:
+                 dhchap_ctrl_secret: dhchap.Secret | None = None, poll: bool = False,
+                 spin: float = DEFAULT_SPIN) -> None:
         if io_queues < 0 or queue_depth < 2:
             raise ValueError("io_queues must be ≥ 0 and queue_depth ≥ 2")
         self.host, self.port, self.subnqn = host, port, subnqn
@@ -85,6 +91,7 @@ class Controller:
         self.kato_ms = 0 if subnqn == spec.DISCOVERY_NQN else kato_ms
         self.reconnect = reconnect
         self.disable_sqflow = disable_sqflow
+        self.poll, self.spin = poll, spin
         self._secret, self._ctrl_secret = dhchap_secret, dhchap_ctrl_secret
         self._tid = int.from_bytes(self.hostid[:2], "little")
         self.authenticated = False
@@ -136,7 +143,7 @@ class Controller:
                 for qid in range(1, min(self.want_io_queues, granted) + 1):
                     q = HostQueue(self.host, self.port, qid=qid, depth=depth,
                                   hdgst=self.header_digest, ddgst=self.data_digest,
-                                  timeout=self.timeout)
+                                  timeout=self.timeout, poll=self.poll, spin=self.spin)
                     queues.append(q)
                     q.in_capsule_max = info.io_in_capsule_max
                     self._fabrics_connect(q, qid, depth - 1, cntlid)
@@ -395,6 +402,11 @@ class Controller:
                            on_done=on_done)
         return q, cmd
 
+    def reap(self) -> int:
+        """Polled I/O queues: process the completions that have arrived (callbacks run on
+        this thread), without waiting; returns the PDUs processed. 0 for interrupt queues."""
+        return sum(q.reap() for q in self.io)
+
     def _rw(self, opcode: int, nsid: int, slba: int, buf: memoryview) -> None:
         ns = self.namespace(nsid)
         lba = ns.lba_size
@@ -509,18 +521,23 @@ def connect(host: str, port: int, subnqn: str, *, hostnqn: str | None = None,
             data_digest: bool = False, timeout: float = 10.0, kato_ms: int = DEFAULT_KATO_MS,
             reconnect: float = 10.0, disable_sqflow: bool = False,
             dhchap_secret: dhchap.Secret | None = None,
-            dhchap_ctrl_secret: dhchap.Secret | None = None) -> Controller:
+            dhchap_ctrl_secret: dhchap.Secret | None = None, poll: bool = False,
+            spin: float = DEFAULT_SPIN) -> Controller:
     """Connect to ``subnqn`` at ``host:port`` and return a ready :class:`Controller`.
 
     Raises :class:`TransportError` when the target cannot be reached or misbehaves and
     :class:`ConnectError` when it refuses the connection (e.g. host NQN not allowed),
     :class:`AuthenticationError` when DH-HMAC-CHAP fails (``side`` says who failed).
+    ``poll``: polled I/O queues (completions received on the waiting thread, which
+    busy-polls for ``spin`` seconds before sleeping); callback users then drive them with
+    :meth:`Controller.reap`.
     """
     return Controller(host, port, subnqn, hostnqn=hostnqn, io_queues=io_queues,
                       queue_depth=queue_depth, header_digest=header_digest,
                       data_digest=data_digest, timeout=timeout, kato_ms=kato_ms,
                       reconnect=reconnect, disable_sqflow=disable_sqflow,
-                      dhchap_secret=dhchap_secret, dhchap_ctrl_secret=dhchap_ctrl_secret)
+                      dhchap_secret=dhchap_secret, dhchap_ctrl_secret=dhchap_ctrl_secret,
+                      poll=poll, spin=spin)
 
 
 def discover(host: str, port: int, *, hostnqn: str | None = None, timeout: float = 10.0,

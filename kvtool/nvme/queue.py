@@ -1,11 +1,28 @@
-"""One NVMe/TCP queue on the host side: a TCP connection, its PDU reader thread, its CIDs.
+"""One NVMe/TCP queue on the host side: a TCP connection, its PDUs, its CIDs.
 
-Threading: any thread may :meth:`HostQueue.submit`; a per-queue reader thread receives
-every PDU, copies C2HData straight into the command's buffer, answers R2Ts with H2CData
-and completes commands (``threading.Event`` + optional callback). Sends are serialized by
-a lock. At most ``depth`` commands are outstanding (a semaphore; CIDs are unique among
-them). When the connection fails or a command times out, every outstanding command fails
-with :class:`TransportError` and the queue is dead; the controller decides whether to
+Any thread may :meth:`HostQueue.submit`. Sends are serialized by a lock. At most ``depth``
+commands are outstanding (CIDs are unique among them). Receiving — copying C2HData
+straight into the command's buffer, answering R2Ts with H2CData, completing commands
+(``threading.Event`` + optional callback) — happens in one of two modes, chosen per queue
+as the Linux host chooses between its default and its poll queues (``nr_poll_queues``):
+
+* **interrupt** (default): a per-queue reader thread receives every PDU; a waiter sleeps
+  until the reader hands it the completion. Callbacks run on the reader thread, so
+  fire-and-forget users (futures) need nobody to drive the queue.
+* **polled** (``poll=True``): no reader thread. The thread that waits for a command
+  receives the PDUs itself (:meth:`HostQueue.wait`, or :meth:`HostQueue.reap` for
+  callback users, like SPDK's ``spdk_nvme_qpair_process_completions``), busy-polling the
+  socket for ``spin`` seconds before it sleeps in ``poll(2)``. On a loaded-but-idle
+  2-vCPU VM a process wake-up costs tens of microseconds and a 1 MiB read several of
+  them; polling completes the read on the caller's thread without any (bench/nvme_tcp.py,
+  BENCHMARKS.md). Callbacks run on the reaping thread. One thread reaps at a time (a
+  lock); the others wait for it to complete their commands or to leave. Sends never
+  block a polled queue's only reader: a send that finds the socket full receives while
+  it waits, deferring R2Ts and callbacks until the send is done, so a target that stops
+  reading until its replies are read cannot deadlock it.
+
+When the connection fails or a command times out, every outstanding command fails with
+:class:`TransportError` and the queue is dead; the controller decides whether to
 reconnect.
 """
 
@@ -14,8 +31,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import select
 import socket
+import struct
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 
@@ -26,6 +46,9 @@ log = logging.getLogger("kvtool.nvme")
 
 _RECV_BUF = 256 * 1024
 _READ_AHEAD = 64 * 1024
+DEFAULT_SPIN = 0.001  # polled queues: busy-poll this long (s) before sleeping in poll(2)
+_FOLLOW_NAP = 0.0005  # polled queues: a waiter that is not the reaper re-checks this often
+_SEND_STALL = 0.002  # polled queues: a send blocked this long looks at what has arrived
 
 
 class TransportError(ConnectionError):
@@ -80,7 +103,11 @@ class Command:
 
 
 class _Reader:
-    """Buffered exact reads from a socket; large payloads go straight into the caller's view."""
+    """Buffered exact reads from a socket; large payloads go straight into the caller's view.
+
+    With ``wait`` set (polled queues) every receive is non-blocking and ``wait()`` is
+    called whenever nothing has arrived: it spins, sleeps or raises TimeoutError.
+    """
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -88,6 +115,31 @@ class _Reader:
         self.view = memoryview(self.buf)
         self.start = 0
         self.end = 0
+        self.wait: Callable[[], None] | None = None
+
+    def _recv(self, dest: memoryview) -> int:
+        if self.wait is None:
+            return self.sock.recv_into(dest)
+        while True:
+            try:
+                return self.sock.recv_into(dest, 0, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                self.wait()
+
+    def pending(self) -> bool:
+        """Bytes have arrived (buffered or in the socket); never blocks. Polled queues only."""
+        if self.end > self.start:
+            return True
+        if self.start:
+            self.start = self.end = 0
+        try:
+            got = self.sock.recv_into(self.view[:_READ_AHEAD], 0, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
+        if not got:
+            raise TransportError("connection closed by the target")
+        self.end = got
+        return True
 
     def _fill(self, need: int) -> None:
         if self.end - self.start >= need:
@@ -99,7 +151,7 @@ class _Reader:
         while self.end < need:
             # Read ahead only a little: bytes past the headers are usually C2HData payload,
             # which readinto() receives straight into the command's buffer.
-            got = self.sock.recv_into(self.view[self.end: max(need, self.end + _READ_AHEAD)])
+            got = self._recv(self.view[self.end: max(need, self.end + _READ_AHEAD)])
             if not got:
                 raise TransportError("connection closed by the target")
             self.end += got
@@ -118,7 +170,7 @@ class _Reader:
             self.start += have
         pos = have
         while pos < n:
-            got = self.sock.recv_into(dest[pos:])
+            got = self._recv(dest[pos:])
             if not got:
                 raise TransportError("connection closed by the target")
             pos += got
@@ -132,13 +184,20 @@ class _Reader:
 
 
 class HostQueue:
-    """A connected (ICReq/ICResp done) NVMe/TCP queue; Fabrics Connect is the caller's job."""
+    """A connected (ICReq/ICResp done) NVMe/TCP queue; Fabrics Connect is the caller's job.
+
+    ``poll``: receive on the waiting thread instead of a reader thread (module docstring);
+    ``spin``: how long a polled queue busy-polls before it sleeps.
+    """
 
     def __init__(self, host: str, port: int, *, qid: int, depth: int, hdgst: bool = False,
-                 ddgst: bool = False, timeout: float = 10.0) -> None:
+                 ddgst: bool = False, timeout: float = 10.0, poll: bool = False,
+                 spin: float = DEFAULT_SPIN) -> None:
         self.qid = qid
         self.depth = depth
         self.timeout = timeout
+        self.polled = poll
+        self.spin = spin
         self.in_capsule_max = spec.ADMIN_IN_CAPSULE_MAX
         try:
             sock = socket.create_connection((host, port), timeout=timeout)
@@ -156,16 +215,40 @@ class HostQueue:
         except BaseException:
             sock.close()
             raise
-        sock.settimeout(None)  # the reader blocks; command timeouts are enforced by waiters
+        # The fd blocks; polled queues receive with MSG_DONTWAIT and wait in poll(2)
+        # themselves, and their sends block for at most _SEND_STALL.
+        # Command timeouts are enforced by waiters.
+        sock.settimeout(None)
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()
         self._cmds: dict[int, Command] = {}
         self._free: deque[int] = deque(range(depth))
         self._slots = threading.Semaphore(depth)
+        self._r2t_backlog: deque[tuple[Command, P.R2T]] = deque()
         self.dead: BaseException | None = None
-        self._thread = threading.Thread(target=self._read_loop, daemon=True,
-                                        name=f"nvme-tcp-q{qid}")
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        # polled mode: who receives, until when, and what waits for a send to finish
+        self._rx_lock = threading.Lock()
+        self._rx_owner = 0  # thread id of the receiving thread
+        self._deadline = 0.0
+        self._spin_until = 0.0
+        self._in_send = False
+        self._deferred: list[Command] = []
+        self._poll_in = select.poll()
+        self._poll_in.register(sock, select.POLLIN)
+        self._poll_out = select.poll()
+        self._poll_out.register(sock, select.POLLOUT)
+        self._poll_any = select.poll()
+        self._poll_any.register(sock, select.POLLIN | select.POLLOUT)
+        if poll:
+            self.reader.wait = self._wait_readable
+            # a blocking send returns (partly done) after this long without room
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
+                            struct.pack("ll", 0, int(_SEND_STALL * 1e6)))
+        else:
+            self._thread = threading.Thread(target=self._read_loop, daemon=True,
+                                            name=f"nvme-tcp-q{qid}")
+            self._thread.start()
 
     def _handshake(self, hdgst: bool, ddgst: bool) -> None:
         self.sock.sendall(P.encode(P.ICReq(hdgst=hdgst, ddgst=ddgst)))
@@ -209,11 +292,11 @@ class HostQueue:
 
         Host→controller data goes in-capsule when it fits ``in_capsule_max`` (default:
         this queue's limit), otherwise after the target's R2T. Blocks while ``depth``
-        commands are outstanding.
+        commands are outstanding (a polled queue reaps completions meanwhile).
         """
         if self.dead is not None:
             raise TransportError(f"queue {self.qid} is down: {self.dead}")
-        if not self._slots.acquire(timeout=self.timeout):
+        if not self._take_slot():
             self.fail(TransportError(f"queue {self.qid}: no free slot in {self.timeout:g} s"))
             raise TransportError(f"queue {self.qid} stalled")
         cmd = Command(what, data_in, data_out, on_done)
@@ -239,11 +322,28 @@ class HostQueue:
                                   ddgst=self.ddgst))
         return cmd
 
+    def _take_slot(self) -> bool:
+        if not self.polled:
+            return self._slots.acquire(timeout=self.timeout)
+        deadline = time.monotonic() + self.timeout
+        while not self._slots.acquire(blocking=False):
+            if self.dead is not None:
+                raise TransportError(f"queue {self.qid} is down: {self.dead}")
+            if time.monotonic() > deadline:
+                return False
+            # every slot is taken by an outstanding command: receive until one completes
+            self._reap_for(lambda: len(self._cmds) < self.depth, deadline,
+                           f"queue {self.qid}: a free slot")
+        return True
+
     def wait(self, cmd: Command, timeout: float | None = None) -> P.Cqe:
         """Wait for ``cmd``; on timeout the queue is failed (the target went silent)."""
-        if not cmd.done.wait(self.timeout if timeout is None else timeout):
-            self.fail(TransportError(f"{cmd.what}: no completion in "
-                                     f"{self.timeout if timeout is None else timeout:g} s"))
+        limit = self.timeout if timeout is None else timeout
+        if self.polled:
+            if not cmd.done.is_set():
+                self._reap_for(cmd.done.is_set, time.monotonic() + limit, cmd.what)
+        elif not cmd.done.wait(limit):
+            self.fail(TransportError(f"{cmd.what}: no completion in {limit:g} s"))
             cmd.done.wait(1.0)
         return cmd.result()
 
@@ -257,7 +357,9 @@ class HostQueue:
     def _send(self, parts: list[bytes | memoryview]) -> None:
         try:
             with self._send_lock:
-                if len(parts) == 1:
+                if self.polled:
+                    self._send_polled(parts)
+                elif len(parts) == 1:
                     self.sock.sendall(parts[0])
                 else:
                     total = sum(len(p) for p in parts)
@@ -265,9 +367,20 @@ class HostQueue:
                     if sent < total:
                         self._send_rest(parts, sent)
         except OSError as exc:
-            err = TransportError(f"send failed: {exc.strerror or exc}")
+            err = exc if isinstance(exc, TransportError) else \
+                TransportError(f"send failed: {exc.strerror or exc}")
             self.fail(err)
             raise err from None
+        self._after_send()
+
+    def _after_send(self) -> None:
+        """Polled queues: run what waited for a send to finish (R2T answers, callbacks)."""
+        if self._in_send:
+            return
+        if self._r2t_backlog:
+            self._answer_r2ts()
+        if self._deferred:
+            self._run_deferred()
 
     def _send_rest(self, parts: list[bytes | memoryview], sent: int) -> None:
         for part in parts:
@@ -278,25 +391,177 @@ class HostQueue:
             self.sock.sendall(memoryview(part)[sent:])
             sent = 0
 
+    def _send_polled(self, parts: list[bytes | memoryview]) -> None:
+        """Send, blocking in the kernel for at most ``_SEND_STALL`` (SO_SNDTIMEO): when the
+        socket stays full that long, receive (if nobody else is) until it has room, so
+        both directions keep moving."""
+        views = [memoryview(p).cast("B") for p in parts]
+        deadline = 0.0
+        while views:
+            try:
+                sent = self.sock.sendmsg(views)
+            except BlockingIOError:
+                sent = 0
+            if sent < sum(len(v) for v in views):
+                if not deadline:
+                    deadline = time.monotonic() + self.timeout
+                self._wait_writable(deadline)
+            while sent:
+                if sent >= len(views[0]):
+                    sent -= len(views.pop(0))
+                else:
+                    views[0] = views[0][sent:]
+                    sent = 0
+
+    def _wait_writable(self, deadline: float) -> None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TransportError(f"queue {self.qid}: the target took no data for "
+                                 f"{self.timeout:g} s")
+        mine = self._rx_owner == threading.get_ident()
+        if not mine and not self._rx_enter():
+            # another thread is receiving, so the target's replies keep draining
+            self._poll_out.poll(min(left, _FOLLOW_NAP * 4) * 1000.0)
+            return
+        saved = self._deadline, self._spin_until
+        try:
+            events = self._poll_any.poll(left * 1000.0)
+            if not events or any(ev & select.POLLOUT for _, ev in events):
+                return
+            # The target sends to us and waits for us to read before it reads on: receive
+            # now; R2T answers and callbacks wait until this send is done.
+            self._in_send = True
+            self._deadline = deadline
+            self._spin_until = 0.0
+            try:
+                while self.reader.pending():
+                    self._read_one()
+            finally:
+                self._in_send = False
+        except BaseException as exc:
+            self._reader_failed(exc)
+            raise TransportError(f"queue {self.qid}: {self.dead or exc}") from None
+        finally:
+            self._deadline, self._spin_until = saved
+            if not mine:
+                self._rx_exit()
+
+    def _rx_enter(self) -> bool:
+        """Become the receiving thread of a polled queue, if nobody is."""
+        if not self._rx_lock.acquire(blocking=False):
+            return False
+        self._rx_owner = threading.get_ident()
+        return True
+
+    def _rx_exit(self) -> None:
+        self._rx_owner = 0
+        self._rx_lock.release()
+
     # --- receive ------------------------------------------------------------------------
+
+    def reap(self) -> int:
+        """Polled queues: process every PDU that has arrived, without waiting for more;
+        completion callbacks run on this thread. Returns the number of PDUs processed
+        (0 when another thread is reaping). Interrupt queues: always 0."""
+        if not self.polled or self.dead is not None or not self._rx_enter():
+            return 0
+        n = 0
+        try:
+            self._deadline = time.monotonic() + self.timeout  # a PDU begun is finished
+            self._spin_until = time.monotonic() + self.spin
+            while self.reader.pending():
+                self._read_one()
+                n += 1
+                self._after_send()
+        except BaseException as exc:
+            self._reader_failed(exc)
+        finally:
+            self._rx_exit()
+        self._after_send()
+        return n
+
+    def _reap_for(self, done: Callable[[], bool], deadline: float, what: str) -> None:
+        """Polled queues: receive on this thread until ``done()`` or ``deadline``; when
+        another thread is receiving, wait for it to finish our work or to leave. On the
+        deadline the queue fails (the target went silent), as an interrupt queue's does."""
+        limit = deadline - time.monotonic()
+        if self._rx_owner == threading.get_ident():
+            self._reap_nested(done, deadline)
+            return
+        while not done():
+            if self.dead is not None:
+                return
+            if not self._rx_enter():
+                if time.monotonic() > deadline:
+                    self.fail(TransportError(f"{what}: no completion in {limit:g} s"))
+                    return
+                time.sleep(_FOLLOW_NAP)
+                continue
+            try:
+                self._deadline = deadline
+                self._spin_until = time.monotonic() + self.spin
+                while not done():
+                    self._read_one()
+                    self._after_send()
+            except TimeoutError:
+                self.fail(TransportError(f"{what}: no completion in {limit:g} s"))
+            except BaseException as exc:
+                self._reader_failed(exc)
+            finally:
+                self._rx_exit()
+            self._after_send()
+
+    def _reap_nested(self, done: Callable[[], bool], deadline: float) -> None:
+        """A callback on the receiving thread waits (or needs a free slot): receive here,
+        as the thread already does; the outer receive loop carries on afterwards."""
+        saved = self._deadline, self._spin_until
+        self._deadline = deadline
+        try:
+            while not done() and self.dead is None:
+                self._read_one()
+                self._after_send()
+        except BaseException as exc:
+            self._reader_failed(exc)
+            raise TransportError(f"queue {self.qid}: {self.dead or exc}") from None
+        finally:
+            self._deadline, self._spin_until = saved
+
+    def _wait_readable(self) -> None:
+        """Nothing has arrived on a polled queue: spin a while, then sleep in poll(2)."""
+        now = time.monotonic()
+        if now < self._spin_until:
+            return
+        left = self._deadline - now
+        if left <= 0 or not self._poll_in.poll(left * 1000.0):
+            raise TimeoutError
+        self._spin_until = time.monotonic() + self.spin
 
     def _read_loop(self) -> None:
         try:
             while True:
                 self._read_one()
         except BaseException as exc:
-            if self.dead is None:
-                if isinstance(exc, P.PduError):
-                    self._send_term(exc)
-                    exc = TransportError(f"protocol error from the target: {exc}")
-                elif isinstance(exc, OSError) and not isinstance(exc, TransportError):
-                    exc = TransportError(f"connection lost: {exc.strerror or exc}")
-                self.fail(exc)
+            self._reader_failed(exc)
+
+    def _reader_failed(self, exc: BaseException) -> None:
+        if self.dead is not None:
+            return
+        if isinstance(exc, TimeoutError):
+            exc = TransportError(f"queue {self.qid}: the target went silent mid-PDU")
+        elif isinstance(exc, P.PduError):
+            self._send_term(exc)
+            exc = TransportError(f"protocol error from the target: {exc}")
+        elif isinstance(exc, OSError) and not isinstance(exc, TransportError):
+            exc = TransportError(f"connection lost: {exc.strerror or exc}")
+        self.fail(exc)
 
     def _send_term(self, exc: P.PduError) -> None:
         try:
-            with self._send_lock:
-                self.sock.sendall(P.encode(P.TermReq(h2c=True, fes=exc.fes, fei=exc.fei)))
+            if self._send_lock.acquire(timeout=1.0):
+                try:
+                    self.sock.sendall(P.encode(P.TermReq(h2c=True, fes=exc.fes, fei=exc.fei)))
+                finally:
+                    self._send_lock.release()
         except OSError:
             pass
 
@@ -366,14 +631,52 @@ class HostQueue:
                 or r2t.r2to < cmd.sent:
             raise P.PduError(f"R2T offset {r2t.r2to} length {r2t.r2tl} invalid for "
                              f"{cmd.what}", fes=P.FES_DATA_OUT_OF_RANGE, fei=12)
-        end = r2t.r2to + r2t.r2tl
-        off = r2t.r2to
-        while off < end:
-            n = min(self.maxh2cdata, end - off)
-            pdu = P.H2CData(cmd.cid, r2t.ttag, off, src[off: off + n], last=off + n == end)
-            self._send(P.encode_parts(pdu, hdgst=self.hdgst, ddgst=self.ddgst))
-            off += n
-        cmd.sent = end
+        cmd.sent = r2t.r2to + r2t.r2tl
+        self._r2t_backlog.append((cmd, r2t))
+        if not self.polled:
+            self._answer_r2ts()
+        # polled: answered once this thread stops receiving (it may be inside a send)
+
+    def _answer_r2ts(self) -> None:
+        """Send the H2CData the backlogged R2Ts ask for. Interrupt queues wait for the
+        send lock; a polled queue leaves the backlog to whoever is sending now."""
+        backlog = self._r2t_backlog
+        while backlog and not self._in_send and self._send_lock.acquire(
+                blocking=not self.polled):
+            try:
+                while backlog:
+                    cmd, r2t = backlog.popleft()
+                    if cmd.done.is_set():
+                        continue
+                    src = cmd.data_out
+                    assert src is not None  # checked when the R2T arrived
+                    end = r2t.r2to + r2t.r2tl
+                    off = r2t.r2to
+                    while off < end:
+                        n = min(self.maxh2cdata, end - off)
+                        pdu = P.H2CData(cmd.cid, r2t.ttag, off, src[off: off + n],
+                                        last=off + n == end)
+                        parts = P.encode_parts(pdu, hdgst=self.hdgst, ddgst=self.ddgst)
+                        if self.polled:
+                            self._send_polled(parts)
+                        else:
+                            self._sendall_parts(parts)
+                        off += n
+            except OSError as exc:
+                err = exc if isinstance(exc, TransportError) else \
+                    TransportError(f"send failed: {exc.strerror or exc}")
+                self._send_lock.release()
+                self.fail(err)
+                return
+            self._send_lock.release()
+        if self._deferred and not self._in_send:
+            self._run_deferred()
+
+    def _sendall_parts(self, parts: list[bytes | memoryview]) -> None:
+        total = sum(len(p) for p in parts)
+        sent = self.sock.sendmsg(parts)
+        if sent < total:
+            self._send_rest(parts, sent)
 
     def _finish(self, cmd: Command) -> None:
         with self._lock:
@@ -383,10 +686,23 @@ class HostQueue:
         self._slots.release()
         cmd.done.set()
         if cmd.on_done is not None:
-            try:
-                cmd.on_done(cmd)
-            except Exception:  # a callback bug must not kill the reader
-                log.exception("completion callback failed")
+            if self._in_send:  # a callback may submit: not while this thread holds the send
+                self._deferred.append(cmd)
+            else:
+                self._callback(cmd)
+
+    def _run_deferred(self) -> None:
+        cmds, self._deferred = self._deferred, []
+        for cmd in cmds:
+            self._callback(cmd)
+
+    @staticmethod
+    def _callback(cmd: Command) -> None:
+        assert cmd.on_done is not None
+        try:
+            cmd.on_done(cmd)
+        except Exception:  # a callback bug must not kill the reader
+            log.exception("completion callback failed")
 
     # --- teardown -----------------------------------------------------------------------
 
@@ -405,16 +721,14 @@ class HostQueue:
             self._slots.release()
             cmd.done.set()
             if cmd.on_done is not None:
-                try:
-                    cmd.on_done(cmd)
-                except Exception:
-                    log.exception("completion callback failed")
+                self._callback(cmd)
 
     def close(self) -> None:
         self.fail(TransportError(f"queue {self.qid} closed"))
-        self._thread.join(2.0)
+        if self._thread is not None:
+            self._thread.join(2.0)
         self.sock.close()
 
     def __repr__(self) -> str:
-        return f"<HostQueue qid={self.qid} depth={self.depth} dead={self.dead!r}>"
-
+        mode = "polled" if self.polled else "interrupt"
+        return f"<HostQueue qid={self.qid} depth={self.depth} {mode} dead={self.dead!r}>"

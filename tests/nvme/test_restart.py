@@ -44,7 +44,8 @@ def block(i: int) -> bytes:
     return bytes([i % 251]) * (BLOCK - 8) + i.to_bytes(8, "little")
 
 
-def test_restart_mid_run_reconnects_without_loss(tmp_path: Path) -> None:
+@pytest.mark.parametrize("poll", [False, True], ids=["interrupt", "polled"])
+def test_restart_mid_run_reconnects_without_loss(tmp_path: Path, poll: bool) -> None:
     port = free_port()
     backing = tmp_path / "ns.img"
     proc = start_target(port, backing)
@@ -52,7 +53,7 @@ def test_restart_mid_run_reconnects_without_loss(tmp_path: Path) -> None:
     errors: list[BaseException] = []
     total = 160
     ctrl = host.connect("127.0.0.1", port, NQN, hostnqn=HOSTNQN, io_queues=2, reconnect=20.0,
-                        timeout=5.0)
+                        timeout=5.0, poll=poll)
 
     def writer() -> None:
         try:
