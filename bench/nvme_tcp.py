@@ -20,8 +20,14 @@ ratios swing by ±50 % between runs, so the sequential cases also report CPU tim
 (this process + the peer process, from getrusage and /proc): what a change to the stack
 saves shows there even when the wall clock is dominated by other load.
 
+``--poll`` measures kvtool's host with polled I/O queues (completions received on the
+waiting thread, busy-polling) instead of the default reader threads; ``--busy-poll USEC``
+sets the target's event-loop polling (default: the target's own, 500 µs; 0 disables).
+``bench/tcp_ceiling.py`` measures what a bare Python request/response protocol reaches
+against the same kind of stream.
+
 usage: python bench/nvme_tcp.py [--rounds 5] [--mib 256] [--io-queues 1] [--disable-sqflow]
-                               [--spdk DIR] [--json]
+                               [--poll] [--busy-poll USEC] [--spdk DIR] [--json]
 """
 
 from __future__ import annotations
@@ -36,13 +42,15 @@ import socket
 import subprocess
 import sys
 import time
+from collections import deque
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from kvtool.nvme import host, spec  # noqa: E402
-from kvtool.nvme.queue import Command  # noqa: E402
+from kvtool.nvme.queue import Command, HostQueue  # noqa: E402
 
 NQN = "nqn.2026-01.io.kvtool:bench"
 HOSTNQN = "nqn.2026-01.io.kvtool:bench-host"
@@ -115,10 +123,12 @@ def cpu_seconds(pid: int) -> float:
         Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
 
 
-def start_target(size: str) -> tuple[subprocess.Popen[str], int]:
+def start_target(size: str, busy_poll_us: int | None = None) -> tuple[subprocess.Popen[str], int]:
+    extra = [] if busy_poll_us is None else ["--busy-poll", str(busy_poll_us)]
     proc = subprocess.Popen(
         [sys.executable, "-m", "emulator.nvmetcp", "--listen", "127.0.0.1:0", "--nqn", NQN,
-         "--backing", size, "--host", HOSTNQN], cwd=REPO, stdout=subprocess.PIPE, text=True)
+         "--backing", size, "--host", HOSTNQN, *extra], cwd=REPO, stdout=subprocess.PIPE,
+        text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if not line.startswith("ready "):
@@ -126,10 +136,26 @@ def start_target(size: str) -> tuple[subprocess.Popen[str], int]:
     return proc, int(line.split()[1].split(":")[2].split("/")[0])
 
 
+def next_done(ctrl: host.Controller, done: queue.SimpleQueue[Any],
+              order: deque[tuple[HostQueue, Command]]) -> Any:
+    """The next completion a callback put into ``done``. Interrupt queues: the reader
+    thread puts it there. Polled queues: this thread receives it, waiting on the oldest
+    outstanding command (its callback and any others run here)."""
+    if not ctrl.poll:
+        return done.get()
+    while done.empty():
+        while order[0][1].done.is_set():
+            order.popleft()
+        q, cmd = order[0]
+        q.wait(cmd)
+    return done.get()
+
+
 def run_pipelined(ctrl: host.Controller, opcode: int, offsets: list[int], size: int, qd: int,
                   bufs: list[memoryview]) -> list[float]:
     """Keep ``qd`` commands in flight over ``offsets``; return each op's latency (s)."""
     done: queue.SimpleQueue[tuple[int, float, Command]] = queue.SimpleQueue()
+    order: deque[tuple[HostQueue, Command]] = deque()
     lat: list[float] = []
     it = iter(offsets)
     inflight = 0
@@ -139,15 +165,15 @@ def run_pipelined(ctrl: host.Controller, opcode: int, offsets: list[int], size: 
         if off is None:
             return False
         t0 = time.perf_counter()
-        ctrl.submit_io(opcode, 1, off // 512, bufs[slot], 512,
-                       on_done=lambda cmd, s=slot, t=t0: done.put((s, t, cmd)))
+        order.append(ctrl.submit_io(opcode, 1, off // 512, bufs[slot], 512,
+                                    on_done=lambda cmd, s=slot, t=t0: done.put((s, t, cmd))))
         return True
 
     for slot in range(qd):
         if submit(slot):
             inflight += 1
     while inflight:
-        slot, t0, cmd = done.get()
+        slot, t0, cmd = next_done(ctrl, done, order)
         lat.append(time.perf_counter() - t0)
         cmd.result()
         inflight -= 1
@@ -181,6 +207,7 @@ def kvtool_mixed(ctrl: host.Controller, qd: int, ios: int, region: int,
     ops = [spec.IO_READ if rng.random() < 0.5 else spec.IO_WRITE for _ in range(ios)]
     bufs = [memoryview(bytearray(4096)) for _ in range(qd)]
     done: queue.SimpleQueue[tuple[int, Command]] = queue.SimpleQueue()
+    order: deque[tuple[HostQueue, Command]] = deque()
     it = iter(zip(offsets, ops, strict=True))
     inflight = 0
 
@@ -188,15 +215,15 @@ def kvtool_mixed(ctrl: host.Controller, qd: int, ios: int, region: int,
         nxt = next(it, None)
         if nxt is None:
             return False
-        ctrl.submit_io(nxt[1], 1, nxt[0] // 512, bufs[slot], 512,
-                       on_done=lambda cmd, s=slot: done.put((s, cmd)))
+        order.append(ctrl.submit_io(nxt[1], 1, nxt[0] // 512, bufs[slot], 512,
+                                    on_done=lambda cmd, s=slot: done.put((s, cmd))))
         return True
 
     t0 = time.perf_counter()
     for slot in range(qd):
         inflight += submit(slot)
     while inflight:
-        slot, cmd = done.get()
+        slot, cmd = next_done(ctrl, done, order)
         cmd.result()
         inflight -= 1
         inflight += submit(slot)
@@ -225,12 +252,16 @@ def main() -> int:
     ap.add_argument("--disable-sqflow", action="store_true",
                     help="connect with SQ flow control disabled: reads complete with C2HData "
                          "SUCCESS, no CapsuleResp")
+    ap.add_argument("--poll", action="store_true",
+                    help="polled I/O queues: completions received on the waiting thread")
+    ap.add_argument("--busy-poll", type=int, metavar="USEC",
+                    help="the target's --busy-poll (default: the target's default)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
 
     peer = StreamPeer()
     region = 512 * MIB
-    proc, port = start_target(f"{region // MIB + 16}MiB")
+    proc, port = start_target(f"{region // MIB + 16}MiB", a.busy_poll)
     samples: dict[str, list[float]] = {}
     cpu: dict[str, list[float]] = {}  # CPU ms per MiB, both processes together
     ratios: dict[str, list[float]] = {}
@@ -239,7 +270,8 @@ def main() -> int:
     spdk_rows: dict[str, list[tuple[float, float]]] = {}
     try:
         with host.connect("127.0.0.1", port, NQN, hostnqn=HOSTNQN, io_queues=a.io_queues,
-                          queue_depth=64, disable_sqflow=a.disable_sqflow) as ctrl:
+                          queue_depth=64, disable_sqflow=a.disable_sqflow,
+                          poll=a.poll) as ctrl:
             payload = memoryview(os.urandom(MIB))
             rng = random.Random(1)
             for _ in range(a.rounds):
@@ -304,7 +336,8 @@ def main() -> int:
     results = {"reference_stream_gbps": ref, "reference_cpu_ms_per_mib": ref_cpu,
                "seq_1mib": seq, "rand_read_4k": rnd,
                "vs_spdk_perf_4k": vs_spdk,
-               "disable_sqflow": a.disable_sqflow, "rounds": a.rounds, "mib_per_case": a.mib,
+               "disable_sqflow": a.disable_sqflow, "poll": a.poll, "busy_poll_us": a.busy_poll,
+               "rounds": a.rounds, "mib_per_case": a.mib,
                "io_queues": a.io_queues,
                "machine": f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}",
                "load_average": os.getloadavg()[0],
@@ -328,6 +361,8 @@ def main() -> int:
         bar = "ok" if v["ratio"] >= 0.7 else "BELOW 0.7"
         print(f"4 KiB {key:13s} kvtool host {v['kvtool_iops']:>7} IOPS  spdk_nvme_perf "
               f"{v['spdk_perf_iops']:>7} IOPS  ratio {v['ratio']:.2f}  {bar}")
+    print(f"host queues: {'polled' if a.poll else 'interrupt (reader threads)'}; target "
+          f"busy-poll: {'default' if a.busy_poll is None else a.busy_poll} µs")
     print(f"load average during the run: {results['load_average']:.2f} (2 vCPUs shared)")
     return 0
 

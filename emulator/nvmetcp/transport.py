@@ -240,10 +240,10 @@ class BusyPollSelector(selectors.EpollSelector):
     Why: on a small VM a process woken from ``epoll_wait`` starts running tens of
     microseconds after the event; at queue depth 1 a host's next command usually arrives
     within a few hundred microseconds of the last completion, so polling through that gap
-    saves one wake-up per command (22 % more 1 MiB reads at QD 1, BENCHMARKS.md). SPDK's
-    target polls all the time; this polls only right after activity — an idle target
-    sleeps after ``busy_poll`` and costs nothing. Events are never delayed: each poll is
-    ``epoll_wait`` with a zero timeout.
+    saves one wake-up per command (+17 % 1 MiB reads and +42 % 4 KiB reads at QD 1,
+    BENCHMARKS.md). SPDK's target polls all the time; this polls only right after
+    activity — an idle target sleeps after ``busy_poll`` and costs nothing. Events are
+    never delayed: each poll is ``epoll_wait`` with a zero timeout.
     """
 
     def __init__(self, busy_poll: float) -> None:

@@ -12,14 +12,14 @@ as the Linux host chooses between its default and its poll queues (``nr_poll_que
 * **polled** (``poll=True``): no reader thread. The thread that waits for a command
   receives the PDUs itself (:meth:`HostQueue.wait`, or :meth:`HostQueue.reap` for
   callback users, like SPDK's ``spdk_nvme_qpair_process_completions``), busy-polling the
-  socket for ``spin`` seconds before it sleeps in ``poll(2)``. On a loaded-but-idle
-  2-vCPU VM a process wake-up costs tens of microseconds and a 1 MiB read several of
-  them; polling completes the read on the caller's thread without any (bench/nvme_tcp.py,
-  BENCHMARKS.md). Callbacks run on the reaping thread. One thread reaps at a time (a
-  lock); the others wait for it to complete their commands or to leave. Sends never
-  block a polled queue's only reader: a send that finds the socket full receives while
-  it waits, deferring R2Ts and callbacks until the send is done, so a target that stops
-  reading until its replies are read cannot deadlock it.
+  socket for ``spin`` seconds before it sleeps in ``poll(2)``. On a small VM a process
+  wake-up costs tens of microseconds and an interrupt-driven command pays two of them
+  (reader, then waiter); polling pays none (bench/nvme_tcp.py, BENCHMARKS.md).
+  Callbacks run on the reaping thread. One thread reaps at a time (a lock); the others
+  wait for it to complete their commands or to leave. Sends never block a polled
+  queue's only reader: a send that finds the socket full receives while it waits,
+  deferring R2Ts and callbacks until the send is done, so a target that stops reading
+  until its replies are read cannot deadlock it.
 
 When the connection fails or a command times out, every outstanding command fails with
 :class:`TransportError` and the queue is dead; the controller decides whether to
@@ -359,13 +359,8 @@ class HostQueue:
             with self._send_lock:
                 if self.polled:
                     self._send_polled(parts)
-                elif len(parts) == 1:
-                    self.sock.sendall(parts[0])
                 else:
-                    total = sum(len(p) for p in parts)
-                    sent = self.sock.sendmsg(parts)
-                    if sent < total:
-                        self._send_rest(parts, sent)
+                    self._sendall_parts(parts)
         except OSError as exc:
             err = exc if isinstance(exc, TransportError) else \
                 TransportError(f"send failed: {exc.strerror or exc}")
@@ -440,6 +435,8 @@ class HostQueue:
                 self._in_send = False
         except BaseException as exc:
             self._reader_failed(exc)
+            if not isinstance(exc, Exception):
+                raise  # Ctrl-C: the queue is failed (mid-PDU), the interrupt goes on
             raise TransportError(f"queue {self.qid}: {self.dead or exc}") from None
         finally:
             self._deadline, self._spin_until = saved
@@ -475,6 +472,8 @@ class HostQueue:
                 self._after_send()
         except BaseException as exc:
             self._reader_failed(exc)
+            if not isinstance(exc, Exception):
+                raise
         finally:
             self._rx_exit()
         self._after_send()
@@ -507,6 +506,8 @@ class HostQueue:
                 self.fail(TransportError(f"{what}: no completion in {limit:g} s"))
             except BaseException as exc:
                 self._reader_failed(exc)
+                if not isinstance(exc, Exception):
+                    raise
             finally:
                 self._rx_exit()
             self._after_send()
@@ -522,6 +523,8 @@ class HostQueue:
                 self._after_send()
         except BaseException as exc:
             self._reader_failed(exc)
+            if not isinstance(exc, Exception):
+                raise  # Ctrl-C: the queue is failed (mid-PDU), the interrupt goes on
             raise TransportError(f"queue {self.qid}: {self.dead or exc}") from None
         finally:
             self._deadline, self._spin_until = saved
@@ -557,11 +560,13 @@ class HostQueue:
 
     def _send_term(self, exc: P.PduError) -> None:
         try:
-            if self._send_lock.acquire(timeout=1.0):
+            # a polled queue may fail inside its own send (the lock is this thread's)
+            lock = self._send_lock
+            if lock.acquire(blocking=False) if self.polled else lock.acquire(timeout=1.0):
                 try:
                     self.sock.sendall(P.encode(P.TermReq(h2c=True, fes=exc.fes, fei=exc.fei)))
                 finally:
-                    self._send_lock.release()
+                    lock.release()
         except OSError:
             pass
 
@@ -673,9 +678,12 @@ class HostQueue:
             self._run_deferred()
 
     def _sendall_parts(self, parts: list[bytes | memoryview]) -> None:
-        total = sum(len(p) for p in parts)
+        """Interrupt queues: a blocking send of every part (one ``sendmsg`` mostly)."""
+        if len(parts) == 1:
+            self.sock.sendall(parts[0])
+            return
         sent = self.sock.sendmsg(parts)
-        if sent < total:
+        if sent < sum(len(p) for p in parts):
             self._send_rest(parts, sent)
 
     def _finish(self, cmd: Command) -> None:
