@@ -37,7 +37,7 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from kvtool.nvme import pdu as P
 from kvtool.nvme import spec
@@ -418,30 +418,40 @@ class HostQueue:
             # another thread is receiving, so the target's replies keep draining
             self._poll_out.poll(min(left, _FOLLOW_NAP * 4) * 1000.0)
             return
-        saved = self._deadline, self._spin_until
         try:
-            events = self._poll_any.poll(left * 1000.0)
-            if not events or any(ev & select.POLLOUT for _, ev in events):
-                return
-            # The target sends to us and waits for us to read before it reads on: receive
-            # now; R2T answers and callbacks wait until this send is done.
-            self._in_send = True
-            self._deadline = deadline
-            self._spin_until = 0.0
-            try:
-                while self.reader.pending():
-                    self._read_one()
-            finally:
-                self._in_send = False
+            with self._receiving(deadline, spin=False):
+                events = self._poll_any.poll(left * 1000.0)
+                if not events or any(ev & select.POLLOUT for _, ev in events):
+                    return
+                # The target sends to us and waits for us to read before it reads on:
+                # receive now; R2T answers and callbacks wait until this send is done.
+                self._in_send = True
+                try:
+                    while self.reader.pending():
+                        self._read_one()
+                finally:
+                    self._in_send = False
+        finally:
+            if not mine:
+                self._rx_exit()
+
+    @contextlib.contextmanager
+    def _receiving(self, deadline: float, *, spin: bool) -> Iterator[None]:
+        """Receive on this thread, inside another receive or send, until ``deadline``; the
+        outer one's deadline comes back afterwards. A failure fails the queue and surfaces
+        as TransportError (Ctrl-C as itself: the queue is failed, the interrupt goes on)."""
+        saved = self._deadline, self._spin_until
+        self._deadline = deadline
+        self._spin_until = time.monotonic() + self.spin if spin else 0.0
+        try:
+            yield
         except BaseException as exc:
             self._reader_failed(exc)
             if not isinstance(exc, Exception):
-                raise  # Ctrl-C: the queue is failed (mid-PDU), the interrupt goes on
+                raise
             raise TransportError(f"queue {self.qid}: {self.dead or exc}") from None
         finally:
             self._deadline, self._spin_until = saved
-            if not mine:
-                self._rx_exit()
 
     def _rx_enter(self) -> bool:
         """Become the receiving thread of a polled queue, if nobody is."""
@@ -515,19 +525,10 @@ class HostQueue:
     def _reap_nested(self, done: Callable[[], bool], deadline: float) -> None:
         """A callback on the receiving thread waits (or needs a free slot): receive here,
         as the thread already does; the outer receive loop carries on afterwards."""
-        saved = self._deadline, self._spin_until
-        self._deadline = deadline
-        try:
+        with self._receiving(deadline, spin=True):
             while not done() and self.dead is None:
                 self._read_one()
                 self._after_send()
-        except BaseException as exc:
-            self._reader_failed(exc)
-            if not isinstance(exc, Exception):
-                raise  # Ctrl-C: the queue is failed (mid-PDU), the interrupt goes on
-            raise TransportError(f"queue {self.qid}: {self.dead or exc}") from None
-        finally:
-            self._deadline, self._spin_until = saved
 
     def _wait_readable(self) -> None:
         """Nothing has arrived on a polled queue: spin a while, then sleep in poll(2)."""
