@@ -390,17 +390,8 @@ class Controller:
                   on_done: Callable[[Command], None] | None = None) -> tuple[HostQueue, Command]:
         """Submit one Read/Write (``len(buf)`` ≤ :attr:`max_transfer`) without waiting."""
         self._check_open()
-        nlb = len(buf) // lba_size
         q = self._queue()
-        sqe = P.Sqe(opcode, nsid=nsid, cdw10=slba & 0xFFFFFFFF, cdw11=slba >> 32,
-                    cdw12=(nlb - 1) & 0xFFFF)
-        if opcode == spec.IO_WRITE:
-            cmd = q.submit(sqe, what=f"Write nsid {nsid} lba {slba}+{nlb}", data_out=buf,
-                           on_done=on_done)
-        else:
-            cmd = q.submit(sqe, what=f"Read nsid {nsid} lba {slba}+{nlb}", data_in=buf,
-                           on_done=on_done)
-        return q, cmd
+        return q, q.submit_rw(opcode, nsid, slba, len(buf) // lba_size, buf, on_done)
 
     def reap(self) -> int:
         """Polled I/O queues: process the completions that have arrived (callbacks run on

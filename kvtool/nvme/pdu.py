@@ -411,6 +411,56 @@ def encode(pdu: Pdu, *, hdgst: bool = False, ddgst: bool = False) -> bytes:
                     for p in encode_parts(pdu, hdgst=hdgst, ddgst=ddgst))
 
 
+# --- the I/O hot path: Read/Write capsules, CapsuleResp and C2HData without digests -----------
+#
+# What encode_parts/decode_header do for these PDUs, in one struct call each: at 4 KiB the
+# host's generic path (dataclasses, layout checks, two header reads) cost about as much as
+# the whole command did on the wire (BENCHMARKS.md). Anything not in exactly the canonical
+# form goes through the generic path, which decides what is malformed.
+
+_IO_CAPSULE = struct.Struct("<BBBBIBBHIIIQQI3xBIIIIII")  # common header + SQE: 72 bytes
+
+
+def encode_io_capsule(opcode: int, cid: int, nsid: int, slba: int, nlb: int,
+                      in_capsule: int, transfer: int) -> bytes:
+    """The 72-byte header of a Read/Write CapsuleCmd on a queue without header digest:
+    ``in_capsule`` data bytes follow it (SGL Data Block, offset 0), or ``transfer`` bytes
+    move in data PDUs (Transport SGL). Equals the header :func:`encode_parts` makes."""
+    if in_capsule:
+        return _IO_CAPSULE.pack(PduType.CAPSULE_CMD, 0, 72, 72, 72 + in_capsule, opcode,
+                                SQE_FLAGS_PSDT_SGL, cid, nsid, 0, 0, 0, 0, in_capsule,
+                                SGL_DATA_BLOCK_OFFSET, slba & 0xFFFFFFFF, slba >> 32,
+                                (nlb - 1) & 0xFFFF, 0, 0, 0)
+    return _IO_CAPSULE.pack(PduType.CAPSULE_CMD, 0, 72, 0, 72, opcode, SQE_FLAGS_PSDT_SGL,
+                            cid, nsid, 0, 0, 0, 0, transfer, SGL_TRANSPORT_DATA_BLOCK,
+                            slba & 0xFFFFFFFF, slba >> 32, (nlb - 1) & 0xFFFF, 0, 0, 0)
+
+
+def decode_hot_resp(buf: bytes | bytearray | memoryview, pos: int) -> Cqe | None:
+    """The CQE of the 24-byte CapsuleResp at ``buf[pos:]`` (no header digest), or None
+    when the header is not exactly that PDU's (let :func:`decode_common` judge it)."""
+    ptype, flags, hlen, pdo, plen = _CH.unpack_from(buf, pos)
+    if ptype != PduType.CAPSULE_RESP or flags or hlen != 24 or pdo or plen != 24:
+        return None
+    dw0, dw1, sqhd, sqid, cid, st = _CQE.unpack_from(buf, pos + 8)
+    return Cqe(cid, st, dw0, dw1, sqhd, sqid)
+
+
+def decode_hot_c2h(buf: bytes | bytearray | memoryview, pos: int
+                   ) -> tuple[int, int, int, bool] | None:
+    """(CCCID, DATAO, DATAL, SUCCESS) of the C2HData header at ``buf[pos:]`` on a queue
+    without digests, or None when it is not exactly a well-formed one."""
+    ptype, flags, hlen, pdo, plen = _CH.unpack_from(buf, pos)
+    if (ptype != PduType.C2H_DATA or hlen != 24 or pdo != 24 or plen <= 24
+            or flags & ~(FLAG_LAST_PDU | FLAG_SUCCESS)
+            or (flags & FLAG_SUCCESS and not flags & FLAG_LAST_PDU)):
+        return None
+    cccid, _ttag, datao, datal = _DATA_HDR.unpack_from(buf, pos + 8)
+    if datal != plen - 24:
+        return None
+    return cccid, datao, datal, bool(flags & FLAG_SUCCESS)
+
+
 # --- decoding ---------------------------------------------------------------------------------
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import queue
 import select
 import socket
 import struct
@@ -38,6 +39,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from kvtool.nvme import pdu as P
 from kvtool.nvme import spec
@@ -70,15 +72,51 @@ class NvmeStatusError(OSError):
                                     f"{', DNR' if cqe.dnr else ''})")
 
 
+class Done:
+    """A command's completion flag: set once, waited on by any number of threads.
+
+    What ``threading.Event`` offers commands, built on one C lock held until ``set()``
+    (as CPython's own thread-join flag is) instead of a pure-Python Condition: at 4 KiB the
+    Event's construction, ``set()`` and the slot semaphore were a tenth of the host's time
+    per command (py-spy; BENCHMARKS.md).
+    """
+
+    __slots__ = ("_flag", "_lock")
+
+    def __init__(self) -> None:
+        self._flag = False
+        self._lock = threading.Lock()
+        self._lock.acquire()
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def set(self) -> None:
+        """Only the thread that completes the command calls this, once."""
+        if not self._flag:
+            self._flag = True
+            self._lock.release()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._flag:
+            return True
+        if timeout is not None and timeout <= 0:
+            return False
+        if self._lock.acquire(timeout=-1 if timeout is None else timeout):
+            self._lock.release()  # the next waiter's turn
+        return self._flag
+
+
 class Command:
     """An outstanding command: its buffers, progress and completion."""
 
-    __slots__ = ("cid", "cqe", "data_in", "data_out", "done", "error", "on_done", "partial_ok",
-                 "received", "sent", "what")
+    __slots__ = ("_what", "cid", "cqe", "data_in", "data_out", "done", "error", "on_done",
+                 "partial_ok", "received", "sent")
 
-    def __init__(self, what: str, data_in: memoryview | None, data_out: memoryview | None,
+    def __init__(self, what: str | tuple[Any, ...], data_in: memoryview | None,
+                 data_out: memoryview | None,
                  on_done: Callable[[Command], None] | None) -> None:
-        self.what = what
+        self._what = what  # a tuple is formatted only when a message needs it
         self.cid = -1
         self.data_in = data_in
         self.data_out = data_out
@@ -86,11 +124,20 @@ class Command:
         self.sent = 0
         self.cqe: P.Cqe | None = None
         self.error: BaseException | None = None
-        self.done = threading.Event()
+        self.done = Done()
         self.on_done = on_done
         # data_in is an allocation length (Authentication Receive): the controller may
         # return less; ``received`` says how much
         self.partial_ok = False
+
+    @property
+    def what(self) -> str:
+        """The command for messages: "Read nsid 1 lba 0+8"."""
+        what = self._what
+        if isinstance(what, tuple):
+            name, nsid, slba, nlb = what
+            return f"{name} nsid {nsid} lba {slba}+{nlb}"
+        return what
 
     def result(self) -> P.Cqe:
         """The CQE of a completed command; raises its transport or status error."""
@@ -141,7 +188,7 @@ class _Reader:
         self.end = got
         return True
 
-    def _fill(self, need: int) -> None:
+    def fill(self, need: int) -> None:
         if self.end - self.start >= need:
             return
         if self.start:
@@ -157,7 +204,7 @@ class _Reader:
             self.end += got
 
     def read(self, n: int) -> bytes:
-        self._fill(n)
+        self.fill(n)
         out = bytes(self.view[self.start: self.start + n])
         self.start += n
         return out
@@ -178,7 +225,7 @@ class _Reader:
     def skip(self, n: int) -> None:
         while n:
             chunk = min(n, len(self.buf))
-            self._fill(chunk)
+            self.fill(chunk)
             self.start += chunk
             n -= chunk
 
@@ -222,8 +269,10 @@ class HostQueue:
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()
         self._cmds: dict[int, Command] = {}
-        self._free: deque[int] = deque(range(depth))
-        self._slots = threading.Semaphore(depth)
+        # Free CIDs; taking one is taking a slot (at most ``depth`` outstanding).
+        self._free: queue.SimpleQueue[int] = queue.SimpleQueue()
+        for cid in range(depth):
+            self._free.put(cid)
         self._r2t_backlog: deque[tuple[Command, P.R2T]] = deque()
         self.dead: BaseException | None = None
         self._thread: threading.Thread | None = None
@@ -284,7 +333,8 @@ class HostQueue:
 
     # --- submission ---------------------------------------------------------------------
 
-    def submit(self, sqe: P.Sqe, *, what: str, data_out: memoryview | None = None,
+    def submit(self, sqe: P.Sqe, *, what: str | tuple[Any, ...],
+               data_out: memoryview | None = None,
                data_in: memoryview | None = None,
                on_done: Callable[[Command], None] | None = None,
                in_capsule_max: int | None = None, partial_ok: bool = False) -> Command:
@@ -294,19 +344,8 @@ class HostQueue:
         this queue's limit), otherwise after the target's R2T. Blocks while ``depth``
         commands are outstanding (a polled queue reaps completions meanwhile).
         """
-        if self.dead is not None:
-            raise TransportError(f"queue {self.qid} is down: {self.dead}")
-        if not self._take_slot():
-            self.fail(TransportError(f"queue {self.qid}: no free slot in {self.timeout:g} s"))
-            raise TransportError(f"queue {self.qid} stalled")
-        cmd = Command(what, data_in, data_out, on_done)
+        cmd = self._register(what, data_in, data_out, on_done)
         cmd.partial_ok = partial_ok
-        with self._lock:
-            if self.dead is not None:
-                self._slots.release()
-                raise TransportError(f"queue {self.qid} is down: {self.dead}")
-            cmd.cid = self._free.popleft()
-            self._cmds[cmd.cid] = cmd
         sqe.cid = cmd.cid
         sqe.flags = P.SQE_FLAGS_PSDT_SGL
         limit = self.in_capsule_max if in_capsule_max is None else in_capsule_max
@@ -322,19 +361,70 @@ class HostQueue:
                                   ddgst=self.ddgst))
         return cmd
 
-    def _take_slot(self) -> bool:
+    def submit_rw(self, opcode: int, nsid: int, slba: int, nlb: int, buf: memoryview,
+                  on_done: Callable[[Command], None] | None = None) -> Command:
+        """A Read into ``buf`` or a Write from it (``nlb`` blocks at ``slba``): what
+        :meth:`submit` does, with the capsule header packed in one step (the hot path)."""
+        write = opcode == spec.IO_WRITE
+        what = ("Write" if write else "Read", nsid, slba, nlb)
+        data_in, data_out = (None, buf) if write else (buf, None)
+        if self.hdgst or self.ddgst:
+            sqe = P.Sqe(opcode, nsid=nsid, cdw10=slba & 0xFFFFFFFF, cdw11=slba >> 32,
+                        cdw12=(nlb - 1) & 0xFFFF)
+            return self.submit(sqe, what=what, data_out=data_out, data_in=data_in,
+                               on_done=on_done)
+        cmd = self._register(what, data_in, data_out, on_done)
+        n = len(buf)
+        parts: list[bytes | memoryview]
+        if write and n and n <= self.in_capsule_max:
+            cmd.sent = n
+            parts = [P.encode_io_capsule(opcode, cmd.cid, nsid, slba, nlb, n, 0), buf]
+        else:
+            parts = [P.encode_io_capsule(opcode, cmd.cid, nsid, slba, nlb, 0, n)]
+        self._send(parts)
+        return cmd
+
+    def _register(self, what: str | tuple[Any, ...], data_in: memoryview | None,
+                  data_out: memoryview | None,
+                  on_done: Callable[[Command], None] | None) -> Command:
+        """A new outstanding command with a free CID (waits for one while ``depth`` are
+        outstanding)."""
+        if self.dead is not None:
+            raise TransportError(f"queue {self.qid} is down: {self.dead}")
+        cid = self._take_slot()
+        if cid is None:
+            self.fail(TransportError(f"queue {self.qid}: no free slot in {self.timeout:g} s"))
+            raise TransportError(f"queue {self.qid} stalled")
+        cmd = Command(what, data_in, data_out, on_done)
+        cmd.cid = cid
+        with self._lock:
+            if self.dead is not None:
+                self._free.put(cid)
+                raise TransportError(f"queue {self.qid} is down: {self.dead}")
+            self._cmds[cid] = cmd
+        return cmd
+
+    def _take_slot(self) -> int | None:
+        """A free CID, or None when none came free in time."""
+        free = self._free
         if not self.polled:
-            return self._slots.acquire(timeout=self.timeout)
+            try:
+                return free.get(timeout=self.timeout)
+            except queue.Empty:
+                return None
         deadline = time.monotonic() + self.timeout
-        while not self._slots.acquire(blocking=False):
+        while True:
+            try:
+                return free.get_nowait()
+            except queue.Empty:
+                pass
             if self.dead is not None:
                 raise TransportError(f"queue {self.qid} is down: {self.dead}")
             if time.monotonic() > deadline:
-                return False
+                return None
             # every slot is taken by an outstanding command: receive until one completes
-            self._reap_for(lambda: len(self._cmds) < self.depth, deadline,
+            self._reap_for(lambda: not free.empty(), deadline,
                            f"queue {self.qid}: a free slot")
-        return True
 
     def wait(self, cmd: Command, timeout: float | None = None) -> P.Cqe:
         """Wait for ``cmd``; on timeout the queue is failed (the target went silent)."""
@@ -390,13 +480,15 @@ class HostQueue:
         """Send, blocking in the kernel for at most ``_SEND_STALL`` (SO_SNDTIMEO): when the
         socket stays full that long, receive (if nobody else is) until it has room, so
         both directions keep moving."""
+        try:
+            sent = self.sock.sendmsg(parts)
+        except BlockingIOError:
+            sent = 0
+        if sent == sum(p.nbytes if type(p) is memoryview else len(p) for p in parts):
+            return  # the usual case: all of it at once
         views = [memoryview(p).cast("B") for p in parts]
         deadline = 0.0
         while views:
-            try:
-                sent = self.sock.sendmsg(views)
-            except BlockingIOError:
-                sent = 0
             if sent < sum(len(v) for v in views):
                 if not deadline:
                     deadline = time.monotonic() + self.timeout
@@ -406,6 +498,11 @@ class HostQueue:
                     sent -= len(views.pop(0))
                 else:
                     views[0] = views[0][sent:]
+                    sent = 0
+            if views:
+                try:
+                    sent = self.sock.sendmsg(views)
+                except BlockingIOError:
                     sent = 0
 
     def _wait_writable(self, deadline: float) -> None:
@@ -573,6 +670,23 @@ class HostQueue:
 
     def _read_one(self) -> None:
         reader = self.reader
+        if not self.hdgst:
+            # Completions and read data in their one canonical form, decoded in place.
+            reader.fill(8)
+            if reader.buf[reader.start] == P.PduType.CAPSULE_RESP:
+                reader.fill(24)
+                cqe = P.decode_hot_resp(reader.buf, reader.start)
+                if cqe is not None:
+                    reader.start += 24
+                    self._on_response(cqe)
+                    return
+            elif not self.ddgst and reader.buf[reader.start] == P.PduType.C2H_DATA:
+                reader.fill(24)
+                hot = P.decode_hot_c2h(reader.buf, reader.start)
+                if hot is not None:
+                    reader.start += 24
+                    self._on_c2h(*hot, 0, 0)
+                    return
         raw = reader.read(8)
         ch = P.decode_common(raw)
         lay = P.layout(ch, hdgst=self.hdgst, ddgst=self.ddgst, max_data=1 << 31)
@@ -581,7 +695,8 @@ class HostQueue:
         if isinstance(pdu, P.CapsuleResp):
             self._on_response(pdu.cqe)
         elif isinstance(pdu, P.C2HData):
-            self._on_c2h(pdu, lay)
+            self._on_c2h(pdu.cccid, pdu.datao, lay.data_len, pdu.success,
+                         lay.data_offset - lay.header_len, lay.ddgst_len)
         elif isinstance(pdu, P.R2T):
             self._on_r2t(pdu)
         elif isinstance(pdu, P.TermReq) and not pdu.h2c:
@@ -606,24 +721,27 @@ class HostQueue:
                                        "bytes received before the completion")
         self._finish(cmd)
 
-    def _on_c2h(self, pdu: P.C2HData, lay: P.Layout) -> None:
-        cmd = self._command(pdu.cccid, "C2HData")
+    def _on_c2h(self, cccid: int, datao: int, n: int, success: bool, pad: int,
+                ddgst_len: int) -> None:
+        """C2HData for ``cccid``: ``n`` bytes at ``datao``, after ``pad`` bytes (PDO past
+        the header) and followed by a ``ddgst_len``-byte data digest."""
+        cmd = self._command(cccid, "C2HData")
         dest = cmd.data_in
-        n = lay.data_len
-        if dest is None or pdu.datao != cmd.received or pdu.datao + n > len(dest):
-            raise P.PduError(f"C2HData offset {pdu.datao}+{n} outside the expected range",
+        if dest is None or datao != cmd.received or datao + n > len(dest):
+            raise P.PduError(f"C2HData offset {datao}+{n} outside the expected range",
                              fes=P.FES_DATA_OUT_OF_RANGE, fei=12)
-        self.reader.skip(lay.data_offset - lay.header_len)
-        view = dest[pdu.datao: pdu.datao + n]
+        if pad:
+            self.reader.skip(pad)
+        view = dest[datao: datao + n]
         self.reader.readinto(view)
-        if lay.ddgst_len:
+        if ddgst_len:
             digest = self.reader.read(P.DIGEST_LEN)
             try:
                 P.check_data_digest(view, digest)
             except P.PduError:
                 cmd.error = TransportError(f"{cmd.what}: data digest mismatch")
         cmd.received += n
-        if pdu.success:
+        if success:
             if cmd.received != len(dest) and not cmd.partial_ok:
                 raise P.PduError("C2HData SUCCESS before all data arrived", fei=1)
             cmd.cqe = P.Cqe(cmd.cid)
@@ -691,8 +809,7 @@ class HostQueue:
         with self._lock:
             if self._cmds.pop(cmd.cid, None) is None:
                 return
-            self._free.append(cmd.cid)
-        self._slots.release()
+        self._free.put(cmd.cid)
         cmd.done.set()
         if cmd.on_done is not None:
             if self._in_send:  # a callback may submit: not while this thread holds the send
@@ -727,7 +844,7 @@ class HostQueue:
         for cmd in cmds:
             if cmd.error is None:
                 cmd.error = exc if isinstance(exc, TransportError) else TransportError(str(exc))
-            self._slots.release()
+            self._free.put(cmd.cid)  # wakes a submitter waiting for a slot: it sees `dead`
             cmd.done.set()
             if cmd.on_done is not None:
                 self._callback(cmd)

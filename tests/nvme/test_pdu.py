@@ -217,3 +217,81 @@ def test_data_limit_is_enforced_before_buffering() -> None:
     with pytest.raises(P.PduError) as info:
         parser.next_pdu()
     assert info.value.fes == P.FES_DATA_LIMIT_EXCEEDED
+
+
+# --- the I/O hot path agrees with the generic codec --------------------------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(opcode=st.sampled_from([0x01, 0x02]), cid=u16, nsid=u32, slba=u64,
+       nlb=st.integers(1, 65536), in_capsule=st.integers(0, 1 << 20),
+       transfer=st.integers(1, 1 << 24))
+def test_io_capsule_equals_generic_encoding(opcode: int, cid: int, nsid: int, slba: int,
+                                            nlb: int, in_capsule: int, transfer: int) -> None:
+    sqe = P.Sqe(opcode, cid=cid, nsid=nsid, cdw10=slba & 0xFFFFFFFF, cdw11=slba >> 32,
+                cdw12=(nlb - 1) & 0xFFFF)
+    if in_capsule:
+        sqe.sgl = P.SglDescriptor.in_capsule(in_capsule)
+        want = P.encode_parts(P.CapsuleCmd(sqe, bytes(in_capsule)))[0]
+    else:
+        sqe.sgl = P.SglDescriptor.transport(transfer)
+        want = P.encode_parts(P.CapsuleCmd(sqe))[0]
+    assert P.encode_io_capsule(opcode, cid, nsid, slba, nlb, in_capsule, transfer) == want
+
+
+def _generic(raw: bytes) -> P.Pdu | None:
+    """What the generic decoder makes of a header on a queue without digests."""
+    try:
+        ch = P.decode_common(raw)
+        lay = P.layout(ch, hdgst=False, ddgst=False, max_data=1 << 31)
+        return P.decode_header(ch, raw[:lay.header_len], lay)
+    except P.PduError:
+        return None
+
+
+@settings(max_examples=500, deadline=None)
+@given(cqe=cqes, c2h=st.tuples(u16, u32, st.integers(1, 1 << 20), st.booleans(),
+                               st.booleans()),
+       flips=st.lists(st.tuples(st.integers(0, 23), st.integers(1, 255)), max_size=2))
+def test_hot_decoders_agree_with_the_generic_path(cqe: P.Cqe, c2h: tuple[int, int, int, bool,
+                                                                         bool],
+                                                  flips: list[tuple[int, int]]) -> None:
+    """Canonical CapsuleResp / C2HData headers decode the same both ways; any header the
+    hot path accepts after corruption is one the generic path accepts with equal fields
+    (everything else falls through to the generic path and its errors)."""
+    cccid, datao, n, last, success = c2h
+    c2h_pdu = P.C2HData(cccid, datao, bytes(n), last or success, success)
+    for raw in (P.encode(P.CapsuleResp(cqe)), P.encode_parts(c2h_pdu)[0]):
+        mutated = bytearray(raw)
+        for pos, xor in flips:
+            mutated[pos] ^= xor
+        for header in (bytes(raw), bytes(mutated)):
+            generic = _generic(header)
+            hot_resp = P.decode_hot_resp(header, 0)
+            hot_c2h = P.decode_hot_c2h(header, 0)
+            if hot_resp is not None:
+                assert isinstance(generic, P.CapsuleResp) and generic.cqe == hot_resp
+            if hot_c2h is not None:
+                assert isinstance(generic, P.C2HData)
+                assert (generic.cccid, generic.datao, generic.success) == \
+                    (hot_c2h[0], hot_c2h[1], hot_c2h[3])
+                assert hot_c2h[2] == struct.unpack_from("<I", header, 4)[0] - 24
+        assert P.decode_hot_resp(P.encode(P.CapsuleResp(cqe)), 0) == cqe
+        assert P.decode_hot_c2h(P.encode_parts(c2h_pdu)[0], 0) == (cccid, datao, n, success)
+
+
+@pytest.mark.parametrize("byte", [0, 1, 2, 3])
+def test_hot_decoders_take_only_what_the_generic_path_takes(byte: int) -> None:
+    """Every value of each common-header byte (type, flags, HLEN, PDO) on both PDUs."""
+    resp = P.encode(P.CapsuleResp(P.Cqe(7, 0, 1, 2, 3, 1)))
+    c2h = P.encode_parts(P.C2HData(7, 4096, bytes(8192), last=True, success=True))[0]
+    for raw in (resp, c2h):
+        for value in range(256):
+            header = raw[:byte] + bytes([value]) + raw[byte + 1:]
+            generic = _generic(header)
+            if P.decode_hot_resp(header, 0) is not None:
+                assert isinstance(generic, P.CapsuleResp)
+            hot = P.decode_hot_c2h(header, 0)
+            if hot is not None:
+                assert isinstance(generic, P.C2HData)
+                assert hot == (generic.cccid, generic.datao, 8192, generic.success)
