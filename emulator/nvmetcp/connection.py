@@ -189,6 +189,16 @@ class QueueConnection(asyncio.BufferedProtocol, Closable):
                     return
                 self._lowat = want
 
+    def _quickack(self) -> None:
+        """ACK a large write's data as it arrives (TCP_QUICKACK). A request/response
+        connection is in Linux's "pingpong" mode, where ACKs wait for this side's next
+        send; the host's send window then refills one delayed ACK at a time. Lasts until
+        this side sends again. (The host does the same for large reads; docs/nvme-tcp.md.)"""
+        sock = self.transport.get_extra_info("socket") if self.transport is not None else None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
+
     def data_received(self, data: bytes) -> None:
         """Feed bytes through the buffered path (used by the fuzz harness)."""
         view = memoryview(data)
@@ -301,6 +311,8 @@ class QueueConnection(asyncio.BufferedProtocol, Closable):
         self._sink_digest = bool(lay.ddgst_len)
         self._sink_data = dest
         if have < n:
+            if n - have > _LOWAT_MIN_STEP:
+                self._quickack()
             self._sink = dest[have:]
             if self._start == self._end:
                 self._start = self._end = 0

@@ -289,6 +289,61 @@ def test_streamed_data_arriving_in_dribbles_completes(target: Target) -> None:
         assert ctrl.read(1, 3000, len(payload) // 512) == payload
 
 
+def _in_pingpong(sock: socket.socket) -> bool:
+    """Linux reads TCP_QUICKACK back as 0 while the socket delays its ACKs ("pingpong")."""
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK) == 0
+
+
+@pytest.mark.parametrize("poll", [False, True], ids=["interrupt", "polled"])
+def test_large_reads_ask_for_quick_acks(target: Target, poll: bool) -> None:
+    """After request/response traffic Linux delays ACKs; a read larger than a segment
+    turns that off, or the target's data waits for delayed ACKs (BENCHMARKS.md)."""
+    with host.connect("127.0.0.1", target.port, NQN, hostnqn=HOST_A, poll=poll) as ctrl:
+        q = ctrl.io[0]
+        small = memoryview(bytearray(4096))
+        for _ in range(5):
+            q.wait(q.submit_rw(spec.IO_READ, 1, 0, 8, small))
+        big = memoryview(bytearray(1 << 20))
+        cmd = q.submit_rw(spec.IO_READ, 1, 0, len(big) // 512, big)
+        assert not _in_pingpong(q.sock)
+        q.wait(cmd)
+
+
+def test_large_streamed_writes_get_quick_acks(target: Target) -> None:
+    """The target's side of the same: once a large write's data streams in, it ACKs at
+    once, so the host's send window keeps opening."""
+    payload = random.Random(6).randbytes(128 * 1024)
+    with host.connect("127.0.0.1", target.port, NQN, hostnqn=HOST_A, io_queues=0) as ctrl, \
+            socket.create_connection(("127.0.0.1", target.port), timeout=5) as s:
+        _raw_connect(s, ctrl.cntlid, qid=1)
+        mine = [c for c in target.state.connections if c.local is not None
+                and c.peer == "{}:{}".format(*s.getsockname())]
+        assert len(mine) == 1 and mine[0].transport is not None
+        theirs = mine[0].transport.get_extra_info("socket")
+        for cid in range(5):  # request/response: the target's socket delays its ACKs
+            sqe = P.Sqe(spec.IO_READ, cid=cid, nsid=1, cdw12=0,
+                        sgl=P.SglDescriptor.transport(512))
+            s.sendall(P.encode(P.CapsuleCmd(sqe)))
+            _recv_pdus(s, P.CapsuleResp)
+        sqe = P.Sqe(spec.IO_WRITE, cid=9, nsid=1, cdw10=5000, cdw12=len(payload) // 512 - 1,
+                    sgl=P.SglDescriptor.transport(len(payload)))
+        s.sendall(P.encode(P.CapsuleCmd(sqe)))
+        r2t = _recv_pdus(s, P.R2T)[0]
+        assert isinstance(r2t, P.R2T)
+        pdu = P.encode(P.H2CData(9, r2t.ttag, 0, payload, last=True))
+        s.sendall(pdu[:24 + 4096])  # the target now streams the rest into place
+        deadline = time.monotonic() + 5
+        while mine[0]._sink is None and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        # at once: Linux's delayed-ACK timer (40 ms) would end pingpong mode by itself
+        assert mine[0]._sink is not None and not _in_pingpong(theirs)
+        s.sendall(pdu[24 + 4096:])
+        resp = _recv_pdus(s, P.CapsuleResp)[0]
+        assert isinstance(resp, P.CapsuleResp) and resp.cqe.ok
+    with host.connect("127.0.0.1", target.port, NQN, hostnqn=HOST_A) as ctrl:
+        assert ctrl.read(1, 5000, len(payload) // 512) == payload
+
+
 def test_malformed_pdu_over_socket_gets_term_req(target: Target) -> None:
     with socket.create_connection(("127.0.0.1", target.port), timeout=5) as s:
         s.sendall(P.encode(P.ICReq()))
