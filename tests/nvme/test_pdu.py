@@ -222,6 +222,7 @@ def test_data_limit_is_enforced_before_buffering() -> None:
 # --- the I/O hot path agrees with the generic codec --------------------------------------
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(opcode=st.sampled_from([0x01, 0x02]), cid=u16, nsid=u32, slba=u64,
        nlb=st.integers(1, 65536), in_capsule=st.integers(0, 1 << 20),
@@ -249,6 +250,7 @@ def _generic(raw: bytes) -> P.Pdu | None:
         return None
 
 
+@pytest.mark.slow
 @settings(max_examples=500, deadline=None)
 @given(cqe=cqes, c2h=st.tuples(u16, u32, st.integers(1, 1 << 20), st.booleans(),
                                st.booleans()),
