@@ -42,6 +42,10 @@ _CAPSULE_MAX_DATA = 131072  # parser bound; the configured in-capsule size is a 
 _STREAM_MIN = 64 * 1024  # larger in-capsule data is received in place, not staged
 _STAGE_SIZE = 256 * 1024  # holds any whole non-H2CData PDU (72 + 4 + 128 KiB + 4)
 _STAGE_MIN_FREE = 64 * 1024
+# At most this much is received into staging at once: a large capsule's payload that comes
+# in behind its header would be copied twice (staging, then the namespace), up to a
+# quarter of each MiB; 64 KiB still takes in ~15 small PDUs per recv (BENCHMARKS.md).
+_STAGE_WINDOW = 64 * 1024
 _BATCH_LIMIT = 64 * 1024  # larger output parts are written at once, not batched
 _LOWAT_MIN_STEP = 64 * 1024  # streamed data: below this much left, wait for all of it
 _SPARE_PER_SIZE = 8
@@ -149,7 +153,7 @@ class QueueConnection(asyncio.BufferedProtocol, Closable):
         if self._end == len(self._stage) or (
                 self._start and len(self._stage) - self._end < _STAGE_MIN_FREE):
             self._compact()
-        return self._sview[self._end:]
+        return self._sview[self._end: self._end + _STAGE_WINDOW]
 
     def buffer_updated(self, nbytes: int) -> None:
         if self._state == _CLOSED:
