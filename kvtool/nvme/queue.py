@@ -79,7 +79,7 @@ class Done:
     What ``threading.Event`` offers commands, built on one C lock held until ``set()``
     (as CPython's own thread-join flag is) instead of a pure-Python Condition: at 4 KiB the
     Event's construction, ``set()`` and the slot semaphore were a tenth of the host's time
-    per command (py-spy; BENCHMARKS.md).
+    per command (cProfile; BENCHMARKS.md).
     """
 
     __slots__ = ("_flag", "_lock")
