@@ -15,7 +15,7 @@ from rich.table import Table
 from kvtool.cli.output import dump_json, emit, json_option, note, want_json
 from kvtool.errors import UsageError
 from kvtool.target import api
-from kvtool.target.model import BACKENDS, ENGINES
+from kvtool.target.model import BACKENDS, ENGINES, MAX_BUSY_POLL_US
 from kvtool.target.plan import Plan, Step
 
 EXAMPLES_UP = """
@@ -105,17 +105,22 @@ def command() -> None:
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
               help="Serve the emulator target's Prometheus metrics on 127.0.0.1:PORT (the "
                    "userspace engine; 0: a free port; overrides [emulator] metrics_port).")
+@click.option("--busy-poll", "busy_poll_us", metavar="USEC",
+              type=click.IntRange(0, MAX_BUSY_POLL_US), default=None,
+              help="The userspace engine polls for the next command this long after each "
+                   "(0: sleep at once; overrides [emulator] busy_poll_us) [500].")
 @json_option
 def up(config: str | None, backend: str | None, engine: str | None, configfs_root: str | None,
        spdk_socket: str | None, name: str | None, port: int | None, dry_run: bool,
-       allow_remote: bool, metrics_port: int | None) -> None:
+       allow_remote: bool, metrics_port: int | None, busy_poll_us: int | None) -> None:
     """Bring a target up to the config CONFIG (TOML, kvtool JSON or nvmetcli JSON).
 
     Without CONFIG: the built-in default target (kvtool's emulator serving a 1 GiB
     namespace on 127.0.0.1:4420), where `kvtool replay` puts its NVMe tier.
     """
     if config is None:
-        cfg = api.default_target(port=port, name=name, engine=engine, metrics_port=metrics_port)
+        cfg = api.default_target(port=port, name=name, engine=engine, metrics_port=metrics_port,
+                                 busy_poll_us=busy_poll_us)
     else:
         if port is not None:
             raise UsageError("--port applies to the built-in default target (no CONFIG); "
@@ -124,6 +129,8 @@ def up(config: str | None, backend: str | None, engine: str | None, configfs_roo
                              allow_remote=allow_remote, check_paths=(engine or "") != "qemu")
         if metrics_port is not None:
             cfg = replace(cfg, metrics_port=metrics_port)
+        if busy_poll_us is not None:
+            cfg = replace(cfg, busy_poll_us=busy_poll_us)
     opts = api.Options(configfs_root=configfs_root, spdk_socket=spdk_socket)
     result = api.up(cfg, opts, dry_run=dry_run, on_plan=_show_plan(cfg.name),
                     on_step=_progress)

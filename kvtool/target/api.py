@@ -113,6 +113,12 @@ def up(cfg: TargetConfig, opts: Options | None = None, *, dry_run: bool = False,
                          + (f" ({engine_of(cfg)} engine)" if engine_of(cfg) else "")
                          + ": use --engine userspace, or no metrics port",
                          field="--metrics-port")
+    if cfg.busy_poll_us is not None and engine_of(cfg) != "userspace":
+        raise UsageError(f"busy-polling applies to the emulator's userspace engine only; this "
+                         f"target runs on {cfg.backend}"
+                         + (f" ({engine_of(cfg)} engine)" if engine_of(cfg) else "")
+                         + ": use --engine userspace, or no busy-poll setting",
+                         field="--busy-poll")
     record = st.load(cfg.name)
     if record is not None and (record.backend, record.engine) != (cfg.backend, engine_of(cfg)):
         was = record.backend + (f" ({record.engine} engine)" if record.engine else "")
@@ -185,9 +191,11 @@ def resolve(config: str | None, name: str | None, *, backend: str | None = None,
 
 
 def default_target(port: int | None = None, name: str | None = None,
-                   engine: str | None = None, metrics_port: int | None = None) -> TargetConfig:
+                   engine: str | None = None, metrics_port: int | None = None,
+                   busy_poll_us: int | None = None) -> TargetConfig:
     """The built-in default target (:mod:`kvtool.target.default`); ``metrics_port``: the
-    userspace engine's Prometheus port (0: a free one)."""
+    userspace engine's Prometheus port (0: a free one); ``busy_poll_us``: how long its
+    event loop polls after activity (0: never; None: the engine's default, 500)."""
     from kvtool.target import default
 
     cfg = default.config(port or default.PORT)
@@ -197,6 +205,8 @@ def default_target(port: int | None = None, name: str | None = None,
         cfg = replace(cfg, engine=engine)  # type: ignore[arg-type]
     if metrics_port is not None:
         cfg = replace(cfg, metrics_port=metrics_port)
+    if busy_poll_us is not None:
+        cfg = replace(cfg, busy_poll_us=busy_poll_us)
     return cfg
 
 

@@ -16,6 +16,8 @@ def config_document(cfg: TargetConfig) -> dict[str, Any]:
         doc["emulator"] = {"engine": cfg.engine}
         if cfg.metrics_port is not None:
             doc["emulator"]["metrics_port"] = cfg.metrics_port
+        if cfg.busy_poll_us is not None:
+            doc["emulator"]["busy_poll_us"] = cfg.busy_poll_us
     if cfg.nvmet_root:
         doc["nvmet"] = {"configfs_root": cfg.nvmet_root}
     if cfg.spdk_socket:

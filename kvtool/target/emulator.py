@@ -167,9 +167,10 @@ class UserspaceEngine(BackgroundEngine):
             old_pid = self.record.pid
             old_cfg = json.loads(self.record.extra.get("engine_config", "{}"))
             old_port = self.record.extra.get("metrics_port")
+            old_poll = self.record.extra.get("busy_poll_us")
             plan.add("stop", "process", f"pid {old_pid}", "userspace target with the old config",
                      lambda: self._stop(old_pid),
-                     lambda: self._start(cfg.name, old_cfg, old_port))
+                     lambda: self._start(cfg.name, old_cfg, old_port, old_poll))
         new_cfg = userspace_config(cfg)
         nss = sum(len(s.namespaces) for s in cfg.subsystems)
         metrics = ("" if cfg.metrics_port is None else
@@ -177,7 +178,7 @@ class UserspaceEngine(BackgroundEngine):
         plan.add("start", "process", "python -m emulator.nvmetcp",
                  f"{len(cfg.subsystems)} subsystem(s), {nss} namespace(s) on {listeners}"
                  f"{metrics}",
-                 lambda: self._start(cfg.name, new_cfg, cfg.metrics_port),
+                 lambda: self._start(cfg.name, new_cfg, cfg.metrics_port, cfg.busy_poll_us),
                  lambda: self._stop(self.pid))
         return plan
 
@@ -188,14 +189,16 @@ class UserspaceEngine(BackgroundEngine):
             pid = self.record.pid
             old_cfg = json.loads(self.record.extra.get("engine_config", "{}"))
             old_port = self.record.extra.get("metrics_port")
+            old_poll = self.record.extra.get("busy_poll_us")
             plan.add("stop", "process", f"pid {pid}", "SIGTERM, clean shutdown (flushes backing files)",
-                     lambda: self._stop(pid), lambda: self._start(cfg.name, old_cfg, old_port))
+                     lambda: self._stop(pid),
+                     lambda: self._start(cfg.name, old_cfg, old_port, old_poll))
         else:
             plan.notes.append("no userspace target is running for this config")
         return plan
 
     def _start(self, name: str, engine_cfg: dict[str, Any],
-               metrics_port: int | None = None) -> None:
+               metrics_port: int | None = None, busy_poll_us: int | None = None) -> None:
         d = st.run_dir()
         d.mkdir(parents=True, exist_ok=True)
         cfg_path = d / f"{name}.userspace.json"
@@ -208,6 +211,8 @@ class UserspaceEngine(BackgroundEngine):
                 "--ready-file", str(ready)]
         if metrics_port is not None:
             argv += ["--metrics-port", str(metrics_port)]
+        if busy_poll_us is not None:
+            argv += ["--busy-poll", str(busy_poll_us)]
         env = dict(os.environ)
         repo = str(Path(__file__).resolve().parents[2])  # so `-m emulator.nvmetcp` resolves
         env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -233,6 +238,8 @@ class UserspaceEngine(BackgroundEngine):
         if metrics_port is not None:
             # the URL names the port the target bound (a free one when asked for 0)
             self.extra.update(metrics_port=metrics_port, metrics=json.loads(text).get("metrics"))
+        if busy_poll_us is not None:
+            self.extra["busy_poll_us"] = busy_poll_us
 
     def _stop(self, pid: int | None) -> None:
         stop_pid(pid)

@@ -11,6 +11,7 @@ File format (docs/target.md has the full reference)::
     [emulator]
     engine = "userspace"            # auto | kernel | qemu | userspace | spdk
     metrics_port = 9464             # userspace engine: Prometheus metrics (0: any free port)
+    busy_poll_us = 500              # userspace engine: poll for events this long (0: never)
     [[subsystem]]
     nqn = "nqn.2026-01.io.kvtool:demo"
     hosts = ["nqn.2014-08.org.nvmexpress:uuid:..."]
@@ -48,6 +49,7 @@ from kvtool.target.model import (
     BACKINGS,
     DEFAULT_PORT,
     ENGINES,
+    MAX_BUSY_POLL_US,
     TRANSPORTS,
     Host,
     Listener,
@@ -249,18 +251,24 @@ def _build(root: _Reader, *, backend_override: str | None, engine_override: str 
 
     engine = "auto"
     metrics_port = None
+    busy_poll_us = None
     emu = root.table("emulator")
     if emu is not None:
-        emu.check_keys({"engine", "metrics_port"})
+        emu.check_keys({"engine", "metrics_port", "busy_poll_us"})
         engine = emu.choice("engine", ENGINES, "auto") or "auto"
         metrics_port = emu.integer("metrics_port", None, lo=0, hi=65535)
+        busy_poll_us = emu.integer("busy_poll_us", None, lo=0, hi=MAX_BUSY_POLL_US)
     if engine_override is not None:
         engine = engine_override
-    if metrics_port is not None and (backend != "emulator"
-                                     or engine not in ("auto", "userspace")):
+    userspace = backend == "emulator" and engine in ("auto", "userspace")
+    if metrics_port is not None and not userspace:
         assert emu is not None
         emu.fail("metrics_port applies to the emulator's userspace engine only (the kernel, "
                  "QEMU and SPDK targets have no kvtool metrics)", ("emulator", "metrics_port"))
+    if busy_poll_us is not None and not userspace:
+        assert emu is not None
+        emu.fail("busy_poll_us applies to the emulator's userspace engine only (the kernel's "
+                 "and SPDK's targets poll as they do)", ("emulator", "busy_poll_us"))
 
     nvmet_root = None
     nv = root.table("nvmet")
@@ -300,7 +308,8 @@ def _build(root: _Reader, *, backend_override: str | None, engine_override: str 
                 root.fail(f"no [[subsystem]] has nqn {nqn!r}", ("listener", i, "subsystems", j))
     return TargetConfig(
         name=name, backend=backend, engine=engine,  # type: ignore[arg-type]
-        metrics_port=metrics_port, subsystems=tuple(subsystems), listeners=tuple(listeners),
+        metrics_port=metrics_port, busy_poll_us=busy_poll_us, subsystems=tuple(subsystems),
+        listeners=tuple(listeners),
         hosts=tuple(hosts),
         transports=tuple(transports), nvmet_root=nvmet_root, spdk_socket=spdk_socket,
         spdk_timeout=spdk_timeout)

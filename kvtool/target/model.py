@@ -119,6 +119,9 @@ class Transport:
     max_io_qpairs_per_ctrlr: int | None = None
 
 
+MAX_BUSY_POLL_US = 1_000_000  # python -m emulator.nvmetcp --busy-poll's range
+
+
 @dataclass(frozen=True)
 class TargetConfig:
     name: str
@@ -129,6 +132,7 @@ class TargetConfig:
     transports: tuple[Transport, ...] = ()
     engine: Engine = "auto"
     metrics_port: int | None = None  # the userspace engine's Prometheus port (0: any free)
+    busy_poll_us: int | None = None  # the userspace engine's event-loop polling (None: its own)
     nvmet_root: str | None = None
     spdk_socket: str | None = None
     spdk_timeout: float = 60.0
@@ -159,8 +163,9 @@ class TargetConfig:
         d = asdict(self)
         d.pop("locator", None)
         d.pop("source", None)
-        if d["metrics_port"] is None:
-            del d["metrics_port"]  # digests of configs without it stay as they were
+        for key in ("metrics_port", "busy_poll_us"):
+            if d[key] is None:
+                del d[key]  # digests of configs without it stay as they were
         return d
 
     def digest(self) -> str:

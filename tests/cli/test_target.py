@@ -261,3 +261,42 @@ def test_metrics_port_from_the_config_and_the_option(tmp_path: Path, state_dir: 
               str(free_port()), "--name", "other", "--dry-run")
     assert bad.exit_code == 2 and "--metrics-port" in bad.stderr
     assert state.names() == ["clitest"]
+
+
+def _argv(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+
+
+@pytest.mark.integration
+def test_busy_poll_from_the_config_and_the_option(tmp_path: Path, state_dir: Path) -> None:
+    """[emulator] busy_poll_us reaches the target process; --busy-poll overrides it (a
+    changed desired state: the target restarts); other engines refuse it."""
+    port = free_port()
+    cfg = write_config(tmp_path, port)
+    cfg.write_text(cfg.read_text().replace('engine = "userspace"',
+                                           'engine = "userspace"\nbusy_poll_us = 0'))
+    up = run_json("target", "up", str(cfg))
+    argv = _argv(up["status"]["pid"])
+    assert argv[argv.index("--busy-poll") + 1] == "0"
+    with nvme_host.connect("127.0.0.1", port, NQN, hostnqn=HOST) as ctrl:
+        ctrl.write(1, 0, b"\1" * 4096)
+        assert ctrl.read(1, 0, 8) == b"\1" * 4096
+    again = run_json("target", "up", str(cfg), "--busy-poll", "200")
+    assert again["applied"] == 2
+    argv = _argv(again["status"]["pid"])
+    assert argv[argv.index("--busy-poll") + 1] == "200"
+    assert run_json("target", "up", str(cfg), "--busy-poll", "200")["applied"] == 0
+    bad = run("target", "up", str(cfg), "--engine", "kernel", "--dry-run")
+    assert bad.exit_code == 2 and "busy_poll_us" in bad.stderr and "emu.toml:" in bad.stderr
+    bad = run("target", "up", "--engine", "qemu", "--busy-poll", "0", "--port",
+              str(free_port()), "--name", "other", "--dry-run")
+    assert bad.exit_code == 2 and "--busy-poll" in bad.stderr
+    assert state.names() == ["clitest"]
+
+
+@pytest.mark.integration
+def test_default_target_takes_busy_poll(tmp_path: Path, state_dir: Path) -> None:
+    up = run_json("target", "up", "--port", str(free_port()), "--name", "bp",
+                  "--busy-poll", "0")
+    argv = _argv(up["status"]["pid"])
+    assert argv[argv.index("--busy-poll") + 1] == "0"

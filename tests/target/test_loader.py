@@ -213,3 +213,19 @@ def test_one_loopback_rule() -> None:
 
     assert all(is_loopback(a) for a in ("127.0.0.1", "127.9.9.9", "::1", "[::1]", "localhost"))
     assert not any(is_loopback(a) for a in ("0.0.0.0", "192.168.1.10", "::", "example.com"))
+
+
+def test_busy_poll_is_a_userspace_engine_setting() -> None:
+    from kvtool.target.document import config_document
+
+    text = GOOD.replace('engine = "userspace"', 'engine = "userspace"\nbusy_poll_us = 0')
+    cfg = parse_config(text, source="t.toml")
+    assert cfg.busy_poll_us == 0
+    assert parse_config(GOOD).busy_poll_us is None
+    assert cfg.digest() != parse_config(GOOD).digest()  # a changed setting restarts it
+    assert config_document(cfg)["emulator"]["busy_poll_us"] == 0
+    assert "busy_poll_us" not in config_document(parse_config(GOOD))["emulator"]
+    e = err(text.replace("busy_poll_us = 0", "busy_poll_us = 2000000"))
+    assert (e.line, e.field) == (5, "emulator.busy_poll_us") and "out of range" in e.message
+    e = err(text.replace('engine = "userspace"', 'engine = "kernel"'))
+    assert e.field == "emulator.busy_poll_us" and "userspace engine only" in e.message
