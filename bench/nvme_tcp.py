@@ -21,7 +21,9 @@ ratios swing by ±50 % between runs, so the sequential cases also report CPU tim
 saves shows there even when the wall clock is dominated by other load.
 
 ``--poll`` measures kvtool's host with polled I/O queues (completions received on the
-waiting thread, busy-polling) instead of the default reader threads; ``--busy-poll USEC``
+waiting thread, busy-polling) instead of the default reader threads — on an idle machine
+the polled host meets every bar, the reader threads pay two wake-ups per command
+(BENCHMARKS.md, issue 12 third pass); ``--busy-poll USEC``
 sets the target's event-loop polling (default: the target's own, 500 µs; 0 disables).
 ``bench/tcp_ceiling.py`` measures what a bare Python request/response protocol reaches
 against the same kind of stream.
