@@ -107,18 +107,14 @@ def up(cfg: TargetConfig, opts: Options | None = None, *, dry_run: bool = False,
        on_plan: Callable[[Plan], None] | None = None,
        on_step: Callable[[int, Step], None] | None = None) -> Result:
     """Bring the target to ``cfg``; a no-op when it already matches."""
-    if cfg.metrics_port is not None and engine_of(cfg) != "userspace":
-        raise UsageError(f"metrics apply to the emulator's userspace engine only; this target "
-                         f"runs on {cfg.backend}"
-                         + (f" ({engine_of(cfg)} engine)" if engine_of(cfg) else "")
-                         + ": use --engine userspace, or no metrics port",
-                         field="--metrics-port")
-    if cfg.busy_poll_us is not None and engine_of(cfg) != "userspace":
-        raise UsageError(f"busy-polling applies to the emulator's userspace engine only; this "
-                         f"target runs on {cfg.backend}"
-                         + (f" ({engine_of(cfg)} engine)" if engine_of(cfg) else "")
-                         + ": use --engine userspace, or no busy-poll setting",
-                         field="--busy-poll")
+    engine = engine_of(cfg)
+    for value, what, flag in ((cfg.metrics_port, "metrics port", "--metrics-port"),
+                              (cfg.busy_poll_us, "busy-poll setting", "--busy-poll")):
+        if value is not None and engine != "userspace":
+            raise UsageError(f"a {what} applies to the emulator's userspace engine only; this "
+                             f"target runs on {cfg.backend}"
+                             + (f" ({engine} engine)" if engine else "")
+                             + f": use --engine userspace, or no {what}", field=flag)
     record = st.load(cfg.name)
     if record is not None and (record.backend, record.engine) != (cfg.backend, engine_of(cfg)):
         was = record.backend + (f" ({record.engine} engine)" if record.engine else "")
