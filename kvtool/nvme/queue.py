@@ -576,6 +576,22 @@ class HostQueue:
         self._rx_owner = 0
         self._rx_lock.release()
 
+    @contextlib.contextmanager
+    def _receiver(self, deadline: float) -> Iterator[None]:
+        """The body receives as this queue's receiving thread (entered with
+        :meth:`_rx_enter`) until ``deadline``; leaving gives the role up. A failure fails
+        the queue and is swallowed (the waiters see ``dead``); Ctrl-C goes on."""
+        self._deadline = deadline
+        self._spin_until = time.monotonic() + self.spin
+        try:
+            yield
+        except BaseException as exc:
+            self._reader_failed(exc)
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            self._rx_exit()
+
     # --- receive ------------------------------------------------------------------------
 
     def reap(self) -> int:
@@ -585,19 +601,11 @@ class HostQueue:
         if not self.polled or self.dead is not None or not self._rx_enter():
             return 0
         n = 0
-        try:
-            self._deadline = time.monotonic() + self.timeout  # a PDU begun is finished
-            self._spin_until = time.monotonic() + self.spin
+        with self._receiver(time.monotonic() + self.timeout):  # a PDU begun is finished
             while self.reader.pending():
                 self._read_one()
                 n += 1
                 self._after_send()
-        except BaseException as exc:
-            self._reader_failed(exc)
-            if not isinstance(exc, Exception):
-                raise
-        finally:
-            self._rx_exit()
         self._after_send()
         return n
 
@@ -618,20 +626,13 @@ class HostQueue:
                     return
                 time.sleep(_FOLLOW_NAP)
                 continue
-            try:
-                self._deadline = deadline
-                self._spin_until = time.monotonic() + self.spin
-                while not done():
-                    self._read_one()
-                    self._after_send()
-            except TimeoutError:
-                self.fail(TransportError(f"{what}: no completion in {limit:g} s"))
-            except BaseException as exc:
-                self._reader_failed(exc)
-                if not isinstance(exc, Exception):
-                    raise
-            finally:
-                self._rx_exit()
+            with self._receiver(deadline):
+                try:
+                    while not done():
+                        self._read_one()
+                        self._after_send()
+                except TimeoutError:  # between PDUs: the target went silent
+                    self.fail(TransportError(f"{what}: no completion in {limit:g} s"))
             self._after_send()
 
     def _reap_nested(self, done: Callable[[], bool], deadline: float) -> None:
