@@ -9,7 +9,7 @@ and nested objects and arrays (JSON). A path that is not found falls back to its
 known prefix (the enclosing table).
 
 Used by ``kvtool target`` configs (kvtool/target/loader.py), ``kvtool replay --tiers``
-(kvtool/cache/config.py), custom model geometries (kvtool/geometry/custom.py) and the
+(kvtool/replay/config.py), custom model geometries (kvtool/geometry/custom.py) and the
 emulator's JSON config (emulator/nvmetcp/config.py).
 """
 

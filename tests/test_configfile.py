@@ -60,7 +60,7 @@ def test_missing_and_binary_files(tmp_path: Path) -> None:
 
 def test_every_reader_names_file_line_and_key(tmp_path: Path) -> None:
     from emulator.nvmetcp.config import TargetConfig as EmulatorConfig
-    from kvtool.cache.config import load_tiers_file
+    from kvtool.replay.config import load_tiers_file
 
     tiers = tmp_path / "tiers.toml"
     tiers.write_text('[gpu]\ncapacity = "1GiB"\n[dram]\ncapacity = "1GiB"\npolicy = "nope"\n')

@@ -149,7 +149,7 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
     (definitions: docs/definitions.md; schema: docs/json.md).
     """
     from kvtool.cache.report import check_output_paths
-    from kvtool.cache.run import ReplaySettings, describe_setup, prepare
+    from kvtool.replay.run import ReplaySettings, describe_setup, prepare
 
     check_output_paths(csv=csv_path, plot=plot_path, requests_csv=requests_csv)
     replay_settings = ReplaySettings(

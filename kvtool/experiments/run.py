@@ -56,7 +56,7 @@ def write_trace(exp: Experiment, path: Path) -> int:
 
 
 def _configs(exp: Experiment) -> list[Any]:
-    from kvtool.cache.config import parse_compare
+    from kvtool.replay.config import parse_compare
 
     out = []
     for c in exp.configs:
@@ -80,7 +80,7 @@ def run_replay_kind(exp: Experiment, trace: Path, *, simulate: bool,
     """Replay the experiment's trace through every configuration.
 
     ``simulate``: the metadata engine, side by side in one pass. Otherwise data mode
-    (:mod:`kvtool.cache.run`): real bytes in every tier, blocks of the experiment's
+    (:mod:`kvtool.replay.run`): real bytes in every tier, blocks of the experiment's
     ``[data] block_bytes``; ``dram`` (a ``mooncake://`` URL) and ``nvme`` (a place) put
     every configuration's DRAM / NVMe tier there. Without ``nvme`` each configuration's
     NVMe tier is a store file of its size in ``scratch`` (removed afterwards).
@@ -117,7 +117,7 @@ def _run_data(exp: Experiment, trace: Path, specs: list[str], labels: list[str],
               per_request: dict[str, list[tuple[int, int, float]]], record: Any,
               progress: ProgressFactory | None, observer: Any,
               on_event: Callable[[str], None] | None) -> RunData:
-    from kvtool.cache.run import ReplaySettings, prepare
+    from kvtool.replay.run import ReplaySettings, prepare
 
     w, t = exp.workload, exp.time
     bb = exp.data.get("block_bytes")
@@ -160,7 +160,7 @@ def _simulate(exp: Experiment, trace: Path, labels: list[str],
               per_request: dict[str, list[tuple[int, int, float]]], record: Any,
               progress: ProgressFactory | None, observer: Any) -> RunData:
     from kvtool.cache import replay
-    from kvtool.cache.config import time_model_from
+    from kvtool.replay.config import time_model_from
     from kvtool.trace import read_trace
 
     configs = _configs(exp)

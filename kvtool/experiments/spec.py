@@ -201,7 +201,7 @@ def load_experiment(path: str | Path) -> Experiment:
     if not isinstance(time, dict):
         raise bad("must be a table", "time")
     if time:
-        from kvtool.cache.config import _time_table
+        from kvtool.replay.config import _time_table
 
         time = _time_table(time, lambda msg, key, table=None: bad(msg, key, table))
 
@@ -229,7 +229,7 @@ def load_experiment(path: str | Path) -> Experiment:
             raise bad("must not contain ',' or '='", "label", "config", i)
         if any(x.label == c["label"] for x in configs):
             raise bad(f"label {c['label']!r} given twice", "label", "config", i)
-        from kvtool.cache.config import parse_compare
+        from kvtool.replay.config import parse_compare
 
         try:
             parse_compare(c["tiers"], policy=None, write_policy=None)

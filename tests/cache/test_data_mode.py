@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from emulator.nvmetcp import NamespaceConfig, SubsystemConfig, Target, TargetConfig
-from kvtool.cache.data import TierFailed
-from kvtool.cache.run import ReplaySettings, prepare
+from kvtool.replay.data import TierFailed
+from kvtool.replay.run import ReplaySettings, prepare
 from kvtool.tiers.option import TierOption
 from tests.conftest import FIXTURES, run
 
@@ -102,8 +102,8 @@ def _corrupt_every_slot(tier: Any) -> int:
 
 
 def _engine(job: Any) -> Any:
-    from kvtool.cache.data import DataReplay
-    from kvtool.cache.run import open_tiers
+    from kvtool.replay.data import DataReplay
+    from kvtool.replay.run import open_tiers
 
     cfg = job.configs[0]
     tiers, _media, cfg = open_tiers(cfg, job.block_bytes, job.work_blocks, job.settings,

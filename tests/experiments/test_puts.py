@@ -57,7 +57,7 @@ def test_puts_and_promotions_hand_checked(tmp_path: Path) -> None:
 @pytest.mark.integration
 def test_puts_and_promotions_hand_checked_in_data_mode(tmp_path: Path, store_dir: Path) -> None:
     """The same trace with real bytes: a DRAM pool and an NVMe tier on an O_DIRECT file."""
-    from kvtool.cache.run import ReplaySettings, prepare
+    from kvtool.replay.run import ReplaySettings, prepare
 
     nvme = store_dir / "nvme.img"
     job = prepare(ReplaySettings(str(_trace(tmp_path)),

@@ -2,7 +2,7 @@
 
 ::
 
-    from kvtool.cache.run import ReplaySettings, prepare
+    from kvtool.replay.run import ReplaySettings, prepare
     job = prepare(ReplaySettings("trace.jsonl"))        # data mode, default tiers
     print(job.setup)                                     # what it chose (sizes, URL, model)
     doc = job.run()                                      # schema kvtool.replay/2
@@ -10,7 +10,7 @@
 Two modes (docs/replay.md):
 
 * **data** (default): every tier holds real bytes — the CPU "GPU" pool, a DRAM pool and an
-  NVMe tier on kvtool's object store (:mod:`kvtool.cache.data`). Without tier options it
+  NVMe tier on kvtool's object store (:mod:`kvtool.replay.data`). Without tier options it
   uses the default profile (:data:`DEFAULT_PROFILE`) and puts the NVMe tier on the running
   built-in target (``kvtool target up``), else on a store file in the cache directory;
 * **simulate** (``--simulate``): the metadata engine only, for what-ifs no machine holds.
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvtool.cache.config import (
+from kvtool.replay.config import (
     ON_TIER_ERROR,
     TiersFile,
     build_config,
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from kvtool.nvme.hostauth import HostCredentials
     from kvtool.tiers.base import DataTier
 
-# Data mode (kvtool.cache.data, kvtool.tiers: numpy, the store) is imported when a data-mode
+# Data mode (kvtool.replay.data, kvtool.tiers: numpy, the store) is imported when a data-mode
 # run starts, so that --simulate starts fast (bench/startup.py).
 
 SCHEMA = "kvtool.replay/2"
@@ -216,7 +216,7 @@ class ReplayJob:
             nv = next(t for t in cfg.tiers if t.name == "nvme")
             self.on_event(f"nvme tier: {int(nv.blocks(self.block_bytes, self.block_tokens)):,} "
                           f"blocks on {nv.place} (store of {tiers['nvme'].slots:,} slots)")
-        from kvtool.cache.data import DataReplay
+        from kvtool.replay.data import DataReplay
 
         try:
             sink = self._sink

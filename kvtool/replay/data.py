@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from kvtool.cache.config import ON_TIER_ERROR
+from kvtool.replay.config import ON_TIER_ERROR
 from kvtool.cache.engine import CacheConfig, Replay, RequestLike, RequestOutcome, outcome
 from kvtool.cache.stats import RoundStats
 from kvtool.cache.timemodel import TimeModel, percentile
