@@ -22,9 +22,11 @@ if TYPE_CHECKING:
         ModelSpec,
         ObjectSize,
     )
+    from kvtool.geometry.params import Architecture, decoder_params
     from kvtool.geometry.presets import MODELS, PRESETS, lookup, resolve
 
 __getattr__, __dir__ = exports(__name__, {
+    "Architecture": "params",
     "BlockSize": "blocksize",
     "Component": "model",
     "ComponentSpec": "model",
@@ -40,6 +42,7 @@ __getattr__, __dir__ = exports(__name__, {
     "block_size": "blocksize",
     "canonical_dtype": "dtypes",
     "custom": "custom",
+    "decoder_params": "params",
     "from_toml": "custom",
     "lookup": "presets",
     "resolve": "presets",
@@ -51,6 +54,7 @@ __all__ = [
     "LAYOUTS",
     "MODELS",
     "PRESETS",
+    "Architecture",
     "BlockSize",
     "Component",
     "ComponentSpec",
@@ -61,6 +65,7 @@ __all__ = [
     "block_size",
     "canonical_dtype",
     "custom",
+    "decoder_params",
     "from_toml",
     "lookup",
     "resolve",

@@ -16,6 +16,16 @@ TOML keys (top level)::
     [[components]]
     name = "csa"; layers = 21; entry_bytes = 584; tokens_per_entry = 4; pad_to = 576
 
+    # weights and attention, for the serving model's step time (all optional; any of them
+    # makes the model an Architecture, see kvtool/geometry/params.py):
+    hidden_size = 4096; q_heads = 32; vocab_size = 32000
+    intermediate_size = 11008        # dense FFN; with MHA/GQA the totals are then counted
+    total_params = 6738415616        # else required (active_params defaults to it)
+    experts = 0; experts_per_token = 0; moe_intermediate_size = 0; moe_layers = layers
+    qk_nope_head_dim = 128; v_head_dim = 128   # MLA; attn_head_dim overrides d_qk
+    weight_dtype = "bf16"; expert_weight_dtype = "fp4"
+    qkv_bias = false; qk_norm = false; tie_word_embeddings = false   # for counting
+
 Every mistake raises :class:`InputError` naming the file, the line (when it can be found)
 and the key; unknown keys are rejected so typos do not silently fall back to defaults.
 """
@@ -23,6 +33,7 @@ and the key; unknown keys are rejected so typos do not silently fall back to def
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +41,18 @@ from kvtool.configfile import ConfigDocument, read_config
 from kvtool.errors import InputError, UsageError
 from kvtool.geometry.dtypes import DTYPE_BYTES, canonical_dtype
 from kvtool.geometry.model import ComponentSpec, ModelSpec
+from kvtool.geometry.params import Architecture, decoder_params, weight_dtype
 
+_ARCH_INTS = ("hidden_size", "q_heads", "vocab_size", "intermediate_size", "total_params",
+              "active_params", "experts", "experts_per_token", "shared_experts",
+              "moe_intermediate_size", "moe_layers", "q_lora_rank", "qk_nope_head_dim",
+              "v_head_dim", "attn_head_dim")
+_ARCH_BOOLS = ("qkv_bias", "qk_norm", "tie_word_embeddings")
+_ARCH_STRS = ("weight_dtype", "expert_weight_dtype")
+_ARCH_KEYS = {*_ARCH_INTS, *_ARCH_BOOLS, *_ARCH_STRS}
 _TOP_KEYS = {"name", "source", "layers", "dtype", "dtype_bytes", "kv_heads", "head_dim",
-             "kv_lora_rank", "qk_rope_head_dim", "attention", "components", "aliases", "notes"}
+             "kv_lora_rank", "qk_rope_head_dim", "attention", "components", "aliases", "notes",
+             *_ARCH_KEYS}
 _COMPONENT_KEYS = {"name", "layers", "entry_bytes", "tokens_per_entry", "pad_to", "kind"}
 _BYTES_TO_DTYPE = {1: "fp8", 2: "bf16", 4: "fp32"}
 
@@ -122,6 +142,8 @@ def _from_doc(doc: ConfigDocument) -> ModelSpec:
                 field_prefix="")
         else:
             spec = _with_components(data, name, str(source), layers, comps, fail)
+        if any(key in data for key in _ARCH_KEYS):
+            spec = replace(spec, arch=_architecture(data, spec, str(source), fail))
     except UsageError as exc:
         raise fail(exc.field or "", exc.message) from None
     if "attention" in data and data["attention"] not in ("mha", "gqa", "mla"):
@@ -162,6 +184,67 @@ def _with_components(doc: dict[str, Any], name: str, source: str, layers: int, c
     dtype = _pick_dtype(doc.get("dtype"), _opt_int(doc, "dtype_bytes", fail), lambda k: k)
     return ModelSpec(name=name, source=source, attention="mla", layers=layers,
                      components=tuple(specs), default_dtype=dtype)
+
+
+def _architecture(data: dict[str, Any], spec: ModelSpec, source: str, fail: Fail) -> Architecture:
+    """The weights/attention part of a custom model (docs/geometry.md, "Parameters")."""
+    ints = {k: _int(data, k, fail) for k in _ARCH_INTS if k in data and k != "experts"}
+    if "experts" in data:
+        experts = data["experts"]
+        if isinstance(experts, bool) or not isinstance(experts, int) or experts < 0:
+            raise fail("experts", f"must be a non-negative integer, got {experts!r}")
+        ints["experts"] = experts
+    flags: dict[str, bool] = {}
+    for key in _ARCH_BOOLS:
+        if key in data:
+            if not isinstance(data[key], bool):
+                raise fail(key, f"must be true or false, got {data[key]!r}")
+            flags[key] = data[key]
+    for key in _ARCH_STRS:
+        if key in data and not isinstance(data[key], str):
+            raise fail(key, f"must be a string, got {data[key]!r}")
+    for key in ("hidden_size", "q_heads", "vocab_size"):
+        if key not in ints:
+            raise fail(key, "required when any weight/attention figure is given")
+    experts = ints.get("experts", 0)
+    if "attn_head_dim" in ints:
+        head_dim = ints["attn_head_dim"]
+    elif spec.attention == "mha" and spec.head_dim:
+        head_dim = spec.head_dim
+    elif spec.qk_rope_head_dim is not None and "qk_nope_head_dim" in ints:
+        head_dim = ints["qk_nope_head_dim"] + spec.qk_rope_head_dim
+    else:
+        missing = "qk_nope_head_dim" if spec.kv_lora_rank else "attn_head_dim"
+        raise fail(missing, "required: the query/key head dimension attention multiplies with")
+    moe_layers = ints.get("moe_layers", spec.layers if experts else 0)
+    total, active = ints.get("total_params"), ints.get("active_params")
+    if total is None:
+        countable = spec.attention == "mha" and spec.kv_heads and spec.head_dim and (
+            "moe_intermediate_size" in ints if experts else "intermediate_size" in ints)
+        if not countable:
+            raise fail("total_params", "required unless an MHA/GQA model gives "
+                       "intermediate_size (or its MoE sizes) to count them from")
+        total, counted_active = decoder_params(
+            layers=spec.layers, hidden_size=ints["hidden_size"], q_heads=ints["q_heads"],
+            kv_heads=spec.kv_heads or 0, head_dim=spec.head_dim or 0,
+            vocab_size=ints["vocab_size"], intermediate_size=ints.get("intermediate_size"),
+            experts=experts, experts_per_token=ints.get("experts_per_token", 0),
+            moe_intermediate_size=ints.get("moe_intermediate_size"),
+            tie_word_embeddings=flags.get("tie_word_embeddings", False),
+            qkv_bias=flags.get("qkv_bias", False), qk_norm=flags.get("qk_norm", False))
+        active = active or counted_active
+    return Architecture(
+        hidden_size=ints["hidden_size"], q_heads=ints["q_heads"], head_dim=head_dim,
+        vocab_size=ints["vocab_size"], total_params=total,
+        active_params=active if active is not None else total, source=source,
+        v_head_dim=ints.get("v_head_dim"), intermediate_size=ints.get("intermediate_size"),
+        experts=experts, experts_per_token=ints.get("experts_per_token", 0),
+        shared_experts=ints.get("shared_experts", 0),
+        moe_intermediate_size=ints.get("moe_intermediate_size"), moe_layers=moe_layers,
+        q_lora_rank=ints.get("q_lora_rank"),
+        weight_dtype=weight_dtype(str(data.get("weight_dtype", "bf16"))),
+        expert_weight_dtype=None if "expert_weight_dtype" not in data else weight_dtype(
+            str(data["expert_weight_dtype"]), field="expert_weight_dtype"))
 
 
 def _pick_dtype(dtype: str | None, dtype_bytes: int | None, opt: Any) -> str:

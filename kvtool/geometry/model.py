@@ -28,6 +28,7 @@ from typing import Literal
 
 from kvtool.errors import UsageError
 from kvtool.geometry.dtypes import DTYPE_BYTES, KNOWN_DTYPES, canonical_dtype
+from kvtool.geometry.params import Architecture
 
 Attention = Literal["mha", "mla"]
 Layout = Literal["block", "layer"]
@@ -72,7 +73,12 @@ class ComponentSpec:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A model's KV layout, independent of dtype, block size and TP (a preset or custom)."""
+    """A model's KV layout, independent of dtype, block size and TP (a preset or custom).
+
+    ``arch`` adds the weights and attention shape a step-time model needs
+    (:class:`~kvtool.geometry.params.Architecture`); ``None`` when only the KV layout is
+    known (a custom geometry given as numbers of KV heads or records only).
+    """
 
     name: str
     source: str
@@ -87,6 +93,7 @@ class ModelSpec:
     aliases: tuple[str, ...] = ()
     notes: str = ""
     dtype_aliases: Mapping[str, str] = field(default_factory=dict)
+    arch: Architecture | None = None
 
     def supported_dtypes(self) -> tuple[str, ...]:
         out = []

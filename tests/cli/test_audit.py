@@ -145,9 +145,14 @@ def test_bad_toml_names_file_and_line(tmp_path: Path) -> None:
     result = run("audit", "--geometry", str(p))
     assert result.exit_code == 2
     assert result.stderr.strip() == (f"kvtool: error: {p}:4: field 'head_dimm': unknown key "
-                                     "(known: aliases, attention, components, dtype, dtype_bytes, "
-                                     "head_dim, kv_heads, kv_lora_rank, layers, name, notes, "
-                                     "qk_rope_head_dim, source)")
+                                     "(known: active_params, aliases, attention, attn_head_dim, "
+                                     "components, dtype, dtype_bytes, expert_weight_dtype, "
+                                     "experts, experts_per_token, head_dim, hidden_size, "
+                                     "intermediate_size, kv_heads, kv_lora_rank, layers, "
+                                     "moe_intermediate_size, moe_layers, name, notes, q_heads, "
+                                     "q_lora_rank, qk_nope_head_dim, qk_norm, qk_rope_head_dim, "
+                                     "qkv_bias, shared_experts, source, tie_word_embeddings, "
+                                     "total_params, v_head_dim, vocab_size, weight_dtype)")
 
 
 def test_regular_file_device(tmp_path: Path) -> None:
