@@ -1,4 +1,6 @@
-"""Streaming trace reader: kvtool and Mooncake JSONL → :class:`Request` in serve order.
+"""Streaming trace reader: kvtool, Mooncake, Qwen-Bailian JSONL, Azure CSV → :class:`Request`.
+
+Requests come in serve order.
 
 Serve order (docs/definitions.md, "Order"): timestamp order, file order on ties; a trace without
 timestamps is served round by round (every session's round 1, then round 2, …), file
@@ -11,7 +13,16 @@ the number of lines, never to the number of blocks:
    not kept), which fixes the serve order and infers rounds;
 2. on iteration, each good line is decoded again, in serve order, and its keys built.
 
-So every bad line is found before the first request is served. A bad line raises
+So every bad line is found before the first request is served. Formats (docs/trace.md):
+
+* **kvtool** and **mooncake** JSONL, timestamps in ms;
+* **bailian** (Qwen-Bailian) JSONL: ``timestamp`` in seconds (× 1000 here); a request's
+  session is the root of its ``chat_id`` ← ``parent_chat_id`` chain, its round its ``turn``;
+* **azure** CSV (``TIMESTAMP,ContextTokens,GeneratedTokens``): arrivals and lengths only.
+  Timestamps become ms after the earliest row. The trace has no prefix structure, so each
+  request gets fresh keys, ``ceil(input_length / block_tokens)`` of them, numbered 0, 1,
+  2, … in serve order: nothing is ever shared, every lookup misses.
+ A bad line raises
 :class:`~kvtool.errors.InputError` naming file, line and field. With ``skip_bad=N`` the
 first N bad lines (in file order) are skipped and listed in
 :attr:`TraceReader.bad_lines`; the next one raises.
@@ -19,6 +30,8 @@ first N bad lines (in file order) are skipped and listed in
 
 from __future__ import annotations
 
+import csv
+import datetime as dt
 import json
 import math
 import mmap
@@ -35,6 +48,8 @@ import msgspec
 from kvtool.errors import InputError
 from kvtool.trace.hashing import TOKEN_MAX, chain_hashes
 from kvtool.trace.schema import (
+    AZURE_COLUMNS,
+    BAILIAN_KEYS,
     DEFAULT_BLOCK_TOKENS,
     DEFAULT_WINDOW_MS,
     FORMATS,
@@ -68,8 +83,27 @@ class _MooncakeLine(msgspec.Struct):
     hash_ids: list[int] | None = None
 
 
+class _BailianLine(msgspec.Struct):
+    """A Qwen-Bailian line (its README's schema); ``type`` is checked, then ignored."""
+
+    chat_id: int | str | None = None
+    parent_chat_id: int | str | None = None
+    timestamp: float | None = None
+    input_length: NonNegInt | None = None
+    output_length: NonNegInt | None = None
+    type: str | None = None
+    turn: PosInt | None = None
+    hash_ids: list[int] | None = None
+
+
 _KVTOOL_DECODER = msgspec.json.Decoder(_Line)
 _MOONCAKE_DECODER = msgspec.json.Decoder(_MooncakeLine)
+_BAILIAN_DECODER = msgspec.json.Decoder(_BailianLine)
+BAILIAN_ROOT = -1
+"""``parent_chat_id`` of a session's first request in Qwen-Bailian traces."""
+_AZURE_TIME_RE = re.compile(
+    r"^(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?"
+    r"(?:(Z)|([+-])(\d{2}):?(\d{2}))?$")
 
 _TYPE_WORDS = {"int": "an integer", "float": "a number", "str": "a string", "array": "a list",
                "object": "a JSON object", "bool": "true/false", "null": "null"}
@@ -93,6 +127,8 @@ class _Parsed(NamedTuple):
     block_tokens: int
     session: str | int | None
     round: int | None
+    parent: str | int | None = None
+    """Qwen-Bailian: ``parent_chat_id`` (None for a root); ``session`` holds ``chat_id``."""
 
 
 @dataclass(slots=True)
@@ -169,6 +205,10 @@ class TraceReader:
     Attributes known after construction (pass 1): :attr:`format`, :attr:`block_tokens`,
     :attr:`timed`, :attr:`has_rounds` and ``len(reader)`` (requests that passed pass 1).
     :attr:`bad_lines` grows as bad lines are met (``(line, message)`` pairs).
+
+    ``timed`` is True when the trace has timestamps (Mooncake, Qwen-Bailian and Azure
+    traces always; kvtool traces when their lines do): a replay may then run the requests
+    at their ``timestamp``, which the reader keeps as the file gives it (in ms).
     """
 
     def __init__(
@@ -199,7 +239,7 @@ class TraceReader:
         self._buf = self._open(self.path)
         detected, first_block_tokens = self._detect()
         self.format: TraceFormat = detected if fmt == "auto" else cast(TraceFormat, fmt)
-        if self.format == "mooncake":
+        if self.format != "kvtool":
             first_block_tokens = None
         self.block_tokens: int = (block_tokens or first_block_tokens
                                   or DEFAULT_BLOCK_TOKENS[self.format])
@@ -208,6 +248,8 @@ class TraceReader:
             else f"{first_block_tokens} on its first line" if first_block_tokens is not None
             else f"the {self.format} default of {self.block_tokens}")
         self._entries: list[_Entry] = []
+        self._azure_columns: tuple[int, int, int, int] | None = None
+        self._azure_origin_ns: int | None = None
         self.timed = False
         self.has_rounds = False
         self._t0 = 0.0
@@ -252,10 +294,16 @@ class TraceReader:
     def _detect(self) -> tuple[TraceFormat, int | None]:
         """Format and ``block_tokens`` of the first parseable record.
 
-        kvtool when that record has a kvtool-only key (``session``, ``round``,
-        ``block_tokens``, ``tokens``), else mooncake.
+        azure when the first non-blank line is a CSV header naming the Azure columns;
+        otherwise, from the first line that is a JSON object: kvtool when it has a
+        kvtool-only key (``session``, ``round``, ``block_tokens``, ``tokens``), bailian
+        when it has ``chat_id``, ``parent_chat_id`` or ``turn``, else mooncake.
         """
+        first_line = True
         for _line, _start, _end, raw in self._lines():
+            if first_line and _azure_header(raw) is not None:
+                return "azure", None
+            first_line = False
             try:
                 first = json.loads(raw)
             except ValueError:
@@ -263,7 +311,9 @@ class TraceReader:
             if isinstance(first, dict):
                 bt = first.get("block_tokens")
                 bt = bt if isinstance(bt, int) and not isinstance(bt, bool) and bt > 0 else None
-                return ("kvtool" if KVTOOL_ONLY_KEYS & first.keys() else "mooncake"), bt
+                if KVTOOL_ONLY_KEYS & first.keys():
+                    return "kvtool", bt
+                return ("bailian" if BAILIAN_KEYS & first.keys() else "mooncake"), None
         return "kvtool", None
 
     # -- errors ----------------------------------------------------------------------------
@@ -279,11 +329,23 @@ class TraceReader:
                                else bad.message))
 
     # -- pass 1 ----------------------------------------------------------------------------
+    def _parser(self) -> Any:
+        return {"kvtool": self._parse_kvtool, "mooncake": self._parse_mooncake,
+                "bailian": self._parse_bailian, "azure": self._parse_azure}[self.format]
+
     def _scan(self) -> None:
-        parse = self._parse_kvtool if self.format == "kvtool" else self._parse_mooncake
+        parse = self._parser()
         entries = self._entries
         timed: bool | None = None
+        chats: dict[str | int, int] = {}       # bailian: chat_id -> line
+        parents: dict[str | int, str | int | None] = {}
         for line, start, end, raw in self._lines():
+            if self.format == "azure" and self._azure_columns is None:
+                self._azure_columns = _azure_header(raw)
+                if self._azure_columns is None:
+                    raise InputError("expected the Azure CSV header naming "
+                                     f"{', '.join(AZURE_COLUMNS)}", file=self.path, line=line)
+                continue
             try:
                 req = parse(raw, keys=False)
                 has_ts = req.timestamp is not None
@@ -293,6 +355,13 @@ class TraceReader:
                     raise _BadLine("missing, but earlier lines have timestamps" if timed else
                                    "present, but earlier lines have none (all or none)",
                                    "timestamp")
+                if self.format == "bailian":
+                    assert req.session is not None
+                    if req.session in chats:
+                        raise _BadLine(f"{json.dumps(req.session)} is also the chat_id of line "
+                                       f"{chats[req.session]}", "chat_id")
+                    chats[req.session] = line
+                    parents[req.session] = req.parent
             except _BadLine as bad:
                 self._bad(line, bad)
                 continue
@@ -302,7 +371,44 @@ class TraceReader:
             raise InputError("no requests in the trace" if not self.bad_lines
                              else "no valid requests in the trace", file=self.path)
         self.timed = bool(timed)
+        if self.format == "azure":
+            first = min(e.timestamp for e in entries)
+            if first:
+                for e in entries:
+                    e.timestamp -= first
+        if self.format == "bailian":
+            self._sessions_from_chains(parents)
         self._order()
+
+    def _sessions_from_chains(self, parents: dict[str | int, str | int | None]) -> None:
+        """Qwen-Bailian: a request's session is the root of its ``parent_chat_id`` chain.
+
+        A root has ``parent_chat_id`` -1; a chain whose parent is not in the trace (cut
+        off by the trace's window) is rooted at that parent's id.
+        """
+        root: dict[str | int, str | int] = {}
+        for e in self._entries:
+            assert e.session is not None
+            path: list[str | int] = []
+            cur: str | int = e.session
+            while True:
+                if cur in root:
+                    top = root[cur]
+                    break
+                parent = parents.get(cur)
+                if parent is None:  # a root, or a parent outside the trace
+                    top = cur
+                    break
+                if cur in path:
+                    raise InputError(f"the parent_chat_id chain from chat_id "
+                                     f"{json.dumps(e.session)} loops back to "
+                                     f"{json.dumps(cur)}", file=self.path, line=e.line,
+                                     field="parent_chat_id")
+                path.append(cur)
+                cur = parent
+            for c in path:
+                root[c] = top
+            e.session = top
 
     def _order(self) -> None:
         """Sort into serve order and infer rounds (request i of a session is round i)."""
@@ -333,15 +439,22 @@ class TraceReader:
 
     def __iter__(self) -> Iterator[Request]:
         buf = self._buf
-        parse = self._parse_kvtool if self.format == "kvtool" else self._parse_mooncake
+        parse = self._parser()
         period = self._period
+        fresh = self.format == "azure"
+        next_key = 0
         for e in self._entries:
             try:
                 req = parse(buf[e.start:e.end], keys=True)
             except _BadLine as bad:  # pragma: no cover - only if the file changed under us
                 raise InputError(bad.message, file=self.path, line=e.line,
                                  field=bad.field) from None
-            yield Request(e.timestamp, req.input_length, req.output_length, req.block_keys,
+            keys = req.block_keys
+            if fresh:  # no prefix structure: every block is new (module docstring)
+                n = -(-req.input_length // self.block_tokens)
+                keys = list(range(next_key, next_key + n))
+                next_key += n
+            yield Request(e.timestamp, req.input_length, req.output_length, keys,
                           req.block_tokens, e.session, e.round, e.line, period(e))
 
     def _period(self, e: _Entry) -> int | None:
@@ -367,6 +480,41 @@ class TraceReader:
         if len(rec.hash_ids) * self.block_tokens >= rec.input_length + self.block_tokens:
             self._check_hash_ids(rec.hash_ids, rec.input_length)
         return _Parsed(rec.timestamp, rec.input_length, rec.output_length, rec.hash_ids,
+                       self.block_tokens, None, None)
+
+    def _parse_bailian(self, raw: bytes, *, keys: bool) -> _Parsed:
+        rec: _BailianLine = _decode(_BAILIAN_DECODER, raw)
+        for name in ("chat_id", "timestamp", "input_length", "output_length", "hash_ids"):
+            if getattr(rec, name) is None:
+                raise _BadLine("missing (required in Qwen-Bailian traces)", name)
+        assert rec.timestamp is not None and rec.input_length is not None
+        assert rec.output_length is not None and rec.hash_ids is not None
+        if rec.parent_chat_id == rec.chat_id:
+            raise _BadLine("a request cannot be its own parent", "parent_chat_id")
+        if len(rec.hash_ids) * self.block_tokens >= rec.input_length + self.block_tokens:
+            self._check_hash_ids(rec.hash_ids, rec.input_length)
+        parent = None if rec.parent_chat_id in (None, BAILIAN_ROOT) else rec.parent_chat_id
+        return _Parsed(round(rec.timestamp * 1000.0, 6), rec.input_length, rec.output_length,
+                       rec.hash_ids, self.block_tokens, rec.chat_id, rec.turn, parent)
+
+    def _parse_azure(self, raw: bytes, *, keys: bool) -> _Parsed:
+        assert self._azure_columns is not None
+        ts_col, in_col, out_col, ncols = self._azure_columns
+        try:
+            text = raw.decode("utf-8")
+            row = next(csv.reader([text])) if '"' in text else text.split(",")
+        except (UnicodeDecodeError, csv.Error) as err:
+            raise _BadLine(f"not a CSV row: {err}", None) from None
+        if len(row) != ncols:
+            raise _BadLine(f"expected {ncols} columns like the header, got {len(row)}", None)
+        input_length = _count(row[in_col], AZURE_COLUMNS[1])
+        output_length = _count(row[out_col], AZURE_COLUMNS[2])
+        if keys:  # pass 2: the entry has the timestamp already
+            return _Parsed(0.0, input_length, output_length, [], self.block_tokens, None, None)
+        ns = _azure_time_ns(row[ts_col])
+        if self._azure_origin_ns is None:
+            self._azure_origin_ns = ns
+        return _Parsed((ns - self._azure_origin_ns) / 1e6, input_length, output_length, [],
                        self.block_tokens, None, None)
 
     def _parse_kvtool(self, raw: bytes, *, keys: bool) -> _Parsed:
@@ -411,6 +559,48 @@ class TraceReader:
         self.close()
 
 
+def _azure_header(raw: bytes) -> tuple[int, int, int, int] | None:
+    """Column indices of TIMESTAMP, ContextTokens, GeneratedTokens and the column count."""
+    try:
+        names = [n.strip() for n in next(csv.reader([raw.decode("utf-8").lstrip("\ufeff")]))]
+    except (UnicodeDecodeError, csv.Error, StopIteration):
+        return None
+    if not all(c in names for c in AZURE_COLUMNS):
+        return None
+    ts, n_in, n_out = (names.index(c) for c in AZURE_COLUMNS)
+    return ts, n_in, n_out, len(names)
+
+
+def _azure_time_ns(text: str) -> int:
+    """``2023-11-16 18:15:46.6805900`` (optionally with a UTC offset) in ns since 1970."""
+    m = _AZURE_TIME_RE.match(text.strip())
+    if m is None:
+        raise _BadLine(f"expected a time like 2023-11-16 18:15:46.6805900, got "
+                       f"{json.dumps(text[:40])}", AZURE_COLUMNS[0])
+    y, mo, d, h, mi, s, frac, _z, sign, oh, om = m.groups()
+    try:
+        when = dt.datetime(int(y), int(mo), int(d), int(h), int(mi), int(s),
+                           tzinfo=dt.UTC)
+    except ValueError as err:
+        raise _BadLine(f"{err}, got {json.dumps(text[:40])}", AZURE_COLUMNS[0]) from None
+    seconds = int(when.timestamp())
+    if sign is not None:
+        offset = int(oh) * 3600 + int(om) * 60
+        seconds -= offset if sign == "+" else -offset
+    return seconds * 1_000_000_000 + int((frac or "0")[:9].ljust(9, "0"))
+
+
+def _count(text: str, field: str) -> int:
+    """A token count column: an integer >= 0."""
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise _BadLine(f"expected an integer, got {json.dumps(text[:40])}", field) from None
+    if value < 0:
+        raise _BadLine(f"expected an integer >= 0, got {value}", field)
+    return value
+
+
 def read_trace(
     path: str | os.PathLike[str],
     *,
@@ -419,12 +609,14 @@ def read_trace(
     skip_bad: int = 0,
     window_ms: float = DEFAULT_WINDOW_MS,
 ) -> TraceReader:
-    """Open a kvtool or Mooncake JSONL trace (``"-"`` reads stdin); see :class:`TraceReader`.
+    """Open a trace (``"-"`` reads stdin); see :class:`TraceReader`.
 
-    ``fmt="auto"`` picks kvtool when the first record has a kvtool-only key (``session``,
-    ``round``, ``block_tokens``, ``tokens``), else Mooncake. ``block_tokens`` overrides
-    the trace's block size (the first line's ``block_tokens``, else 256 for kvtool and
-    512 for Mooncake). Requests without a round in a timed trace get a ``period``: the
+    ``fmt="auto"`` picks azure when the first line is the Azure CSV header; else, from the
+    first JSON record, kvtool when it has a kvtool-only key (``session``, ``round``,
+    ``block_tokens``, ``tokens``), bailian when it has ``chat_id``, ``parent_chat_id`` or
+    ``turn``, else Mooncake. ``block_tokens`` overrides the trace's block size (the first
+    line's ``block_tokens``, else 256 for kvtool and Azure, 512 for Mooncake, 16 for
+    Qwen-Bailian). Requests without a round in a timed trace get a ``period``: the
     1-based index of their ``window_ms`` window from the first request.
     """
     return TraceReader(Path(path) if path != "-" else "-", fmt=fmt, block_tokens=block_tokens,

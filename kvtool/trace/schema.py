@@ -3,7 +3,9 @@
 kvtool JSONL is a superset of Mooncake's (docs/trace.md): one JSON object per line with
 ``timestamp`` (ms), ``input_length``, ``output_length`` and ``hash_ids``, plus optional
 ``session``, ``round``, ``block_tokens``, or ``tokens`` (token ids to hash into chained
-block keys) instead of ``hash_ids``. The full schema is in docs/trace.md.
+block keys) instead of ``hash_ids``. Two more formats are read and written: the Azure LLM
+inference CSVs (arrivals and lengths only) and the Qwen-Bailian JSONL (sessions as
+``chat_id``/``parent_chat_id`` chains, 16-token blocks). The full schema is in docs/trace.md.
 """
 
 from __future__ import annotations
@@ -12,17 +14,31 @@ from typing import Literal
 
 import msgspec
 
-TraceFormat = Literal["kvtool", "mooncake"]
-FORMATS: tuple[str, ...] = ("auto", "kvtool", "mooncake")
+TraceFormat = Literal["kvtool", "mooncake", "azure", "bailian"]
+WRITABLE: tuple[TraceFormat, ...] = ("kvtool", "mooncake", "azure", "bailian")
+"""Formats ``kvtool trace convert`` writes (every format it reads)."""
+FORMATS: tuple[str, ...] = ("auto", *WRITABLE)
+"""Values of ``--format`` for every command that reads a trace."""
 
-DEFAULT_BLOCK_TOKENS: dict[str, int] = {"kvtool": 256, "mooncake": 512}
-"""Block size when neither the trace nor ``--block-tokens`` says (docs/definitions.md)."""
+DEFAULT_BLOCK_TOKENS: dict[str, int] = {"kvtool": 256, "mooncake": 512, "azure": 256,
+                                        "bailian": 16}
+"""Block size when neither the trace nor ``--block-tokens`` says (docs/definitions.md).
+
+Mooncake's traces use 512-token blocks and Qwen-Bailian's 16 (their READMEs); the Azure
+CSVs have no blocks, so their made-up unique keys use kvtool's own default.
+"""
 
 DEFAULT_WINDOW_MS = 60_000.0
 """Reporting window for timed traces without sessions or rounds (Mooncake's): one minute."""
 
 KVTOOL_ONLY_KEYS = frozenset({"session", "round", "block_tokens", "tokens"})
 """A first record with any of these keys makes ``--format auto`` pick kvtool."""
+
+BAILIAN_KEYS = frozenset({"chat_id", "parent_chat_id", "turn"})
+"""Else a first record with any of these keys makes ``--format auto`` pick bailian."""
+
+AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+"""The Azure CSV columns kvtool reads; a first line naming them makes ``auto`` pick azure."""
 
 
 class Request(msgspec.Struct, frozen=True):
@@ -33,12 +49,14 @@ class Request(msgspec.Struct, frozen=True):
     * ``input_length >= 0``, ``output_length >= 0``;
     * ``block_keys`` are the request's cacheable blocks, head first: with ``hash_ids``
       every listed id (the last may cover a partial block), with ``tokens`` the chained
-      keys of the full blocks only; so ``len(block_keys) <= ceil(input_length /
+      keys of the full blocks only, for Azure traces ``ceil(input_length /
+      block_tokens)`` keys no other request has; so ``len(block_keys) <= ceil(input_length /
       block_tokens)`` and the prefix hit of *k* blocks is ``min(k * block_tokens,
       input_length)`` tokens;
     * ``block_tokens`` is the same for every request of a trace;
-    * ``timestamp`` is in milliseconds; ``0.0`` for every request of an untimed trace
-      (:attr:`TraceReader.timed` tells which);
+    * ``timestamp`` is in milliseconds, as the trace gives it (Qwen-Bailian's seconds
+      × 1000; Azure's after the earliest row); ``0.0`` for every request of an untimed
+      trace (:attr:`TraceReader.timed` tells which);
     * ``round`` is the ``round`` field, or for a request with a ``session`` but no
       ``round`` its 1-based position among its session's requests in serve order;
       ``None`` when the trace says nothing about sessions or rounds;

@@ -1,7 +1,8 @@
-"""Write traces: kvtool JSONL (and Mooncake JSONL, its subset), one record per line."""
+"""Write traces: kvtool, Mooncake and Qwen-Bailian JSONL, and Azure CSV; one request a line."""
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import sys
 from collections.abc import Iterable, Iterator
@@ -51,6 +52,55 @@ def write_records(records: Iterable[dict[str, Any]], path: str | os.PathLike[str
             write(b"\n")
             n += 1
     return n
+
+
+AZURE_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+"""Azure CSV output: a trace's time 0 is written as this instant (only differences count)."""
+
+
+def azure_time(ms: float) -> str:
+    """``ms`` after :data:`AZURE_EPOCH` in the Azure CSVs' form, ``1970-01-01 00:00:01.5000000``."""
+    ticks = round(ms * 10_000)  # 100 ns, the CSVs' resolution
+    seconds, rest = divmod(ticks, 10_000_000)
+    when = AZURE_EPOCH + dt.timedelta(seconds=seconds)
+    return f"{when:%Y-%m-%d %H:%M:%S}.{rest:07d}"
+
+
+def write_azure(rows: Iterable[tuple[float, int, int]], path: str | os.PathLike[str]) -> int:
+    """Write ``(timestamp_ms, input_length, output_length)`` rows as an Azure CSV."""
+    n = 0
+    with _output(path) as out:
+        write = out.write
+        write(b"TIMESTAMP,ContextTokens,GeneratedTokens\n")
+        for ts, n_in, n_out in rows:
+            write(f"{azure_time(ts)},{n_in},{n_out}\n".encode())
+            n += 1
+    return n
+
+
+class BailianChains:
+    """Qwen-Bailian ids for requests in serve order: a session becomes a chat chain.
+
+    Request *i* (0-based, serve order) gets ``chat_id`` *i*; its ``parent_chat_id`` is the
+    ``chat_id`` of its session's previous request, or -1 for a session's first request
+    and for requests without a session; ``turn`` is the round (1 when unknown).
+    """
+
+    def __init__(self) -> None:
+        self.next_id = 0
+        self.last: dict[str | int, int] = {}
+
+    def record(self, req: Request, hash_ids: list[int], timestamp_ms: float) -> dict[str, Any]:
+        chat_id = self.next_id
+        self.next_id += 1
+        parent = -1
+        if req.session is not None:
+            parent = self.last.get(req.session, -1)
+            self.last[req.session] = chat_id
+        return {"chat_id": chat_id, "parent_chat_id": parent,
+                "timestamp": round(timestamp_ms / 1000.0, 9),
+                "input_length": req.input_length, "output_length": req.output_length,
+                "type": "text", "turn": req.round or 1, "hash_ids": hash_ids}
 
 
 def compact_ids(requests: Iterable[Request]) -> Iterator[tuple[Request, list[int]]]:

@@ -27,10 +27,10 @@ SCHEMAS: dict[str, tuple[str, set[str]]] = {
         "bad_lines"}),
     "kvtool.trace.gen/1": ("trace.md", {
         "schema", "output", "requests", "form", "block_tokens", "system_prompt_tokens", "seed",
-        "timed", "workload"}),
+        "timed", "arrivals", "workload"}),
     "kvtool.trace.convert/1": ("trace.md", {
         "schema", "input", "output", "to", "requests", "block_tokens", "timestamps_added",
-        "read_back_block_tokens", "bad_lines"}),
+        "read_back_block_tokens", "dropped", "bad_lines"}),
     "kvtool.store.load/1": ("store.md", {
         "schema", "target", "engine", "store", "formatted", "replaced", "requested",
         "already_present", "written", "objects", "free_slots", "commits",

@@ -143,6 +143,21 @@ def test_gen_to_stdout(tmp_path: Path) -> None:
       "--output-tokens", "1"], "--input-tokens"),
     (["--sessions", "2", "--rounds", "2", "--input-tokens", "5", "--output-tokens", "1",
       "--interval-ms", "inf"], "--interval-ms"),
+    (["--random-input-len", "10", "--request-rate", "0"], "--request-rate"),
+    (["--random-input-len", "10", "--request-rate", "2", "--interval-ms", "5"],
+     "--request-rate"),
+    (["--random-input-len", "10", "--burstiness", "2"], "--burstiness"),
+    (["--random-input-len", "10", "--disable-shuffle"], "--disable-shuffle"),
+    (["--prefix-repetition-num-prefixes", "10", "--num-prompts", "5"], "--num-prompts"),
+    (["--random-input-len", "10", "--random-range-ratio", "1"], "--random-range-ratio"),
+    (["--sessions", "2", "--rounds", "2", "--input-tokens", "5", "--output-tokens", "1",
+      "--random-range-ratio", "0.5"], "--random-range-ratio"),
+    (["--prefix-repetition-num-prefixes", "0"], "--prefix-repetition-num-prefixes"),
+    (["--prefix-repetition-prefix-len", "-1"], "--prefix-repetition-prefix-len"),
+    (["--prefix-repetition-suffix-len", "8", "--random-input-len", "10"],
+     "--random-input-len"),
+    (["--prefix-repetition-suffix-len", "8", "--system-prompt-tokens", "10"],
+     "--system-prompt-tokens"),
 ])
 def test_gen_usage_errors(tmp_path: Path, args: list[str], field: str) -> None:
     result = run("trace", "gen", *args, "-o", str(tmp_path / "t.jsonl"))
@@ -191,3 +206,95 @@ def test_fixture_traces_regenerate_byte_for_byte(tmp_path: Path, name: str, args
     run_json("trace", "gen", *args.split(), "-o", str(out))
     assert out.read_bytes() == (FIXTURES / "traces" / name).read_bytes()
     assert args in (FIXTURES / "traces" / "README.md").read_text()
+
+
+def test_gen_fixed_length_poisson_then_stats(tmp_path: Path) -> None:
+    out = tmp_path / "p.jsonl"
+    doc = run_json("trace", "gen", "--random-input-len", "1024", "--output-tokens", "128",
+                   "--num-prompts", "200", "--iterations", "1", "--request-rate", "2", "--seed",
+                   "0", "--format", "hash_ids", "-o", str(out))
+    assert (doc["requests"], doc["timed"]) == (200, True)
+    assert doc["arrivals"] == {"interval_ms": None, "request_rate": 2.0, "burstiness": 1.0}
+    stats = run_json("trace", "stats", str(out), "--no-reuse")
+    assert (stats["requests"], stats["timed"], stats["duration_ms"] <= 100_000.0) == (
+        200, True, True)
+    assert (stats["input_tokens"], stats["output_tokens"], stats["max_hit_tokens"]) == (
+        200 * 1024, 200 * 128, 0)
+    ranged = run_json("trace", "gen", "--random-input-len", "1024", "--num-prompts", "50",
+                      "--iterations", "1", "--random-range-ratio", "0.5", "--format", "hash_ids",
+                      "-o", str(tmp_path / "r.jsonl"))
+    assert ranged["workload"]["range_ratio"] == 0.5
+    lengths = {r.input_length for r in read_trace(tmp_path / "r.jsonl")}
+    assert len(lengths) > 10 and min(lengths) >= 512 and max(lengths) <= 1536
+    burst = run_json("trace", "gen", "--random-input-len", "1024", "--num-prompts", "3",
+                     "--iterations", "1", "--request-rate", "inf", "--random-prefix-len", "512",
+                     "--format", "hash_ids", "-o", str(tmp_path / "b.jsonl"))
+    assert burst["arrivals"]["request_rate"] == "inf" and burst["system_prompt_tokens"] == 512
+    reqs = list(read_trace(tmp_path / "b.jsonl"))
+    assert [r.timestamp for r in reqs] == [0.0, 0.0, 0.0]
+    assert [r.input_length for r in reqs] == [1536] * 3
+    assert reqs[0].block_keys[:2] == reqs[2].block_keys[:2] != reqs[0].block_keys[2:4]
+
+
+def test_gen_prefix_repetition(tmp_path: Path) -> None:
+    out = tmp_path / "pr.jsonl"
+    doc = run_json("trace", "gen", "--prefix-repetition-num-prefixes", "4",
+                   "--prefix-repetition-prefix-len", "512", "--prefix-repetition-suffix-len",
+                   "100", "--num-prompts", "42", "--format", "hash_ids", "-o", str(out))
+    assert doc["requests"] == 40
+    assert doc["workload"] == {"kind": "prefix-repetition", "num_prompts": 42,
+                               "num_prefixes": 4, "prefix_len": 512, "suffix_len": 100,
+                               "output_tokens": 128, "shuffle": True}
+    stats = run_json("trace", "stats", str(out), "--no-reuse")
+    assert stats["max_hit_tokens"] == (40 - 4) * 512
+    assert stats["sessions"] == 0 and stats["input_tokens"] == 40 * 612
+
+
+@pytest.mark.parametrize(("fixture", "fmt", "requests", "sessions"), [
+    ("azure-conv-head.csv", "azure", 40, 0), ("bailian-sample.jsonl", "bailian", 10, 5)])
+def test_stats_on_the_other_formats(fixture: str, fmt: str, requests: int,
+                                    sessions: int) -> None:
+    doc = run_json("trace", "stats", str(FIXTURES / "traces" / fixture))
+    assert (doc["format"], doc["timed"], doc["requests"], doc["sessions"]) == (
+        fmt, True, requests, sessions)
+    result = run("trace", "stats", str(FIXTURES / "traces" / fixture), "--format", fmt)
+    assert result.exit_code == 0 and f"({fmt}, " in result.stdout
+
+
+def test_bad_azure_row_is_one_line_exit_2(tmp_path: Path) -> None:
+    path = tmp_path / "a.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,12,3\n"
+                    "2023-11-16 18:15:47.01,n/a,3\n")
+    result = run("trace", "stats", str(path))
+    assert result.exit_code == 2
+    assert result.stderr == (f"kvtool: error: {path}:3: field 'ContextTokens': expected an "
+                             'integer, got "n/a"\n')
+
+
+@pytest.mark.parametrize("to", ["bailian", "azure"])
+def test_convert_cli_to_the_other_formats(tmp_path: Path, to: str) -> None:
+    out = tmp_path / f"t.{to}"
+    result = run("--json", "trace", "convert", str(MULTI), "--to", to, "--interval-ms", "100",
+                 "-o", str(out))
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert (doc["to"], doc["requests"], doc["timestamps_added"]) == (to, 96, True)
+    if to == "azure":
+        assert doc["dropped"] == ["hash_ids", "session", "round"]
+        assert "azure cannot carry hash_ids, session, round: dropped" in result.stderr
+    else:
+        assert doc["dropped"] == [] and doc["read_back_block_tokens"] == 256
+        assert "--block-tokens 256 (bailian readers assume 16)" in result.stderr
+    stats = run_json("trace", "stats", str(out), "--block-tokens", "256", "--no-reuse")
+    assert (stats["format"], stats["requests"], stats["duration_ms"]) == (to, 96, 9500.0)
+
+
+@pytest.mark.parametrize("fixture", ["azure-conv-head.csv", "bailian-sample.jsonl"])
+def test_replay_reads_the_other_formats(fixture: str) -> None:
+    """With room for every block, a replay hits exactly the infinite-cache maximum."""
+    path = str(FIXTURES / "traces" / fixture)
+    stats = run_json("trace", "stats", path, "--no-reuse")
+    doc = run_json("replay", "--simulate", path, "--dram", "inf")
+    assert (doc["format"], doc["requests"], doc["block_tokens"]) == (
+        stats["format"], stats["requests"], stats["block_tokens"])
+    assert doc["token_hit_ratio"] == stats["max_token_hit_ratio"]

@@ -75,7 +75,7 @@ def test_fixture_traces_read(tmp_path: Path) -> None:
     ids = read_trace(FIXTURES / "traces" / "multiturn-8x12.jsonl")
     assert (len(tok), tok.block_tokens, tok.format) == (24, 16, "kvtool")
     assert (len(ids), ids.block_tokens) == (96, 256)
-    rounds = [r.round for r in ids]
+    rounds = [r.report_round for r in ids]
     assert rounds == sorted(rounds) and rounds[-1] == 12
 
 

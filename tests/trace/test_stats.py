@@ -14,7 +14,7 @@ from kvtool.trace.stats import trace_stats
 
 
 def req(keys: list[int], n: int, b: int = 4, rnd: int | None = None,
-        session: int | None = None) -> Request:
+        session: str | int | None = None) -> Request:
     return Request(0.0, n, 1, keys, b, session, rnd)
 
 
