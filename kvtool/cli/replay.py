@@ -12,7 +12,8 @@ import click
 from kvtool.cli.hostopts import host_options
 from kvtool.cli.options import block_size_options
 from kvtool.cli.output import emit, json_option, note, progress, settings, want_json
-from kvtool.errors import CheckFailed, UsageError
+from kvtool.errors import CheckFailed, UsageError, param
+from kvtool.trace.schema import FORMATS
 from kvtool.units import format_size
 
 if TYPE_CHECKING:
@@ -98,9 +99,10 @@ def _fraction(_ctx: click.Context, param: click.Parameter, value: float | None) 
 @click.option("--evict-ratio", type=float, default=None, callback=_fraction,
               help="Mooncake batch eviction: fraction evicted per batch (default 0.05).")
 @click.option("--block-tokens", type=int, default=None,
-              help="Tokens per block [default: the trace's; 256 kvtool, 512 Mooncake].")
-@click.option("--format", "fmt", type=click.Choice(["auto", "kvtool", "mooncake"]),
-              default="auto", show_default=True, help="Trace format.")
+              help="Tokens per block [default: the trace's; 256 kvtool and Azure, 512 "
+                   "Mooncake, 16 Qwen-Bailian].")
+@click.option("--format", "fmt", type=click.Choice(list(FORMATS)),
+              default="auto", show_default=True, help="Trace format (docs/trace.md).")
 @block_size_options
 @click.option("--compare", "compares", multiple=True, metavar="SPEC",
               help="Add a configuration to replay side by side (repeatable; see below).")
@@ -129,6 +131,17 @@ def _fraction(_ctx: click.Context, param: click.Parameter, value: float | None) 
               help="Write a PNG: hit ratio and bytes written per round (needs the plot extra).")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
               help="Serve Prometheus metrics on 127.0.0.1:PORT while replaying.")
+@click.option("--cluster", "clusters", multiple=True, type=click.Path(dir_okay=False),
+              metavar="FILE",
+              help="Serving model: engines, links, tiers and router from this cluster TOML "
+                   "(repeatable: configurations side by side; docs/serving.md).")
+@click.option("--request-rate", type=float, default=None,
+              help="--cluster: open-loop Poisson arrivals, requests/s (inf: all at once).")
+@click.option("--speedup", type=float, default=None,
+              help="--cluster: replay the trace's timestamps this many times faster.")
+@click.option("--sweep", default=None, metavar="LOAD=V1,V2,...",
+              help="--cluster: one run per value, e.g. concurrency=1,4,16,64,256 or "
+                   "request-rate=1,2,4.")
 @json_option
 @host_options
 def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: str | None,
@@ -139,7 +152,8 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
             skip_bad: int, prefill_tps: float | None, tpot_ms: float | None,
             read_gbps: dict[str, float], concurrency: int | None, csv_path: str | None,
             requests_csv: str | None, plot_path: str | None, metrics_port: int | None,
-            credentials: HostCredentials | None) -> None:
+            clusters: tuple[str, ...], request_rate: float | None, speedup: float | None,
+            sweep: str | None, credentials: HostCredentials | None) -> None:
     """Replay a request trace through a GPU → DRAM → NVMe prefix cache.
 
     Data mode (default) moves real bytes through the tiers and checks every block;
@@ -152,6 +166,18 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
     from kvtool.replay.run import ReplaySettings, describe_setup, prepare
 
     check_output_paths(csv=csv_path, plot=plot_path, requests_csv=requests_csv)
+    if clusters:
+        from kvtool.cli import serving
+
+        serving.run(trace=trace, clusters=clusters, simulate=simulate, fmt=fmt,
+                    block_tokens=block_tokens, skip_bad=skip_bad, seed=seed,
+                    loads=serving.loads_from(concurrency, request_rate, speedup, sweep),
+                    csv_path=csv_path, plot_path=plot_path)
+        return
+    for name, value in (("request_rate", request_rate), ("speedup", speedup), ("sweep", sweep)):
+        if value is not None:
+            raise UsageError(f"{param(name)} sets the serving model's load: give "
+                             f"{param('cluster')} too", field=name)
     replay_settings = ReplaySettings(
         trace=trace, fmt=fmt, block_tokens=block_tokens, skip_bad=skip_bad, simulate=simulate,
         tiers={k: v for k, v in (("gpu", gpu), ("dram", dram), ("nvme", nvme)) if v is not None},

@@ -1,0 +1,113 @@
+"""``kvtool replay TRACE --cluster FILE``: the serving model's part of the replay command
+(a thin shell over :mod:`kvtool.serving.run`; rendering of its report)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kvtool.cli.output import emit, note, progress
+from kvtool.errors import UsageError, param
+
+
+def loads_from(concurrency: int | None, request_rate: float | None, speedup: float | None,
+               sweep: str | None) -> list[Any]:
+    """The load flags as :class:`~kvtool.serving.load.Load` values (at most one kind)."""
+    from kvtool.serving.load import Load
+    from kvtool.serving.run import parse_sweep
+
+    given = [n for n, v in (("concurrency", concurrency), ("request_rate", request_rate),
+                            ("speedup", speedup), ("sweep", sweep)) if v is not None]
+    if len(given) > 1:
+        raise UsageError(f"{param(given[0])} and {param(given[1])} are two loads: give one",
+                         field=given[1])
+    if sweep is not None:
+        return parse_sweep(sweep)
+    if concurrency is not None:
+        return [Load("concurrency", float(concurrency))]
+    if request_rate is not None:
+        return [Load("request-rate", request_rate)]
+    if speedup is not None:
+        return [Load("timestamps", speedup)]
+    return []
+
+
+def run(*, trace: str, clusters: tuple[str, ...], simulate: bool, fmt: str,
+        block_tokens: int | None, skip_bad: int, loads: list[Any], seed: int,
+        csv_path: str | None, plot_path: str | None) -> None:
+    from kvtool.serving.run import ServingSettings, run_serving, write_csv, write_plot
+
+    settings = ServingSettings(trace=trace, clusters=clusters, loads=loads, fmt=fmt,
+                               block_tokens=block_tokens, skip_bad=skip_bad, seed=seed,
+                               data=not simulate)
+    def on_setup(head: dict[str, Any]) -> None:
+        for line in describe(head):
+            note(line)
+
+    with progress("serving model", None, unit="requests") as advance:
+        doc = run_serving(settings, progress=advance, on_setup=on_setup)
+    if csv_path:
+        write_csv(doc, csv_path)
+    if plot_path:
+        write_plot(doc, plot_path, title=f"kvtool replay {Path(trace).name} (simulated)")
+    emit(doc, lambda con: render(con, doc))
+
+
+def describe(head: dict[str, Any]) -> list[str]:
+    lines = [f"trace {head['trace']}: {head['requests']:,} requests, "
+             f"{head['block_tokens']} tokens/block"]
+    for c in head["clusters"]:
+        lines.append(f"cluster {c['name']}: " + ", ".join(
+            f"{e['count']}× {e['model']} on {e['tp']}× {e['gpu']} ({e['role']}, "
+            f"{e['num_gpu_blocks']:,} blocks)" for e in c["engine_groups"])
+            + f"; router {c['router']}")
+    return lines
+
+
+def _ms(x: float) -> str:
+    return f"{x / 1000:.2f} s" if x >= 1000 else f"{x:.1f} ms"
+
+
+def render(con: Any, doc: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    runs = doc["runs"]
+    con.print(f"[bold]kvtool replay[/] {doc['trace']} · serving model · "
+              f"{doc['requests']:,} requests")
+    t = Table(title="serving (simulated)", title_justify="left")
+    for col in ("run", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50",
+                "hit"):
+        t.add_column(col, justify="right" if col != "run" else "left")
+    for r in runs:
+        s = r["serving"]
+        t.add_row(r["label"], f"{s['request_throughput']:.2f}",
+                  f"{s['output_throughput']:,.0f}", _ms(s["median_ttft_ms"]),
+                  _ms(s["p99_ttft_ms"]), _ms(s["median_tpot_ms"]),
+                  f"{100 * r['cache']['token_hit_ratio']:.1f}%")
+    con.print(t)
+    if len(runs) == 1:
+        r = runs[0]
+        e = Table(title="engines", title_justify="left")
+        for col in ("engine", "busy", "batch", "preempt", "GPU hit", "ext hit"):
+            e.add_column(col, justify="right" if col != "engine" else "left")
+        for eng in r["engines"]:
+            q = eng["gpu_prefix_query_tokens"]
+            e.add_row(eng["name"], f"{100 * eng['busy_fraction']:.0f}%",
+                      f"{eng['mean_batch_seqs']:.1f}", f"{eng['preemptions']:,}",
+                      f"{100 * eng['gpu_prefix_hit_tokens'] / q:.1f}%" if q else "–",
+                      f"{100 * eng['external_hit_tokens'] / q:.1f}%" if q else "–")
+        con.print(e)
+        links = [(n, d, v) for n, dirs in r["links"].items() for d, v in dirs.items()
+                 if v["bytes"]]
+        if links:
+            lt = Table(title="links", title_justify="left")
+            for col in ("link", "dir", "GB", "busy"):
+                lt.add_column(col, justify="right" if col not in ("link", "dir") else "left")
+            for n, d, v in links:
+                lt.add_row(n, d, f"{v['bytes'] / 1e9:,.1f}", f"{100 * v['busy_fraction']:.0f}%")
+            con.print(lt)
+        s = r["serving"]
+        con.print(f"completed {s['completed']:,} · failed {s['failed']:,} · duration "
+                  f"{s['duration']:,.1f} s · queue mean {_ms(s['mean_queue_ms'])}")
+    con.print("[dim]All times are simulated (roofline step times, flows over links; "
+              "docs/serving.md), not measured.[/]")

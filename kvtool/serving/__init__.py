@@ -1,0 +1,1 @@
+"""Serving model: engines, batching, shared links, routers and the cluster file (issue 19)."""

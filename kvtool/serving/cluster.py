@@ -1,0 +1,687 @@
+"""The cluster file: nodes, GPUs, engines, links, tiers and router in one TOML file.
+
+:func:`load_cluster` reads the file with :mod:`kvtool.configfile` and returns a frozen
+:class:`ClusterSpec`; every error is an :class:`~kvtool.errors.InputError` naming the file,
+the line and the key (``gp7000.toml:31: field 'engine[0].tp': ...``), and unknown keys are
+errors. The format, with an annotated example, is in docs/serving.md ("The cluster file").
+The smallest valid file::
+
+    [[engine]]
+    gpu = "a100-sxm"
+    model = "llama-2-7b"
+    tp = 1
+
+Invariants of a :class:`ClusterSpec`:
+
+* ``engines`` holds one :class:`EngineSpec` per replica (``count`` expanded), in file
+  order, ``index`` = position; names are unique and every engine's node is in ``nodes``;
+* every engine runs the same model with the same KV dtype (blocks move between engines
+  and tiers, so they must be the same bytes); TP may differ unless a tier's capacity is
+  given in bytes;
+* each engine's ``num_gpu_blocks`` is resolved: given, or modelled from GPU memory
+  (:meth:`kvtool.serving.roofline.StepModel.kv_pool_blocks`), null block included;
+* P/D split: if any engine's role is ``prefill`` or ``decode``, there is at least one of
+  each (``both`` engines serve in both pools);
+* link names derived from it are unique: ``pcie/<engine>``, ``nic/<node>``,
+  ``target/<target>`` and ``mooncake``.
+
+Bandwidths are GB/s (1e9 B/s) per direction; ``math.inf`` means unlimited.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvtool.cache.policies import POLICIES
+from kvtool.configfile import ConfigDocument, parse_config_text, read_config
+from kvtool.errors import InputError, UsageError
+from kvtool.geometry.dtypes import canonical_dtype
+from kvtool.geometry.model import ModelSpec
+from kvtool.geometry.params import weight_dtype as canonical_weight_dtype
+from kvtool.serving.gpus import GPU, gpu_from_table, resolve_gpu
+from kvtool.serving.roofline import StepModel
+from kvtool.units import Capacity
+
+ROLES = ("both", "prefill", "decode")
+DEFAULT_BLOCK_TOKENS = 16
+"""vLLM's ``CacheConfig.DEFAULT_BLOCK_SIZE`` (vllm/config/cache.py, vLLM 0.33.0)."""
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
+"""vLLM's ``CacheConfig.gpu_memory_utilization`` default (vllm/config/cache.py, vLLM 0.33.0)."""
+DEFAULT_ROUTER = "round-robin"
+DEFAULT_POLICY = "lru"
+ROUTERS = ("round-robin", "least-loaded", "session-affinity", "kv-aware")
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_TOP_KEYS = {"name", "block_tokens", "router", "gpu", "node", "engine", "mooncake", "nvme"}
+_NODE_KEYS = {"name", "gpus", "nic_gbps", "dram", "dram_policy", "pcie_gbps"}
+_ENGINE_KEYS = {"name", "node", "count", "gpu", "model", "tp", "dtype", "kv_dtype", "role",
+                "max_num_seqs", "max_num_batched_tokens", "num_gpu_blocks",
+                "gpu_memory_utilization", "enable_prefix_caching"}
+_MOONCAKE_KEYS = {"capacity", "policy", "gbps"}
+_NVME_KEYS = {"capacity", "policy", "target"}
+_TARGET_KEYS = {"name", "read_gbps", "write_gbps"}
+_QUANTISED = ("fp8", "int8", "fp4", "int4")
+
+Path_ = tuple[str | int, ...]
+
+
+def vllm_batch_defaults(gpu: GPU) -> tuple[int, int]:
+    """``(max_num_batched_tokens, max_num_seqs)`` vLLM picks for online serving on ``gpu``.
+
+    vLLM 0.33.0 ``EngineArgs.get_batch_defaults`` (vllm/engine/arg_utils.py), usage context
+    OPENAI_API_SERVER: 16384 / 1024 on GPUs with at least 160 GiB; 8192 / 1024 on GPUs with
+    at least 70 GiB that are not A100s; 2048 / 256 otherwise.
+    """
+    gib = 2 ** 30
+    if gpu.memory_bytes >= 160 * gib:
+        return 16384, 1024
+    if gpu.memory_bytes >= 70 * gib and "a100" not in gpu.name.lower():
+        return 8192, 1024
+    return 2048, 256
+
+
+@dataclass(frozen=True)
+class RouterSpec:
+    """The router's name (one of :data:`ROUTERS`) and its parameters
+    (:func:`kvtool.serving.router.make_router`)."""
+
+    name: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One machine: its NIC, its optional DRAM KV tier, its GPUs' PCIe."""
+
+    name: str
+    nic_gbps: float = math.inf
+    """NIC bandwidth per direction (GB/s); ``inf``: unlimited."""
+    dram: Capacity | None = None
+    """A per-node DRAM KV tier shared by the node's engines (``None``: none)."""
+    dram_policy: str = DEFAULT_POLICY
+    pcie_gbps: float | None = None
+    """GPU↔host bandwidth per GPU and direction; ``None``: each engine's GPU's own."""
+    gpus: int | None = None
+    """GPUs in the node, when given (the engines' TP sizes must fit)."""
+    auto: bool = False
+    """Made for an engine that named no node."""
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One engine (one replica): a model on ``tp`` GPUs of one node."""
+
+    index: int
+    name: str
+    node: str
+    gpu: GPU
+    model: ModelSpec
+    tp: int
+    dtype: str
+    """Weights' dtype."""
+    kv_dtype: str
+    role: str
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    num_gpu_blocks: int
+    """vLLM's ``num_gpu_blocks``, the null block included (given, or modelled)."""
+    num_gpu_blocks_basis: str
+    """``given`` (from the file) or ``modelled`` (from memory, weights and utilisation)."""
+    gpu_memory_utilization: float
+    pcie_gbps: float
+    """GPU↔host bandwidth of ONE GPU per direction (GB/s)."""
+    block_bytes: int
+    """One rank's KV object for one block (the size tiers count, docs/definitions.md)."""
+    all_ranks_block_bytes: int
+    """What all ranks hold for one block (what one engine's load or store moves)."""
+    step: StepModel = field(compare=False, repr=False)
+    """The engine's roofline (shared by the replicas of one ``[[engine]]`` table)."""
+    enable_prefix_caching: bool = True
+    """vLLM's ``enable_prefix_caching`` (on by default in vLLM v1)."""
+
+    @property
+    def host_link_gbps(self) -> float:
+        """All ranks' PCIe together (``tp × pcie_gbps``): one engine's GPU↔host path."""
+        return self.tp * self.pcie_gbps
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "name": self.name, "node": self.node, "gpu": self.gpu.name,
+                "model": self.model.name, "tp": self.tp, "dtype": self.dtype,
+                "kv_dtype": self.kv_dtype, "role": self.role, "max_num_seqs": self.max_num_seqs,
+                "max_num_batched_tokens": self.max_num_batched_tokens,
+                "num_gpu_blocks": self.num_gpu_blocks,
+                "num_gpu_blocks_basis": self.num_gpu_blocks_basis,
+                "gpu_memory_utilization": self.gpu_memory_utilization,
+                "pcie_gbps": self.pcie_gbps, "block_bytes": self.block_bytes,
+                "all_ranks_block_bytes": self.all_ranks_block_bytes,
+                "enable_prefix_caching": self.enable_prefix_caching}
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """The cluster-wide Mooncake DRAM pool."""
+
+    capacity: Capacity
+    policy: str = DEFAULT_POLICY
+    gbps: float = math.inf
+    """Its transfer path per direction (GB/s); ``inf``: unlimited."""
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """One NVMe-oF target: its own bandwidth per direction (GB/s)."""
+
+    name: str
+    read_gbps: float = math.inf
+    write_gbps: float = math.inf
+
+
+@dataclass(frozen=True)
+class NvmeSpec:
+    """The NVMe-oF pool: blocks are spread over its targets."""
+
+    capacity: Capacity
+    targets: tuple[TargetSpec, ...]
+    policy: str = DEFAULT_POLICY
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """A whole cluster as the cluster file describes it (module docstring: invariants)."""
+
+    name: str
+    block_tokens: int
+    router: RouterSpec
+    nodes: tuple[NodeSpec, ...]
+    engines: tuple[EngineSpec, ...]
+    gpus: Mapping[str, GPU] = field(default_factory=dict)
+    """User-defined GPUs (``[[gpu]]``), by name."""
+    mooncake: PoolSpec | None = None
+    nvme: NvmeSpec | None = None
+    source: str | None = None
+
+    @property
+    def pd(self) -> bool:
+        """Prefill/decode split: some engine only prefills (and so some only decodes)."""
+        return any(e.role != "both" for e in self.engines)
+
+    @property
+    def model(self) -> ModelSpec:
+        return self.engines[0].model
+
+    def node(self, name: str) -> NodeSpec:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    def engines_on(self, node: str) -> tuple[EngineSpec, ...]:
+        return tuple(e for e in self.engines if e.node == node)
+
+    def capacity_blocks(self, capacity: Capacity) -> float:
+        """Whole blocks a tier of ``capacity`` holds (``inf`` when unbounded).
+
+        Bytes are divided by one rank's block object (docs/definitions.md); the loader has
+        checked that every engine's is the same when a capacity is in bytes.
+        """
+        return capacity.blocks(self.engines[0].block_bytes, self.block_tokens)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready summary (the report's ``cluster`` object)."""
+        def cap(c: Capacity | None) -> dict[str, Any] | None:
+            if c is None:
+                return None
+            blocks = self.capacity_blocks(c)
+            return {"capacity": str(c), "blocks": None if math.isinf(blocks) else int(blocks)}
+
+        def bw(x: float | None) -> float | None:
+            return None if x is None or math.isinf(x) else x
+
+        return {
+            "name": self.name, "source": self.source, "block_tokens": self.block_tokens,
+            "router": {"name": self.router.name, **dict(self.router.params)},
+            "pd": self.pd,
+            "nodes": [{"name": n.name, "nic_gbps": bw(n.nic_gbps), "pcie_gbps": bw(n.pcie_gbps),
+                       "gpus": n.gpus,
+                       "dram": None if n.dram is None else {**(cap(n.dram) or {}),
+                                                             "policy": n.dram_policy}}
+                      for n in self.nodes],
+            "engines": [e.to_dict() for e in self.engines],
+            "mooncake": None if self.mooncake is None else {
+                **(cap(self.mooncake.capacity) or {}), "policy": self.mooncake.policy,
+                "gbps": bw(self.mooncake.gbps)},
+            "nvme": None if self.nvme is None else {
+                **(cap(self.nvme.capacity) or {}), "policy": self.nvme.policy,
+                "targets": [{"name": t.name, "read_gbps": bw(t.read_gbps),
+                             "write_gbps": bw(t.write_gbps)} for t in self.nvme.targets]},
+        }
+
+
+# -- reading ------------------------------------------------------------------------------------
+
+
+def load_cluster(path: str | Path, *, default_block_tokens: int | None = None) -> ClusterSpec:
+    """Read and validate a cluster file (TOML, or JSON with the same structure).
+
+    ``default_block_tokens``: the block size when the file gives none (the replay passes
+    its trace's; otherwise vLLM's default, :data:`DEFAULT_BLOCK_TOKENS`)."""
+    p = Path(path)
+    return cluster_from_document(read_config(p), default_name=p.stem, base_dir=p.parent,
+                                 default_block_tokens=default_block_tokens)
+
+
+def parse_cluster(text: str, *, source: str | None = None, name: str = "cluster",
+                  base_dir: str | Path | None = None) -> ClusterSpec:
+    """Parse and validate cluster TOML text (see :func:`load_cluster`)."""
+    return cluster_from_document(parse_config_text(text, source=source), default_name=name,
+                                 base_dir=Path(base_dir) if base_dir is not None else None)
+
+
+def cluster_from_document(doc: ConfigDocument, *, default_name: str = "cluster",
+                          base_dir: Path | None = None,
+                          default_block_tokens: int | None = None) -> ClusterSpec:
+    """Validate a parsed cluster file (errors name file, line and key)."""
+    return _Reader(doc, base_dir).cluster(default_name, default_block_tokens)
+
+
+def _show(v: Any) -> str:
+    return f"{type(v).__name__} {v!r}"
+
+
+class _Reader:
+    """One pass over the document, with errors that name file, line and key."""
+
+    def __init__(self, doc: ConfigDocument, base_dir: Path | None) -> None:
+        self.doc = doc
+        self.base_dir = base_dir
+
+    # -- typed access ------------------------------------------------------------------------
+
+    def fail(self, message: str, path: Path_) -> InputError:
+        return self.doc.error(message, path)
+
+    def table(self, data: Any, path: Path_, keys: set[str]) -> dict[str, Any]:
+        if not isinstance(data, dict):
+            raise self.fail(f"expected a table, got {_show(data)}", path)
+        for key in data:
+            if key not in keys:
+                raise self.fail(f"unknown key {key!r} (allowed here: {', '.join(sorted(keys))})",
+                                (*path, key))
+        return data
+
+    def tables(self, data: Mapping[str, Any], key: str) -> list[tuple[Path_, Any]]:
+        v = data.get(key, [])
+        if isinstance(v, dict):
+            return [((key,), v)]
+        if not isinstance(v, list):
+            raise self.fail(f"expected [[{key}]] tables, got {_show(v)}", (key,))
+        return [((key, i), item) for i, item in enumerate(v)]
+
+    def text(self, t: Mapping[str, Any], key: str, path: Path_, default: str | None = None
+             ) -> str | None:
+        if key not in t:
+            return default
+        v = t[key]
+        if not isinstance(v, str) or not v.strip():
+            raise self.fail(f"expected a non-empty string, got {_show(v)}", (*path, key))
+        return v.strip()
+
+    def name(self, t: Mapping[str, Any], key: str, path: Path_, default: str | None = None
+             ) -> str | None:
+        v = self.text(t, key, path, default)
+        if v is not None and not _NAME_RE.match(v):
+            raise self.fail(f"a name is 1-64 of A-Z a-z 0-9 _ . -, got {v!r}", (*path, key))
+        return v
+
+    def integer(self, t: Mapping[str, Any], key: str, path: Path_, default: int | None = None,
+                *, lo: int = 1) -> int | None:
+        if key not in t:
+            return default
+        v = t[key]
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise self.fail(f"expected an integer, got {_show(v)}", (*path, key))
+        if v < lo:
+            raise self.fail(f"must be at least {lo}, got {v}", (*path, key))
+        return v
+
+    def gbps(self, t: Mapping[str, Any], key: str, path: Path_, default: float = math.inf
+             ) -> float:
+        if key not in t:
+            return default
+        v = t[key]
+        if isinstance(v, str) and v.strip().lower() in ("inf", "unlimited"):
+            return math.inf
+        if isinstance(v, bool) or not isinstance(v, int | float) or math.isnan(v) or v <= 0:
+            raise self.fail(f"expected a bandwidth in GB/s > 0 (or \"inf\"), got {_show(v)}",
+                            (*path, key))
+        return float(v)
+
+    def capacity(self, t: Mapping[str, Any], key: str, path: Path_, *, required: bool = False
+                 ) -> Capacity | None:
+        if key not in t:
+            if required:
+                raise self.fail(f"missing required key {key!r}", (*path, key))
+            return None
+        v = t[key]
+        if isinstance(v, bool) or not isinstance(v, int | str):
+            raise self.fail(f"expected a capacity such as \"53.7GB\", \"5000blk\" or "
+                            f"\"inf\", got {_show(v)}", (*path, key))
+        try:
+            return Capacity.parse(v, field=key)
+        except UsageError as exc:
+            raise self.fail(exc.message, (*path, key)) from None
+
+    def policy(self, t: Mapping[str, Any], key: str, path: Path_) -> str:
+        v = self.text(t, key, path, DEFAULT_POLICY) or DEFAULT_POLICY
+        if v.lower() not in POLICIES:
+            raise self.fail(f"unknown policy {v!r} (known: {', '.join(POLICIES)})", (*path, key))
+        return v.lower()
+
+    # -- sections ----------------------------------------------------------------------------
+
+    def cluster(self, default_name: str, default_block_tokens: int | None = None) -> ClusterSpec:
+        data = self.table(self.doc.data, (), _TOP_KEYS)
+        name = self.text(data, "name", (), default_name) or default_name
+        block_tokens = self.integer(data, "block_tokens", (),
+                                    default_block_tokens or DEFAULT_BLOCK_TOKENS)
+        assert block_tokens is not None
+        router = self.router(data)
+        gpus = self.user_gpus(data)
+        nodes = self.nodes(data)
+        engines = self.engines(data, gpus, nodes, block_tokens)
+        mooncake = self.mooncake(data)
+        nvme = self.nvme(data)
+        spec = ClusterSpec(name=name, block_tokens=block_tokens, router=router,
+                           nodes=tuple(nodes.values()), engines=tuple(engines), gpus=gpus,
+                           mooncake=mooncake, nvme=nvme, source=self.doc.source)
+        self.check_bytes_capacities(data, spec)
+        return spec
+
+    def router(self, data: Mapping[str, Any]) -> RouterSpec:
+        v = data.get("router", DEFAULT_ROUTER)
+        params: dict[str, Any] = {}
+        path: Path_ = ("router",)
+        if isinstance(v, dict):
+            if "name" not in v:
+                raise self.fail("missing required key 'name'", (*path, "name"))
+            params = {k: x for k, x in v.items() if k != "name"}
+            name = self.text(v, "name", path)
+            path = (*path, "name")
+        elif isinstance(v, str):
+            name = v
+        else:
+            raise self.fail(f"expected a router name or a [router] table, got {_show(v)}", path)
+        assert name is not None
+        key = name.strip().lower()
+        if key not in ROUTERS:
+            raise self.fail(f"unknown router {name!r} (known: {', '.join(ROUTERS)})", path)
+        # Parameters are checked by the router itself, so that the file and the library agree.
+        from kvtool.serving.router import make_router
+        try:
+            make_router(key, **params)
+        except UsageError as exc:
+            where: Path_ = ("router", exc.field) if exc.field in params else ("router",)
+            raise self.fail(exc.message, where) from None
+        return RouterSpec(key, params)
+
+    def user_gpus(self, data: Mapping[str, Any]) -> dict[str, GPU]:
+        v = data.get("gpu")
+        if v is None:
+            return {}
+        items: list[tuple[Path_, Any]]
+        if isinstance(v, dict):  # [gpu.NAME] tables: the key is the name
+            items = [(("gpu", k), t) for k, t in v.items()]
+        elif isinstance(v, list):
+            items = [(("gpu", i), t) for i, t in enumerate(v)]
+        else:
+            raise self.fail(f"expected [[gpu]] tables, got {_show(v)}", ("gpu",))
+        out: dict[str, GPU] = {}
+        for path, t in items:
+            if isinstance(path[-1], int) and isinstance(t, dict) and "name" not in t:
+                raise self.fail("missing required key 'name'", (*path, "name"))
+            gpu = gpu_from_table(t, (self.doc, path))
+            if gpu.name.lower() in {g.lower() for g in out}:
+                raise self.fail(f"GPU {gpu.name!r} is defined twice", (*path, "name"))
+            out[gpu.name] = gpu
+        return out
+
+    def nodes(self, data: Mapping[str, Any]) -> dict[str, NodeSpec]:
+        out: dict[str, NodeSpec] = {}
+        for path, raw in self.tables(data, "node"):
+            t = self.table(raw, path, _NODE_KEYS)
+            name = self.name(t, "name", path)
+            if name is None:
+                raise self.fail("missing required key 'name'", (*path, "name"))
+            if name in out:
+                raise self.fail(f"node {name!r} is defined twice", (*path, "name"))
+            if "dram_policy" in t and "dram" not in t:
+                raise self.fail("dram_policy without dram (the node's DRAM tier capacity)",
+                                (*path, "dram_policy"))
+            out[name] = NodeSpec(
+                name=name, nic_gbps=self.gbps(t, "nic_gbps", path),
+                dram=self.capacity(t, "dram", path), dram_policy=self.policy(t, "dram_policy", path),
+                pcie_gbps=self.gbps(t, "pcie_gbps", path) if "pcie_gbps" in t else None,
+                gpus=self.integer(t, "gpus", path))
+        return out
+
+    def engines(self, data: Mapping[str, Any], gpus: Mapping[str, GPU],
+                nodes: dict[str, NodeSpec], block_tokens: int) -> list[EngineSpec]:
+        tables = self.tables(data, "engine")
+        if not tables:
+            raise self.fail("a cluster needs at least one [[engine]] table "
+                            "(gpu, model, tp)", ("engine",))
+        out: list[EngineSpec] = []
+        names: set[str] = set()
+        explicit_nodes = set(nodes)
+        used_gpus: dict[str, int] = {}
+        first: tuple[EngineSpec, Path_] | None = None
+        for path, raw in tables:
+            t = self.table(raw, path, _ENGINE_KEYS)
+            for key in ("gpu", "model"):
+                if key not in t:
+                    raise self.fail(f"missing required key {key!r}", (*path, key))
+            gpu_name = self.text(t, "gpu", path)
+            assert gpu_name is not None
+            try:
+                gpu = resolve_gpu(gpu_name, gpus)
+            except UsageError as exc:
+                raise self.fail(exc.message, (*path, "gpu")) from None
+            model = self.model(t, path)
+            tp = self.integer(t, "tp", path, 1)
+            count = self.integer(t, "count", path, 1)
+            assert tp is not None and count is not None
+            dtype = self.weight_dtype(t, path, model)
+            kv_dtype = self.kv_dtype(t, path, model, dtype)
+            role = (self.text(t, "role", path, "both") or "both").lower()
+            if role not in ROLES:
+                raise self.fail(f"expected one of {', '.join(ROLES)}, got {t['role']!r}",
+                                (*path, "role"))
+            d_tokens, d_seqs = vllm_batch_defaults(gpu)
+            max_seqs = self.integer(t, "max_num_seqs", path, d_seqs)
+            max_tokens = self.integer(t, "max_num_batched_tokens", path, d_tokens)
+            assert max_seqs is not None and max_tokens is not None
+            if "num_gpu_blocks" in t and "gpu_memory_utilization" in t:
+                raise self.fail("give num_gpu_blocks or gpu_memory_utilization, not both",
+                                (*path, "gpu_memory_utilization"))
+            util = self.utilization(t, path)
+            caching = t.get("enable_prefix_caching", True)
+            if not isinstance(caching, bool):
+                raise self.fail(f"expected true or false, got {_show(caching)}",
+                                (*path, "enable_prefix_caching"))
+            step = self.step_model(model, gpu, tp, dtype, kv_dtype, block_tokens, path)
+            blocks = self.integer(t, "num_gpu_blocks", path, None, lo=2)
+            basis = "given"
+            if blocks is None:
+                basis = "modelled"
+                try:
+                    blocks = step.kv_pool_blocks(block_tokens, util)
+                except UsageError as exc:
+                    raise self.fail(exc.message, (*path, "tp")) from None
+            geometry = model.geometry(dtype=kv_dtype, block_tokens=block_tokens, tp=tp)
+            node_name = self.name(t, "node", path)
+            if node_name is not None and node_name not in explicit_nodes:
+                known = ", ".join(sorted(explicit_nodes)) or "none: add [[node]] tables"
+                raise self.fail(f"unknown node {node_name!r} (defined: {known})", (*path, "node"))
+            base = self.name(t, "name", path)
+            for r in range(count):
+                index = len(out)
+                name = base if base is not None and count == 1 else \
+                    f"{base}-{r}" if base is not None else f"engine{index}"
+                if name in names:
+                    raise self.fail(f"engine name {name!r} is used twice",
+                                    (*path, "name" if base is not None else "count"))
+                names.add(name)
+                node = node_name
+                if node is None:
+                    node = f"node-{name}"
+                    if node in nodes:
+                        raise self.fail(f"the automatic node name {node!r} is taken; give "
+                                        "this engine a node", path)
+                    nodes[node] = NodeSpec(node, auto=True)
+                node_spec = nodes[node]
+                used_gpus[node] = used_gpus.get(node, 0) + tp
+                if node_spec.gpus is not None and used_gpus[node] > node_spec.gpus:
+                    raise self.fail(f"node {node!r} has {node_spec.gpus} GPUs; its engines' TP "
+                                    f"sizes add up to {used_gpus[node]}", (*path, "tp"))
+                pcie = node_spec.pcie_gbps if node_spec.pcie_gbps is not None else gpu.pcie_gbps
+                engine = EngineSpec(
+                    index=index, name=name, node=node, gpu=gpu, model=model, tp=tp,
+                    dtype=step.weight_dtype, kv_dtype=geometry.dtype, role=role,
+                    max_num_seqs=max_seqs, max_num_batched_tokens=max_tokens,
+                    num_gpu_blocks=blocks, num_gpu_blocks_basis=basis,
+                    gpu_memory_utilization=util, pcie_gbps=pcie,
+                    block_bytes=geometry.block_bytes,
+                    all_ranks_block_bytes=geometry.all_ranks_block_bytes, step=step,
+                    enable_prefix_caching=caching)
+                if first is None:
+                    first = (engine, path)
+                else:
+                    self.check_same_kv(first[0], engine, path)
+                out.append(engine)
+        unused = [n for n in explicit_nodes if not any(e.node == n for e in out)]
+        if unused:
+            i = list(nodes).index(unused[0])
+            raise self.fail(f"node {unused[0]!r} has no engine", ("node", i, "name"))
+        roles = {e.role for e in out}
+        if roles & {"prefill", "decode"} and not {"prefill", "decode"} <= roles:
+            missing = "decode" if "prefill" in roles else "prefill"
+            raise self.fail(f"a prefill/decode split needs at least one {missing!r} engine "
+                            f"(roles here: {', '.join(sorted(roles))})", ("engine",))
+        return out
+
+    def model(self, t: Mapping[str, Any], path: Path_) -> ModelSpec:
+        name = self.text(t, "model", path)
+        assert name is not None
+        try:
+            if name.lower().endswith((".toml", ".json")):
+                from kvtool.geometry.custom import from_toml
+                p = Path(name)
+                if not p.is_absolute() and self.base_dir is not None:
+                    p = self.base_dir / p
+                return from_toml(p)
+            from kvtool.geometry.presets import lookup
+            return lookup(name)
+        except UsageError as exc:
+            raise self.fail(exc.message, (*path, "model")) from None
+
+    def weight_dtype(self, t: Mapping[str, Any], path: Path_, model: ModelSpec) -> str:
+        default = model.arch.weight_dtype if model.arch is not None else "bf16"
+        v = self.text(t, "dtype", path, default) or default
+        try:
+            return canonical_weight_dtype(v, field="dtype")
+        except UsageError as exc:
+            raise self.fail(exc.message, (*path, "dtype")) from None
+
+    def kv_dtype(self, t: Mapping[str, Any], path: Path_, model: ModelSpec, dtype: str) -> str:
+        if "kv_dtype" in t:
+            v = self.text(t, "kv_dtype", path)
+            assert v is not None
+            try:
+                return canonical_dtype(v, field="kv_dtype")
+            except UsageError as exc:
+                raise self.fail(exc.message, (*path, "kv_dtype")) from None
+        # vLLM's kv_cache_dtype "auto" is the activations' dtype: the weights' when they are
+        # a float type, else (quantised checkpoints) the model's own default.
+        return model.default_dtype if dtype in _QUANTISED else canonical_dtype(dtype)
+
+    def utilization(self, t: Mapping[str, Any], path: Path_) -> float:
+        v = t.get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION)
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= 1:
+            raise self.fail(f"expected a fraction in (0, 1], got {_show(v)}",
+                            (*path, "gpu_memory_utilization"))
+        return float(v)
+
+    def step_model(self, model: ModelSpec, gpu: GPU, tp: int, dtype: str, kv_dtype: str,
+                   block_tokens: int, path: Path_) -> StepModel:
+        try:
+            return StepModel(model, gpu, tp, weight_dtype=dtype, kv_dtype=kv_dtype,
+                             block_tokens=block_tokens)
+        except UsageError as exc:
+            key = {"weight_dtype": "dtype", "dtype": "kv_dtype"}.get(exc.field or "", exc.field)
+            if key == "block_tokens":
+                raise self.fail(exc.message, ("block_tokens",)) from None
+            if key not in _ENGINE_KEYS:
+                key = "model"
+            raise self.fail(exc.message, (*path, key)) from None
+
+    def check_same_kv(self, a: EngineSpec, b: EngineSpec, path: Path_) -> None:
+        if a.model.name != b.model.name:
+            raise self.fail(f"every engine must run the same model (KV blocks move between "
+                            f"engines and tiers): {a.name} runs {a.model.name}, this one "
+                            f"{b.model.name}", (*path, "model"))
+        if a.kv_dtype != b.kv_dtype:
+            raise self.fail(f"every engine must use the same KV dtype: {a.name} uses "
+                            f"{a.kv_dtype}, this one {b.kv_dtype}", (*path, "kv_dtype"))
+
+    def mooncake(self, data: Mapping[str, Any]) -> PoolSpec | None:
+        if "mooncake" not in data:
+            return None
+        path: Path_ = ("mooncake",)
+        t = self.table(data["mooncake"], path, _MOONCAKE_KEYS)
+        cap = self.capacity(t, "capacity", path, required=True)
+        assert cap is not None
+        return PoolSpec(cap, self.policy(t, "policy", path), self.gbps(t, "gbps", path))
+
+    def nvme(self, data: Mapping[str, Any]) -> NvmeSpec | None:
+        if "nvme" not in data:
+            return None
+        path: Path_ = ("nvme",)
+        t = self.table(data["nvme"], path, _NVME_KEYS)
+        cap = self.capacity(t, "capacity", path, required=True)
+        assert cap is not None
+        targets: list[TargetSpec] = []
+        for tpath, raw in self.tables(t, "target"):
+            tpath = (*path, *tpath)
+            tt = self.table(raw, tpath, _TARGET_KEYS)
+            name = self.name(tt, "name", tpath, f"t{len(targets)}")
+            assert name is not None
+            if any(x.name == name for x in targets):
+                raise self.fail(f"target {name!r} is defined twice", (*tpath, "name"))
+            targets.append(TargetSpec(name, self.gbps(tt, "read_gbps", tpath),
+                                      self.gbps(tt, "write_gbps", tpath)))
+        if not targets:
+            raise self.fail("the NVMe-oF pool needs at least one [[nvme.target]] "
+                            "(name, read_gbps, write_gbps)", path)
+        return NvmeSpec(cap, tuple(targets), self.policy(t, "policy", path))
+
+    def check_bytes_capacities(self, data: Mapping[str, Any], spec: ClusterSpec) -> None:
+        sizes = {e.block_bytes for e in spec.engines}
+        if len(sizes) == 1:
+            return
+        paths: list[tuple[Capacity | None, Path_]] = [
+            (n.dram, ("node", i, "dram")) for i, n in enumerate(spec.nodes) if not n.auto]
+        if spec.mooncake is not None:
+            paths.append((spec.mooncake.capacity, ("mooncake", "capacity")))
+        if spec.nvme is not None:
+            paths.append((spec.nvme.capacity, ("nvme", "capacity")))
+        for cap, path in paths:
+            if cap is not None and cap.unit == "bytes":
+                raise self.fail("the engines' TP sizes give different block sizes "
+                                f"({', '.join(str(s) for s in sorted(sizes))} B per rank), so "
+                                "a capacity in bytes is ambiguous: give it in blocks (\"…blk\")",
+                                path)

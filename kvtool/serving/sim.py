@@ -1,0 +1,555 @@
+"""The serving model's event loop: arrivals → router → engines → tiers below → report.
+
+:func:`simulate` replays a list of requests on a cluster (:class:`ClusterSpec`) under one
+:class:`Load` and returns the report document (schema: docs/serving.md). Everything in it
+is **simulated**: the clock advances by roofline step times (:mod:`kvtool.serving.roofline`)
+and by flows over links (:mod:`kvtool.serving.links`); nothing is timed on this machine.
+
+The loop keeps one heap of events (request arrivals, the end of an engine's steps) and asks
+the flow network for its next completion; whichever is earlier happens next. Ties go in
+the order events were created, so a run is deterministic.
+
+The tiers below the GPU (:class:`TierStack`) are block metadata with the eviction
+policies of :mod:`kvtool.cache` (a node's DRAM, a cluster-wide Mooncake pool, an NVMe-oF
+pool over its targets). A block is found in the highest tier that holds it; a request
+loads the hit prefix beyond its GPU hit when loading is faster than recomputing (each cut
+at a tier boundary is weighed: bytes over the path's bottleneck bandwidth against the
+roofline prefill time of those tokens), else recomputes and the declined tokens are
+counted. Loads are flows GPU ← PCIe ← (NIC ← Mooncake transfer path | NIC ← target), a
+request's prefill waits for all of them. Every full block a request computed is stored,
+write-through, into every tier below when it finishes (flows the other way); a block
+enters a tier when its flow has arrived. Stores never stall compute; they share links with
+loads, which is how a full link slows prefill.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kvtool.cache.policies import make_policy
+from kvtool.cache.tier import Tier
+from kvtool.serving.engine import FAILED, LOADING, Engine, Seq
+from kvtool.serving.kvpool import KVPool
+from kvtool.serving.links import FlowNetwork
+from kvtool.serving.load import Arrivals, Load, output_block_keys
+from kvtool.serving.report import serving_metrics
+
+ARRIVAL, STEP = 0, 1
+
+
+@dataclass
+class EngineSetup:
+    """What the loop needs of one engine (built from the cluster file)."""
+
+    name: str
+    node: str
+    role: str
+    num_gpu_blocks: int
+    block_bytes: int
+    """KV bytes of one block over all the engine's ranks (what a load or store moves)."""
+    pcie_gbps: float
+    step: Any
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    describe: dict[str, Any]
+    enable_caching: bool = True
+    """vLLM's ``enable_prefix_caching``."""
+
+
+@dataclass
+class TierSetup:
+    name: str
+    """``dram`` (per node), ``mooncake`` or ``nvme``."""
+    capacity_blocks: float
+    policy: str
+    node: str | None = None
+    gbps: float = math.inf
+    targets: tuple[tuple[str, float, float], ...] = ()
+    """``nvme``: (name, read GB/s, write GB/s) of each target."""
+
+
+@dataclass
+class ClusterSetup:
+    """A cluster as the loop sees it: engines, tiers, links, router."""
+
+    engines: list[EngineSetup]
+    nodes: dict[str, float]
+    """Node name → NIC GB/s per direction (``inf``: unlimited)."""
+    tiers: list[TierSetup]
+    router: str
+    router_params: dict[str, Any]
+    name: str = ""
+
+
+class TierStack:
+    """The tiers below the engines' GPU pools (module docstring); implements the engine's
+    :class:`~kvtool.serving.engine.Offload`."""
+
+    def __init__(self, sim: Simulation, setup: ClusterSetup, block_tokens: int) -> None:
+        self.sim = sim
+        self.B = block_tokens
+        self.net = sim.net
+        self.node_dram: dict[str, Tier] = {}
+        self.shared: list[tuple[str, Tier, TierSetup]] = []
+        for t in setup.tiers:
+            if not t.capacity_blocks > 0:
+                continue
+            tier = Tier(t.name, t.capacity_blocks, make_policy(t.policy))
+            if t.name == "dram":
+                assert t.node is not None
+                self.node_dram[t.node] = tier
+            else:
+                self.shared.append((t.name, tier, t))
+        self.bytes_loaded: dict[str, int] = {}
+        self.bytes_stored: dict[str, int] = {}
+        self.blocks_loaded: dict[str, int] = {}
+        self.blocks_stored: dict[str, int] = {}
+        self.evictions: dict[str, int] = {}
+        self.load_decisions = {"load": 0, "recompute": 0}
+        self.pd_bytes = 0
+
+    @property
+    def present(self) -> bool:
+        return bool(self.node_dram or self.shared)
+
+    def _tiers_for(self, engine: Engine) -> list[tuple[str, Tier, TierSetup | None]]:
+        out: list[tuple[str, Tier, TierSetup | None]] = []
+        d = self.node_dram.get(engine.node)
+        if d is not None:
+            out.append(("dram", d, None))
+        out.extend(self.shared)
+        return out
+
+    def _path(self, engine: Engine, tier: str, spec: TierSetup | None, target: str | None,
+              load: bool) -> list[tuple[str, str]]:
+        into_gpu, out_gpu = "down", "up"
+        pcie = (f"pcie/{engine.name}", into_gpu if load else out_gpu)
+        if tier == "dram":
+            return [pcie]
+        nic = (f"nic/{engine.node}", "down" if load else "up")
+        if tier == "mooncake":
+            return [("mooncake", "up" if load else "down"), nic, pcie]
+        assert target is not None
+        return [(f"target/{target}", "up" if load else "down"), nic, pcie]
+
+    def _bottleneck(self, path: list[tuple[str, str]]) -> float:
+        caps = self.sim.caps
+        return min(caps[hop] for hop in path)
+
+    # ---------------------------------------------------------------- Offload protocol
+    def host_prefix_blocks(self, engine: Engine, keys: Sequence[int]) -> int:
+        tier = self.node_dram.get(engine.node)
+        if tier is None:
+            return 0
+        index = tier.policy.index
+        n = 0
+        for k in keys:
+            if k not in index:
+                break
+            n += 1
+        return n
+
+    def plan_load(self, engine: Engine, seq: Seq, start_tokens: int, limit_tokens: int
+                  ) -> tuple[int, int]:
+        B = self.B
+        first = start_tokens // B
+        last = limit_tokens // B
+        if last <= first:
+            return 0, 0
+        tiers = self._tiers_for(engine)
+        keys = seq.block_hashes
+        runs: list[tuple[int, int]] = []  # (tier index, blocks)
+        cur = -1
+        count = 0
+        indexes = [tier.policy.index for _n, tier, _s in tiers]
+        for b in range(first, min(last, len(keys))):
+            key = keys[b]
+            ti = next((j for j, index in enumerate(indexes) if key in index), -1)
+            if ti < 0:
+                break
+            if ti == cur:
+                count += 1
+            else:
+                if count:
+                    runs.append((cur, count))
+                cur, count = ti, 1
+        if count:
+            runs.append((cur, count))
+        if not runs:
+            return 0, 0
+        found = sum(c for _t, c in runs)
+        bb = self.sim.setups[engine.index].block_bytes
+        step = self.sim.setups[engine.index].step
+        best_blocks = 0
+        best_gain = 0.0
+        blocks = 0
+        load_s = 0.0
+        for ti, c in runs:
+            name, _tier, spec = tiers[ti]
+            blocks += c
+            load_s += c * bb / (self._tier_rate(engine, name, spec) * 1e9)
+            gain = step.prefill_time(blocks * B, start_tokens) - load_s
+            if gain > best_gain:
+                best_gain, best_blocks = gain, blocks
+        if best_blocks:
+            self.load_decisions["load"] += 1
+        else:
+            self.load_decisions["recompute"] += 1
+        return best_blocks * B, (found - best_blocks) * B
+
+    def _tier_rate(self, engine: Engine, name: str, spec: TierSetup | None) -> float:
+        """Uncontended GB/s of a load from tier ``name`` (the path's bottleneck)."""
+        if name == "nvme":
+            assert spec is not None
+            total = sum(r for _t, r, _w in spec.targets)
+            return min(total, self._bottleneck(self._path(engine, "dram", None, None, True)),
+                       self.sim.caps[(f"nic/{engine.node}", "down")])
+        return self._bottleneck(self._path(engine, name, spec, None, True))
+
+    def start_load(self, engine: Engine, seq: Seq, start_tokens: int, tokens: int,
+                   now: float) -> None:
+        B = self.B
+        if seq.decode_only:
+            self._start_pd(engine, seq, tokens, now)
+            return
+        tiers = self._tiers_for(engine)
+        keys = seq.block_hashes[start_tokens // B: (start_tokens + tokens) // B]
+        bb = self.sim.setups[engine.index].block_bytes
+        per_flow: dict[tuple[str, str | None], list[int]] = {}
+        by_tier: dict[str, int] = {}
+        for key in keys:
+            for name, tier, spec in tiers:
+                if key in tier.policy.index:
+                    target = None
+                    if spec is not None and spec.targets:
+                        target = spec.targets[key % len(spec.targets)][0]
+                    per_flow.setdefault((name, target), []).append(key)
+                    by_tier[name] = by_tier.get(name, 0) + 1
+                    break
+        seq.ext_by_tier = {n: c * B for n, c in by_tier.items()}
+        # refresh what was hit (LRU order), as a store's lookup does
+        for name, tier, _spec in tiers:
+            hit = [k for (n, _t), ks in per_flow.items() if n == name for k in ks]
+            if hit:
+                tier.policy.access(hit, seq.index, admit=False)
+        seq.loads_pending = len(per_flow)
+        spec_of = {n: s for n, _t, s in tiers}
+        promote: list[int] = []
+        for (name, target), ks in per_flow.items():
+            nbytes = len(ks) * bb
+            self.bytes_loaded[name] = self.bytes_loaded.get(name, 0) + nbytes
+            self.blocks_loaded[name] = self.blocks_loaded.get(name, 0) + len(ks)
+            if name != "dram":
+                promote.extend(ks)
+            path = self._path(engine, name, spec_of[name], target, True)
+            self.net.start(now, nbytes, path, self._load_done(engine, seq))
+        if promote:
+            d = self.node_dram.get(engine.node)
+            if d is not None:
+                self._insert(d, "dram", promote, seq.index)
+
+    def _load_done(self, engine: Engine, seq: Seq) -> Callable[[float], None]:
+        def done(t: float) -> None:
+            seq.loads_pending -= 1
+            if seq.loads_pending == 0 and seq.status == LOADING:
+                engine.loaded(seq)
+                self.sim.wake(engine, t)
+        return done
+
+    def _start_pd(self, engine: Engine, seq: Seq, tokens: int, now: float) -> None:
+        """P/D split: the decode engine pulls the prompt's KV from the prefill engine."""
+        src = self.sim.engines[seq.pd_source]
+        bb = self.sim.setups[engine.index].block_bytes
+        nbytes = -(-tokens // self.B) * bb
+        self.pd_bytes += nbytes
+        path = [(f"pcie/{src.name}", "up")]
+        if src.node != engine.node:
+            path += [(f"nic/{src.node}", "up"), (f"nic/{engine.node}", "down")]
+        path.append((f"pcie/{engine.name}", "down"))
+        seq.loads_pending = 1
+        self.net.start(now, nbytes, path, self._load_done(engine, seq))
+
+    def _insert(self, tier: Tier, name: str, keys: list[int], session: int) -> list[int]:
+        rec: list[int] = []
+        tier.policy.access(keys, session, record=rec)
+        out = tier.evict_to_capacity()
+        if out:
+            self.evictions[name] = self.evictions.get(name, 0) + len(out)
+        return rec
+
+    def store(self, engine: Engine, seq: Seq, now: float) -> None:
+        """Write the request's computed full blocks through to every tier below."""
+        B = self.B
+        n = min(seq.num_computed_tokens // B, len(seq.block_hashes))
+        if n <= 0:
+            return
+        keys = seq.block_hashes[:n]
+        bb = self.sim.setups[engine.index].block_bytes
+        for name, tier, spec in self._tiers_for(engine):
+            index = tier.policy.index
+            new = [k for k in keys if k not in index]
+            if not new:
+                tier.policy.access(keys, seq.index, admit=False)
+                continue
+            if spec is not None and spec.targets:
+                groups: dict[str | None, list[int]] = {}
+                for k in new:
+                    groups.setdefault(spec.targets[k % len(spec.targets)][0], []).append(k)
+            else:
+                groups = {None: new}
+            for target, ks in groups.items():
+                nbytes = len(ks) * bb
+                self.bytes_stored[name] = self.bytes_stored.get(name, 0) + nbytes
+                self.blocks_stored[name] = self.blocks_stored.get(name, 0) + len(ks)
+                path = self._path(engine, name, spec, target, False)
+                self.net.start(now, nbytes, path, self._store_done(tier, name, ks, seq.index))
+
+    def _store_done(self, tier: Tier, name: str, keys: list[int], session: int
+                    ) -> Callable[[float], None]:
+        def done(_t: float) -> None:
+            self._insert(tier, name, keys, session)
+        return done
+
+    def to_dict(self) -> dict[str, Any]:
+        tiers = []
+        for node, tier in self.node_dram.items():
+            tiers.append({"name": "dram", "node": node, "capacity_blocks": _cap(tier.capacity),
+                          "occupancy_blocks": len(tier)})
+        for name, tier, _spec in self.shared:
+            tiers.append({"name": name, "capacity_blocks": _cap(tier.capacity),
+                          "occupancy_blocks": len(tier)})
+        return {"tiers": tiers, "bytes_loaded": dict(self.bytes_loaded),
+                "bytes_stored": dict(self.bytes_stored), "blocks_loaded": dict(self.blocks_loaded),
+                "blocks_stored": dict(self.blocks_stored), "evictions": dict(self.evictions),
+                "load_or_recompute": dict(self.load_decisions), "pd_transfer_bytes": self.pd_bytes}
+
+
+def _cap(c: float) -> int | None:
+    return None if c == math.inf else int(c)
+
+
+class Simulation:
+    """One run of the serving model (module docstring)."""
+
+    def __init__(self, requests: Sequence[Any], setup: ClusterSetup, load: Load, *,
+                 block_tokens: int, router: Any, fast_forward: bool = True,
+                 trace_block_tokens: int | None = None) -> None:
+        self.requests = requests
+        self.setup = setup
+        self.setups = setup.engines
+        self.load = load
+        self.B = block_tokens
+        self.router = router
+        self.net = FlowNetwork()
+        self.caps: dict[tuple[str, str], float] = {}
+        for node, gbps in setup.nodes.items():
+            self._link(f"nic/{node}", gbps, gbps)
+        for t in setup.tiers:
+            if t.name == "mooncake":
+                self._link("mooncake", t.gbps, t.gbps)
+            for name, r, w in t.targets:
+                self._link(f"target/{name}", r, w)
+        self.tiers = TierStack(self, setup, block_tokens)
+        offload = self.tiers if self.tiers.present or any(e.role == "decode" for e in setup.engines) \
+            else None
+        self.engines: list[Engine] = []
+        for i, es in enumerate(setup.engines):
+            self._link(f"pcie/{es.name}", es.pcie_gbps, es.pcie_gbps)
+            pool = KVPool(es.num_gpu_blocks, block_tokens, es.enable_caching)
+            self.engines.append(Engine(
+                i, es.name, es.node, pool, es.step, block_tokens=block_tokens,
+                max_num_seqs=es.max_num_seqs, max_num_batched_tokens=es.max_num_batched_tokens,
+                offload=offload, role=es.role, fast_forward=fast_forward))
+        self.pd = any(e.role == "prefill" for e in setup.engines)
+        self.prefill_pool = [e for e in self.engines if e.role in ("prefill", "both")]
+        self.decode_pool = [e for e in self.engines if e.role in ("decode", "both")]
+        self._heap: list[tuple[float, int, int, int, int]] = []
+        self._order = 0
+        self._version = [0] * len(self.engines)
+        self.arrivals = Arrivals(requests, load)
+        self.keys = output_block_keys(requests, trace_block_tokens or block_tokens, block_tokens)
+        self.seqs: list[Seq | None] = [None] * len(requests)
+        self.done: list[Seq] = []
+        self.failed = 0
+        self.now = 0.0
+
+    def _link(self, name: str, up: float, down: float) -> None:
+        """A link of ``up``/``down`` GB/s (``up``: leaving the GPU, node or target)."""
+        self.net.add_link(name, up, down)
+        self.caps[(name, "up")] = up
+        self.caps[(name, "down")] = down
+
+    # ---------------------------------------------------------------- events
+    def _push(self, t: float, kind: int, a: int, b: int = 0) -> None:
+        self._order += 1
+        heapq.heappush(self._heap, (t, self._order, kind, a, b))
+
+    def wake(self, engine: Engine, now: float) -> None:
+        """Something changed for ``engine`` at ``now``: plan steps if idle, else end its
+        run of decode steps at the next boundary."""
+        i = engine.index
+        if engine.busy:
+            new_end = engine.cut(now)
+            if new_end is not None:
+                self._version[i] += 1
+                self._push(new_end, STEP, i, self._version[i])
+            return
+        ends = engine.plan_steps(now)
+        if ends:
+            self._version[i] += 1
+            self._push(ends[-1], STEP, i, self._version[i])
+
+    def _arrive(self, idx: int, now: float) -> None:
+        r = self.requests[idx]
+        seq = Seq(idx, r.input_length, r.output_length, self.keys[idx], self.B, now,
+                  session=r.session)
+        self.seqs[idx] = seq
+        pool = self.prefill_pool
+        if self.pd:
+            seq.target_tokens = seq.max_tokens
+            seq.max_tokens = 1
+        keys = self.keys[idx]
+        j = self.router.route(r, pool, keys=keys[: r.input_length // self.B])
+        engine = pool[j]
+        if not engine.fits(seq):
+            self._fail(seq, now)
+            return
+        engine.add(seq)
+        self.wake(engine, now)
+
+    def _fail(self, seq: Seq, now: float) -> None:
+        seq.status = FAILED
+        self.failed += 1
+        for t, nxt in self.arrivals.on_finish(seq.index, now):
+            self._push(t, ARRIVAL, nxt)
+
+    def _finished(self, engine: Engine, seq: Seq, now: float) -> None:
+        if self.tiers.present:
+            self.tiers.store(engine, seq, now)
+        if self.pd and not seq.decode_only:
+            # prefill done: hand the request to a decode engine, which pulls the KV
+            seq.decode_only = True
+            seq.max_tokens = seq.target_tokens
+            seq.num_output = 0
+            seq.num_tokens = seq.num_prompt_tokens
+            seq.num_computed_tokens = 0
+            seq.first_token = -1.0
+            seq.block_hashes = seq.full_keys[: seq.num_prompt_tokens // self.B]
+            seq.pd_source = engine.index
+            j = self.router.route(self.requests[seq.index], self.decode_pool,
+                                  keys=seq.block_hashes)
+            dst = self.decode_pool[j]
+            if not dst.fits(seq):
+                self._fail(seq, now)
+                return
+            dst.add(seq)
+            self.wake(dst, now)
+            return
+        self.done.append(seq)
+        for t, nxt in self.arrivals.on_finish(seq.index, now):
+            self._push(t, ARRIVAL, nxt)
+
+    def run(self, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+        for t, idx in self.arrivals.initial():
+            self._push(t, ARRIVAL, idx)
+        heap = self._heap
+        net = self.net
+        version = self._version
+        engines = self.engines
+        pop = heapq.heappop
+        reported = 0
+        while True:
+            t_net = net.next_completion()
+            if heap:
+                if t_net is not None and t_net <= heap[0][0]:
+                    self.now = t_net
+                    net.advance(t_net)
+                    continue
+            elif t_net is not None:
+                self.now = t_net
+                net.advance(t_net)
+                continue
+            else:
+                break
+            t, _o, kind, a, b = pop(heap)
+            self.now = t
+            if kind == ARRIVAL:
+                self._arrive(a, t)
+                continue
+            if b != version[a]:
+                continue
+            engine = engines[a]
+            for seq in engine.end_step():
+                self._finished(engine, seq, t)
+            self.wake(engine, t)
+            if progress is not None and len(self.done) - reported >= 256:
+                progress(len(self.done) - reported)
+                reported = len(self.done)
+        if progress is not None and len(self.done) > reported:
+            progress(len(self.done) - reported)
+        return self.report()
+
+    # ---------------------------------------------------------------- report
+    def report(self) -> dict[str, Any]:
+        done = self.done
+        arrivals = [s.arrival for s in self.seqs if s is not None]
+        start = min(arrivals) if arrivals else 0.0
+        end = max((s.finish for s in done), default=start)
+        itl_v: list[float] = []
+        itl_c: list[int] = []
+        for e in self.engines:
+            itl_v.extend(e.itl_values)
+            itl_c.extend(e.itl_counts)
+        serving = serving_metrics(
+            start=start, end=end,
+            input_tokens=[s.num_prompt_tokens for s in done],
+            output_tokens=[s.num_output for s in done],
+            ttft_s=[s.first_token - s.arrival for s in done],
+            e2el_s=[s.finish - s.arrival for s in done],
+            itl_values_s=itl_v, itl_counts=itl_c, failed=self.failed)
+        span = end - start
+        queue = np.asarray([s.first_scheduled - s.arrival for s in done], dtype=float) * 1000.0
+        serving["mean_queue_ms"] = float(queue.mean()) if queue.size else 0.0
+        serving["p99_queue_ms"] = float(np.percentile(queue, 99)) if queue.size else 0.0
+        prompt = sum(s.num_prompt_tokens for s in done)
+        gpu_hit = sum(max(0, s.local_hit_tokens) for s in done)
+        ext_hit = sum(s.ext_tokens for s in done)
+        by_tier: dict[str, int] = {}
+        for s in done:
+            for n, c in s.ext_by_tier.items():
+                by_tier[n] = by_tier.get(n, 0) + c
+        engines = []
+        for es, e in zip(self.setups, self.engines, strict=True):
+            d = {**es.describe, "name": e.name, "node": e.node, "role": e.role,
+                 "num_gpu_blocks": es.num_gpu_blocks}
+            d.update(e.stats.to_dict(span))
+            engines.append(d)
+        links = {}
+        for name, dirs in self.net.stats().items():
+            links[name] = {d: {"bytes": int(v["bytes"]),
+                               "busy_fraction": (v["busy_s"] / span if span > 0 else 0.0)}
+                           for d, v in dirs.items()}
+        return {
+            "serving": serving,
+            "load": self.load.to_dict(),
+            "cache": {
+                "prompt_tokens": prompt,
+                "gpu_hit_tokens": gpu_hit,
+                "external_hit_tokens": ext_hit,
+                "external_hit_tokens_by_tier": by_tier,
+                "recompute_tokens": prompt - gpu_hit - ext_hit,
+                "token_hit_ratio": (gpu_hit + ext_hit) / prompt if prompt else 0.0,
+                "declined_external_tokens": sum(s.ext_declined_tokens for s in done),
+                "preemptions": sum(s.preemptions for s in done),
+                **self.tiers.to_dict(),
+            },
+            "engines": engines,
+            "links": links,
+            "basis": "simulated",
+        }
