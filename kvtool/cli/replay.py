@@ -19,7 +19,7 @@ from kvtool.units import format_size
 if TYPE_CHECKING:
     from kvtool.nvme.hostauth import HostCredentials
 
-POLICY_NAMES = ("lru", "lru-tail-first", "radix", "prefix-fair", "oracle", "mooncake")
+POLICY_NAMES = ("lru", "lru-tail-first", "radix", "prefix-fair", "oracle", "mooncake", "vllm")
 
 EPILOG = """
 \b
@@ -87,8 +87,8 @@ def _fraction(_ctx: click.Context, param: click.Parameter, value: float | None) 
               help="NVMe tier: a size, a place (file, block device, nvme+tcp:// URL) or "
                    "SIZE@PLACE [data-mode default: the running kvtool target].")
 @click.option("--policy", type=click.Choice(POLICY_NAMES), default=None,
-              help="Eviction policy of every tier [default: lru; data-mode default tiers: "
-                   "gpu lru-tail-first, dram/nvme lru].")
+              help="Eviction policy of every tier (vllm: the GPU tier only) [default: vllm for "
+                   "a finite GPU tier, whose size is then vLLM's num_gpu_blocks; lru elsewhere].")
 @click.option("--tiers", "tiers_file", type=click.Path(dir_okay=False), default=None,
               help="TOML file: per-tier capacity/policy/watermark and [time] (docs/replay.md).")
 @click.option("--write-policy", type=click.Choice(["write-through", "write-back"]), default=None,
@@ -169,10 +169,16 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
     if clusters:
         from kvtool.cli import serving
 
+        if gpu is not None or dram is not None or tiers_file or compares:
+            raise UsageError(f"with {param('cluster')} the tiers come from the cluster file; "
+                             f"{param('nvme')} PLACE only says where data mode puts its NVMe "
+                             "pool", field="cluster")
         serving.run(trace=trace, clusters=clusters, simulate=simulate, fmt=fmt,
                     block_tokens=block_tokens, skip_bad=skip_bad, seed=seed,
                     loads=serving.loads_from(concurrency, request_rate, speedup, sweep),
-                    csv_path=csv_path, plot_path=plot_path)
+                    csv_path=csv_path, plot_path=plot_path,
+                    nvme_place=nvme.place if nvme is not None else None, read_qd=read_qd,
+                    credentials=credentials)
         return
     for name, value in (("request_rate", request_rate), ("speedup", speedup), ("sweep", sweep)):
         if value is not None:

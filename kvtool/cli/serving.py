@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtool.cli.output import emit, note, progress
-from kvtool.errors import UsageError, param
+from kvtool.errors import CheckFailed, UsageError, param
 
 
 def loads_from(concurrency: int | None, request_rate: float | None, speedup: float | None,
@@ -34,23 +34,36 @@ def loads_from(concurrency: int | None, request_rate: float | None, speedup: flo
 
 def run(*, trace: str, clusters: tuple[str, ...], simulate: bool, fmt: str,
         block_tokens: int | None, skip_bad: int, loads: list[Any], seed: int,
-        csv_path: str | None, plot_path: str | None) -> None:
+        csv_path: str | None, plot_path: str | None, nvme_place: str | None = None,
+        read_qd: int = 16, credentials: Any = None) -> None:
     from kvtool.serving.run import ServingSettings, run_serving, write_csv, write_plot
 
     settings = ServingSettings(trace=trace, clusters=clusters, loads=loads, fmt=fmt,
-                               block_tokens=block_tokens, skip_bad=skip_bad, seed=seed,
-                               data=not simulate)
+                               block_tokens=block_tokens, skip_bad=skip_bad, seed=seed)
+    backend = None
+    if not simulate:
+        from kvtool.replay.cluster import open_cluster_data
+
+        def backend(built: Any) -> Any:
+            data = open_cluster_data(built, seed=seed, nvme_place=nvme_place, read_qd=read_qd,
+                                     credentials=credentials)
+            for tier, place in data.places.items():
+                note(f"data mode: {tier} tier on {place}")
+            return data
     def on_setup(head: dict[str, Any]) -> None:
         for line in describe(head):
             note(line)
 
     with progress("serving model", None, unit="requests") as advance:
-        doc = run_serving(settings, progress=advance, on_setup=on_setup)
+        doc = run_serving(settings, progress=advance, on_setup=on_setup, backend=backend)
     if csv_path:
         write_csv(doc, csv_path)
     if plot_path:
         write_plot(doc, plot_path, title=f"kvtool replay {Path(trace).name} (simulated)")
     emit(doc, lambda con: render(con, doc))
+    if any(r.get("data", {}).get("corrupt_blocks") or r.get("data", {}).get("lost_blocks")
+           for r in doc["runs"]):
+        raise CheckFailed("corrupt or lost blocks were found (never served); see the report")
 
 
 def describe(head: dict[str, Any]) -> list[str]:
@@ -109,5 +122,19 @@ def render(con: Any, doc: dict[str, Any]) -> None:
         s = r["serving"]
         con.print(f"completed {s['completed']:,} · failed {s['failed']:,} · duration "
                   f"{s['duration']:,.1f} s · queue mean {_ms(s['mean_queue_ms'])}")
+    for r in runs:
+        d = r.get("data")
+        if not d:
+            continue
+        colour = "red" if d["corrupt_blocks"] or d["lost_blocks"] else "green"
+        con.print(f"[{colour}]data mode ({r['label']}): verified {d['verified_blocks']:,} "
+                  f"blocks · corrupt {d['corrupt_blocks']:,} · lost {d['lost_blocks']:,}[/]")
+        for name, c in d["tiers"].items():
+            con.print(f"  {name}: wrote {c['blocks_written']:,} blocks "
+                      f"({c['bytes_written'] / 1e6:,.1f} MB), read {c['blocks_read']:,} "
+                      f"({c['bytes_read'] / 1e6:,.1f} MB), evicted {c['evicted']:,} (measured)")
+        for p in d["problems"][:10]:
+            con.print(f"  [red]{p['kind']}[/] block {p['key']:#x} in {p['tier']} "
+                      f"(engine {p['engine']}): never served")
     con.print("[dim]All times are simulated (roofline step times, flows over links; "
               "docs/serving.md), not measured.[/]")

@@ -53,11 +53,12 @@ DEFAULT_MODEL = ("deepseek-v4-flash", "fp8")
 """Model whose block size data mode uses when neither --model nor --block-bytes is given."""
 
 DEFAULT_PROFILE: dict[str, tuple[str, str]] = {
-    "gpu": ("128MiB", "lru-tail-first"),
+    "gpu": ("128MiB", "vllm"),
     "dram": ("256MiB", "lru"),
 }
-"""Default data-mode tiers (capacity, policy): a small vLLM-like GPU pool (its free queue
-is tail-first) and a Mooncake-like DRAM tier; the NVMe tier is the default place."""
+"""Default data-mode tiers (capacity, policy): a small GPU pool with vLLM's own prefix-cache
+semantics (:class:`kvtool.cache.policies.VllmPolicy`) and a Mooncake-like DRAM tier; the
+NVMe tier is the default place."""
 
 DEFAULT_NVME_FILE_BYTES = 1 << 30
 """Size of the store file the NVMe tier uses when no kvtool target is up."""
@@ -298,7 +299,7 @@ class MediaCounter:
                 "store_metadata_bytes": meta, "unit_bytes": self.UNIT}
 
 
-def _nvme_engine(place: str, create_bytes: int | None, read_qd: int,
+def nvme_engine(place: str, create_bytes: int | None, read_qd: int,
                  credentials: HostCredentials | None = None) -> Any:
     from kvtool.store.engine import open_engine
 
@@ -369,7 +370,7 @@ def open_tiers(cfg: CacheConfig, block_bytes: int, work_blocks: int, s: ReplaySe
                                         + (64 << 20))
                     else:
                         create_bytes = create.get(place)
-                engine = _nvme_engine(place, create_bytes, s.read_qd, s.credentials)
+                engine = nvme_engine(place, create_bytes, s.read_qd, s.credentials)
                 if place.startswith("nvme+tcp://"):
                     try:
                         media = MediaCounter(engine)
@@ -426,7 +427,7 @@ def _headroom(cfg: CacheConfig, name: str, block_bytes: int, block_tokens: int,
 
 
 # ------------------------------------------------------------------ prepare
-def _default_nvme_place() -> tuple[str, str, int | None]:
+def default_nvme_place() -> tuple[str, str, int | None]:
     """(place, why, bytes to create) for the default NVMe tier."""
     from kvtool.target import default
     from kvtool.target import state as st
@@ -541,7 +542,7 @@ def _prepare_data(job: ReplayJob) -> None:
                 continue
             place, why, create = spec.place, "given", None
             if place in (None, "<default>"):
-                place, why, create = _default_nvme_place()
+                place, why, create = default_nvme_place()
             assert place is not None
             if create is not None:
                 job.create[place] = create

@@ -45,6 +45,7 @@ from kvtool.geometry.model import ModelSpec
 from kvtool.geometry.params import weight_dtype as canonical_weight_dtype
 from kvtool.serving.gpus import GPU, gpu_from_table, resolve_gpu
 from kvtool.serving.roofline import StepModel
+from kvtool.serving.router import ROUTERS, make_router
 from kvtool.units import Capacity
 
 ROLES = ("both", "prefill", "decode")
@@ -54,7 +55,6 @@ DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
 """vLLM's ``CacheConfig.gpu_memory_utilization`` default (vllm/config/cache.py, vLLM 0.33.0)."""
 DEFAULT_ROUTER = "round-robin"
 DEFAULT_POLICY = "lru"
-ROUTERS = ("round-robin", "least-loaded", "session-affinity", "kv-aware")
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _TOP_KEYS = {"name", "block_tokens", "router", "gpu", "node", "engine", "mooncake", "nvme"}
@@ -421,7 +421,6 @@ class _Reader:
         if key not in ROUTERS:
             raise self.fail(f"unknown router {name!r} (known: {', '.join(ROUTERS)})", path)
         # Parameters are checked by the router itself, so that the file and the library agree.
-        from kvtool.serving.router import make_router
         try:
             make_router(key, **params)
         except UsageError as exc:

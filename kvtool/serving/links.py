@@ -113,6 +113,7 @@ class FlowNetwork:
         self._res: dict[Hop, _Resource] = {}
         self._links: list[str] = []
         self._classes: dict[tuple[Hop, ...], _Class] = {}
+        self._paths: dict[tuple[Hop, ...], tuple[Hop, ...]] = {}  # checked paths
         self._heap: list[tuple[float, int, int, int, _Class]] = []  # (finish, head id, tie, version)
         self._ids = itertools.count()
         self._tie = itertools.count()
@@ -171,16 +172,15 @@ class FlowNetwork:
         """
         if nbytes < 0 or math.isnan(nbytes) or math.isinf(nbytes):
             raise ValueError(f"flow size must be a finite number >= 0, got {nbytes!r}")
-        hops = tuple((str(link), str(d)) for link, d in path)
-        if not hops:
-            raise ValueError("a flow needs at least one (link, direction) hop")
-        if len(set(hops)) != len(hops):
-            raise ValueError(f"a flow's path lists a hop twice: {hops}")
-        for hop in hops:
-            if hop not in self._res:
-                if hop[1] not in DIRECTIONS:
-                    raise ValueError(f"direction must be 'up' or 'down', got {hop[1]!r}")
-                raise ValueError(f"unknown link {hop[0]!r}")
+        key = tuple(path)
+        try:
+            hops = self._paths.get(key)
+        except TypeError:  # hops given as lists
+            key = tuple(tuple(h) for h in path)  # type: ignore[misc]
+            hops = self._paths.get(key)
+        if hops is None:
+            hops = self._check_path(key)
+            self._paths[key] = hops
         self._move_to(now)
         flow = Flow(next(self._ids), float(nbytes), hops, self._now, on_done)
         self.started_bytes += flow.nbytes
@@ -202,6 +202,19 @@ class FlowNetwork:
             r.peak_flows = max(r.peak_flows, r.active)
         self._rebalance(cls.resources, cls)
         return flow
+
+    def _check_path(self, path: tuple[Hop, ...]) -> tuple[Hop, ...]:
+        hops = tuple((str(link), str(d)) for link, d in path)
+        if not hops:
+            raise ValueError("a flow needs at least one (link, direction) hop")
+        if len(set(hops)) != len(hops):
+            raise ValueError(f"a flow's path lists a hop twice: {hops}")
+        for hop in hops:
+            if hop not in self._res:
+                if hop[1] not in DIRECTIONS:
+                    raise ValueError(f"direction must be 'up' or 'down', got {hop[1]!r}")
+                raise ValueError(f"unknown link {hop[0]!r}")
+        return hops
 
     def rate(self, flow: Flow) -> float:
         """The flow's current rate in B/s (0 once it is done)."""

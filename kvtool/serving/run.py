@@ -19,10 +19,13 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kvtool.errors import UsageError, param
 from kvtool.serving.load import LOAD_KINDS, Load, default_load
+
+if TYPE_CHECKING:
+    from kvtool.serving.setup import BuiltCluster
 
 SCHEMA = "kvtool.serving/1"
 
@@ -40,8 +43,6 @@ class ServingSettings:
     skip_bad: int = 0
     seed: int = 0
     fast_forward: bool = True
-    data: bool = False
-    """Data mode: real bytes through real tiers in the order the simulated clock sets."""
     scalars: dict[str, float] = field(default_factory=dict)
     """Overrides of the roofline's fitted scalars (``mfu_prefill``, ``eta``, ...)."""
 
@@ -66,9 +67,26 @@ def parse_sweep(text: str) -> list[Load]:
     return out
 
 
+class Backend(Protocol):
+    """A data-mode backend for one run (:class:`~kvtool.serving.sim.DataBackend`), with
+    its report and a close."""
+
+    def on_store(self, tier: str, node: str | None, keys: list[int], engine: int) -> None: ...
+    def on_load(self, tier: str, node: str | None, keys: list[int], engine: int
+                ) -> list[int]: ...
+    def on_evict(self, tier: str, node: str | None, keys: list[int]) -> None: ...
+    def result(self) -> dict[str, Any]: ...
+    def close(self) -> None: ...
+
+
 def run_serving(s: ServingSettings, *, progress: Callable[[int], None] | None = None,
-                on_setup: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Read the trace and the cluster files, run every (cluster, load), return the report."""
+                on_setup: Callable[[dict[str, Any]], None] | None = None,
+                backend: Callable[[BuiltCluster], Backend] | None = None) -> dict[str, Any]:
+    """Read the trace and the cluster files, run every (cluster, load), return the report.
+
+    ``backend(built)``, when given, opens the real tiers of a run (data mode: the replay
+    package's :func:`kvtool.replay.cluster.open_cluster_data`); each run's report then has
+    a ``data`` object and is closed after the run."""
     from kvtool.serving.setup import build_setup
     from kvtool.serving.sim import Simulation
     from kvtool.trace import read_trace
@@ -86,6 +104,7 @@ def run_serving(s: ServingSettings, *, progress: Callable[[int], None] | None = 
                              f"{param('request_rate')}", field="speedup")
     built = [build_setup(path, block_tokens=B, scalars=s.scalars) for path in s.clusters]
     head: dict[str, Any] = {
+        "mode": "data" if backend is not None else "simulate",
         "schema": SCHEMA,
         "trace": s.trace,
         "format": reader.format,
@@ -101,10 +120,17 @@ def run_serving(s: ServingSettings, *, progress: Callable[[int], None] | None = 
     for b in built:
         for ld in loads:
             ld = Load(ld.kind, ld.value, seed=s.seed)
-            sim = Simulation(requests, b.setup, ld, block_tokens=b.block_tokens,
-                             router=b.make_router(), fast_forward=s.fast_forward,
-                             trace_block_tokens=B)
-            doc = sim.run(progress=progress)
+            data = backend(b) if backend is not None else None
+            try:
+                sim = Simulation(requests, b.setup, ld, block_tokens=b.block_tokens,
+                                 router=b.make_router(), fast_forward=s.fast_forward,
+                                 trace_block_tokens=B, backend=data)
+                doc = sim.run(progress=progress)
+                if data is not None:
+                    doc["data"] = data.result()
+            finally:
+                if data is not None:
+                    data.close()
             doc["cluster"] = b.name
             doc["label"] = f"{b.name} · {ld.label}"
             runs.append(doc)

@@ -28,7 +28,7 @@ import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -87,12 +87,28 @@ class ClusterSetup:
     name: str = ""
 
 
+class DataBackend(Protocol):
+    """Moves the bytes behind the tiers' metadata, called in simulated-time order (data
+    mode): ``tier`` is ``dram``, ``mooncake`` or ``nvme``; ``node`` names the node of a
+    ``dram`` tier (else ``None``); ``engine`` the engine whose GPU pool the bytes leave
+    or reach."""
+
+    def on_store(self, tier: str, node: str | None, keys: list[int], engine: int) -> None: ...
+    def on_load(self, tier: str, node: str | None, keys: list[int], engine: int
+                ) -> list[int]:
+        """Read and check ``keys``; return those that failed the check (corrupt or lost)."""
+    def on_evict(self, tier: str, node: str | None, keys: list[int]) -> None: ...
+
+
 class TierStack:
     """The tiers below the engines' GPU pools (module docstring); implements the engine's
-    :class:`~kvtool.serving.engine.Offload`."""
+    :class:`~kvtool.serving.engine.Offload`. With a :class:`DataBackend`, every insert,
+    load and eviction also moves real bytes, at the simulated time it happens."""
 
-    def __init__(self, sim: Simulation, setup: ClusterSetup, block_tokens: int) -> None:
+    def __init__(self, sim: Simulation, setup: ClusterSetup, block_tokens: int,
+                 backend: DataBackend | None = None) -> None:
         self.sim = sim
+        self.backend = backend
         self.B = block_tokens
         self.net = sim.net
         self.node_dram: dict[str, Tier] = {}
@@ -110,6 +126,11 @@ class TierStack:
         self.bytes_stored: dict[str, int] = {}
         self.blocks_loaded: dict[str, int] = {}
         self.blocks_stored: dict[str, int] = {}
+        self.blocks_promoted: dict[str, int] = {}
+        self.bad: set[tuple[str, int]] = set()
+        """Data mode: (tier, key) whose copy failed its check; a miss until rewritten."""
+        self.recomputed_after_check = 0
+        self.repaired = 0
         self.evictions: dict[str, int] = {}
         self.load_decisions = {"load": 0, "recompute": 0}
         self.pd_bytes = 0
@@ -168,9 +189,11 @@ class TierStack:
         cur = -1
         count = 0
         indexes = [tier.policy.index for _n, tier, _s in tiers]
+        bad = self.bad
         for b in range(first, min(last, len(keys))):
             key = keys[b]
-            ti = next((j for j, index in enumerate(indexes) if key in index), -1)
+            ti = next((j for j, index in enumerate(indexes)
+                       if key in index and (not bad or (tiers[j][0], key) not in bad)), -1)
             if ti < 0:
                 break
             if ti == cur:
@@ -223,9 +246,10 @@ class TierStack:
         bb = self.sim.setups[engine.index].block_bytes
         per_flow: dict[tuple[str, str | None], list[int]] = {}
         by_tier: dict[str, int] = {}
+        bad = self.bad
         for key in keys:
             for name, tier, spec in tiers:
-                if key in tier.policy.index:
+                if key in tier.policy.index and (not bad or (name, key) not in bad):
                     target = None
                     if spec is not None and spec.targets:
                         target = spec.targets[key % len(spec.targets)][0]
@@ -241,7 +265,14 @@ class TierStack:
         seq.loads_pending = len(per_flow)
         spec_of = {n: s for n, _t, s in tiers}
         promote: list[int] = []
+        backend = self.backend
+        failed: set[int] = set()
         for (name, target), ks in per_flow.items():
+            if backend is not None:
+                for k in backend.on_load(name, engine.node if name == "dram" else None, ks,
+                                         engine.index):
+                    failed.add(k)
+                    self.bad.add((name, k))
             nbytes = len(ks) * bb
             self.bytes_loaded[name] = self.bytes_loaded.get(name, 0) + nbytes
             self.blocks_loaded[name] = self.blocks_loaded.get(name, 0) + len(ks)
@@ -249,10 +280,20 @@ class TierStack:
                 promote.extend(ks)
             path = self._path(engine, name, spec_of[name], target, True)
             self.net.start(now, nbytes, path, self._load_done(engine, seq))
+        if failed:
+            # never serve a block that failed its check: the load ends before the first
+            # one, and the request computes the rest (vLLM's recompute on a failed load)
+            first_bad = next(i for i, k in enumerate(keys) if k in failed)
+            kept = first_bad * B
+            self.recomputed_after_check += (tokens - kept) // B
+            seq.num_computed_tokens = start_tokens + kept
+            seq.ext_tokens = kept
+            promote = [k for k in promote if k not in failed]
         if promote:
             d = self.node_dram.get(engine.node)
             if d is not None:
-                self._insert(d, "dram", promote, seq.index)
+                rec = self._insert(d, "dram", promote, seq.index, engine)
+                self.blocks_promoted["dram"] = self.blocks_promoted.get("dram", 0) + len(rec)
 
     def _load_done(self, engine: Engine, seq: Seq) -> Callable[[float], None]:
         def done(t: float) -> None:
@@ -275,12 +316,39 @@ class TierStack:
         seq.loads_pending = 1
         self.net.start(now, nbytes, path, self._load_done(engine, seq))
 
-    def _insert(self, tier: Tier, name: str, keys: list[int], session: int) -> list[int]:
+    def _insert(self, tier: Tier, name: str, keys: list[int], session: int,
+                engine: Engine) -> list[int]:
+        """Insert ``keys`` (touching those held), evict down to capacity; with a backend,
+        free the victims' bytes first, then write the blocks that stayed. Returns the keys
+        inserted (and still held)."""
         rec: list[int] = []
         tier.policy.access(keys, session, record=rec)
+        if self.bad:
+            # a stale copy (failed its check) is rewritten: the repair
+            for k in keys:
+                if (name, k) in self.bad and k not in rec:
+                    self.bad.discard((name, k))
+                    rec.append(k)
+                    self.repaired += 1
         out = tier.evict_to_capacity()
         if out:
             self.evictions[name] = self.evictions.get(name, 0) + len(out)
+            if self.bad:
+                for k in out:
+                    self.bad.discard((name, k))
+        if self.backend is not None:
+            node = engine.node if name == "dram" else None
+            if out:
+                gone = set(out)
+                old = [k for k in out if k not in rec]
+                if old:
+                    self.backend.on_evict(name, node, old)
+                rec = [k for k in rec if k not in gone]
+            if rec:
+                self.backend.on_store(name, node, rec, engine.index)
+        elif out:
+            gone = set(out)
+            rec = [k for k in rec if k not in gone]
         return rec
 
     def store(self, engine: Engine, seq: Seq, now: float) -> None:
@@ -291,9 +359,10 @@ class TierStack:
             return
         keys = seq.block_hashes[:n]
         bb = self.sim.setups[engine.index].block_bytes
+        bad = self.bad
         for name, tier, spec in self._tiers_for(engine):
             index = tier.policy.index
-            new = [k for k in keys if k not in index]
+            new = [k for k in keys if k not in index or (bad and (name, k) in bad)]
             if not new:
                 tier.policy.access(keys, seq.index, admit=False)
                 continue
@@ -308,12 +377,13 @@ class TierStack:
                 self.bytes_stored[name] = self.bytes_stored.get(name, 0) + nbytes
                 self.blocks_stored[name] = self.blocks_stored.get(name, 0) + len(ks)
                 path = self._path(engine, name, spec, target, False)
-                self.net.start(now, nbytes, path, self._store_done(tier, name, ks, seq.index))
+                self.net.start(now, nbytes, path,
+                               self._store_done(tier, name, ks, seq.index, engine))
 
-    def _store_done(self, tier: Tier, name: str, keys: list[int], session: int
-                    ) -> Callable[[float], None]:
+    def _store_done(self, tier: Tier, name: str, keys: list[int], session: int,
+                    engine: Engine) -> Callable[[float], None]:
         def done(_t: float) -> None:
-            self._insert(tier, name, keys, session)
+            self._insert(tier, name, keys, session, engine)
         return done
 
     def to_dict(self) -> dict[str, Any]:
@@ -326,8 +396,11 @@ class TierStack:
                           "occupancy_blocks": len(tier)})
         return {"tiers": tiers, "bytes_loaded": dict(self.bytes_loaded),
                 "bytes_stored": dict(self.bytes_stored), "blocks_loaded": dict(self.blocks_loaded),
-                "blocks_stored": dict(self.blocks_stored), "evictions": dict(self.evictions),
-                "load_or_recompute": dict(self.load_decisions), "pd_transfer_bytes": self.pd_bytes}
+                "blocks_stored": dict(self.blocks_stored),
+                "blocks_promoted": dict(self.blocks_promoted), "evictions": dict(self.evictions),
+                "load_or_recompute": dict(self.load_decisions), "pd_transfer_bytes": self.pd_bytes,
+                "recomputed_after_check_blocks": self.recomputed_after_check,
+                "repaired_blocks": self.repaired}
 
 
 def _cap(c: float) -> int | None:
@@ -339,7 +412,8 @@ class Simulation:
 
     def __init__(self, requests: Sequence[Any], setup: ClusterSetup, load: Load, *,
                  block_tokens: int, router: Any, fast_forward: bool = True,
-                 trace_block_tokens: int | None = None) -> None:
+                 trace_block_tokens: int | None = None,
+                 backend: DataBackend | None = None) -> None:
         self.requests = requests
         self.setup = setup
         self.setups = setup.engines
@@ -355,7 +429,7 @@ class Simulation:
                 self._link("mooncake", t.gbps, t.gbps)
             for name, r, w in t.targets:
                 self._link(f"target/{name}", r, w)
-        self.tiers = TierStack(self, setup, block_tokens)
+        self.tiers = TierStack(self, setup, block_tokens, backend)
         offload = self.tiers if self.tiers.present or any(e.role == "decode" for e in setup.engines) \
             else None
         self.engines: list[Engine] = []
