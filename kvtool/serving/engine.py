@@ -16,7 +16,9 @@ Each step it schedules like vLLM's ``Scheduler.schedule``:
    loads faster than it recomputes is loaded asynchronously (vLLM's
    ``WAITING_FOR_REMOTE_KVS``: blocks allocated, the request waits in the queue while the
    flows run, and is scheduled once they have all arrived). The first request that cannot
-   be allocated stops the loop (FCFS).
+   be allocated stops the loop (FCFS). As vLLM's default ``scheduler_reserve_full_isl``,
+   a waiting request is admitted only when its whole prompt fits the free blocks (and the
+   watermark, when others run), not just its first chunk.
 
 A step lasts :meth:`StepModel.step_time` of its batch. At its end each request's computed
 tokens advance; a request that has computed all its tokens samples one (its first token
@@ -309,7 +311,8 @@ class Engine:
                 if ext:
                     if pool.allocate_slots(seq, 0, local, blocks,
                                            num_external_computed_tokens=ext,
-                                           delay_cache_blocks=True) is None:
+                                           delay_cache_blocks=True, full_sequence_must_fit=True,
+                                           has_scheduled_reqs=bool(running)) is None:
                         break
                     self._record_hits(seq, local, ext, first_time)
                     self._unpend(seq)
@@ -323,7 +326,8 @@ class Engine:
                 n = seq.num_tokens - local
                 if n > budget:
                     n = budget
-                if pool.allocate_slots(seq, n, local, blocks) is None:
+                if pool.allocate_slots(seq, n, local, blocks, full_sequence_must_fit=True,
+                                       has_scheduled_reqs=bool(running)) is None:
                     break
                 self._record_hits(seq, local, 0, first_time)
                 seq.num_computed_tokens = local
@@ -331,7 +335,8 @@ class Engine:
                 n = seq.num_tokens - seq.num_computed_tokens
                 if n > budget:
                     n = budget
-                if pool.allocate_slots(seq, n) is None:
+                if pool.allocate_slots(seq, n, full_sequence_must_fit=True,
+                                       has_scheduled_reqs=bool(running)) is None:
                     break
             del waiting[j]
             self._unpend(seq)

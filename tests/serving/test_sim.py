@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -83,7 +84,7 @@ def test_closed_loop_keeps_at_most_c_requests_in_flight(tmp_path: Path) -> None:
         by_session.setdefault(s.session, []).append((s.arrival, s.finish))
     for rounds in by_session.values():
         rounds.sort()
-        for (_a, f), (a2, _f2) in zip(rounds, rounds[1:], strict=False):
+        for (_a, f), (a2, _f2) in itertools.pairwise(rounds):
             assert a2 >= f
 
 
