@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from kvtool.cache.hierarchy import WRITE_POLICIES, TierHierarchy, WritePolicy
-from kvtool.cache.policies import POLICIES, WATERMARK_DEFAULTS, make_policy
+from kvtool.cache.policies import POLICIES, POOLED_TIERS, WATERMARK_DEFAULTS, make_policy
 from kvtool.cache.stats import RoundStats
 from kvtool.cache.tier import TIER_NAMES, Tier, TierBackend, Watermark
 from kvtool.cache.timemodel import TimeModel
@@ -70,6 +70,10 @@ class TierSpec:
                              field="tier")
         if self.policy not in POLICIES:
             raise UsageError(f"unknown policy {self.policy!r} (use {', '.join(POLICIES)})",
+                             field="policy")
+        if self.policy == "vllm" and self.name not in POOLED_TIERS:
+            raise UsageError(f"policy 'vllm' is vLLM's GPU block pool: it manages the "
+                             f"{' or '.join(POOLED_TIERS)} tier only, not {self.name}",
                              field="policy")
         if self.watermark is None and self.policy in WATERMARK_DEFAULTS:
             self.watermark = Watermark(*WATERMARK_DEFAULTS[self.policy])
@@ -119,7 +123,11 @@ class CacheConfig:
                 raise UsageError(f"{spec.capacity} holds no whole block of {block_tokens} tokens"
                                  + (f" ({block_bytes} B)" if block_bytes else ""),
                                  field=f"{spec.name}")
-            policy = make_policy(spec.policy, window=spec.window)
+            if spec.policy == "vllm" and (cap == math.inf or cap < 2):
+                raise UsageError(f"{spec.capacity}: policy 'vllm' needs a finite pool of at "
+                                 "least 2 blocks (vLLM's num_gpu_blocks, the null block included)",
+                                 field=f"{spec.name}")
+            policy = make_policy(spec.policy, window=spec.window, block_tokens=block_tokens)
             tiers.append(Tier(spec.name, cap, policy, watermark=spec.watermark,
                               backend=(backends or {}).get(spec.name)))
         return TierHierarchy(tiers, self.write_policy)

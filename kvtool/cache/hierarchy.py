@@ -20,6 +20,12 @@ One call of :meth:`TierHierarchy.serve` is one request, in the order docs/defini
 
 Counted per tier: hit blocks and tokens; blocks written (inserted); blocks read (hit
 loads, and the source copy of a demotion); evictions.
+
+A GPU tier with the ``vllm`` policy (:class:`~kvtool.cache.policies.VllmPolicy`) is a
+whole vLLM block pool and serves each request itself (:meth:`TierHierarchy._serve_pooled`):
+its hit is at most ``⌊(L − 1)/B⌋`` leading full blocks (the lookup goes on in the lower
+tiers from there), it evicts while it allocates (step 1 of the request, not step 3), and
+it counts every block it caches as written, a recomputed copy of a cached block included.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from kvtool.cache.policies import LruPolicy
+from kvtool.cache.policies import LruPolicy, VllmPolicy
 from kvtool.cache.stats import RoundStats
 from kvtool.cache.tier import Tier
 
@@ -51,6 +57,10 @@ class TierHierarchy:
         self._indexes = [t.policy.index for t in self.tiers]
         self._policies = [t.policy for t in self.tiers]
         self._backends = any(t.backend is not None for t in self.tiers)
+        if any(p.pooled for p in self._policies[1:]):
+            raise ValueError("a pooled policy (vllm) can only manage the top tier")
+        self._pooled: VllmPolicy | None = (
+            self._policies[0] if isinstance(self._policies[0], VllmPolicy) else None)
         # The fused path: head-first LRU in every tier, write-through, every tier but the
         # last bounded (so ordered); it does every tier's store/touch in one pass.
         self._fused = (
@@ -62,8 +72,14 @@ class TierHierarchy:
     def names(self) -> list[str]:
         return [t.name for t in self.tiers]
 
-    def lookup(self, keys: list[int]) -> list[int]:
-        """Tier index of each leading hit block (stops at the first miss everywhere)."""
+    def lookup(self, keys: list[int], input_length: int | None = None) -> list[int]:
+        """Tier index of each leading hit block (stops at the first miss everywhere).
+
+        A pooled top tier (``vllm``) needs the prompt's ``input_length`` (its hit cap)."""
+        if self._pooled is not None:
+            if input_length is None:
+                raise ValueError("a vllm GPU tier needs the request's input_length to look up")
+            return self._lookup_pooled(keys, input_length)
         indexes = self._indexes
         src: list[int] = []
         add = src.append
@@ -110,6 +126,8 @@ class TierHierarchy:
         ``stats.requests``/``input_tokens``/``output_tokens`` and times are the caller's;
         this adds hits, recompute, writes, reads and evictions.
         """
+        if self._pooled is not None:
+            return self._serve_pooled(keys, input_length, block_tokens, session, stats)
         tiers = self.tiers
         m = len(tiers)
         if not self._backends:
@@ -162,6 +180,103 @@ class TierHierarchy:
             if not out:
                 continue
             evictions[i] += len(out)
+            if self.write_back and i + 1 < m:
+                below = tiers[i + 1]
+                down = below.policy.admit(out)
+                if down:
+                    stats.blocks_read[i] += len(down)
+                    written[i + 1] += len(down)
+                    if below.backend is not None:
+                        below.backend.on_write(below.name, down)
+        return per_tier
+
+    def _lookup_pooled(self, keys: list[int], input_length: int) -> list[int]:
+        """:meth:`lookup` with a pooled top tier: its capped hit, then the lower tiers."""
+        assert self._pooled is not None
+        h = self._pooled.hit_blocks(keys, input_length)
+        src = [0] * h
+        lower = list(enumerate(self._indexes))[1:]
+        add = src.append
+        for p in range(h, len(keys)):
+            key = keys[p]
+            for j, index in lower:
+                if key in index:
+                    add(j)
+                    break
+            else:
+                break
+        return src
+
+    def _serve_pooled(self, keys: list[int], input_length: int, block_tokens: int,
+                      session: int, stats: RoundStats) -> list[int]:
+        """:meth:`serve` with a pooled top tier (``vllm``): the pool runs the request.
+
+        Lower-tier hits reach the pool as external blocks (cached there, so counted as
+        promotions). Backends hear of keys entering and leaving the pool's hash index
+        (a second copy of a cached key is neither); under write-back the keys the pool
+        evicted are demoted into the next tier.
+        """
+        pooled = self._pooled
+        assert pooled is not None
+        tiers = self.tiers
+        m = len(tiers)
+        src = self._lookup_pooled(keys, input_length)
+        k = len(src)
+        per_tier = self._count_hits(src, input_length, block_tokens, stats)
+        h = per_tier[0]
+        index0 = self._indexes[0]
+        full = min(input_length // block_tokens, len(keys))
+        notify = self._backends
+        absent = [key for key in keys[h:full] if key not in index0] if notify else []
+        evicted: list[int] | None = [] if notify or self.write_back else None
+        _, cached, n_evicted = pooled.serve_request(keys, input_length, k - h, evicted)
+        written = stats.blocks_written
+        written[0] += cached
+        if cached and k > h:
+            stats.promoted_blocks[0] += max(0, min(k, full) - h)
+        stats.evictions[0] += n_evicted
+        if evicted:
+            evicted = [key for key in dict.fromkeys(evicted) if key not in index0]
+        if notify:
+            self._notify(keys, src, [key for key in dict.fromkeys(absent) if key in index0])
+
+        # 2. lower tiers: as the general path
+        low, high = (min(src), max(src)) if k else (m, 0)
+        hits: set[int] | None = set(keys[:k]) if high > 0 else None
+        for i in range(1, m):
+            tier = tiers[i]
+            if self.write_back:
+                tier.policy.access(keys, session, admit=False)
+                continue
+            skip = {keys[p] for p in range(k) if src[p] < i} if low < i else None
+            promotes = hits is not None and high > i
+            record: list[int] | None = [] if tier.backend is not None or promotes else None
+            written[i] += tier.policy.access(keys, session, skip=skip, record=record)
+            if promotes and record and hits is not None:
+                stats.promoted_blocks[i] += _count_in(record, hits)
+            if record and tier.backend is not None:
+                tier.backend.on_write(tier.name, record)
+
+        # 3. the pool's evictions (made while allocating), then the lower tiers'
+        if evicted:
+            if tiers[0].backend is not None:
+                tiers[0].backend.on_evict(tiers[0].name, evicted)
+            if self.write_back and m > 1:
+                below = tiers[1]
+                down = below.policy.admit(evicted)
+                if down:
+                    stats.blocks_read[0] += len(down)
+                    written[1] += len(down)
+                    if below.backend is not None:
+                        below.backend.on_write(below.name, down)
+        for i in range(1, m):
+            tier = tiers[i]
+            if tier.watermark is None and len(self._indexes[i]) <= tier.capacity:
+                continue
+            out = tier.evict_to_capacity()
+            if not out:
+                continue
+            stats.evictions[i] += len(out)
             if self.write_back and i + 1 < m:
                 below = tiers[i + 1]
                 down = below.policy.admit(out)

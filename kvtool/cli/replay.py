@@ -142,6 +142,9 @@ def _fraction(_ctx: click.Context, param: click.Parameter, value: float | None) 
 @click.option("--sweep", default=None, metavar="LOAD=V1,V2,...",
               help="--cluster: one run per value, e.g. concurrency=1,4,16,64,256 or "
                    "request-rate=1,2,4.")
+@click.option("--scalar", "scalars", multiple=True, metavar="NAME=VALUE",
+              help="--cluster: set a roofline scalar, e.g. mfu_prefill=0.5 (repeatable; "
+                   "kvtool calibrate fits them).")
 @json_option
 @host_options
 def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: str | None,
@@ -153,7 +156,8 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
             read_gbps: dict[str, float], concurrency: int | None, csv_path: str | None,
             requests_csv: str | None, plot_path: str | None, metrics_port: int | None,
             clusters: tuple[str, ...], request_rate: float | None, speedup: float | None,
-            sweep: str | None, credentials: HostCredentials | None) -> None:
+            sweep: str | None, scalars: tuple[str, ...],
+            credentials: HostCredentials | None) -> None:
     """Replay a request trace through a GPU → DRAM → NVMe prefix cache.
 
     Data mode (default) moves real bytes through the tiers and checks every block;
@@ -168,6 +172,7 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
     check_output_paths(csv=csv_path, plot=plot_path, requests_csv=requests_csv)
     if clusters:
         from kvtool.cli import serving
+        from kvtool.serving.calibrate import parse_scalar_overrides
 
         if gpu is not None or dram is not None or tiers_file or compares:
             raise UsageError(f"with {param('cluster')} the tiers come from the cluster file; "
@@ -178,9 +183,10 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
                     loads=serving.loads_from(concurrency, request_rate, speedup, sweep),
                     csv_path=csv_path, plot_path=plot_path,
                     nvme_place=nvme.place if nvme is not None else None, read_qd=read_qd,
-                    credentials=credentials)
+                    credentials=credentials, scalars=parse_scalar_overrides(scalars))
         return
-    for name, value in (("request_rate", request_rate), ("speedup", speedup), ("sweep", sweep)):
+    for name, value in (("request_rate", request_rate), ("speedup", speedup), ("sweep", sweep),
+                        ("scalar", scalars or None)):
         if value is not None:
             raise UsageError(f"{param(name)} sets the serving model's load: give "
                              f"{param('cluster')} too", field=name)

@@ -167,6 +167,12 @@ def make_watermark(policy: str, high: float | None, ratio: float | None) -> Wate
     return Watermark(high if high is not None else 0.90, ratio if ratio is not None else 0.05)
 
 
+def default_policy(tier: str, capacity: Capacity) -> str:
+    """The policy of a tier nobody chose one for: vLLM's own pool for a finite GPU tier
+    (``--gpu N`` is vLLM's ``num_gpu_blocks``), head-first LRU elsewhere."""
+    return "vllm" if tier == "gpu" and not capacity.is_infinite else "lru"
+
+
 def build_config(capacities: Mapping[str, TierOption | Capacity | None], *, policy: str | None,
                  write_policy: str | None, watermark: float | None = None,
                  evict_ratio: float | None = None, tier_policies: dict[str, str] | None = None,
@@ -174,7 +180,8 @@ def build_config(capacities: Mapping[str, TierOption | Capacity | None], *, poli
     """One configuration from command-line values layered over a tiers file.
 
     Precedence, per item: the command line, then the tiers file, then the defaults
-    (policy ``lru``, write policy ``write-through``, no watermark).
+    (policy ``vllm`` for a finite GPU tier, else ``lru``; write policy ``write-through``;
+    no watermark).
     """
     tf = tiers_file or TiersFile()
     specs = []
@@ -186,7 +193,9 @@ def build_config(capacities: Mapping[str, TierOption | Capacity | None], *, poli
         if opt is None or opt.is_zero:
             continue
         cap = opt.capacity if opt.capacity is not None else Capacity.parse("inf")
-        pol = (tier_policies or {}).get(name) or policy or opts.policy or "lru"
+        every = policy if policy != "vllm" or name == "gpu" else None  # vllm: the GPU's pool
+        pol = ((tier_policies or {}).get(name) or every or opts.policy
+               or default_policy(name, cap))
         wm = make_watermark(pol, watermark if watermark is not None else opts.watermark,
                             evict_ratio if evict_ratio is not None else opts.evict_ratio)
         specs.append(TierSpec(name, cap, pol, wm, opts.window, place=opt.place))

@@ -35,11 +35,11 @@ from typing import Any
 
 import numpy as np
 
-from kvtool.replay.config import ON_TIER_ERROR
 from kvtool.cache.engine import CacheConfig, Replay, RequestLike, RequestOutcome, outcome
 from kvtool.cache.stats import RoundStats
 from kvtool.cache.timemodel import TimeModel, percentile
 from kvtool.errors import CheckFailed
+from kvtool.replay.config import ON_TIER_ERROR
 from kvtool.store.payload import Payload, equal
 from kvtool.tiers.base import DataTier, Link, TierError, TransferJob
 from kvtool.tiers.dram import DramTier
@@ -206,7 +206,7 @@ class DataReplay(Replay):
         inp = req.input_length
         names = self.names
         gpu = self.gpu
-        src = self.cache.lookup(keys)
+        src = self.cache.lookup(keys, inp)
         k = len(src)
         work = self._work
         work.clear()

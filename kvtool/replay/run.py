@@ -26,6 +26,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kvtool.cache.engine import CacheConfig, RequestOutcome, TierSpec, replay
+from kvtool.cache.timemodel import TimeModel
+from kvtool.errors import UsageError, param
 from kvtool.replay.config import (
     ON_TIER_ERROR,
     TiersFile,
@@ -34,9 +37,6 @@ from kvtool.replay.config import (
     parse_compare,
     time_model_from,
 )
-from kvtool.cache.engine import CacheConfig, RequestOutcome, TierSpec, replay
-from kvtool.cache.timemodel import TimeModel
-from kvtool.errors import UsageError, param
 from kvtool.tiers.option import TierOption
 from kvtool.units import Capacity, format_size
 

@@ -24,9 +24,17 @@ tier_sets = st.lists(st.sampled_from(["gpu", "dram", "nvme"]), min_size=1, max_s
 
 
 def build(tiers: list[str], caps: list[str], policy: str, write_policy: str) -> CacheConfig:
-    return CacheConfig([TierSpec(t, Capacity.parse(c), policy) for t, c in zip(tiers, caps,
-                                                                             strict=False)],
+    return CacheConfig([TierSpec(t, Capacity.parse(c), tier_policy(policy, t, c))
+                        for t, c in zip(tiers, caps, strict=False)],
                        write_policy)  # type: ignore[arg-type]
+
+
+def tier_policy(policy: str, tier: str, cap: str) -> str:
+    """``vllm`` is the GPU tier's block pool (finite, with a null block): other tiers, and a
+    GPU tier too small or unbounded for it, get ``lru`` in a ``vllm`` configuration."""
+    if policy == "vllm" and (tier != "gpu" or cap in ("inf", "1blk")):
+        return "lru"
+    return policy
 
 
 def run(cfg: CacheConfig, stream: list[tuple[list[int], int, int]], general: bool) -> Replay:

@@ -10,4 +10,6 @@
 * :mod:`~tests.helpers.spdk_fixtures` — SPDK built from ../shared/vendor: ``spdk``,
   ``spdk_app``, ``nvmf_tgt`` (a pytest plugin);
 * :mod:`~tests.helpers.powerloss` — an I/O engine that loses unflushed writes.
+* :mod:`~tests.helpers.vllm_oracle` — vLLM's own v1 KV cache manager, loaded without torch
+  (the oracle of tests/serving/test_kvpool_vllm.py), and a request for ``KVPool``.
 """
