@@ -33,6 +33,8 @@ Examples:
   kvtool replay mt.jsonl --simulate --model deepseek-v4-flash --dtype fp8 \\
       --compare 'dram=429.5GB' --compare 'dram=53.7GB,nvme=46.09TB' --plot cmp.png
   kvtool replay mt.jsonl --simulate --tiers tiers.toml --csv rounds.csv
+  kvtool replay mt.jsonl --simulate --cluster fixtures/clusters/a100-llama2.toml \
+      --sweep concurrency=1,4,16 --csv sweep.csv      # the serving model (docs/serving.md)
 
 \b
 Data mode (default) moves real bytes: a CPU "GPU" pool, a DRAM pool and an NVMe tier on

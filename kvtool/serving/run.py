@@ -136,8 +136,7 @@ def run_serving(s: ServingSettings, *, progress: Callable[[int], None] | None = 
             runs.append(doc)
     head["runs"] = runs
     head["bad_lines"] = [{"line": ln, "message": m} for ln, m in reader.bad_lines]
-    if len(runs) == 1:
-        head["serving"] = runs[0]["serving"]
+    head["serving"] = runs[0]["serving"] if len(runs) == 1 else None
     return head
 
 
@@ -197,6 +196,8 @@ def write_plot(doc: dict[str, Any], path: str | os.PathLike[str], title: str = "
         ax.grid(True, alpha=0.3)
         if kind == "concurrency":
             ax.set_xscale("log", base=2)
+            ticks = sorted({float(r["value"]) for r in rows})
+            ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
     ax1.set_ylabel("output tokens/s (simulated)")
     ax2.set_ylabel("TTFT, s (simulated)")
     ax2.set_yscale("log")

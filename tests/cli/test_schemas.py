@@ -31,6 +31,9 @@ SCHEMAS: dict[str, tuple[str, set[str]]] = {
     "kvtool.trace.convert/1": ("trace.md", {
         "schema", "input", "output", "to", "requests", "block_tokens", "timestamps_added",
         "read_back_block_tokens", "dropped", "bad_lines"}),
+    "kvtool.serving/1": ("serving.md", {
+        "schema", "mode", "trace", "format", "block_tokens", "requests", "timed", "clusters",
+        "loads", "runs", "bad_lines", "serving"}),
     "kvtool.store.load/1": ("store.md", {
         "schema", "target", "engine", "store", "formatted", "replaced", "requested",
         "already_present", "written", "objects", "free_slots", "commits",
@@ -85,6 +88,10 @@ def documents(blank_file: Callable[[int], Path], tmp_path: Path) -> list[dict[st
         run_json("trace", "gen", "--random-input-len", "100,200", "--num-prompts", "2",
                  "-o", gen + ".r"),
         run_json("trace", "convert", gen, "--to", "mooncake", "-o", str(tmp_path / "m.jsonl")),
+        run_json("replay", trace, "--simulate", "--cluster",
+                 str(FIXTURES / "clusters" / "a100-llama2.toml")),
+        run_json("replay", trace, "--simulate", "--cluster",
+                 str(FIXTURES / "clusters" / "a100-llama2.toml"), "--sweep", "concurrency=1,2"),
     ]
     path = blank_file(8 << 20)
     docs.append(run_json("load", str(path), "--object-bytes", "4096", "--count", "3"))
