@@ -12,9 +12,17 @@ from kvtool.cli.options import block_size_from, block_size_options
 from kvtool.cli.output import emit, json_option, note
 from kvtool.errors import UsageError
 from kvtool.trace.convert import convert_trace
-from kvtool.trace.gen import Form, MultiTurn, RandomPrompts, multi_turn, random_prompts
+from kvtool.trace.gen import (
+    Form,
+    MultiTurn,
+    PrefixRepetition,
+    RandomPrompts,
+    multi_turn,
+    prefix_repetition,
+    random_prompts,
+)
 from kvtool.trace.reader import TraceReader, read_trace
-from kvtool.trace.schema import DEFAULT_WINDOW_MS
+from kvtool.trace.schema import DEFAULT_BLOCK_TOKENS, DEFAULT_WINDOW_MS, FORMATS, WRITABLE
 from kvtool.trace.stats import trace_stats
 from kvtool.trace.writer import write_records
 from kvtool.units import format_size
@@ -26,13 +34,15 @@ if TYPE_CHECKING:
 def _reader_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """The options every trace-reading command shares (same names as ``kvtool replay``)."""
     for opt in reversed([
-        click.option("--format", "fmt", type=click.Choice(["auto", "kvtool", "mooncake"]),
+        click.option("--format", "fmt", type=click.Choice(list(FORMATS)),
                      default="auto", show_default=True,
-                     help="Trace format; auto: kvtool if the first line has session, round, "
-                          "block_tokens or tokens, else Mooncake."),
+                     help="Trace format; auto: azure if the first line is the Azure CSV "
+                          "header, kvtool if the first record has session, round, "
+                          "block_tokens or tokens, bailian (Qwen-Bailian) if it has chat_id, "
+                          "parent_chat_id or turn, else Mooncake."),
         click.option("--block-tokens", type=int, metavar="B",
                      help="Tokens per block (default: the trace's block_tokens, else 256 for "
-                          "kvtool and 512 for Mooncake traces)."),
+                          "kvtool and Azure, 512 for Mooncake, 16 for Qwen-Bailian traces)."),
         click.option("--skip-bad", type=int, default=0, metavar="N", show_default=True,
                      help="Skip up to N bad lines (and list them) instead of failing."),
         click.option("--window-ms", type=float, default=DEFAULT_WINDOW_MS, show_default=True,
@@ -62,9 +72,11 @@ Examples:
   kvtool trace stats fixtures/traces/multiturn-4x6.tokens.jsonl
   kvtool trace gen --sessions 16 --rounds 20 --input-tokens 2000 --output-tokens 500 -o t.jsonl
   kvtool trace convert mooncake.jsonl --to kvtool -o t.jsonl
+  kvtool trace stats fixtures/traces/azure-conv-head.csv
 """)
 def command() -> None:
-    """Make traces and look inside them (kvtool and Mooncake JSONL; docs/trace.md)."""
+    """Make traces and look inside them (kvtool, Mooncake, Qwen-Bailian JSONL, Azure CSV;
+    docs/trace.md)."""
 
 
 # -- stats ------------------------------------------------------------------------------------
@@ -74,6 +86,8 @@ Examples:
   kvtool trace stats fixtures/traces/multiturn-4x6.tokens.jsonl
   kvtool trace stats conversation_trace.jsonl --format mooncake --block-tokens 512 --json
   kvtool trace stats t.jsonl --model deepseek-v4-flash --dtype fp8
+  kvtool trace stats fixtures/traces/bailian-sample.jsonl
+  kvtool trace stats fixtures/traces/azure-conv-head.csv --no-reuse --json
 """)
 @click.argument("trace", type=click.Path(dir_okay=False, allow_dash=True))
 @_reader_options
@@ -190,6 +204,12 @@ Examples:
       --format hash_ids -o report.jsonl
   kvtool trace gen --random-input-len 100,1000,10000 --num-prompts 16 --iterations 2 \\
       --seed 42 -o bench.jsonl
+  kvtool trace gen --random-input-len 1024 --output-tokens 128 --num-prompts 200 \\
+      --iterations 1 --request-rate 2 --seed 0 -o poisson.jsonl
+  kvtool trace gen --random-input-len 1024 --num-prompts 200 --iterations 1 \\
+      --request-rate inf -o burst.jsonl
+  kvtool trace gen --prefix-repetition-num-prefixes 10 --prefix-repetition-prefix-len 256 \\
+      --prefix-repetition-suffix-len 256 --num-prompts 1000 -o prefix-rep.jsonl
 """)
 @click.option("-o", "--output", "output", required=True, metavar="FILE",
               help="Where to write the trace (kvtool JSONL; - for stdout).")
@@ -197,13 +217,30 @@ Examples:
 @click.option("--rounds", type=int, help="Multi-turn: rounds R per session.")
 @click.option("--input-tokens", type=int, help="Multi-turn: new input tokens N per round.")
 @click.option("--output-tokens", type=int,
-              help="Answer tokens M per request (multi-turn: required; random: default 128).")
+              help="Answer tokens M per request (multi-turn: required; random and prefix "
+                   "repetition: default 128).")
 @click.option("--random-input-len", "random_lens", metavar="N[,N…]",
               help="Random prompts of these lengths (vLLM bench's random dataset).")
-@click.option("--num-prompts", type=int, help="Random: prompts per length (default 1).")
+@click.option("--num-prompts", type=int,
+              help="Random: prompts per length (default 1). Prefix repetition: requests "
+                   "(default 1000, as vLLM; rounded down to a multiple of the prefixes).")
 @click.option("--iterations", type=int, help="Random: times every prompt is sent (default 2).")
-@click.option("--system-prompt-tokens", type=int, default=0, show_default=True,
-              help="Shared prefix (same tokens for every session/prompt).")
+@click.option("--random-range-ratio", "range_ratio", type=float,
+              help="Random: draw each prompt's and answer's length uniformly within ±this "
+                   "fraction (vLLM bench's; default 0: fixed lengths).")
+@click.option("--prefix-repetition-num-prefixes", "rep_prefixes", type=int,
+              help="Prefix repetition (vLLM bench's prefix_repetition): distinct prefixes "
+                   "(default 10).")
+@click.option("--prefix-repetition-prefix-len", "rep_prefix_len", type=int,
+              help="Prefix repetition: tokens of each prefix (default 256).")
+@click.option("--prefix-repetition-suffix-len", "rep_suffix_len", type=int,
+              help="Prefix repetition: random tokens after the prefix (default 256).")
+@click.option("--disable-shuffle", is_flag=True,
+              help="Prefix repetition: keep requests grouped by prefix (vLLM shuffles).")
+@click.option("--system-prompt-tokens", "--random-prefix-len", "system_prompt_tokens", type=int,
+              default=0, show_default=True,
+              help="Shared prefix (same tokens for every session/prompt; vLLM's "
+                   "--random-prefix-len).")
 @click.option("--block-tokens", type=int, default=256, show_default=True,
               help="Tokens per block, written on every line.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
@@ -214,21 +251,63 @@ Examples:
 @click.option("--interval-ms", type=float,
               help="Add timestamps this many ms apart (default: untimed, served round by "
                    "round).")
+@click.option("--request-rate", type=float, metavar="R",
+              help="Add timestamps: R requests/s, Poisson as vllm bench serve schedules them "
+                   "(seeded); inf: all at t = 0.")
+@click.option("--burstiness", type=float,
+              help="With --request-rate: gamma shape of the gaps (default 1: Poisson; < 1 "
+                   "burstier, inf: constant gaps), as vllm bench serve.")
 @json_option
 def gen_cmd(output: str, sessions: int | None, rounds: int | None, input_tokens: int | None,
             output_tokens: int | None, random_lens: str | None, num_prompts: int | None,
-            iterations: int | None, system_prompt_tokens: int, block_tokens: int, seed: int,
-            form: str, interval_ms: float | None) -> None:
-    """Write a synthetic workload: multi-turn sessions, or random prompts re-sent.
+            iterations: int | None, range_ratio: float | None, rep_prefixes: int | None,
+            rep_prefix_len: int | None, rep_suffix_len: int | None, disable_shuffle: bool,
+            system_prompt_tokens: int, block_tokens: int, seed: int, form: str,
+            interval_ms: float | None, request_rate: float | None,
+            burstiness: float | None) -> None:
+    """Write a synthetic workload: multi-turn sessions, random prompts, prefix repetition.
 
     Multi-turn (--sessions/--rounds/--input-tokens/--output-tokens): each round a session
     re-sends its whole history plus N new tokens; the M-token answer joins the next
     round's prefix; a shared system prompt comes first. Random (--random-input-len):
-    --num-prompts prompts per length, re-sent unchanged --iterations times, so iteration
-    2 onward is 100% reusable. Deterministic for a given --seed.
+    --num-prompts distinct prompts per length, sent --iterations times, so iteration
+    2 onward is 100% reusable (--iterations 1: each prompt once, like vllm bench's random
+    dataset). Prefix repetition (--prefix-repetition-*): vllm bench's prefix_repetition
+    dataset, requests sharing one of a few prefixes, shuffled. Untimed unless
+    --interval-ms or --request-rate. Deterministic for a given --seed.
     """
     workload: dict[str, Any]
-    if random_lens is not None:
+    arrivals: dict[str, Any] = {"interval_ms": interval_ms, "request_rate": request_rate,
+                                "burstiness": burstiness if burstiness is not None else 1.0}
+    repetition = {"--prefix-repetition-num-prefixes": rep_prefixes,
+                  "--prefix-repetition-prefix-len": rep_prefix_len,
+                  "--prefix-repetition-suffix-len": rep_suffix_len}
+    if disable_shuffle and all(v is None for v in repetition.values()):
+        raise UsageError("is for the prefix-repetition workload (give "
+                         "--prefix-repetition-num-prefixes, -prefix-len or -suffix-len)",
+                         field="--disable-shuffle")
+    if any(v is not None for v in repetition.values()):
+        for name, value in (("--sessions", sessions), ("--rounds", rounds),
+                            ("--input-tokens", input_tokens), ("--random-input-len", random_lens),
+                            ("--iterations", iterations), ("--random-range-ratio", range_ratio)):
+            if value is not None:
+                raise UsageError("is not for the prefix-repetition workload", field=name)
+        if system_prompt_tokens:
+            raise UsageError("is not for the prefix-repetition workload (its prefixes are "
+                             "--prefix-repetition-prefix-len)", field="--system-prompt-tokens")
+        pspec = PrefixRepetition(
+            num_prompts if num_prompts is not None else 1000,
+            rep_prefix_len if rep_prefix_len is not None else 256,
+            rep_suffix_len if rep_suffix_len is not None else 256,
+            rep_prefixes if rep_prefixes is not None else 10,
+            output_tokens if output_tokens is not None else 128, not disable_shuffle,
+            block_tokens, seed, cast(Form, form), **arrivals)
+        n = write_records(prefix_repetition(pspec), output)
+        workload = {"kind": "prefix-repetition", "num_prompts": pspec.num_prompts,
+                    "num_prefixes": pspec.num_prefixes, "prefix_len": pspec.prefix_tokens,
+                    "suffix_len": pspec.suffix_tokens, "output_tokens": pspec.output_tokens,
+                    "shuffle": pspec.shuffle}
+    elif random_lens is not None:
         for name, value in (("--sessions", sessions), ("--rounds", rounds),
                             ("--input-tokens", input_tokens)):
             if value is not None:
@@ -237,13 +316,14 @@ def gen_cmd(output: str, sessions: int | None, rounds: int | None, input_tokens:
         rspec = RandomPrompts(_lengths(random_lens), num_prompts or 1, iterations or 2,
                               output_tokens if output_tokens is not None else 128,
                               system_prompt_tokens, block_tokens, seed, cast(Form, form),
-                              interval_ms)
+                              **arrivals, range_ratio=range_ratio or 0.0)
         n = write_records(random_prompts(rspec), output)
         workload = {"kind": "random", "input_lengths": list(rspec.input_lengths),
                     "num_prompts": rspec.num_prompts, "iterations": rspec.iterations,
-                    "output_tokens": rspec.output_tokens}
+                    "output_tokens": rspec.output_tokens, "range_ratio": rspec.range_ratio}
     else:
-        for name, value in (("--num-prompts", num_prompts), ("--iterations", iterations)):
+        for name, value in (("--num-prompts", num_prompts), ("--iterations", iterations),
+                            ("--random-range-ratio", range_ratio)):
             if value is not None:
                 raise UsageError("is for --random-input-len, not the multi-turn workload",
                                  field=name)
@@ -255,14 +335,23 @@ def gen_cmd(output: str, sessions: int | None, rounds: int | None, input_tokens:
         assert sessions is not None and rounds is not None
         assert input_tokens is not None and output_tokens is not None
         mspec = MultiTurn(sessions, rounds, input_tokens, output_tokens, system_prompt_tokens,
-                          block_tokens, seed, cast(Form, form), interval_ms)
+                          block_tokens, seed, cast(Form, form),
+                          **arrivals)
         n = write_records(multi_turn(mspec), output)
         workload = {"kind": "multi-turn", "sessions": sessions, "rounds": rounds,
                     "input_tokens": input_tokens, "output_tokens": output_tokens}
     result = {"schema": "kvtool.trace.gen/1", "output": output, "requests": n, "form": form,
               "block_tokens": block_tokens,
               "system_prompt_tokens": system_prompt_tokens, "seed": seed,
-              "timed": interval_ms is not None, "workload": workload}
+              "timed": interval_ms is not None or request_rate is not None,
+              "arrivals": {"interval_ms": interval_ms,
+                           "request_rate": (None if request_rate is None else
+                                            "inf" if request_rate == float("inf")
+                                            else request_rate),
+                           "burstiness": None if request_rate is None else
+                           ("inf" if arrivals["burstiness"] == float("inf")
+                            else arrivals["burstiness"])},
+              "workload": workload}
     if output == "-":
         return
     emit(result, lambda con: con.print(
@@ -277,24 +366,30 @@ Examples:
   kvtool trace convert conversation_trace.jsonl --to kvtool -o conversation.kvtool.jsonl
   kvtool trace convert multiturn.jsonl --to kvtool -o multiturn.hash_ids.jsonl
   kvtool trace convert multiturn.jsonl --to mooncake -o multiturn.mooncake.jsonl
+  kvtool trace convert multiturn.jsonl --to bailian -o multiturn.bailian.jsonl
+  kvtool trace convert fixtures/traces/bailian-sample.jsonl --to kvtool -o bailian.kvtool.jsonl
+  kvtool trace convert fixtures/traces/azure-conv-head.csv --to kvtool -o azure.jsonl
+  kvtool trace convert multiturn.jsonl --to azure --interval-ms 500 -o multiturn.csv
 """)
 @click.argument("trace", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("-o", "--output", "output", required=True, metavar="FILE",
               help="Where to write (- for stdout).")
-@click.option("--to", "to", type=click.Choice(["kvtool", "mooncake"]), required=True,
-              help="Output format.")
+@click.option("--to", "to", type=click.Choice(list(WRITABLE)), required=True,
+              help="Output format (bailian: Qwen-Bailian JSONL; azure: CSV of arrivals and "
+                   "lengths only).")
 @_reader_options
 @click.option("--interval-ms", type=float, default=1.0, show_default=True,
-              help="To Mooncake from an untimed trace: timestamps this far apart, in serve "
-                   "order.")
+              help="To Mooncake, Qwen-Bailian or Azure from an untimed trace: timestamps this "
+                   "far apart, in serve order.")
 @json_option
 def convert_cmd(trace: str, output: str, to: str, fmt: str, block_tokens: int | None,
                 skip_bad: int, window_ms: float, interval_ms: float) -> None:
-    """Convert between kvtool and Mooncake JSONL; tokens become compact hash_ids.
+    """Convert between trace formats; tokens become compact hash_ids.
 
     The output is in serve order with hash_ids renumbered 0, 1, 2, … by first
     appearance, so it replays exactly like the input. Mooncake lines keep only
-    timestamp, input_length, output_length and hash_ids.
+    timestamp, input_length, output_length and hash_ids; Qwen-Bailian lines make each
+    session a chat_id/parent_chat_id chain; Azure CSV keeps arrivals and lengths only.
     """
     if output != "-" and trace != "-" and Path(output).resolve() == Path(trace).resolve():
         raise UsageError("must differ from the input trace", field="--output")
@@ -305,12 +400,15 @@ def convert_cmd(trace: str, output: str, to: str, fmt: str, block_tokens: int | 
     if res.timestamps_added:
         note(f"the trace is untimed: wrote timestamps {interval_ms:g} ms apart in serve order")
     if res.read_back_block_tokens is not None:
-        note(f"read it back with --block-tokens {res.read_back_block_tokens} (Mooncake readers "
-             "assume 512)")
+        note(f"read it back with --block-tokens {res.read_back_block_tokens} ({to} readers "
+             f"assume {DEFAULT_BLOCK_TOKENS[to]})")
+    if res.dropped:
+        note(f"{to} cannot carry {', '.join(res.dropped)}: dropped")
     result = {"schema": "kvtool.trace.convert/1", "input": trace, "output": output, "to": to,
               "requests": res.requests,
               "block_tokens": res.block_tokens, "timestamps_added": res.timestamps_added,
-              "read_back_block_tokens": res.read_back_block_tokens, "bad_lines": bad}
+              "read_back_block_tokens": res.read_back_block_tokens,
+              "dropped": list(res.dropped), "bad_lines": bad}
     if output == "-":
         return
     emit(result, lambda con: con.print(f"wrote {res.requests:,} requests ({to}) to {output}"))
