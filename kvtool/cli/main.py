@@ -22,6 +22,7 @@ from kvtool.errors import InputError, KvtoolError, UsageError
 COMMAND_MODULES: list[str] = [
     "audit",
     "bench",
+    "calibrate",
     "experiment",
     "load",
     "plan",

@@ -35,11 +35,13 @@ def loads_from(concurrency: int | None, request_rate: float | None, speedup: flo
 def run(*, trace: str, clusters: tuple[str, ...], simulate: bool, fmt: str,
         block_tokens: int | None, skip_bad: int, loads: list[Any], seed: int,
         csv_path: str | None, plot_path: str | None, nvme_place: str | None = None,
-        read_qd: int = 16, credentials: Any = None) -> None:
+        read_qd: int = 16, credentials: Any = None,
+        scalars: dict[str, float] | None = None) -> None:
     from kvtool.serving.run import ServingSettings, run_serving, write_csv, write_plot
 
     settings = ServingSettings(trace=trace, clusters=clusters, loads=loads, fmt=fmt,
-                               block_tokens=block_tokens, skip_bad=skip_bad, seed=seed)
+                               block_tokens=block_tokens, skip_bad=skip_bad, seed=seed,
+                               scalars=dict(scalars or {}))
     backend = None
     if not simulate:
         from kvtool.replay.cluster import open_cluster_data

@@ -49,6 +49,10 @@ SCHEMAS: dict[str, tuple[str, set[str]]] = {
     "kvtool.store.bench/1": ("store.md", {
         "schema", "target", "engine", "object_bytes", "region_bytes", "seconds_per_case",
         "wrote", "results", "bounce_cost"}),
+    "kvtool.calibrate/1": ("serving.md", {
+        "schema", "cluster", "block_tokens", "files", "fit", "fixed", "metrics", "bounds",
+        "start", "scalars", "scalars_basis", "optimiser", "sensitivity", "in_sample",
+        "held_out", "replay_flags", "basis"}),
 }
 REPLAY_HEAD = {"schema", "trace", "format", "block_tokens", "block_bytes", "block_size",
                "bad_lines", "mode", "setup", "interrupted"}
@@ -93,6 +97,10 @@ def documents(blank_file: Callable[[int], Path], tmp_path: Path) -> list[dict[st
         run_json("replay", trace, "--simulate", "--cluster",
                  str(FIXTURES / "clusters" / "a100-llama2.toml"), "--sweep", "concurrency=1,2"),
     ]
+    bench = FIXTURES / "vllm-bench"
+    docs.append(run_json("calibrate", str(FIXTURES / "clusters" / "a100-llama2.toml"),
+                         str(bench / "a100-llama2-c1.json"), str(bench / "a100-llama2-c16.json"),
+                         "--fit", "eta", "--max-evals", "20"))
     path = blank_file(8 << 20)
     docs.append(run_json("load", str(path), "--object-bytes", "4096", "--count", "3"))
     docs.append(run_json("load", str(path), "--object-bytes", "4096", "--count", "3"))
