@@ -42,7 +42,10 @@ Examples:
 
 @click.group("experiment", epilog=EPILOG_GROUP)
 def command() -> None:
-    """Re-run the published tiering experiments (GP7000, FX100, WQS) at laptop scale."""
+    """Re-run the published tiering experiments (GP7000, FX100, WQS) at laptop scale.
+
+    The *-serving-* experiments run the published performance claims (throughput, TTFT,
+    TPOT) on the serving model (kvtool.serving), always simulated."""
 
 
 @command.command("list", epilog=EPILOG_LIST)
@@ -106,6 +109,9 @@ def run_cmd(name: str, out_dir: str | None, simulate: bool, dram: str | None,
     if exp.kind == "parallel-read" and (simulate or dram or nvme):
         note(f"{exp.name} measures reads on its own targets: --simulate, --dram and --nvme "
              "do not apply")
+    if exp.is_serving and (not simulate or dram or nvme):
+        note(f"{exp.name} runs on the serving model (simulated, times modelled): --dram and "
+             "--nvme do not apply and --simulate is implied")
     if dram is not None:
         from kvtool.mooncake import parse_mooncake_url
 
@@ -130,11 +136,12 @@ def render(con: Any, doc: dict[str, Any]) -> None:
     con.print(f"[dim]mode:[/] {mode}")
     t = Table(title="published vs kvtool", title_justify="left")
     for col, just in (("claim", "left"), ("published", "right"), ("kvtool", "right"),
-                      ("unit", "left"), ("basis", "left")):
+                      ("unit", "left"), ("basis", "left"), ("agrees", "left")):
         t.add_column(col, justify=just)  # type: ignore[arg-type]
     for r in doc["rows"]:
+        agrees = {True: "yes", False: "[red]no[/]", None: "–"}[r.get("agrees")]
         t.add_row(r["claim"], r["published_text"], r["kvtool_text"], r["unit"],
-                  ("[green]" if r["measured"] else "[yellow]") + r["basis"] + "[/]")
+                  ("[green]" if r["measured"] else "[yellow]") + r["basis"] + "[/]", agrees)
     con.print(t)
     notes = [(r["claim"], r["differs"]) for r in doc["rows"] if r["differs"]]
     for claim, why in notes:

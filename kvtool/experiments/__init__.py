@@ -1,7 +1,8 @@
 """Published tiering experiments re-run at laptop scale, their figures beside the published ones.
 
 Experiments are data (``fixtures/experiments/*.toml``, schema in :mod:`.spec`); a run makes
-the workload, replays every configuration (or measures reads), and computes each figure
+the workload, replays every configuration (or measures reads, or runs the serving model on
+every configuration's cluster under every load: :mod:`.serving`), and computes each figure
 (:mod:`.figures`). docs/experiments.md has the table.
 """
 

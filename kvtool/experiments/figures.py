@@ -7,7 +7,9 @@ document, per-request times, or the parallel-read measurements) and returns a
 * ``simulated`` — counted by the metadata engine (``--simulate``): exact for the
   workload, but no byte moved;
 * ``counted`` — counted in data mode, where every block really moved and was checked;
-* ``modelled`` — a time from the replay time model (prefill rate, tier read rates, TPOT);
+* ``modelled`` — a time from the replay time model (prefill rate, tier read rates, TPOT),
+  or a time or throughput from the serving model's clock (serving experiments, whose
+  counts are ``simulated``);
 * ``measured`` — timed on this machine (bytes read through a real engine).
 
 A row is *measured* when its basis is ``counted`` or ``measured``.
@@ -43,6 +45,9 @@ class RunData:
     """Configuration label → its CacheConfig (for ``plan_collapse_round``)."""
     setup: dict[str, Any] | None = None
     """Data mode: what the replay chose (block size, places, pools)."""
+    serving: bool = False
+    """A serving experiment: ``results`` maps a label to ``{"runs": [report per load]}``
+    (:mod:`kvtool.experiments.serving`)."""
 
 
 @dataclass(frozen=True)
@@ -68,10 +73,17 @@ class Metric:
     fn: Callable[[RunData, dict[str, Any]], Value]
     doc: str
     config_args: tuple[str, ...] = ()
+    serving: bool = False
+    """Reads serving-model runs (experiments with ``[serving]``), not cache replays."""
 
-    def check(self, args: dict[str, Any], labels: list[str], kind: str) -> str | None:
+    def check(self, args: dict[str, Any], labels: list[str], kind: str,
+              serving: bool = False) -> str | None:
         if kind not in self.kinds:
             return f"this metric applies to workload kinds {', '.join(self.kinds)}"
+        if serving != self.serving:
+            return ("this metric reads serving-model runs: the experiment needs a [serving] "
+                    "table" if self.serving else
+                    "this metric reads cache replays, not serving-model runs ([serving])")
         for key, value in args.items():
             spec = self.args.get(key)
             if spec is None:
@@ -345,6 +357,143 @@ def _read_ttft_ratio(run: RunData, a: dict[str, Any]) -> Value:
                  "measured")
 
 
+# ------------------------------------------------------------------ serving-model runs
+
+
+def _serving_basis(field: str) -> str:
+    """Times and throughputs come from the serving model's clock (modelled); counts are
+    exact for the workload (simulated)."""
+    timed = (field.endswith("_ms") or field.endswith("_throughput")
+             or field in ("duration", "ttft_share_of_e2el"))
+    return "modelled" if timed else "simulated"
+
+
+def _serving_fmt(field: str, v: float) -> str:
+    if field.endswith("_ms"):
+        return f"{v:,.0f} ms" if v < 10_000 else f"{v / 1000:,.2f} s"
+    if field == "request_throughput":
+        return f"{v:,.2f} req/s"
+    if field.endswith("_throughput"):
+        return f"{v:,.0f} tok/s"
+    if field == "duration":
+        return f"{v:,.1f} s"
+    if field.endswith("ratio"):
+        return f"{v:.4f}"
+    if field.endswith("_share") or field == "ttft_share_of_e2el":
+        return f"{100 * v:.1f} %"
+    return f"{v:,.4g}"
+
+
+def _serving_run(run: RunData, config: str, load: float | int | None) -> dict[str, Any]:
+    runs = run.results[config]["runs"]
+    if load is None:
+        if len(runs) != 1:
+            raise FigureUnavailable("the experiment runs several loads: give args.load")
+        return runs[0]
+    for r in runs:
+        if float(r["load"]["value"]) == float(load):
+            return r
+    raise FigureUnavailable(f"no run at load {load:g}")
+
+
+def _serving_field(r: dict[str, Any], field: str, input_tokens: int | None,
+                   iteration: int | None) -> float:
+    if input_tokens is not None or iteration is not None:
+        phases = r.get("phases")
+        if not phases:
+            raise FigureUnavailable('no phases: the experiment needs [serving] phases = '
+                                    '"iterations"')
+        match = [p for p in phases
+                 if (input_tokens is None or p["input_tokens"] == input_tokens)
+                 and (iteration is None or p["iteration"] == iteration)]
+        if len(match) != 1:
+            raise FigureUnavailable(f"{len(match)} phases of {input_tokens} tokens, "
+                                    f"iteration {iteration}")
+        sv = match[0]["serving"]
+        if field not in sv:
+            raise FigureUnavailable(f"no figure {field!r} per phase")
+        return float(sv[field])
+    if field in r["serving"]:
+        return float(r["serving"][field])
+    if field in r["cache"] and isinstance(r["cache"][field], int | float):
+        return float(r["cache"][field])
+    if field in r.get("shares", {}):
+        return float(r["shares"][field])
+    raise FigureUnavailable(f"no figure {field!r} in the serving report")
+
+
+def _need_serving(run: RunData) -> None:
+    if not run.serving:
+        raise FigureUnavailable("not a serving-model run")
+
+
+def _serving_value(run: RunData, a: dict[str, Any]) -> Value:
+    """A figure of the serving report (``serving`` or ``cache``), or of one phase."""
+    _need_serving(run)
+    f = a["field"]
+    v = _serving_field(_serving_run(run, a["config"], a.get("load")), f, a.get("input_tokens"),
+                       a.get("iteration"))
+    return Value(v, _serving_fmt(f, v), _serving_basis(f))
+
+
+def _serving_ratio(run: RunData, a: dict[str, Any]) -> Value:
+    """``field`` of ``num`` over ``den`` (configurations; each at its own iteration when
+    ``num_iteration``/``den_iteration`` are given, else ``iteration``)."""
+    _need_serving(run)
+    f = a["field"]
+    it = a.get("iteration")
+    num = _serving_field(_serving_run(run, a["num"], a.get("load")), f, a.get("input_tokens"),
+                         a.get("num_iteration", it))
+    den = _serving_field(_serving_run(run, a["den"], a.get("load")), f, a.get("input_tokens"),
+                         a.get("den_iteration", it))
+    if den == 0:
+        return Value(math.inf, f"{_serving_fmt(f, num)} / 0 (∞)", _serving_basis(f))
+    v = num / den
+    return Value(v, f"{v:,.3f} ({_serving_fmt(f, num)} / {_serving_fmt(f, den)})",
+                 _serving_basis(f))
+
+
+def _serving_ratio_span(run: RunData, a: dict[str, Any]) -> Value:
+    """``field`` of ``num`` over ``den`` at every load both ran; ``stat``: ``range`` (the
+    ratio farthest from 1; text min–max), ``pct_range`` (the same as a % difference),
+    ``count_below`` (loads where the ratio is below 1), ``max_diff_pct`` (largest
+    |ratio − 1| in %)."""
+    _need_serving(run)
+    f = a["field"]
+    pairs = []
+    for r in run.results[a["num"]]["runs"]:
+        load = float(r["load"]["value"])
+        try:
+            d = _serving_run(run, a["den"], load)
+        except FigureUnavailable:
+            continue
+        num = _serving_field(r, f, a.get("input_tokens"), a.get("iteration"))
+        den = _serving_field(d, f, a.get("input_tokens"), a.get("iteration"))
+        if den:
+            pairs.append((load, num / den))
+    if not pairs:
+        raise FigureUnavailable("no load ran in both configurations")
+    ratios = [p for _l, p in pairs]
+    loads = [lo for lo, _p in pairs]
+    where = f"over {len(pairs)} loads, {min(loads):g}–{max(loads):g}"
+    stat = a.get("stat", "range")
+    far = max(ratios, key=lambda x: abs(x - 1))
+    basis = _serving_basis(f)
+    if stat == "count_below":
+        k = sum(1 for x in ratios if x < 1)
+        return Value(float(k), f"{k} of {len(ratios)}", basis)
+    if stat == "max_diff_pct":
+        v = 100 * abs(far - 1)
+        return Value(v, f"{v:.1f} % ({where})", basis)
+    if stat == "pct_range":
+        lo, hi = 100 * (min(ratios) - 1), 100 * (max(ratios) - 1)
+        return Value(100 * (far - 1), f"{lo:+.1f} % to {hi:+.1f} % ({where})", basis)
+    return Value(far, f"{min(ratios):.3f}–{max(ratios):.3f} ({where})", basis)
+
+
+SPAN_STATS = ("range", "pct_range", "count_below", "max_diff_pct")
+
+
 _Args = dict[str, tuple[type | tuple[type, ...], bool]]
 _REPLAY = ("multi-turn", "random-prompts")
 _RND: tuple[type, ...] = (int, str)
@@ -353,6 +502,9 @@ _R: _Args = {"round": (_RND, False)}
 _PAIR: _Args = {"num": (str, True), "den": (str, True), "round": (_RND, False)}
 _TARGET: _Args = {"target": (str, True)}
 _MODE: _Args = {"mode": (str, True)}
+_SV: _Args = {"field": (str, True), "load": ((int, float), False), "input_tokens": (int, False),
+              "iteration": (int, False)}
+_SVPAIR: _Args = {"num": (str, True), "den": (str, True)}
 
 METRICS: dict[str, Metric] = {
     "cliff_round": Metric(_C, _REPLAY, _cliff, "collapse round (docs/definitions.md)", ("config",)),
@@ -388,6 +540,16 @@ METRICS: dict[str, Metric] = {
     "ttft_ratio": Metric({**_C, "input_tokens": (int, True), "round": (int, False),
                           "base_round": (int, False)}, _REPLAY, _ttft_ratio,
                          "TTFT cold / warm", ("config",)),
+    "serving": Metric({**_C, **_SV}, _REPLAY, _serving_value,
+                      "a serving-model figure (vLLM bench's names, or a cache count) of one "
+                      "configuration at one load (or phase)", ("config",), serving=True),
+    "serving_ratio": Metric({**_SVPAIR, **_SV, "num_iteration": (int, False),
+                             "den_iteration": (int, False)}, _REPLAY, _serving_ratio,
+                            "a serving-model figure, num / den", ("num", "den"), serving=True),
+    "serving_ratio_span": Metric({**_SVPAIR, **_SV, "stat": (str, False)}, _REPLAY,
+                                 _serving_ratio_span,
+                                 "a serving-model figure, num / den, over every load",
+                                 ("num", "den"), serving=True),
     "read_gbps": Metric({**_TARGET, **_MODE}, ("parallel-read",), _read_gbps, "GB/s"),
     "read_speedup": Metric(_TARGET, ("parallel-read",), _read_speedup, "parallel / serial GB/s"),
     "read_ttft_s": Metric({**_TARGET, **_MODE}, ("parallel-read",), _read_ttft, "cold TTFT"),

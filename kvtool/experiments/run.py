@@ -199,7 +199,8 @@ def compute_rows(exp: Experiment, data: RunData) -> list[dict[str, Any]]:
         rows.append({"claim": f.claim, "published": f.published,
                      "published_text": published_text, "kvtool": value, "kvtool_text": text,
                      "unit": f.unit, "measured": measured, "basis": basis,
-                     "metric": f.metric, "args": f.args, "differs": f.differs})
+                     "metric": f.metric, "args": f.args, "differs": f.differs,
+                     "agrees": f.agrees(value)})
     return rows
 
 
@@ -230,6 +231,15 @@ def run_experiment(exp: Experiment, *, out_dir: Path | None, simulate: bool = Fa
             data = run_parallel_read(exp, scratch=scratch or work, progress=progress)
             doc["mode"] = "measure"
             doc["reads"] = data.reads
+        elif exp.is_serving:
+            from kvtool.experiments.serving import run_serving_kind
+
+            trace = work / "trace.jsonl"
+            doc["requests"] = write_trace(exp, trace)
+            data = run_serving_kind(exp, trace, progress=progress)
+            doc["mode"] = data.mode
+            doc["block_bytes"] = None
+            doc["configs"] = list(data.results.values())
         else:
             trace = work / "trace.jsonl"
             doc["requests"] = write_trace(exp, trace)
@@ -272,13 +282,20 @@ def write_files(exp: Experiment, doc: dict[str, Any], data: RunData, out_dir: Pa
                 w.writerow([r["claim"], "" if r["published"] is None else r["published"],
                             "" if r["kvtool"] is None else r["kvtool"], r["unit"],
                             r["measured"], r["basis"], r["published_text"], r["kvtool_text"]])
-        if exp.kind != "parallel-read":
-            from kvtool.cache.report import write_csv
+        if data.serving:
+            from kvtool.experiments.serving import plot_serving, sweep_doc
+            from kvtool.serving.run import write_csv as write_sweep_csv
 
-            write_csv(list(data.results.values()), files["rounds_csv"])
-        from kvtool.experiments.plot import plot_experiment
+            write_sweep_csv(sweep_doc(data), files["rounds_csv"])
+            plot_serving(exp, data, files["png"])
+        else:
+            if exp.kind != "parallel-read":
+                from kvtool.cache.report import write_csv
 
-        plot_experiment(exp, data, files["png"])
+                write_csv(list(data.results.values()), files["rounds_csv"])
+            from kvtool.experiments.plot import plot_experiment
+
+            plot_experiment(exp, data, files["png"])
         files["json"].write_text(dump_json(doc) + "\n", encoding="utf-8")
     except OSError as exc:
         raise UsageError(f"cannot write into {out_dir}: {exc.strerror or exc}",

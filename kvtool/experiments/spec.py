@@ -46,10 +46,14 @@ from kvtool.errors import InputError
 KINDS = ("multi-turn", "random-prompts", "parallel-read")
 
 _EXPERIMENT_KEYS = {"name", "title", "source", "claim", "scale", "notes"}
-_TOP_KEYS = {"experiment", "workload", "time", "data", "config", "figure"}
+_TOP_KEYS = {"experiment", "workload", "time", "data", "config", "figure", "serving"}
 _DATA_KEYS = {"block_bytes"}
-_CONFIG_KEYS = {"label", "tiers"}
-_FIGURE_KEYS = {"claim", "published", "published_text", "unit", "metric", "args", "differs"}
+_CONFIG_KEYS = {"label", "tiers", "cluster"}
+_FIGURE_KEYS = {"claim", "published", "published_text", "unit", "metric", "args", "differs",
+                "band"}
+_SERVING_KEYS = {"loads", "phases"}
+AGREE_TOLERANCE = 0.05
+"""A row without a ``band`` agrees when kvtool's figure is within 5 % of the published one."""
 
 _MULTI_TURN = {"sessions": int, "rounds": int, "input_tokens": int, "output_tokens": int,
                "system_prompt_tokens": int, "block_tokens": int, "seed": int}
@@ -83,13 +87,30 @@ class Figure:
     args: dict[str, Any] = field(default_factory=dict)
     published_text: str | None = None
     differs: str = ""
+    band: tuple[float, float] | None = None
+    """The published range that counts as agreement (default: published ± 5 %)."""
+
+    def agrees(self, value: float | None) -> bool | None:
+        """Whether kvtool's ``value`` matches the published figure (None: nothing to
+        compare). A row that does not agree must say why in ``differs``."""
+        if value is None:
+            return None
+        if self.band is not None:
+            return self.band[0] <= value <= self.band[1]
+        if self.published is None:
+            return None
+        if self.published == 0:
+            return value == 0
+        return abs(value / self.published - 1) <= AGREE_TOLERANCE
 
 
 @dataclass(frozen=True)
 class ConfigSpec:
     label: str
     tiers: str
-    """The ``--compare`` syntax: ``dram=128blk,nvme=inf,policy=lru``."""
+    """The ``--compare`` syntax: ``dram=128blk,nvme=inf,policy=lru`` (replay experiments)."""
+    cluster: str | None = None
+    """Serving experiments: a cluster file (a stem under ``fixtures/clusters/`` or a path)."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +130,13 @@ class Experiment:
     a laptop; counts are the same, bytes scale down)."""
     notes: str = ""
     path: Path | None = None
+    serving: dict[str, Any] = field(default_factory=dict)
+    """``[serving]``: ``loads`` (the ``--sweep`` syntax) and ``phases``; empty for cache
+    replay experiments (:mod:`kvtool.experiments.serving`)."""
+
+    @property
+    def is_serving(self) -> bool:
+        return bool(self.serving)
 
     def config(self, label: str) -> ConfigSpec:
         for c in self.configs:
@@ -214,6 +242,11 @@ def load_experiment(path: str | Path) -> Experiment:
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise bad(f"must be a positive whole number, got {value!r}", key, "data")
 
+    serving = doc.get("serving", {})
+    if not isinstance(serving, dict):
+        raise bad("must be a table", "serving")
+    if "serving" in doc:
+        _check_serving(serving, kind, time, bad)
     configs: list[ConfigSpec] = []
     raw_configs = doc.get("config", [])
     if not isinstance(raw_configs, list):
@@ -222,13 +255,26 @@ def load_experiment(path: str | Path) -> Experiment:
         for key in c:
             if key not in _CONFIG_KEYS:
                 raise bad(f"unknown key (use {', '.join(sorted(_CONFIG_KEYS))})", key, "config", i)
-        for key in ("label", "tiers"):
+        what = "cluster" if serving else "tiers"
+        other = "tiers" if serving else "cluster"
+        for key in ("label", what):
             if not isinstance(c.get(key), str) or not c[key].strip():
                 raise bad("required: a non-empty string", key, "config", i)
+        if other in c:
+            raise bad(f"a {'serving' if serving else 'replay'} experiment's configurations "
+                      f"take {what}, not {other}", other, "config", i)
         if any(ch in c["label"] for ch in ",="):
             raise bad("must not contain ',' or '='", "label", "config", i)
         if any(x.label == c["label"] for x in configs):
             raise bad(f"label {c['label']!r} given twice", "label", "config", i)
+        if serving:
+            from kvtool.experiments.serving import cluster_path
+
+            where = cluster_path(c["cluster"], path)
+            if not where.is_file():
+                raise bad(f"no cluster file {str(where)!r}", "cluster", "config", i)
+            configs.append(ConfigSpec(c["label"], "", c["cluster"]))
+            continue
         from kvtool.replay.config import parse_compare
 
         try:
@@ -261,13 +307,57 @@ def load_experiment(path: str | Path) -> Experiment:
         args = f.get("args", {})
         if not isinstance(args, dict):
             raise bad("must be an inline table", "args", "figure", i)
-        problem = metric.check(args, [c.label for c in configs], kind)
+        problem = metric.check(args, [c.label for c in configs], kind, serving=bool(serving))
+        if not problem and "stat" in args and f["metric"] == "serving_ratio_span":
+            from kvtool.experiments.figures import SPAN_STATS
+
+            if args["stat"] not in SPAN_STATS:
+                problem = f"argument 'stat': use {', '.join(SPAN_STATS)}"
         if problem:
             raise bad(problem, "args", "figure", i)
+        band = f.get("band")
+        if band is not None:
+            if (not isinstance(band, list) or len(band) != 2
+                    or not all(isinstance(x, int | float) and not isinstance(x, bool)
+                               for x in band) or band[0] > band[1]):
+                raise bad(f"must be [low, high] numbers, got {band!r}", "band", "figure", i)
+            band = (float(band[0]), float(band[1]))
         figures.append(Figure(f["claim"], None if pub is None else float(pub), f["unit"],
-                              f["metric"], args, f.get("published_text"), f.get("differs", "")))
+                              f["metric"], args, f.get("published_text"), f.get("differs", ""),
+                              band))
     return Experiment(head["name"], head["title"], head["source"], head["claim"], head["scale"],
-                      kind, workload, configs, figures, time, data, head.get("notes", ""), path)
+                      kind, workload, configs, figures, time, data, head.get("notes", ""), path,
+                      serving)
+
+
+def _check_serving(serving: dict[str, Any], kind: str, time: dict[str, Any], bad: Any) -> None:
+    """``[serving]``: the loads parse, phases are known and fit the load and workload."""
+    from kvtool.errors import UsageError
+    from kvtool.experiments.serving import PHASES, parse_loads
+
+    for key in serving:
+        if key not in _SERVING_KEYS:
+            raise bad(f"unknown key (use {', '.join(sorted(_SERVING_KEYS))})", key, "serving")
+    if kind == "parallel-read":
+        raise bad("a parallel-read experiment measures reads: no [serving]", "serving")
+    if time:
+        raise bad("a serving experiment is timed by the serving model: no [time]", "time")
+    loads = serving.get("loads")
+    if not isinstance(loads, str) or not loads.strip():
+        raise bad('required: the --sweep syntax, e.g. "concurrency=1,4,16"', "loads", "serving")
+    try:
+        parsed = parse_loads(loads)
+    except UsageError as exc:
+        raise bad(exc.message, "loads", "serving") from None
+    phases = serving.get("phases", "none")
+    if phases not in PHASES:
+        raise bad(f"must be one of {', '.join(PHASES)}", "phases", "serving")
+    if phases == "iterations":
+        if kind != "random-prompts":
+            raise bad("phases by iteration need a random-prompts workload", "phases", "serving")
+        if any(ld.kind != "concurrency" for ld in parsed):
+            raise bad("phases by iteration run closed-loop: use concurrency=...", "loads",
+                      "serving")
 
 
 def _table(doc: dict[str, Any], key: str, bad: Any) -> dict[str, Any]:
