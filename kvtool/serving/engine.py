@@ -201,6 +201,8 @@ class Engine:
         self.role = role
         self.fast_forward = fast_forward
         self.waiting: deque[Seq] = deque()
+        self.kv_holding: deque[Seq] = deque()
+        """Requests whose loads have arrived, holding their blocks (scheduled first)."""
         self.running: list[Seq] = []
         self.stats = EngineStats()
         # the step (or run of decode steps) in progress
@@ -215,7 +217,7 @@ class Engine:
     # ------------------------------------------------------------------ views (router)
     def load(self) -> int:
         """Requests this engine holds: running plus waiting (vLLM's num_running + num_waiting)."""
-        return len(self.running) + len(self.waiting)
+        return len(self.running) + len(self.waiting) + len(self.kv_holding)
 
     def active_blocks(self) -> int:
         """KV blocks in use, plus those the waiting requests' prompts will take (what a
@@ -251,9 +253,12 @@ class Engine:
         seq.pending_blocks = 0
 
     def loaded(self, seq: Seq) -> None:
-        """All of ``seq``'s loads have arrived: cache the loaded blocks, ready to run."""
+        """All of ``seq``'s loads have arrived: cache the loaded blocks; it waits, holding
+        them, in the queue that is scheduled first."""
         self.pool.cache_blocks(seq, seq.num_computed_tokens)
         seq.status = WAITING
+        self.waiting.remove(seq)
+        self.kv_holding.append(seq)
 
     # ------------------------------------------------------------------ scheduling
     def _schedule(self, now: float) -> list[tuple[Seq, int]]:
@@ -286,6 +291,23 @@ class Engine:
             i += 1
         if preempted:
             return batch
+        # requests whose loads have arrived hold their blocks: they go first, as vLLM
+        # schedules its kv_holding_waiting queue before the waiting queue (otherwise they
+        # could hold the pool while the head of the waiting queue waits for it)
+        holding = self.kv_holding
+        while holding and budget > 0 and len(running) < self.max_num_seqs:
+            seq = holding[0]
+            n = seq.num_tokens - seq.num_computed_tokens
+            if n > budget:
+                n = budget
+            if pool.allocate_slots(seq, n, full_sequence_must_fit=True,
+                                   has_scheduled_reqs=bool(running)) is None:
+                return batch
+            holding.popleft()
+            seq.status = RUNNING
+            running.append(seq)
+            batch.append((seq, n))
+            budget -= n
         waiting = self.waiting
         j = 0
         while budget > 0 and j < len(waiting):
@@ -372,7 +394,7 @@ class Engine:
     def plan_steps(self, now: float) -> list[float]:
         """Schedule the next step (or a run of identical decode steps) at ``now``; return
         the end time of each step (empty: nothing to do, the engine stays idle)."""
-        n_waiting_before = len(self.waiting)
+        n_waiting_before = len(self.waiting) + len(self.kv_holding)
         batch = self._schedule(now)
         if not batch:
             return []
@@ -383,7 +405,7 @@ class Engine:
         items = [(n, s.num_computed_tokens) for s, n in batch]
         t = now + step.step_time(items)
         ends = [t]
-        if self.fast_forward and len(self.waiting) == n_waiting_before:
+        if self.fast_forward and len(self.waiting) + len(self.kv_holding) == n_waiting_before:
             k = self._decode_run_length(batch)
             if k > 1:
                 sums = step.step_time_sums

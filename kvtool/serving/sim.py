@@ -34,7 +34,7 @@ import numpy as np
 
 from kvtool.cache.policies import make_policy
 from kvtool.cache.tier import Tier
-from kvtool.serving.engine import FAILED, LOADING, Engine, Seq
+from kvtool.serving.engine import FAILED, FINISHED, LOADING, Engine, Seq
 from kvtool.serving.kvpool import KVPool
 from kvtool.serving.links import FlowNetwork
 from kvtool.serving.load import Arrivals, Load, output_block_keys
@@ -587,6 +587,8 @@ class Simulation:
             ttft_s=[s.first_token - s.arrival for s in done],
             e2el_s=[s.finish - s.arrival for s in done],
             itl_values_s=itl_v, itl_counts=itl_c, failed=self.failed)
+        serving["unfinished"] = sum(1 for s in self.seqs
+                                    if s is not None and s.status not in (FINISHED, FAILED))
         span = end - start
         queue = np.asarray([s.first_scheduled - s.arrival for s in done], dtype=float) * 1000.0
         serving["mean_queue_ms"] = float(queue.mean()) if queue.size else 0.0
