@@ -240,6 +240,13 @@ def _status_tables(con: Console, doc: dict[str, Any]) -> None:
         con.print(f"nsid {reg['nsid']}: {reg['url']}", soft_wrap=True)
     if doc.get("metrics"):
         con.print(f"metrics: {doc['metrics']}", soft_wrap=True)
+    for proc in doc.get("processes", []):
+        state = "running" if proc["running"] else "gone"
+        ports = ", ".join(map(str, proc["ports"])) or "-"
+        con.print(f"process: {proc['role']} pid {proc['pid']} ({state}, {proc['phase']}; "
+                  f"ports {ports}; record {proc['record']})", soft_wrap=True)
+    for n in doc.get("notes", []):
+        con.print(f"  note: {n}", soft_wrap=True)
 
 
 @command.command(epilog="""

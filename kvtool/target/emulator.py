@@ -20,7 +20,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -30,13 +29,13 @@ from typing import Any
 
 from kvtool.errors import InputError
 from kvtool.nvme.spec import is_loopback
+from kvtool.target import procs
 from kvtool.target import state as st
 from kvtool.target.model import Namespace, TargetConfig
 from kvtool.target.plan import Plan, TargetError
 
 READY_TIMEOUT = 60.0
-STOP_TIMEOUT = 15.0
-_children: dict[int, subprocess.Popen[bytes]] = {}  # started by this process: reaped on stop
+STOP_TIMEOUT = procs.STOP_TIMEOUT
 
 
 def host_has_nvmet() -> bool:
@@ -146,7 +145,14 @@ class BackgroundEngine:
 
     def _running(self) -> bool:
         return (self.record is not None and self.record.engine == self.engine
-                and st.pid_alive(self.record.pid))
+                and recorded_pid_alive(self.record.pid, self.record.pid_start))
+
+    def _process_record(self, name: str, role: str, ports: list[int],
+                        config_text: str | None = None) -> procs.ProcessRecord:
+        """The record of a process this engine is about to start (saved by the caller
+        before the start)."""
+        return procs.ProcessRecord(target=name, backend=self.name, engine=self.engine, role=role,
+                                   ports=sorted(set(ports)), config_text=config_text)
 
 
 class UserspaceEngine(BackgroundEngine):
@@ -178,7 +184,8 @@ class UserspaceEngine(BackgroundEngine):
         plan.add("start", "process", "python -m emulator.nvmetcp",
                  f"{len(cfg.subsystems)} subsystem(s), {nss} namespace(s) on {listeners}"
                  f"{metrics}",
-                 lambda: self._start(cfg.name, new_cfg, cfg.metrics_port, cfg.busy_poll_us),
+                 lambda: self._start(cfg.name, new_cfg, cfg.metrics_port, cfg.busy_poll_us,
+                                     config_json(cfg)),
                  lambda: self._stop(self.pid))
         return plan
 
@@ -192,13 +199,14 @@ class UserspaceEngine(BackgroundEngine):
             old_poll = self.record.extra.get("busy_poll_us")
             plan.add("stop", "process", f"pid {pid}", "SIGTERM, clean shutdown (flushes backing files)",
                      lambda: self._stop(pid),
-                     lambda: self._start(cfg.name, old_cfg, old_port, old_poll))
+                     lambda: self._start(cfg.name, old_cfg, old_port, old_poll, config_json(cfg)))
         else:
             plan.notes.append("no userspace target is running for this config")
         return plan
 
     def _start(self, name: str, engine_cfg: dict[str, Any],
-               metrics_port: int | None = None, busy_poll_us: int | None = None) -> None:
+               metrics_port: int | None = None, busy_poll_us: int | None = None,
+               config_text: str | None = None) -> None:
         d = st.run_dir()
         d.mkdir(parents=True, exist_ok=True)
         cfg_path = d / f"{name}.userspace.json"
@@ -213,17 +221,27 @@ class UserspaceEngine(BackgroundEngine):
             argv += ["--metrics-port", str(metrics_port)]
         if busy_poll_us is not None:
             argv += ["--busy-poll", str(busy_poll_us)]
-        env = dict(os.environ)
+        rec = self._process_record(name, "userspace target", _listen_ports(engine_cfg),
+                                   config_text)
+        rec.argv, rec.log = argv, str(log_path)
+        rec.save()  # before the start: a kvtool killed from here on leaves a record
+        env = rec.env()
         repo = str(Path(__file__).resolve().parents[2])  # so `-m emulator.nvmetcp` resolves
         env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        with open(log_path, "ab") as log:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                    start_new_session=True, env=env)
-        _children[proc.pid] = proc
+        try:
+            with open(log_path, "ab") as log:
+                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                        start_new_session=True, env=env)
+        except OSError:
+            rec.forget()
+            raise
+        procs.adopt(proc)
+        rec.started(proc.pid)
         deadline = time.monotonic() + READY_TIMEOUT
         while not (ready.exists() and ready.stat().st_size > 0):
             if proc.poll() is not None:
-                _children.pop(proc.pid, None)
+                procs.reap(proc.pid)
+                rec.forget()
                 raise TargetError(f"the userspace target exited with status {proc.returncode}: "
                                   f"{_tail(log_path)}")
             if time.monotonic() > deadline:
@@ -232,6 +250,7 @@ class UserspaceEngine(BackgroundEngine):
                                   f"{READY_TIMEOUT:.0f} s: {_tail(log_path)}")
             time.sleep(0.05)
         self.pid = proc.pid
+        rec.ready()
         text = ready.read_text().strip()
         self.extra = {"engine_config": json.dumps(engine_cfg), "log": str(log_path),
                       "ready": text}
@@ -324,33 +343,42 @@ class KernelEngine:
                 "engine": self.engine}
 
 
-def stop_pid(pid: int | None, timeout: float = STOP_TIMEOUT) -> None:
-    """SIGTERM ``pid`` (its process group) and wait; SIGKILL after ``timeout``."""
+def recorded_pid_alive(pid: int | None, start: int | None = None) -> bool:
+    """``pid`` is alive and is the recorded process: its start time is ``start`` (or that of
+    the process record naming it); a reused pid is not."""
     if not pid or not st.pid_alive(pid):
-        _reap(pid)
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while st.pid_alive(pid) and time.monotonic() < deadline:
-        if _reap(pid):
-            return
-        time.sleep(0.05)
-    if st.pid_alive(pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        time.sleep(0.1)
-    _reap(pid)
-
-
-def _reap(pid: int | None) -> bool:
-    proc = _children.get(pid or -1)
-    if proc is None:
         return False
-    if proc.poll() is not None:
-        _children.pop(proc.pid, None)
-        return True
-    return False
+    rec = procs.by_pid(pid)
+    if start is None and rec is not None:
+        start = rec.start_time
+    return start is None or procs.start_time(pid) == start
+
+
+def stop_pid(pid: int | None, timeout: float = STOP_TIMEOUT) -> None:
+    """Stop the process ``pid`` started: through its record (:func:`procs.stop`: SIGTERM to
+    its process group, SIGKILL after ``timeout``, every process with its token, the record
+    removed); a pid without a record is signalled the same way. Raises ``TargetError`` when
+    the process cannot be stopped."""
+    rec = procs.by_pid(pid)
+    if rec is not None:
+        procs.stop(rec, timeout)
+        return
+    if not pid or not st.pid_alive(pid):
+        procs.reap(pid)
+        return
+    legacy = procs.ProcessRecord(target="?", backend="emulator", engine=None,
+                                 role="process", pid=pid, start_time=procs.start_time(pid))
+    procs.stop(legacy, timeout)
+
+
+def config_json(cfg: TargetConfig) -> str:
+    """``cfg`` as kvtool JSON (re-parsable): what a process record keeps for a later down."""
+    from kvtool.target.document import config_document
+    return json.dumps(config_document(cfg), indent=2)
+
+
+def _listen_ports(engine_cfg: dict[str, Any]) -> list[int]:
+    return [int(str(a).rsplit(":", 1)[1]) for a in engine_cfg.get("listen", [])]
 
 
 def _tail(path: Path, lines: int = 5) -> str:
