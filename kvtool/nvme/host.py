@@ -350,6 +350,25 @@ class Controller:
             what=f"Get Log Page {lid:#x}", data_in=memoryview(buf))
         return bytes(buf)
 
+    def ana_log(self) -> tuple[int, list[spec.AnaGroup]]:
+        """The ANA log page (0x0C): (change count, groups with their NSIDs) as seen through
+        this controller; reading it re-arms the ANA Change notice."""
+        info = self.info or self.identify_controller()
+        length = 16 + 32 * min(info.nanagrpid or 1, 1024) + 4 * min(info.nn or 1, 1024)
+        return spec.decode_ana_log(self.get_log_page(spec.LID_ANA, length))
+
+    def set_features(self, fid: int, value: int) -> int:
+        """Set Features ``fid`` to ``value`` (CDW11); returns the completion's DW0."""
+        cqe = self._admin().execute(P.Sqe(spec.ADMIN_SET_FEATURES, cdw10=fid, cdw11=value),
+                                    what=f"Set Features {fid:#x}")
+        return int(cqe.dw0)
+
+    def submit_admin(self, sqe: P.Sqe, what: str,
+                     on_done: Callable[[Command], None]) -> Command:
+        """Send an admin command without waiting (an Asynchronous Event Request);
+        ``on_done`` runs on the queue's receiving thread: it must not wait for the queue."""
+        return self._admin().submit(sqe, what=what, on_done=on_done)
+
     def smart_log(self, nsid: int = 0xFFFFFFFF) -> spec.SmartLog:
         """SMART / Health Information (log page 0x02): the controller's (all namespaces) or
         one namespace's I/O counters."""

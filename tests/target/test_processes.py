@@ -284,3 +284,78 @@ def test_process_record_is_written_before_the_process_exists(state_dir: Path) ->
     finally:
         child.kill()
         child.wait()
+
+
+# --- the spdk backend: kvtool configures an nvmf_tgt it did not start --------------------
+
+def spdk_backend_config(path: Path, port: int, namespaces: int = 6) -> Path:
+    nss = "".join(f"""
+  [[subsystem.namespace]]
+  nsid = {i}
+  size = "4MiB"
+  lba = 512
+  bdev_name = "Procs{i}"
+""" for i in range(1, namespaces + 1))
+    path.write_text(f"""
+backend = "spdk"
+name = "procs-spdk"
+[[transport]]
+type = "tcp"
+[[subsystem]]
+nqn = "{NQN}"
+hosts = ["@local"]
+{nss}
+[[listener]]
+address = "127.0.0.1"
+port = {port}
+""")
+    return path
+
+
+def spdk_left(app: object) -> tuple[list[str], list[str]]:
+    """Subsystems (other than discovery) and bdevs still in the nvmf_tgt."""
+    subs = [s["nqn"] for s in app.rpc("nvmf_get_subsystems")  # type: ignore[attr-defined]
+            if s["subtype"] != "Discovery"]
+    return subs, [b["name"] for b in app.rpc("bdev_get_bdevs")]  # type: ignore[attr-defined]
+
+
+@pytest.mark.spdk
+@pytest.mark.integration
+@pytest.mark.slow
+def test_spdk_backend_up_status_down_status(nvmf_tgt: object, state_dir: Path,
+                                            tmp_path: Path) -> None:
+    port = free_port()
+    cfg = spdk_backend_config(tmp_path / "s.toml", port)
+    sock = str(nvmf_tgt.socket)  # type: ignore[attr-defined]
+    assert run_json("target", "up", str(cfg), "--spdk-socket", sock)["status"]["state"] == "up"
+    status = run_json("target", "status")
+    assert status["state"] == "up" and status["processes"] == [] and not port_free(port)
+    run_json("target", "down", str(cfg))  # the socket comes from the record
+    assert spdk_left(nvmf_tgt) == ([], [])
+    assert_nothing_left(port, [], [])
+    assert nvmf_tgt.running  # type: ignore[attr-defined]  # not ours to stop
+    assert run_json("target", "status", str(cfg), "--spdk-socket", sock)["state"] == "down"
+
+
+@pytest.mark.spdk
+@pytest.mark.integration
+@pytest.mark.slow
+def test_spdk_backend_sigkill_during_up_then_down(nvmf_tgt: object, state_dir: Path,
+                                                  tmp_path: Path) -> None:
+    port = free_port()
+    cfg = spdk_backend_config(tmp_path / "s.toml", port, namespaces=12)
+    sock = str(nvmf_tgt.socket)  # type: ignore[attr-defined]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    kv = subprocess.Popen([sys.executable, "-m", "kvtool", "target", "up", str(cfg),
+                           "--spdk-socket", sock], env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while kv.poll() is None and time.monotonic() < deadline and not spdk_left(nvmf_tgt)[1]:
+        time.sleep(0.002)
+    kv.kill()
+    kv.wait()
+    subs, bdevs = spdk_left(nvmf_tgt)
+    assert 0 < len(bdevs) and st.names() == [], "up was not interrupted half-way"
+    run_json("target", "down", str(cfg), "--spdk-socket", sock)
+    assert spdk_left(nvmf_tgt) == ([], [])
+    assert_nothing_left(port, [], [])
