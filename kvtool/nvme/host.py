@@ -339,13 +339,16 @@ class Controller:
                 raise ValueError(f"namespace {nsid} is not active on {self.subnqn}")
         return info
 
-    def get_log_page(self, lid: int, length: int, offset: int = 0, nsid: int = 0) -> bytes:
+    def get_log_page(self, lid: int, length: int, offset: int = 0, nsid: int = 0,
+                     lsp: int = 0) -> bytes:
+        """Get Log Page ``lid``; ``lsp``: the log specific field (ANA: 1 = groups only)."""
         if length <= 0 or length % 4 or offset % 4:
             raise ValueError("log page length and offset must be positive multiples of 4")
         numd = length // 4 - 1
         buf = bytearray(length)
         self._admin().execute(
-            P.Sqe(spec.ADMIN_GET_LOG_PAGE, nsid=nsid, cdw10=lid | ((numd & 0xFFFF) << 16),
+            P.Sqe(spec.ADMIN_GET_LOG_PAGE, nsid=nsid,
+                  cdw10=lid | ((lsp & 0x7F) << 8) | ((numd & 0xFFFF) << 16),
                   cdw11=numd >> 16, cdw12=offset & 0xFFFFFFFF, cdw13=offset >> 32),
             what=f"Get Log Page {lid:#x}", data_in=memoryview(buf))
         return bytes(buf)

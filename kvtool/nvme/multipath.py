@@ -21,7 +21,8 @@ Invariants:
   I/O again once connected and its ANA state is usable.
 * Every failover is counted: ``stats()`` gives, per failover, the path it left, the cause,
   and the seconds from the failure being seen to the first I/O completed on another path
-  (measured).
+  (measured; ``seen_at``/``completed_at`` are wall-clock times, to compare with the time a
+  fault was injected).
 """
 
 from __future__ import annotations
@@ -188,6 +189,8 @@ class MultipathEngine:
         if state != path.ana:
             log.info("path %s: ANA %s -> %s", path.label, spec.ANA_STATE_NAMES.get(path.ana),
                      spec.ANA_STATE_NAMES.get(state))
+            if path.ana in USABLE and state not in USABLE:
+                self._fault(path, f"ANA {spec.ANA_STATE_NAMES.get(state, state)} (log page)")
         path.ana = state
         self._notify()
 
@@ -223,6 +226,7 @@ class MultipathEngine:
             path.failures += 1
             path.down_since = time.monotonic()
             log.warning("path %s down: %s", path.label, exc)
+            self._fault(path, str(exc))
         path.error = str(exc) or type(exc).__name__
         self._notify()
 
@@ -305,16 +309,15 @@ class MultipathEngine:
         return self._submit(spec.IO_WRITE, offset, buf)
 
     def flush(self) -> None:
-        """Flush through every live path (each controller's completed writes); at least one
-        must succeed."""
+        """Flush through every live, usable path (each controller's completed writes); at
+        least one must succeed, else it waits for a path as I/O does."""
         self._writable()
         deadline = time.monotonic() + self.failover_timeout
         while True:
             done = 0
-            last: BaseException | None = None
             for path in self.paths:
                 ctrl = path.ctrl
-                if not path.live or ctrl is None:
+                if not path.live or ctrl is None or path.ana not in USABLE:
                     continue
                 try:
                     ctrl.flush(self.nsid)
@@ -322,13 +325,10 @@ class MultipathEngine:
                 except OSError as exc:
                     if not is_path_error(exc):
                         raise
-                    self._mark_down(path, exc)
-                    last = exc
+                    self._path_failed(path, exc)
             if done:
                 return
             self._wait_for_path(deadline)
-            if last is not None:
-                log.warning("flush retried after %s", last)
 
     def _submit(self, opcode: int, offset: int, buf: memoryview) -> Future[None]:
         fut: Future[None] = Future()
@@ -396,12 +396,8 @@ class MultipathEngine:
 
     def _path_failed(self, path: Path, exc: BaseException) -> None:
         """A request failed on ``path``: note the failover, take the path out of use."""
-        cause = str(exc)
-        with self._stats_lock:
-            if self._open_failover is None or self._open_failover["from"] != path.label:
-                self._open_failover = {"from": path.label, "cause": cause,
-                                       "seen": time.monotonic()}
         if isinstance(exc, NvmeStatusError) and exc.sct == spec.SCT_PATH:
+            self._fault(path, str(exc))
             path.ana = {spec.SC_ANA_INACCESSIBLE: spec.ANA_INACCESSIBLE,
                         spec.SC_ANA_PERSISTENT_LOSS: spec.ANA_PERSISTENT_LOSS}.get(
                             exc.sc, spec.ANA_CHANGE)
@@ -410,6 +406,13 @@ class MultipathEngine:
         else:
             self._mark_down(path, exc)
 
+    def _fault(self, path: Path, cause: str) -> None:
+        """``path`` stopped taking I/O: the failover lasts until an I/O completes elsewhere."""
+        with self._stats_lock:
+            if self._open_failover is None or self._open_failover["from"] != path.label:
+                self._open_failover = {"from": path.label, "cause": cause,
+                                       "seen": time.monotonic(), "seen_at": time.time()}
+
     def _completed_on(self, path: Path) -> None:
         with self._stats_lock:
             fo = self._open_failover
@@ -417,7 +420,8 @@ class MultipathEngine:
                 return
             self._open_failover = None
             self._failovers.append({"from": fo["from"], "to": path.label, "cause": fo["cause"],
-                                    "failover_s": time.monotonic() - fo["seen"]})
+                                    "failover_s": time.monotonic() - fo["seen"],
+                                    "seen_at": fo["seen_at"], "completed_at": time.time()})
 
     def _retry(self, fut: Future[None], opcode: int, offset: int, view: memoryview,
                failed: Path | None) -> None:

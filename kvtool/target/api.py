@@ -393,6 +393,9 @@ def status(cfg: TargetConfig, record: st.TargetState | None = None,
     registrations = []
     for sub in live["subsystems"]:
         for ns in sub["namespaces"]:
+            tcp = [lst for lst in sub["listeners"] if lst["transport"] == "tcp"]
+            if len(tcp) > 1:  # every path in one URL: kvtool's host fails over between them
+                ns["multipath_url"] = multipath_url(tcp, sub["nqn"], ns["nsid"])
             ns["urls"] = []
             for lst in sub["listeners"]:
                 url = nvme_url(lst["transport"], lst["address"], lst["port"], sub["nqn"], ns["nsid"])
@@ -413,6 +416,52 @@ def status(cfg: TargetConfig, record: st.TargetState | None = None,
             **{k: v for k, v in live.items() if k not in ("subsystems", "backend")},
             "processes": processes, "notes": notes,
             "subsystems": live["subsystems"], "registrations": registrations}
+
+
+def multipath_url(listeners: list[dict[str, Any]], nqn: str, nsid: int) -> str:
+    addrs = ",".join(f"[{x['address']}]:{x['port']}" if ":" in x["address"]
+                     else f"{x['address']}:{x['port']}" for x in listeners)
+    return f"nvme+tcp://{addrs}/{nqn}/{nsid}"
+
+
+def ana(cfg: TargetConfig, record: st.TargetState | None, listener: str, group: int,
+        state: str, opts: Options | None = None) -> dict[str, Any]:
+    """Change the ANA state of ``group`` on ``listener`` (``ADDR:PORT``) of the running
+    target, at once (hosts connected there get the ANA Change notice); the record keeps
+    it (``extra.ana``). Backends without run-time ANA changes raise UsageError."""
+    from kvtool.target.model import ANA_GROUP_MAX, ANA_STATES
+    if state not in ANA_STATES:
+        raise UsageError(f"ANA state must be one of {', '.join(ANA_STATES)}", field="state")
+    if not 1 <= group <= ANA_GROUP_MAX:
+        raise UsageError(f"an ANA group is 1..{ANA_GROUP_MAX}, got {group}", field="group")
+    if record is None:
+        raise InputError(f"target {cfg.name!r} is not up (nothing recorded in "
+                         f"{st.targets_dir()})", field="CONFIG")
+    cfg, _why = acting_config(cfg, record)
+    lst = next((x for x in cfg.listeners if _addr(x.address, x.port) == listener
+                or f"{x.address}:{x.port}" == listener), None)
+    if lst is None:
+        known = ", ".join(_addr(x.address, x.port) for x in cfg.listeners)
+        raise UsageError(f"target {cfg.name!r} has no listener {listener} (it has: {known})",
+                         field="listener")
+    backend = backend_for(cfg, _opts_from_record(opts, record), record)
+    set_ana = getattr(backend, "set_ana", None)
+    if set_ana is None:
+        on = cfg.backend + (f" ({engine_of(cfg)} engine)" if engine_of(cfg) else "")
+        raise UsageError(f"ANA states cannot be changed at run time on {on}; use the "
+                         "emulator's userspace engine", field="listener")
+    key = _addr(lst.address, lst.port)
+    previous = record.extra.get("ana", {}).get(key, {}).get(str(group), lst.ana_state(group))
+    set_ana(cfg, lst, group, state)
+    record.extra = {**record.extra, **getattr(backend, "extra", {})}
+    record.extra.setdefault("ana", {}).setdefault(key, {})[str(group)] = state
+    st.save(record)
+    return {"name": cfg.name, "listener": key, "group": group, "state": state,
+            "previous": previous}
+
+
+def _addr(address: str, port: int) -> str:
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
 
 def nvme_url(transport: str, address: str, port: int, nqn: str, nsid: int) -> str:

@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -31,8 +32,9 @@ from kvtool.errors import InputError
 from kvtool.nvme.spec import is_loopback
 from kvtool.target import procs
 from kvtool.target import state as st
-from kvtool.target.model import Namespace, TargetConfig
+from kvtool.target.model import Listener, Namespace, TargetConfig
 from kvtool.target.plan import Plan, TargetError
+from kvtool.target.probe import listener_ana
 
 READY_TIMEOUT = 60.0
 STOP_TIMEOUT = procs.STOP_TIMEOUT
@@ -75,6 +77,8 @@ def userspace_config(cfg: TargetConfig) -> dict[str, Any]:
         namespaces = []
         for n in s.namespaces:
             ns: dict[str, Any] = {"nsid": n.nsid, "lba_size": n.block_size}
+            if n.ana_group is not None:
+                ns["anagrpid"] = n.ana_group
             if n.backing == "memory":
                 ns["backing"] = f"{n.size}B"
             else:
@@ -89,8 +93,7 @@ def userspace_config(cfg: TargetConfig) -> dict[str, Any]:
         if s.model:
             sub["model"] = s.model
         subsystems.append(sub)
-    listen = [f"[{lst.address}]:{lst.port}" if lst.family == "ipv6" else f"{lst.address}:{lst.port}"
-              for lst in cfg.listeners]
+    listen = [listen_address(lst) for lst in cfg.listeners]
     out: dict[str, Any] = {"subsystems": subsystems, "listen": listen,
                            "allow_remote": any(not is_loopback(lst.address) for lst in cfg.listeners)}
     keys = [{"nqn": h.nqn, "dhchap_key_file": h.dhchap_key_file,
@@ -101,10 +104,18 @@ def userspace_config(cfg: TargetConfig) -> dict[str, Any]:
         out["host_keys"] = keys  # key file paths: the target process reads the secrets
     if cfg.listeners:
         out["port_id"] = cfg.listeners[0].id
+    ana = {listen_address(lst): {str(g): s for g, s in lst.ana} for lst in cfg.listeners if lst.ana}
+    if ana:
+        out["ana"] = ana
     t = cfg.transport("tcp")
     if t is not None and t.in_capsule_data_size is not None:
         out["in_capsule_data_size"] = t.in_capsule_data_size
     return out
+
+
+def listen_address(lst: Any) -> str:
+    """A listener as the userspace target's ``listen`` entry: ``ADDR:PORT`` / ``[V6]:PORT``."""
+    return f"[{lst.address}]:{lst.port}" if lst.family == "ipv6" else f"{lst.address}:{lst.port}"
 
 
 def memory_as_files(cfg: TargetConfig, directory: str, engine: str) -> TargetConfig:
@@ -265,6 +276,42 @@ class UserspaceEngine(BackgroundEngine):
         if pid == self.pid:
             self.pid = None
 
+    def set_closed(self, cfg: TargetConfig, listeners: list[Listener]) -> None:
+        """Fault injection: close ``listeners`` of the running target (their connections
+        drop, new ones are refused) and reopen the others (the target's ``closed`` key,
+        applied on SIGHUP)."""
+        self._reconfigure(cfg, {"closed": [listen_address(lst) for lst in listeners]})
+
+    def _reconfigure(self, cfg: TargetConfig, changes: dict[str, Any]) -> dict[str, Any]:
+        """Rewrite the running target's config file with ``changes`` and SIGHUP it."""
+        if not self._running() or self.record is None:
+            raise TargetError(f"target {cfg.name!r} is not running (userspace engine)")
+        engine_cfg = {**json.loads(self.record.extra.get("engine_config", "{}")), **changes}
+        path = st.run_dir() / f"{cfg.name}.userspace.json"
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(engine_cfg, indent=2))
+        os.replace(tmp, path)
+        self.extra["engine_config"] = json.dumps(engine_cfg)
+        self.record.extra["engine_config"] = self.extra["engine_config"]
+        os.kill(self.record.pid or 0, signal.SIGHUP)
+        return engine_cfg
+
+    def set_ana(self, cfg: TargetConfig, lst: Listener, group: int, state: str) -> None:
+        """Change one (listener, group) ANA state of the running target: rewrite its config
+        file's ``ana`` and SIGHUP it, then read the state back through the listener."""
+        if self.record is None:
+            raise TargetError(f"target {cfg.name!r} is not running (userspace engine)")
+        ana = json.loads(self.record.extra.get("engine_config", "{}")).get("ana", {})
+        ana.setdefault(listen_address(lst), {})[str(group)] = state
+        self._reconfigure(cfg, {"ana": ana})
+        deadline = time.monotonic() + 10.0
+        while (listener_ana(cfg, lst) or {}).get(group, "optimized") != state:
+            if time.monotonic() > deadline:
+                raise TargetError(f"the userspace target did not apply ANA state {state} to "
+                                  f"group {group} on {listen_address(lst)}: "
+                                  f"{_tail(Path(self.extra.get('log', '')))}")
+            time.sleep(0.05)
+
     def status(self, cfg: TargetConfig) -> dict[str, Any]:
         running = self._running()
         subsystems = []
@@ -290,7 +337,9 @@ class UserspaceEngine(BackgroundEngine):
                     elif live:
                         ns["enabled"] = False
             listeners = [{"id": lst.id, "transport": "tcp", "address": lst.address,
-                          "port": lst.port, "family": lst.family} for lst in cfg.listeners]
+                          "port": lst.port, "family": lst.family,
+                          **({"ana": _ana_json(listener_ana(cfg, lst))} if running else {})}
+                         for lst in cfg.listeners]
             subsystems.append({"nqn": s.nqn, "state": "up" if running else "absent",
                                "allow_any_host": s.allow_any_host, "hosts": list(s.hosts),
                                "namespaces": namespaces if running else [],
@@ -300,6 +349,10 @@ class UserspaceEngine(BackgroundEngine):
                 "log": self.extra.get("log"),
                 "metrics": self.extra.get("metrics") if running else None,
                 "subsystems": subsystems}
+
+
+def _ana_json(states: dict[int, str] | None) -> dict[str, str] | None:
+    return {str(g): s for g, s in sorted(states.items())} if states is not None else None
 
 
 def _probe(cfg: TargetConfig, listeners: Any, sub: Any) -> dict[int, tuple[int, int]]:

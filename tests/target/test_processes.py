@@ -354,8 +354,8 @@ def test_spdk_backend_sigkill_during_up_then_down(nvmf_tgt: object, state_dir: P
         time.sleep(0.002)
     kv.kill()
     kv.wait()
-    subs, bdevs = spdk_left(nvmf_tgt)
-    assert 0 < len(bdevs) and st.names() == [], "up was not interrupted half-way"
+    _subs, bdevs = spdk_left(nvmf_tgt)
+    assert len(bdevs) > 0 and st.names() == [], "up was not interrupted half-way"
     run_json("target", "down", str(cfg), "--spdk-socket", sock)
     assert spdk_left(nvmf_tgt) == ([], [])
     assert_nothing_left(port, [], [])
