@@ -162,6 +162,12 @@ class SpdkEngine(BackgroundEngine):
                  stop, restart)
         return plan
 
+    def set_ana(self, cfg: TargetConfig, lst: Any, group: int, state: str) -> None:
+        """Change a listener's ANA state in the running nvmf_tgt (the spdk backend's RPC)."""
+        if not self._running():
+            raise TargetError(f"no nvmf_tgt is running for target {cfg.name!r}")
+        self._backend(cfg).set_ana(cfg, lst, group, state)
+
     def status(self, cfg: TargetConfig) -> dict[str, Any]:
         if not self._running():
             return {"backend": self.name, "engine": self.engine, "pid": None,
