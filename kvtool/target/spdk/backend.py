@@ -474,9 +474,9 @@ class SpdkBackend:
                 bs, nb = b.get("block_size"), b.get("num_blocks")
                 namespaces.append({"nsid": n["nsid"], "enabled": True, "backing": n.get("bdev_name"),
                                    "size": bs * nb if bs and nb else None, "block_size": bs})
-            ana = self.listener_ana(sub.nqn) if have.get("listen_addresses") else {}
             groups = sorted({n.get("anagrpid") for n in have.get("namespaces", [])
-                             if n.get("anagrpid")})
+                             if n.get("anagrpid")})  # listed only with ANA reporting
+            ana = self.listener_ana(sub.nqn) if groups and have.get("listen_addresses") else {}
             listeners = [{"id": None, "transport": str(a.get("trtype", "")).lower(),
                           "address": a.get("traddr"), "port": int(a.get("trsvcid") or 0),
                           "family": str(a.get("adrfam", "")).lower(),
