@@ -1,4 +1,5 @@
-"""``kvtool target up / down / status / discover / export / keygen``: declarative NVMe-oF targets.
+"""``kvtool target up / down / status / ana / discover / export / keygen``: declarative NVMe-oF
+targets.
 
 Thin wrappers over :mod:`kvtool.target.api`; JSON schemas are in docs/target.md.
 """
@@ -15,7 +16,7 @@ from rich.table import Table
 from kvtool.cli.output import dump_json, emit, json_option, note, want_json
 from kvtool.errors import UsageError
 from kvtool.target import api
-from kvtool.target.model import BACKENDS, ENGINES, MAX_BUSY_POLL_US
+from kvtool.target.model import ANA_STATES, BACKENDS, ENGINES, MAX_BUSY_POLL_US
 from kvtool.target.plan import Plan, Step
 
 EXAMPLES_UP = """
@@ -214,6 +215,13 @@ def status(config: str | None, backend: str | None, engine: str | None,
     emit(doc, lambda con: _status_tables(con, doc))
 
 
+def _ana_text(listener: dict[str, Any]) -> str:
+    states = listener.get("ana")
+    if not states:
+        return ""
+    return " (ANA " + ", ".join(f"g{g} {s}" for g, s in states.items()) + ")"
+
+
 def _status_tables(con: Console, doc: dict[str, Any]) -> None:
     from kvtool.units import format_size
     state_colour = {"up": "green", "partial": "yellow", "down": "red"}.get(doc["state"], "white")
@@ -223,7 +231,7 @@ def _status_tables(con: Console, doc: dict[str, Any]) -> None:
     for col in ("subsystem", "nsid", "size", "LBA", "backing", "listeners"):
         table.add_column(col, overflow="fold")
     for sub in doc["subsystems"]:
-        listeners = ", ".join(f"{x['transport']} {x['address']}:{x['port']}"
+        listeners = ", ".join(f"{x['transport']} {x['address']}:{x['port']}" + _ana_text(x)
                               for x in sub["listeners"]) or "-"
         if not sub["namespaces"]:
             table.add_row(sub["nqn"], "-", "-", "-", sub["state"], listeners)
@@ -238,8 +246,19 @@ def _status_tables(con: Console, doc: dict[str, Any]) -> None:
         con.print(f"{sub['nqn']} allows: {hosts}", soft_wrap=True)
     for reg in doc["registrations"]:  # whole lines: people copy them
         con.print(f"nsid {reg['nsid']}: {reg['url']}", soft_wrap=True)
+    for sub in doc["subsystems"]:
+        for ns in sub["namespaces"]:
+            if ns.get("multipath_url"):
+                con.print(f"nsid {ns['nsid']} (all paths): {ns['multipath_url']}", soft_wrap=True)
     if doc.get("metrics"):
         con.print(f"metrics: {doc['metrics']}", soft_wrap=True)
+    for proc in doc.get("processes", []):
+        state = "running" if proc["running"] else "gone"
+        ports = ", ".join(map(str, proc["ports"])) or "-"
+        con.print(f"process: {proc['role']} pid {proc['pid']} ({state}, {proc['phase']}; "
+                  f"ports {ports}; record {proc['record']})", soft_wrap=True)
+    for n in doc.get("notes", []):
+        con.print(f"  note: {n}", soft_wrap=True)
 
 
 @command.command(epilog="""
@@ -269,6 +288,35 @@ def discover(address: str, hostnqn: str | None, timeout: float) -> None:
                                                         "traddr", "trsvcid", "portid")))
         con.print(table)
     emit(doc, human)
+
+
+@command.command(epilog="""
+\b
+Example:
+  kvtool target ana fixtures/targets/multipath.toml --listener 127.0.0.1:4421 --state inaccessible
+  kvtool target ana --name multipath --listener 127.0.0.1:4420 --group 1 --state optimized
+""")
+@click.argument("config", required=False, type=click.Path(dir_okay=False))
+@_backend_options
+@click.option("--name", help="Target name (when CONFIG is not given, the recorded config is used).")
+@click.option("--listener", required=True, metavar="ADDR:PORT", help="The listener (path).")
+@click.option("--group", type=click.IntRange(1, 128), default=1, show_default=True,
+              help="ANA group.")
+@click.option("--state", required=True, type=click.Choice(ANA_STATES), help="New ANA state.")
+@json_option
+def ana(config: str | None, backend: str | None, engine: str | None, configfs_root: str | None,
+        spdk_socket: str | None, name: str | None, listener: str, group: int,
+        state: str) -> None:
+    """Change the ANA state of GROUP on one listener of a running target, at once: hosts
+    connected there get an ANA Change notice and move their I/O (kvtool's host, Linux
+    native multipath)."""
+    cfg, record = api.resolve(config, name, backend=backend, engine=engine, allow_remote=True,
+                              check_paths=False)
+    doc = {"schema": "kvtool.target.ana/1",
+           **api.ana(cfg, record, listener, group, state,
+                     api.Options(configfs_root=configfs_root, spdk_socket=spdk_socket))}
+    emit(doc, lambda con: con.print(f"{doc['name']}: {doc['listener']} group {doc['group']}: "
+                                    f"{doc['previous']} -> [bold]{doc['state']}[/]"))
 
 
 @command.command(epilog="""

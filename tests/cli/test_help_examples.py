@@ -63,6 +63,10 @@ SKIP = {
     "kvtool target up /etc/nvmet/config.json --backend nvmet --configfs-root "
     "/sys/kernel/config/nvmet": "configures the kernel's nvmet (root, configfs): "
                                 "tests/target/test_qemu.py runs it in the QEMU guest",
+    "kvtool target ana fixtures/targets/multipath.toml --listener 127.0.0.1:4421 --state "
+    "inaccessible": "needs the multipath target up: tests/target/test_ana.py runs it on free ports",
+    "kvtool target ana --name multipath --listener 127.0.0.1:4420 --group 1 --state optimized":
+        "needs the multipath target up: tests/target/test_ana.py runs it on free ports",
     "kvtool target up fixtures/targets/spdk-production.toml --allow-remote --dry-run":
         "plans against a running spdk_tgt's state: tests/target/test_spdk.py runs it against "
         "an SPDK peer",
