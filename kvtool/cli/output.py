@@ -73,12 +73,12 @@ _stderr: Console | None = None
 
 
 def _width(stream: Any) -> int | None:
-    """Terminal width on a tty; otherwise $COLUMNS or 120, so logs and pipes get whole tables
-    instead of rich's 80-column default."""
+    """Terminal width on a tty; otherwise $COLUMNS or 80 (a pipe into ``less`` in an
+    80-column terminal must not wrap; ``COLUMNS=200 kvtool … | tee log`` widens a log)."""
     isatty = getattr(stream, "isatty", None)
     if isatty is not None and isatty():
         return None
-    return int(os.environ.get("COLUMNS") or 0) or 120
+    return int(os.environ.get("COLUMNS") or 0) or 80
 
 
 def console() -> Console:
@@ -98,6 +98,68 @@ def err_console() -> Console:
     if _stderr is None or _stderr.file is not sys.stderr:
         _stderr = Console(file=sys.stderr, highlight=False, stderr=True, width=_width(sys.stderr))
     return _stderr
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a :func:`print_table`: its header (``\\n`` splits it over lines), how its
+    cells are justified, and its ``rank``: 0 is always shown; when the table is wider than the
+    console, the column with the highest rank goes first (ties: the rightmost)."""
+
+    header: str
+    justify: str = "right"
+    rank: int = 0
+
+
+HIDDEN_NOTE = "not shown at this width:"
+
+
+def print_table(con: Console, columns: list[Column], rows: list[list[str] | None], *,
+                title: str | None = None, box: Any = None, more: str = "",
+                show_header: bool = True, styles: dict[int, str] | None = None) -> list[str]:
+    """Print ``rows`` (``None``: a section line) as a table that fits ``con.width``.
+
+    Invariant: no cell is cut or wrapped. Cells never wrap (``no_wrap``); columns are
+    dropped, highest ``rank`` first, until the table's natural width fits, and a line
+    names the columns left out (and ``more``: where to see them, e.g. ``--csv FILE``).
+    Columns of rank 0 always stay. Returns the headers left out.
+    """
+    from rich import box as boxes
+    from rich.table import Table
+
+    shown = list(range(len(columns)))
+
+    def build() -> Table:
+        t = Table(title=title, title_justify="left", box=box if box is not None else boxes.HEAVY_HEAD,
+                  show_header=show_header)
+        for i in shown:
+            c = columns[i]
+            t.add_column(c.header, justify=c.justify,  # type: ignore[arg-type]
+                         no_wrap=True, style=(styles or {}).get(i))
+        for row in rows:
+            if row is None:
+                t.add_section()
+            else:
+                t.add_row(*(row[i] for i in shown))
+        return t
+
+    def natural_width(t: Table) -> int:  # unclamped: console.measure caps it at the width
+        return t.__rich_measure__(con, con.options.update_width(1 << 20)).maximum
+
+    table = build()
+    while natural_width(table) > con.width:
+        droppable = [i for i in shown if columns[i].rank > 0]
+        if not droppable:
+            break
+        worst = max(droppable, key=lambda i: (columns[i].rank, i))
+        shown.remove(worst)
+        table = build()
+    con.print(table)
+    hidden = [columns[i].header.replace("\n", " ") for i in range(len(columns)) if i not in shown]
+    if hidden:
+        con.print(f"[dim]{HIDDEN_NOTE} {', '.join(hidden)}"
+                  + (f" ({more})" if more else "") + "[/]")
+    return hidden
 
 
 def _jsonable(obj: Any) -> Any:
