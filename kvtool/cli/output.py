@@ -104,11 +104,13 @@ def err_console() -> Console:
 class Column:
     """One column of a :func:`print_table`: its header (``\\n`` splits it over lines), how its
     cells are justified, and its ``rank``: 0 is always shown; when the table is wider than the
-    console, the column with the highest rank goes first (ties: the rightmost)."""
+    console, the column with the highest rank goes first (ties: the rightmost). ``wrap``:
+    prose, which may wrap between words (never inside one)."""
 
     header: str
     justify: str = "right"
     rank: int = 0
+    wrap: bool = False
 
 
 HIDDEN_NOTE = "not shown at this width:"
@@ -119,46 +121,51 @@ def print_table(con: Console, columns: list[Column], rows: list[list[str] | None
                 show_header: bool = True, styles: dict[int, str] | None = None) -> list[str]:
     """Print ``rows`` (``None``: a section line) as a table that fits ``con.width``.
 
-    Invariant: no cell is cut or wrapped. Cells never wrap (``no_wrap``); columns are
-    dropped, highest ``rank`` first, until the table's natural width fits, and a line
-    names the columns left out (and ``more``: where to see them, e.g. ``--csv FILE``).
-    Columns of rank 0 always stay. Returns the headers left out.
+    Invariant: no cell is cut, and only ``wrap`` columns wrap (between words). Columns
+    are dropped, highest ``rank`` first, until the table fits (``wrap`` columns counted
+    at their longest word), and one line names the columns left out and ``more``: where
+    to see them, e.g. ``--csv FILE``. Columns of rank 0 always stay. Returns the headers
+    left out.
     """
     from rich import box as boxes
     from rich.table import Table
 
     shown = list(range(len(columns)))
 
-    def build() -> Table:
-        t = Table(title=title, title_justify="left", box=box if box is not None else boxes.HEAVY_HEAD,
-                  show_header=show_header)
+    def longest_word(text: str) -> str:
+        return max(text.split(), key=len, default="")
+
+    def build(measuring: bool = False) -> Table:
+        t = Table(title=None if measuring else title, title_justify="left",
+                  box=box if box is not None else boxes.HEAVY_HEAD, show_header=show_header)
         for i in shown:
             c = columns[i]
             t.add_column(c.header, justify=c.justify,  # type: ignore[arg-type]
-                         no_wrap=True, style=(styles or {}).get(i))
+                         no_wrap=not c.wrap, overflow="fold" if c.wrap else "ellipsis",
+                         style=(styles or {}).get(i))
         for row in rows:
             if row is None:
                 t.add_section()
             else:
-                t.add_row(*(row[i] for i in shown))
+                t.add_row(*(longest_word(row[i]) if measuring and columns[i].wrap else row[i]
+                            for i in shown))
         return t
 
-    def natural_width(t: Table) -> int:  # unclamped: console.measure caps it at the width
-        return t.__rich_measure__(con, con.options.update_width(1 << 20)).maximum
+    def natural_width() -> int:  # unclamped: console.measure caps it at the width
+        return build(True).__rich_measure__(con, con.options.update_width(1 << 20)).maximum
 
-    table = build()
-    while natural_width(table) > con.width:
+    while natural_width() > con.width:
         droppable = [i for i in shown if columns[i].rank > 0]
         if not droppable:
             break
-        worst = max(droppable, key=lambda i: (columns[i].rank, i))
-        shown.remove(worst)
-        table = build()
-    con.print(table)
+        shown.remove(max(droppable, key=lambda i: (columns[i].rank, i)))
+    con.print(build())
     hidden = [columns[i].header.replace("\n", " ") for i in range(len(columns)) if i not in shown]
     if hidden:
-        con.print(f"[dim]{HIDDEN_NOTE} {', '.join(hidden)}"
-                  + (f" ({more})" if more else "") + "[/]")
+        line = f"{HIDDEN_NOTE} {', '.join(hidden)}" + (f" ({more})" if more else "")
+        if len(line) > con.width:
+            line = f"{HIDDEN_NOTE} {len(hidden)} columns" + (f" ({more})" if more else "")
+        con.print(f"[dim]{line}[/]", soft_wrap=True)
     return hidden
 
 

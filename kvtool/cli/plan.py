@@ -113,6 +113,8 @@ def _render(con: Console, r: dict[str, Any]) -> None:
     from rich import box
     from rich.table import Table
 
+    from kvtool.cli.output import Column, print_table
+
     w, st, f = r["workload"], r["storage"], r["formula"]
     terms = f["terms"]
     bs = st["block_size"]
@@ -146,23 +148,24 @@ def _render(con: Console, r: dict[str, Any]) -> None:
                      else f"full at round {held:.2f}")
     con.print(head)
 
-    t = Table(title=f"expected hit ratio at round {w['rounds']} (whole run in brackets)",
-              box=box.SIMPLE_HEAD)
-    for col in ("scenario", "tiers", "collapse", "no eviction", "lru", "best (keep sessions)"):
-        t.add_column(col, justify="right" if col not in ("scenario", "tiers") else "left")
+    cols = [Column("scenario", justify="left"), Column("tiers", justify="left", wrap=True),
+            Column("collapse"), Column("no\neviction", rank=1), Column("lru"),
+            Column("best (keep\nsessions)", rank=1)]
+    rows: list[list[str] | None] = []
     for name, sc in r["scenarios"].items():
         tiers = ", ".join(f"{k} {_amount(v)}" for k, v in sc["tiers"].items())
         if sc.get("nvme_sized_to_need"):
             tiers += " (sized to need)"
         steady, whole = sc["steady_hit_ratio"], sc["token_hit_ratio"]
-        t.add_row(name.replace("_", " "), tiers, _num(sc["collapse_round"]),
-                  *(f"{steady[k]:.3f} ({whole[k]:.3f})" for k in ("no_eviction", "lru", "best")))
-    con.print(t)
+        rows.append([name.replace("_", " "), tiers, _num(sc["collapse_round"]),
+                     *(f"{steady[k]:.3f} ({whole[k]:.3f})" for k in ("no_eviction", "lru", "best"))])
+    print_table(con, cols, rows, box=box.SIMPLE_HEAD, more="--json has them",
+                title=f"expected hit ratio at round {w['rounds']} (whole run in brackets)")
 
-    rt = Table(title="per round (as given)", box=box.SIMPLE_HEAD)
-    for col in ("round", "input tokens", "footprint", "new KV", "writes (lru)", "no eviction",
-                "lru", "best"):
-        rt.add_column(col, justify="right")
+    cols = [Column("round"), Column("input\ntokens", rank=3), Column("footprint"),
+            Column("new KV", rank=2), Column("writes\n(lru)", rank=2),
+            Column("no\neviction", rank=1), Column("lru"), Column("best", rank=1)]
+    rows = []
     for row in r["rounds"]:
         fp = (format_size(row["footprint_bytes"]) if row["footprint_bytes"] is not None
               else f"{row['footprint_blocks']:,.0f} blk")
@@ -171,8 +174,9 @@ def _render(con: Console, r: dict[str, Any]) -> None:
         lw = (format_size(row["lru_writes_bytes"]) if row["lru_writes_bytes"] is not None
               else f"{row['lru_writes_blocks']:,.0f} blk")
         h = row["hit_ratio"]
-        rt.add_row(str(row["round"]), f"{row['input_tokens']:,}", fp, wr, lw,
-                   f"{h['no_eviction']:.3f}", f"{h['lru']:.3f}", f"{h['best']:.3f}")
-    con.print(rt)
+        rows.append([str(row["round"]), f"{row['input_tokens']:,}", fp, wr, lw,
+                     f"{h['no_eviction']:.3f}", f"{h['lru']:.3f}", f"{h['best']:.3f}"])
+    print_table(con, cols, rows, title="per round (as given)", box=box.SIMPLE_HEAD,
+                more="--json has them")
     con.print("[dim]Predictions from the formula, not measurements; check them with "
               "kvtool replay.[/]")
