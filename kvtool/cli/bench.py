@@ -107,8 +107,7 @@ def command(target: str, model: str | None, dtype: str | None, tp: int | None,
                        create_bytes=parse_size(create, field="--create", allow_zero=False)
                        if create else None, progress=bar.advance, on_total=bar.set_total)
     if result["wrote"]:
-        note(f"{target}: the first {format_size(result['region_bytes'])} now hold benchmark "
-             "data")
+        note(f"{target}: the first {format_size(result['region_bytes'])} now holds benchmark data")
     emit(result, lambda c: render(c, result))
 
 

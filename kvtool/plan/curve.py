@@ -206,3 +206,114 @@ def lru_curve(requests: Iterable[Request], *, max_tracked: int | None = DEFAULT_
     for req in requests:
         acc.add(req)
     return acc.result()
+
+
+class SweepCurve:
+    """Token hit ratio of one tier of ``policy`` at given capacities, each replayed
+    (for policies without a one-pass curve). Targets are the smallest replayed capacity
+    that reaches the fraction of the trace's maximum: only as fine as the sweep."""
+
+    def __init__(self, policy: str, capacities: list[int], hit_tokens: list[int],
+                 input_tokens: int, max_hit_tokens: int, block_tokens: int,
+                 unique_blocks: int, requests: int) -> None:
+        self.policy, self.capacities, self.hits = policy, capacities, hit_tokens
+        self.input_tokens, self.max_hit_tokens = input_tokens, max_hit_tokens
+        self.block_tokens, self.unique_blocks, self.requests = block_tokens, unique_blocks, requests
+
+    def hit_ratio_at(self, i: int) -> float:
+        return self.hits[i] / self.input_tokens if self.input_tokens else 0.0
+
+    def index_for(self, fraction: float) -> int | None:
+        target = fraction * self.max_hit_tokens * (1 - 1e-12)
+        return next((i for i, h in enumerate(self.hits) if h >= target), None)
+
+    def to_dict(self, block_bytes: int | None) -> dict[str, Any]:
+        def sized(blocks: int | None) -> dict[str, Any]:
+            return {"capacity_blocks": blocks,
+                    "capacity_tokens": None if blocks is None else blocks * self.block_tokens,
+                    "capacity_bytes": blocks * block_bytes if blocks and block_bytes else None}
+
+        def at(i: int | None) -> dict[str, Any]:
+            return {"token_hit_ratio": None if i is None else self.hit_ratio_at(i),
+                    **sized(None if i is None else self.capacities[i])}
+
+        return {
+            "policy": self.policy, "method": f"replays at {len(self.capacities)} capacities",
+            "exact": True, "sample_rate": 1.0, "requests": self.requests,
+            "input_tokens": self.input_tokens, "block_accesses": None,
+            "block_tokens": self.block_tokens, "block_bytes": block_bytes,
+            "unique_blocks": self.unique_blocks,
+            "max_token_hit_ratio": self.max_hit_tokens / self.input_tokens
+            if self.input_tokens else 0.0,
+            "full": at(self.index_for(1.0)),
+            "targets": [{"fraction_of_max": f, **at(self.index_for(f))} for f in TARGETS],
+            "curve": [{"capacity_blocks": c, "token_hit_ratio": self.hit_ratio_at(i)}
+                      for i, c in enumerate(self.capacities)],
+        }
+
+
+def sweep_capacities(unique_blocks: int, n: int) -> list[int]:
+    """``n`` capacities spread on a log scale from 1 block to ``unique_blocks``."""
+    if unique_blocks <= 1 or n <= 1:
+        return [max(1, unique_blocks)]
+    return sorted({max(1, round(unique_blocks ** (i / (n - 1)))) for i in range(n)})
+
+
+def policy_sweep(requests: Iterable[Request], policy: str, capacities: list[int], *,
+                 block_tokens: int, input_tokens: int, max_hit_tokens: int, unique_blocks: int
+                 ) -> SweepCurve:
+    """Replay ``requests`` once through one single-tier cache of ``policy`` per capacity,
+    side by side (:func:`kvtool.cache.engine.replay`)."""
+    from kvtool.cache.engine import CacheConfig, TierSpec, replay
+    from kvtool.units import Capacity
+
+    configs = [CacheConfig([TierSpec("dram", Capacity.parse(f"{c}blk", field="sweep"), policy)])
+               for c in capacities]
+    reports = replay(requests, configs, block_tokens=block_tokens)
+    return SweepCurve(policy, capacities, [r["hit_tokens"]["total"] for r in reports],
+                      input_tokens, max_hit_tokens, block_tokens, unique_blocks,
+                      reports[0]["requests"] if reports else 0)
+
+
+def write_curve_plot(doc: dict[str, Any], path: str, *, title: str = "") -> None:
+    """Hit ratio against capacity (log scale; bytes when ``block_bytes`` is known), the
+    trace's maximum as a dashed line and each target capacity marked. Needs ``plot``."""
+    from kvtool.errors import UsageError
+
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UsageError("matplotlib is not installed; install the plot extra: "
+                         "pip install 'kvtool[plot]'", field="plot") from None
+    bb = doc["block_bytes"]
+    scale, unit = (bb / 1e9, "GB") if bb else (1, "blocks")
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    pts = doc["curve"]
+    ax.step([p["capacity_blocks"] * scale for p in pts], [p["token_hit_ratio"] for p in pts],
+            where="post", color="black", label=f"{doc['policy']} ({doc['method']})")
+    ax.axhline(doc["max_token_hit_ratio"], color="grey", linestyle="--",
+               label=f"trace maximum {doc['max_token_hit_ratio']:.3f}")
+    for t in doc["targets"]:
+        if t["capacity_blocks"] is None:
+            continue
+        x = t["capacity_blocks"] * scale
+        ax.plot([x], [t["token_hit_ratio"]], marker="o", color="tab:blue")
+        ax.annotate(f"{t['fraction_of_max']:.0%}", (x, t["token_hit_ratio"]),
+                    textcoords="offset points", xytext=(-4, 6), ha="right", fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel(f"capacity of one {doc['policy']} tier ({unit})")
+    ax.set_ylabel("token hit ratio")
+    ax.set_ylim(0, max(0.05, doc["max_token_hit_ratio"] * 1.15))
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8, loc="upper left")
+    ax.set_title(title or "kvtool plan", fontsize=10)
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=90)
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror}", field="plot") from None
+    finally:
+        plt.close(fig)
