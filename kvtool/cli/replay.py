@@ -182,7 +182,8 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
     with progress("replay", job.total, unit="requests") as advance:
         doc = job.run(progress=advance, on_request=sink)
     results = doc.get("configs") or [doc]
-    if len(results) > 1 and trace != "-":  # "% of max": the trace's unbounded hit ratio
+    doc["max_token_hit_ratio"] = None  # "% of max": the trace's unbounded hit ratio
+    if trace != "-" and not doc["interrupted"]:
         from kvtool.trace.reader import read_trace
         from kvtool.trace.stats import trace_stats
 
@@ -240,7 +241,7 @@ def _render(con: Any, results: list[dict[str, Any]], head: dict[str, Any]) -> No
                  if head.get("block_size") and head["block_size"]["tp"] > 1 else "")
               + f", {head['mode']} mode)")
     if len(results) == 1:
-        _render_one(con, results[0])
+        _render_one(con, results[0], head.get("max_token_hit_ratio"))
     else:
         _render_compare(con, results, head)
     if head["mode"] == "data":
@@ -270,7 +271,7 @@ def _held(t: dict[str, Any], block_bytes: int | None) -> str:
     return _amount(cap, cap * block_bytes if block_bytes else None)
 
 
-def _render_one(con: Any, res: dict[str, Any]) -> None:
+def _render_one(con: Any, res: dict[str, Any], maximum: float | None) -> None:
     from kvtool.cli.output import Column, print_table
 
     tiers = [t["name"] for t in res["tiers"]]
@@ -305,7 +306,10 @@ def _render_one(con: Any, res: dict[str, Any]) -> None:
     print_table(con, cols, rows, title=title, more="--csv FILE has every column")
     cliff = res["cliff_round"]
     kind = _round_header(res)
-    con.print(f"token hit ratio [bold]{_pct(res['token_hit_ratio'])}[/] · collapse {kind} "
+    con.print(f"token hit ratio [bold]{_pct(res['token_hit_ratio'])}[/]"
+              + (f" ({_pct(res['token_hit_ratio'] / maximum)} of the trace's max "
+                 f"{_pct(maximum)})" if maximum else "")
+              + f" · collapse {kind} "
               + ("[dim]n/a (no rounds)[/]" if kind != "round"
                  else f"[bold red]{cliff}[/]" if cliff is not None else "[green]none[/]")
               + f" · requests/s (modelled) {res['requests_per_s'] or 0:.2f}"

@@ -92,6 +92,9 @@ TARGET_SEQUENCE = [
 OVERRIDES: dict[str, tuple[dict[str, str], list[str]]] = {
     "kvtool bench /var/tmp/bench.img --create 2GiB --model deepseek-v4-flash --dtype fp8":
         ({}, ["--seconds", "0.05", "--region", "16MiB", "--qd", "1,4"]),
+    "kvtool bench /var/tmp/bench.img --model deepseek-v4-flash --pattern rand-read --need 2.5":
+        ({}, ["--seconds", "0.05", "--region", "16MiB", "--qd", "1", "--repeat", "2",
+              "--need", "0.001", "--create", "64MiB"]),
     "kvtool bench /dev/loop3 --block-bytes 32MiB --qd 1,8,32 --seconds 3 --force":
         ({"/dev/loop3": "blank.img"},
          ["--seconds", "0.05", "--region", "64MiB", "--qd", "1"]),

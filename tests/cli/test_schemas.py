@@ -43,9 +43,9 @@ SCHEMAS: dict[str, tuple[str, set[str]]] = {
     "kvtool.store.inspect/1": ("store.md", {
         "schema", "target", "engine", "superblock", "superblock_error", "index", "problems",
         "objects"}),
-    "kvtool.store.bench/1": ("store.md", {
+    "kvtool.store.bench/2": ("store.md", {
         "schema", "target", "engine", "object_bytes", "region_bytes", "seconds_per_case",
-        "wrote", "results", "bounce_cost"}),
+        "repeat", "wrote", "interrupted", "results", "bounce_cost", "verdicts"}),
 }
 REPLAY_HEAD = {"schema", "trace", "format", "block_tokens", "block_bytes", "block_size",
                "bad_lines", "mode", "setup", "interrupted"}
