@@ -170,7 +170,7 @@ def cli(ctx: click.Context, json_: bool, debug: bool, quiet: bool) -> None:
     obj = ctx.ensure_object(Settings)
     obj.json = obj.json or json_
     obj.debug = debug
-    obj.quiet = quiet
+    obj.quiet = obj.quiet or quiet
 
 
 fit_help(cli)

@@ -51,8 +51,24 @@ def _set_json(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
     return value
 
 
+def _set_quiet(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+    if value:
+        ctx.ensure_object(Settings).quiet = True
+    return value
+
+
 def json_option(f: F) -> F:
-    """Add ``--json`` to a command (the group has it too; either works)."""
+    """Add ``--json`` and ``-q/--quiet`` to a command (the group has them too; either place
+    works)."""
+    f = click.option(
+        "-q", "--quiet",
+        "quiet_flag",
+        is_flag=True,
+        expose_value=False,
+        callback=_set_quiet,
+        is_eager=True,
+        help="No progress bars or notes on stderr.",
+    )(f)
     return click.option(
         "--json",
         "json_flag",

@@ -477,7 +477,8 @@ def prepare(s: ReplaySettings, *, on_event: Callable[[str], None] | None = None)
     from kvtool.geometry.blocksize import block_size
 
     model, dtype = s.model, s.dtype
-    default_model = model is None and s.block_bytes is None and data
+    given = any(not t.is_zero for t in s.tiers.values()) or tf is not None or bool(s.compares)
+    default_model = model is None and s.block_bytes is None and (data or not given)
     if default_model:
         model, dtype = DEFAULT_MODEL[0], dtype or DEFAULT_MODEL[1]
     try:
@@ -492,13 +493,23 @@ def prepare(s: ReplaySettings, *, on_event: Callable[[str], None] | None = None)
         assert ref is not None
         size = block_size(None, block_tokens=B, block_bytes=-(-ref.block_bytes * B // 256))
     block_bytes = size.block_bytes if size else None
-    given = any(not t.is_zero for t in s.tiers.values()) or tf is not None or bool(s.compares)
     configs: list[CacheConfig] = []
-    defaults = data and not given
+    defaults = not given
     if defaults:
+        from kvtool.target import default as default_target
+
+        # --simulate: the same profile, with the default target's namespace as the NVMe size
+        nvme = (TierOption(None, "<default>") if data else
+                TierOption(Capacity(default_target.NAMESPACE_BYTES, "bytes")))
+        if not data and on_event is not None:
+            on_event(f"no tier options: the data-mode default profile, simulated: "
+                     + ", ".join(f"{n} {c} {p}" for n, (c, p) in DEFAULT_PROFILE.items())
+                     + f", nvme {format_size(default_target.NAMESPACE_BYTES)} lru (the default "
+                     f"target's namespace); {size.model if size else ''} "
+                     f"{size.dtype if size else ''} blocks")
         configs.append(build_config(
             {n: TierOption(Capacity.parse(c)) for n, (c, _p) in DEFAULT_PROFILE.items()}
-            | {"nvme": TierOption(None, "<default>")},
+            | {"nvme": nvme},
             policy=s.policy, write_policy=s.write_policy, watermark=s.watermark,
             evict_ratio=s.evict_ratio,
             tier_policies=None if s.policy else {n: p for n, (_c, p) in DEFAULT_PROFILE.items()}))
