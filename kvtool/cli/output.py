@@ -97,12 +97,19 @@ def _width(stream: Any) -> int | None:
     return int(os.environ.get("COLUMNS") or 0) or 80
 
 
+def _same(current: Any, stream: Any) -> bool:
+    """Whether ``current`` writes to ``stream``, or to what a rich live display (a progress
+    bar) redirected ``stream`` from: a second console on its proxy would print the bar
+    twice."""
+    return current is stream or getattr(stream, "rich_proxied_file", None) is current
+
+
 def console() -> Console:
     """Human output (stdout). Re-created per stream so CliRunner captures it."""
     from rich.console import Console
 
     global _stdout
-    if _stdout is None or _stdout.file is not sys.stdout:
+    if _stdout is None or not _same(_stdout.file, sys.stdout):
         _stdout = Console(file=sys.stdout, highlight=False, soft_wrap=False, width=_width(sys.stdout))
     return _stdout
 
@@ -111,7 +118,7 @@ def err_console() -> Console:
     from rich.console import Console
 
     global _stderr
-    if _stderr is None or _stderr.file is not sys.stderr:
+    if _stderr is None or not _same(_stderr.file, sys.stderr):
         _stderr = Console(file=sys.stderr, highlight=False, stderr=True, width=_width(sys.stderr))
     return _stderr
 
@@ -179,8 +186,10 @@ def print_table(con: Console, columns: list[Column], rows: list[list[str] | None
     hidden = [columns[i].header.replace("\n", " ") for i in range(len(columns)) if i not in shown]
     if hidden:
         line = f"{HIDDEN_NOTE} {', '.join(hidden)}" + (f" ({more})" if more else "")
-        if len(line) > con.width:
-            line = f"{HIDDEN_NOTE} {len(hidden)} columns" + (f" ({more})" if more else "")
+        for shorter in (f"{HIDDEN_NOTE} {len(hidden)} columns" + (f" ({more})" if more else ""),
+                        f"{HIDDEN_NOTE} {len(hidden)} columns"):
+            if len(line) > con.width:
+                line = shorter
         con.print(f"[dim]{line}[/]", soft_wrap=True)
     return hidden
 
