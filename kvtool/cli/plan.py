@@ -187,10 +187,10 @@ def _plan_trace(trace: str, *, fmt: str, block_tokens: int | None, model: str | 
                 policy, caps, block_tokens=bt, input_tokens=curve.input_tokens,
                 max_hit_tokens=round(curve.max_hit_tokens), unique_blocks=curve.unique_blocks)
         doc.update(swept.to_dict(bb))
-        if policy == "lru":
-            doc["one_pass"] = curve.to_dict(bb)
+        doc["one_pass"] = curve.to_dict(bb) if policy == "lru" else None
     else:
         doc.update(curve.to_dict(bb))
+        doc["one_pass"] = None
     doc["bad_lines"] = [{"line": line, "message": msg} for line, msg in reader.bad_lines]
     if plot_path:
         from kvtool.plan.curve import write_curve_plot
