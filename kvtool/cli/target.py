@@ -39,6 +39,10 @@ def _backend_options(f: Any) -> Any:
     return f
 
 
+def _steps(n: int) -> str:
+    return f"{n} step" if n == 1 else f"{n} steps"
+
+
 def _print_plan(con: Any, plan: Plan, title: str) -> None:
     from kvtool.cli.output import Column, print_table
 
@@ -66,9 +70,8 @@ def _show_plan(name: str) -> Any:
                     else "nothing of this config is up")
             con.print(f"[bold]{name}[/]: nothing to do — {what} ({plan.backend})")
         else:
-            count = len(plan.steps)
             _print_plan(con, plan, f"Plan: target {plan.operation} {name} "
-                                   f"({plan.backend}, {count} step{'' if count == 1 else 's'})")
+                                   f"({plan.backend}, {_steps(len(plan.steps))})")
         for n in plan.notes:
             con.print(f"  note: {n}")
     return show
@@ -148,7 +151,7 @@ def _after_up(con: Console, doc: dict[str, Any]) -> None:
         con.print("dry run: nothing was changed")
         return
     if doc["applied"]:
-        con.print(f"[green]applied {doc['applied']} step(s)[/]; state: {doc['state_file']}")
+        con.print(f"[green]applied {_steps(doc['applied'])}[/]; state: {doc['state_file']}")
     _status_tables(con, doc["status"])
 
 
@@ -181,7 +184,7 @@ def down(config: str | None, backend: str | None, engine: str | None, configfs_r
         if dry_run:
             con.print("dry run: nothing was changed")
         else:
-            con.print(f"[green]{cfg.name} is down[/] ({result.applied} step(s))")
+            con.print(f"[green]{cfg.name} is down[/] ({_steps(result.applied)})")
     emit(doc, human)
 
 
