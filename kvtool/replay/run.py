@@ -502,7 +502,7 @@ def prepare(s: ReplaySettings, *, on_event: Callable[[str], None] | None = None)
         nvme = (TierOption(None, "<default>") if data else
                 TierOption(Capacity(default_target.NAMESPACE_BYTES, "bytes")))
         if not data and on_event is not None:
-            on_event(f"no tier options: the data-mode default profile, simulated: "
+            on_event("no tier options: the data-mode default profile, simulated: "
                      + ", ".join(f"{n} {c} {p}" for n, (c, p) in DEFAULT_PROFILE.items())
                      + f", nvme {format_size(default_target.NAMESPACE_BYTES)} lru (the default "
                      f"target's namespace); {size.model if size else ''} "

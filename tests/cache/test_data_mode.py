@@ -361,7 +361,7 @@ def test_a_trace_that_does_not_fit_says_so_and_the_label_has_real_capacities(
     monkeypatch.setenv("KVTOOL_CACHE_DIR", str(store_dir))
     monkeypatch.setenv("KVTOOL_STATE_DIR", str(tmp_path / "state"))
     place = store_dir / "small.img"
-    r = run("replay", FIXTURES / "traces" / "multiturn-8x12.jsonl", "--gpu", "32MiB",
+    r = run("replay", str(FIXTURES / "traces" / "multiturn-8x12.jsonl"), "--gpu", "32MiB",
             "--dram", "64MiB", "--nvme", f"150MiB@{place}")
     assert r.exit_code == 0, r.stderr
     said = " ".join(r.stderr.split())

@@ -213,10 +213,10 @@ def test_simulate_without_tier_options_uses_the_data_mode_profile(trace: Path) -
     """No tier options: the data-mode default profile (and model), counted, and said."""
     from kvtool.target import default
 
-    r = run("replay", "--simulate", trace)
+    r = run("replay", "--simulate", str(trace))
     assert r.exit_code == 0, r.stderr
     assert "data-mode default profile" in " ".join(r.stderr.split())
-    doc = run_json("replay", "--simulate", trace)
+    doc = run_json("replay", "--simulate", str(trace))
     assert doc["setup"]["defaults"] is True and doc["block_bytes"] == 1002240
     tiers = {t["name"]: t for t in doc["tiers"]}
     assert [tiers[n]["policy"] for n in ("gpu", "dram", "nvme")] == ["lru-tail-first", "lru", "lru"]
