@@ -67,3 +67,18 @@ def test_one_stderr_console_under_a_live_display(monkeypatch: pytest.MonkeyPatch
         assert sys.stderr is not con.file  # rich redirected it
         assert output.err_console() is con
     assert output.err_console() is con
+
+
+def test_piped_output_follows_columns_or_80() -> None:
+    from click.testing import CliRunner
+
+    from kvtool.cli.main import cli
+    from tests.conftest import FIXTURES
+
+    args = ["replay", "--simulate", str(FIXTURES / "traces" / "multiturn-8x12.jsonl"),
+            "--gpu", "20blk", "--dram", "300blk", "--nvme", "inf"]
+    narrow = CliRunner(env={"COLUMNS": ""}).invoke(cli, args)
+    assert narrow.exit_code == 0
+    assert max(map(len, narrow.stdout.splitlines())) <= 80 and HIDDEN_NOTE in narrow.stdout
+    wide = CliRunner(env={"COLUMNS": "250"}).invoke(cli, args)
+    assert max(map(len, wide.stdout.splitlines())) > 120 and HIDDEN_NOTE not in wide.stdout
