@@ -58,14 +58,13 @@ def list_cmd() -> None:
                            for e in exps]}
 
     def human(con: Any) -> None:
-        from rich.table import Table
+        from kvtool.cli.output import Column, print_table
 
-        t = Table(title="experiments (kvtool experiment run NAME)", title_justify="left")
-        for col in ("name", "source", "claim"):
-            t.add_column(col)
-        for e in exps:
-            t.add_row(e.name, e.source, e.claim)
-        con.print(t)
+        print_table(con, [Column("name", justify="left"),
+                          Column("source", justify="left", wrap=True, rank=1),
+                          Column("claim", justify="left", wrap=True)],
+                    [[e.name, e.source, e.claim] for e in exps],
+                    title="experiments (kvtool experiment run NAME)", more="--json has them")
 
     emit(doc, human)
 
@@ -117,25 +116,27 @@ def run_cmd(name: str, out_dir: str | None, simulate: bool, dram: str | None,
 
 
 def render(con: Any, doc: dict[str, Any]) -> None:
-    from rich.table import Table
+    from kvtool.cli.output import Column, print_table
 
     con.print(f"[bold]{doc['name']}[/] — {doc['title']}")
     con.print(f"[dim]source:[/] {doc['source']}")
     con.print(f"[dim]claim:[/] {doc['claim']}")
-    con.print(f"[dim]scale:[/] {doc['scale']}")
+    scale = doc["scale"]
+    if doc["mode"] != "data":  # a data-mode-only clause says nothing about this run
+        scale = "; ".join(p for p in scale.split("; ") if not p.startswith("data mode"))
+    con.print(f"[dim]scale:[/] {scale}")
     mode = {"simulate": "simulate (metadata engine: counts exact, no bytes moved, times "
                         "modelled)",
             "data": "data (real bytes through every tier)",
             "measure": "measured on this machine"}.get(doc["mode"], doc["mode"])
     con.print(f"[dim]mode:[/] {mode}")
-    t = Table(title="published vs kvtool", title_justify="left")
-    for col, just in (("claim", "left"), ("published", "right"), ("kvtool", "right"),
-                      ("unit", "left"), ("basis", "left")):
-        t.add_column(col, justify=just)  # type: ignore[arg-type]
-    for r in doc["rows"]:
-        t.add_row(r["claim"], r["published_text"], r["kvtool_text"], r["unit"],
-                  ("[green]" if r["measured"] else "[yellow]") + r["basis"] + "[/]")
-    con.print(t)
+    print_table(con, [Column("claim", justify="left", wrap=True), Column("published", wrap=True),
+                      Column("kvtool", wrap=True), Column("unit", justify="left", rank=1),
+                      Column("basis", justify="left", rank=2)],
+                [[r["claim"], r["published_text"], r["kvtool_text"], r["unit"],
+                  ("[green]" if r["measured"] else "[yellow]") + r["basis"] + "[/]"]
+                 for r in doc["rows"]],
+                title="published vs kvtool", more="--json has them")
     notes = [(r["claim"], r["differs"]) for r in doc["rows"] if r["differs"]]
     for claim, why in notes:
         con.print(f"[dim]• {claim}:[/] {why}")

@@ -61,7 +61,8 @@ semantics (:class:`kvtool.cache.policies.VllmPolicy`) and a Mooncake-like DRAM t
 NVMe tier is the default place."""
 
 DEFAULT_NVME_FILE_BYTES = 1 << 30
-"""Size of the store file the NVMe tier uses when no kvtool target is up."""
+"""Size of the store file the NVMe tier uses when no kvtool target is up (allocated on
+disk when created; the default target's memory-backed namespace is larger)."""
 
 MEMORY_SHARE = 0.8
 """Data mode refuses pools larger than this share of the memory available now."""
@@ -207,16 +208,33 @@ class ReplayJob:
         return {**head, "configs": results}
 
     # -------------------------------------------------------------- data mode
+    def _fits(self, caps: dict[str, int]) -> None:
+        """One line when the trace's blocks outnumber the largest tier (write-through:
+        it bounds what the hierarchy holds), with the size that would hold them."""
+        n = self.setup.get("trace_blocks") or 0
+        name, most = max(caps.items(), key=lambda kv: kv[1], default=("", 0))
+        if self.on_event is not None and self.block_bytes and n > most:
+            need = format_size(n * self.block_bytes)
+            self.on_event(f"the trace's {n:,} distinct blocks ({need}) do not fit the largest "
+                          f"tier ({name}: {most:,} blocks): hits fall as blocks are evicted "
+                          f"before reuse; to hold them all give an NVMe tier of {need} or "
+                          "more (--nvme SIZE@FILE, or a bigger target namespace)")
+
     def _run_data(self, index: int, cfg: CacheConfig,
                   progress: Callable[[int], None] | None) -> dict[str, Any]:
         assert self.block_bytes is not None
         s = self.settings
         tiers, media, cfg = open_tiers(cfg, self.block_bytes, self.work_blocks, s, self.setup,
                                        self.create)
-        if self.on_event is not None and "nvme" in tiers:
-            nv = next(t for t in cfg.tiers if t.name == "nvme")
-            self.on_event(f"nvme tier: {int(nv.blocks(self.block_bytes, self.block_tokens)):,} "
-                          f"blocks on {nv.place} (store of {tiers['nvme'].slots:,} slots)")
+        if self.setup["defaults"]:  # the label names the NVMe tier's real capacity
+            cfg = replace(cfg, label="")
+        if self.on_event is not None:
+            caps = {t.name: int(t.blocks(self.block_bytes, self.block_tokens)) for t in cfg.tiers}
+            if "nvme" in tiers:
+                nv = next(t for t in cfg.tiers if t.name == "nvme")
+                self.on_event(f"nvme tier: {caps['nvme']:,} blocks "
+                              f"({format_size(caps['nvme'] * self.block_bytes)}) on {nv.place}")
+            self._fits(caps)
         from kvtool.replay.data import DataReplay
 
         try:
@@ -440,7 +458,7 @@ def default_nvme_place() -> tuple[str, str, int | None]:
                     url = f"nvme+tcp://{lst['address']}:{lst['port']}/{ep['nqn']}/1"
                     return url, "the running kvtool target (kvtool target up)", None
     path = cache_dir() / "replay-nvme.img"
-    why = "a store file in the cache directory (no kvtool target is up)"
+    why = f"no kvtool target is up: a store file kvtool keeps; rm {path} removes it"
     if path.exists():
         return str(path), why, None
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -460,7 +478,8 @@ def prepare(s: ReplaySettings, *, on_event: Callable[[str], None] | None = None)
     from kvtool.geometry.blocksize import block_size
 
     model, dtype = s.model, s.dtype
-    default_model = model is None and s.block_bytes is None and data
+    given = any(not t.is_zero for t in s.tiers.values()) or tf is not None or bool(s.compares)
+    default_model = model is None and s.block_bytes is None and (data or not given)
     if default_model:
         model, dtype = DEFAULT_MODEL[0], dtype or DEFAULT_MODEL[1]
     try:
@@ -475,13 +494,23 @@ def prepare(s: ReplaySettings, *, on_event: Callable[[str], None] | None = None)
         assert ref is not None
         size = block_size(None, block_tokens=B, block_bytes=-(-ref.block_bytes * B // 256))
     block_bytes = size.block_bytes if size else None
-    given = any(not t.is_zero for t in s.tiers.values()) or tf is not None or bool(s.compares)
     configs: list[CacheConfig] = []
-    defaults = data and not given
+    defaults = not given
     if defaults:
+        from kvtool.target import default as default_target
+
+        # --simulate: the same profile, with the default target's namespace as the NVMe size
+        nvme = (TierOption(None, "<default>") if data else
+                TierOption(Capacity(default_target.NAMESPACE_BYTES, "bytes")))
+        if not data and on_event is not None:
+            on_event("no tier options: the data-mode default profile, simulated: "
+                     + ", ".join(f"{n} {c} {p}" for n, (c, p) in DEFAULT_PROFILE.items())
+                     + f", nvme {format_size(default_target.NAMESPACE_BYTES)} lru (the default "
+                     f"target's namespace); {size.model if size else ''} "
+                     f"{size.dtype if size else ''} blocks")
         configs.append(build_config(
             {n: TierOption(Capacity.parse(c)) for n, (c, _p) in DEFAULT_PROFILE.items()}
-            | {"nvme": TierOption(None, "<default>")},
+            | {"nvme": nvme},
             policy=s.policy, write_policy=s.write_policy, watermark=s.watermark,
             evict_ratio=s.evict_ratio,
             tier_policies=None if s.policy else {n: p for n, (_c, p) in DEFAULT_PROFILE.items()}))
@@ -517,7 +546,13 @@ def _prepare_data(job: ReplayJob) -> None:
     """Resolve places and capacities, and check that this machine holds them."""
     s, B, bb = job.settings, job.block_tokens, job.block_bytes
     assert bb is not None
-    job.work_blocks = max((len(r.block_keys) for r in job.reader), default=1) or 1
+    distinct: set[int] = set()
+    work = 1
+    for r in job.reader:
+        distinct.update(r.block_keys)
+        work = max(work, len(r.block_keys))
+    job.work_blocks = work
+    job.setup["trace_blocks"] = len(distinct)
     setups = []
     resolved = []
     for cfg in job.configs:
@@ -549,7 +584,7 @@ def _prepare_data(job: ReplayJob) -> None:
             cap = spec.capacity
             spec = replace(spec, place=place)
             specs.append(spec)
-            tiers_setup["nvme"] = {"capacity": str(cap) if cap.unit != "inf" else "the whole place",
+            tiers_setup["nvme"] = {"capacity": str(cap) if cap.unit != "inf" else "all of it",
                                    "place": place, "why": why, "policy": spec.policy}
         new = CacheConfig(specs, cfg.write_policy, cfg.label if not job.setup["defaults"] else "")
         resolved.append(new)
@@ -590,7 +625,8 @@ def describe_setup(setup: dict[str, Any]) -> list[str]:
         parts = []
         for name, t in c["tiers"].items():
             if name == "nvme":
-                parts.append(f"nvme {t['capacity']} on {t['place']} ({t['why']}), {t['policy']}")
+                size = "all" if t["capacity"] == "all of it" else t["capacity"]
+                parts.append(f"nvme {size} of {t['place']} ({t['why']}), {t['policy']}")
             else:
                 parts.append(f"{name} {t['capacity']} ({t['blocks']} blocks), {t['policy']}")
         lines.append("tiers: " + "; ".join(parts) + f" · {c['write_policy']}"
