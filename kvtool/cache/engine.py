@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from kvtool.cache.hierarchy import WRITE_POLICIES, TierHierarchy, WritePolicy
-from kvtool.cache.policies import POLICIES, WATERMARK_DEFAULTS, make_policy
+from kvtool.cache.policies import POLICIES, WATERMARK_DEFAULTS, Admission, make_policy
 from kvtool.cache.stats import RoundStats
 from kvtool.cache.tier import TIER_NAMES, Tier, TierBackend, Watermark
 from kvtool.cache.timemodel import TimeModel
@@ -63,6 +63,11 @@ class TierSpec:
     """``prefix-fair`` only: how many of the oldest leaves compete on depth (default 128)."""
     place: str | None = None
     """Data mode: where the tier's bytes live (a file, device or ``nvme+tcp://`` URL)."""
+    admit_after: int | None = None
+    """Admission by reuse count: a block is stored on its n-th offer (vLLM's
+    ``store_threshold``; 1 or None: at once). :class:`~kvtool.cache.policies.Admission`."""
+    admit_ttl: int | None = None
+    """Admission by TTL: offers more than this many requests apart count anew."""
 
     def __post_init__(self) -> None:
         if self.name not in TIER_NAMES:
@@ -71,6 +76,14 @@ class TierSpec:
         if self.policy not in POLICIES:
             raise UsageError(f"unknown policy {self.policy!r} (use {', '.join(POLICIES)})",
                              field="policy")
+        for name in ("admit_after", "admit_ttl"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise UsageError(f"{name} must be a whole number ≥ 1, got {value!r}",
+                                 field=f"{self.name}.{name}")
+        if self.admit_ttl is not None and (self.admit_after or 1) < 2:
+            raise UsageError("admit_ttl limits the offers admit_after counts: give admit_after ≥ 2",
+                             field=f"{self.name}.admit_ttl")
         if self.watermark is None and self.policy in WATERMARK_DEFAULTS:
             self.watermark = Watermark(*WATERMARK_DEFAULTS[self.policy])
 
@@ -119,7 +132,9 @@ class CacheConfig:
                 raise UsageError(f"{spec.capacity} holds no whole block of {block_tokens} tokens"
                                  + (f" ({block_bytes} B)" if block_bytes else ""),
                                  field=f"{spec.name}")
-            policy = make_policy(spec.policy, window=spec.window)
+            admission = (Admission(spec.admit_after or 1, spec.admit_ttl)
+                         if (spec.admit_after or 1) > 1 else None)
+            policy = make_policy(spec.policy, window=spec.window, admission=admission)
             tiers.append(Tier(spec.name, cap, policy, watermark=spec.watermark,
                               backend=(backends or {}).get(spec.name)))
         return TierHierarchy(tiers, self.write_policy)
