@@ -18,7 +18,8 @@ from kvtool.units import format_size
 if TYPE_CHECKING:
     from kvtool.nvme.hostauth import HostCredentials
 
-POLICY_NAMES = ("lru", "lru-tail-first", "radix", "prefix-fair", "oracle", "mooncake")
+POLICY_NAMES = ("lru", "lru-tail-first", "radix", "prefix-fair", "oracle", "mooncake", "arc", "s3fifo",
+                "lfu", "vllm-lru", "vllm-arc")
 
 EPILOG = """
 \b

@@ -38,7 +38,7 @@ def vllm_root() -> Path | None:
         return Path(paths[0]) if paths else None
     if not spec.submodule_search_locations:
         return None
-    return Path(list(spec.submodule_search_locations)[0])
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def _version(root: Path) -> str | None:
