@@ -320,12 +320,14 @@ def replay(requests: Iterable[RequestLike], configs: Sequence[CacheConfig], *,
            block_tokens: int, block_bytes: int | None = None,
            time_model: TimeModel | None = None,
            progress: Callable[[int], None] | None = None,
-           on_request: Callable[[int, RequestOutcome], None] | None = None
+           on_request: Callable[[int, RequestOutcome], None] | None = None,
+           backends: Sequence[dict[str, TierBackend] | None] | None = None
            ) -> list[dict[str, Any]]:
     """Replay ``requests`` through every configuration side by side; return their reports.
 
     ``progress(n)`` is called every 1024 requests (and at the end) with the number served.
     ``on_request(i, outcome)`` receives every request's accounting for configuration ``i``.
+    ``backends[i]`` gives configuration ``i``'s tiers data movers (an I/O log, say).
     """
     tm = time_model or TimeModel()
 
@@ -334,7 +336,8 @@ def replay(requests: Iterable[RequestLike], configs: Sequence[CacheConfig], *,
             return None
         return lambda outcome: on_request(i, outcome)
 
-    runs = [Replay(c, block_tokens, block_bytes, tm, on_request=recorder(i))
+    runs = [Replay(c, block_tokens, block_bytes, tm, on_request=recorder(i),
+                   backends=backends[i] if backends else None)
             for i, c in enumerate(configs)]
     feeds = [r.feed for r in runs]
     n = 0

@@ -128,6 +128,11 @@ def _fraction(_ctx: click.Context, param: click.Parameter, value: float | None) 
               help="Write one row per request (and configuration) to this CSV file.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="Write a PNG: hit ratio and bytes written per round (needs the plot extra).")
+@click.option("--iolog", type=click.Path(dir_okay=False), default=None,
+              help="--simulate: write the NVMe tier's reads and writes as a fio iolog "
+                   "(fio --read_iolog=FILE).")
+@click.option("--iolog-version", type=click.Choice(["2", "3"]), default="3", show_default=True,
+              help="fio iolog format (3 carries times in ms).")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
               help="Serve Prometheus metrics on 127.0.0.1:PORT while replaying.")
 @json_option
@@ -139,7 +144,8 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
             compares: tuple[str, ...], read_qd: int, seed: int, on_tier_error: str,
             skip_bad: int, prefill_tps: float | None, tpot_ms: float | None,
             read_gbps: dict[str, float], concurrency: int | None, csv_path: str | None,
-            requests_csv: str | None, plot_path: str | None, metrics_port: int | None,
+            requests_csv: str | None, plot_path: str | None, iolog: str | None,
+            iolog_version: str, metrics_port: int | None,
             credentials: HostCredentials | None) -> None:
     """Replay a request trace through a GPU → DRAM → NVMe prefix cache.
 
@@ -152,7 +158,7 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
     from kvtool.cache.report import check_output_paths
     from kvtool.replay.run import ReplaySettings, describe_setup, prepare
 
-    check_output_paths(csv=csv_path, plot=plot_path, requests_csv=requests_csv)
+    check_output_paths(csv=csv_path, plot=plot_path, requests_csv=requests_csv, iolog=iolog)
     replay_settings = ReplaySettings(
         trace=trace, fmt=fmt, block_tokens=block_tokens, skip_bad=skip_bad, simulate=simulate,
         tiers={k: v for k, v in (("gpu", gpu), ("dram", dram), ("nvme", nvme)) if v is not None},
@@ -160,7 +166,8 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
         evict_ratio=evict_ratio, compares=compares, model=model, dtype=dtype, tp=tp,
         block_bytes=block_bytes, prefill_tps=prefill_tps, tpot_ms=tpot_ms,
         read_gbps=read_gbps, concurrency=concurrency, read_qd=read_qd, seed=seed,
-        on_tier_error=on_tier_error, requests_csv=requests_csv, credentials=credentials)
+        on_tier_error=on_tier_error, requests_csv=requests_csv, credentials=credentials,
+        iolog=iolog, iolog_version=int(iolog_version))
     if not settings().debug:
         # A lost target is reported once, as one line naming the tier and its URL; the
         # host's reconnect attempts would repeat it (--debug shows them).
@@ -195,6 +202,11 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
         for b in doc["bad_lines"]:
             note(f"[yellow]skipped bad line {b['line']}: {b['message']}[/]")
     emit(doc, lambda con: _render(con, results, doc))
+    if doc.get("iolog") and not want_json():
+        lg = doc["iolog"]
+        note(f"fio iolog v{lg['version']}: {lg['path']} ({lg['reads']:,} reads, {lg['writes']:,} "
+             f"writes of {lg['block_bytes']:,} B; replay on ≥ {lg['device_bytes']:,} B: "
+             f"fio --name=kv --read_iolog={lg['path']} --replay_redirect=DEVICE)")
     if doc["interrupted"]:
         note("interrupted: the report covers the requests served before Ctrl-C")
         raise SystemExit(130)
