@@ -19,7 +19,8 @@ from kvtool.units import format_size
 if TYPE_CHECKING:
     from kvtool.nvme.hostauth import HostCredentials
 
-POLICY_NAMES = ("lru", "lru-tail-first", "radix", "prefix-fair", "oracle", "mooncake", "vllm")
+POLICY_NAMES = ("lru", "lru-tail-first", "radix", "prefix-fair", "oracle", "mooncake", "vllm",
+                "arc", "s3fifo", "lfu", "vllm-lru", "vllm-arc")
 
 EPILOG = """
 \b
@@ -131,6 +132,11 @@ def _fraction(_ctx: click.Context, param: click.Parameter, value: float | None) 
               help="Write one row per request (and configuration) to this CSV file.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="Write a PNG: hit ratio and bytes written per round (needs the plot extra).")
+@click.option("--iolog", type=click.Path(dir_okay=False), default=None,
+              help="--simulate: write the NVMe tier's reads and writes as a fio iolog "
+                   "(fio --read_iolog=FILE).")
+@click.option("--iolog-version", type=click.Choice(["2", "3"]), default="3", show_default=True,
+              help="fio iolog format (3 carries times in ms).")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
               help="Serve Prometheus metrics on 127.0.0.1:PORT while replaying.")
 @click.option("--cluster", "clusters", multiple=True, type=click.Path(dir_okay=False),
@@ -156,7 +162,8 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
             compares: tuple[str, ...], read_qd: int, seed: int, on_tier_error: str,
             skip_bad: int, prefill_tps: float | None, tpot_ms: float | None,
             read_gbps: dict[str, float], concurrency: int | None, csv_path: str | None,
-            requests_csv: str | None, plot_path: str | None, metrics_port: int | None,
+            requests_csv: str | None, plot_path: str | None, iolog: str | None,
+            iolog_version: str, metrics_port: int | None,
             clusters: tuple[str, ...], request_rate: float | None, speedup: float | None,
             sweep: str | None, scalars: tuple[str, ...],
             credentials: HostCredentials | None) -> None:
@@ -171,7 +178,7 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
     from kvtool.cache.report import check_output_paths
     from kvtool.replay.run import ReplaySettings, describe_setup, prepare
 
-    check_output_paths(csv=csv_path, plot=plot_path, requests_csv=requests_csv)
+    check_output_paths(csv=csv_path, plot=plot_path, requests_csv=requests_csv, iolog=iolog)
     if clusters:
         from kvtool.cli import serving
         from kvtool.serving.calibrate import parse_scalar_overrides
@@ -199,7 +206,8 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
         evict_ratio=evict_ratio, compares=compares, model=model, dtype=dtype, tp=tp,
         block_bytes=block_bytes, prefill_tps=prefill_tps, tpot_ms=tpot_ms,
         read_gbps=read_gbps, concurrency=concurrency, read_qd=read_qd, seed=seed,
-        on_tier_error=on_tier_error, requests_csv=requests_csv, credentials=credentials)
+        on_tier_error=on_tier_error, requests_csv=requests_csv, credentials=credentials,
+        iolog=iolog, iolog_version=int(iolog_version))
     if not settings().debug:
         # A lost target is reported once, as one line naming the tier and its URL; the
         # host's reconnect attempts would repeat it (--debug shows them).
@@ -242,6 +250,11 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
         for b in doc["bad_lines"]:
             note(f"[yellow]skipped bad line {b['line']}: {b['message']}[/]")
     emit(doc, lambda con: _render(con, results, doc))
+    if doc.get("iolog") and not want_json():
+        lg = doc["iolog"]
+        note(f"fio iolog v{lg['version']}: {lg['path']} ({lg['reads']:,} reads, {lg['writes']:,} "
+             f"writes of {lg['block_bytes']:,} B; replay on ≥ {lg['device_bytes']:,} B: "
+             f"fio --name=kv --read_iolog={lg['path']} --replay_redirect=DEVICE)")
     if doc["interrupted"]:
         note("interrupted: the report covers the requests served before Ctrl-C")
         raise SystemExit(130)

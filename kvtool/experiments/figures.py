@@ -43,6 +43,10 @@ class RunData:
     """Configuration label → its CacheConfig (for ``plan_collapse_round``)."""
     setup: dict[str, Any] | None = None
     """Data mode: what the replay chose (block size, places, pools)."""
+    bands: dict[str, tuple[list[int], list[float], list[float], list[float]]] = field(
+        default_factory=dict)
+    """``--seeds N``: configuration label → (rounds, mean, 95 % low, high) of the token hit
+    ratio over the seeds (:func:`kvtool.experiments.seeds.round_band`)."""
 
 
 @dataclass(frozen=True)

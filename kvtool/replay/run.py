@@ -41,6 +41,7 @@ from kvtool.tiers.option import TierOption
 from kvtool.units import Capacity, format_size
 
 if TYPE_CHECKING:
+    from kvtool.cache.iolog import IologWriter
     from kvtool.nvme.hostauth import HostCredentials
     from kvtool.tiers.base import DataTier
 
@@ -116,7 +117,41 @@ class ReplaySettings:
     seed: int = 0
     on_tier_error: str = "fail"
     requests_csv: str | None = None
+    iolog: str | None = None
+    """--simulate: write the NVMe tier's block I/O as a fio iolog here (kvtool.cache.iolog)."""
+    iolog_version: int = 3
     credentials: HostCredentials | None = None  # nvme+tcp:// places: host NQN, DH-HMAC-CHAP
+
+
+def _open_iolog(job: ReplayJob) -> IologWriter | None:
+    """The NVMe tier's fio iolog writer (``--iolog``), checked against the job."""
+    s = job.settings
+    if s.iolog is None:
+        return None
+    from kvtool.cache.iolog import IOLOG_VERSIONS, IologWriter
+
+    if s.iolog_version not in IOLOG_VERSIONS:
+        raise UsageError(f"use 2 or 3, got {s.iolog_version}", field="iolog_version")
+    if len(job.configs) != 1:
+        raise UsageError(f"writes one configuration's I/O: drop {param('compare')}", field="iolog")
+    if "nvme" not in [t.name for t in job.configs[0].tiers]:
+        raise UsageError(f"logs the NVMe tier's I/O: give {param('nvme')}", field="iolog")
+    if not job.block_bytes:
+        raise UsageError(f"needs the block size in bytes: give {param('model')} or "
+                         f"{param('block_bytes')}", field="iolog")
+    return IologWriter(s.iolog, block_bytes=job.block_bytes, version=s.iolog_version)
+
+
+def _clocked(requests: Any, log: IologWriter | None) -> Any:
+    """``requests``, setting the iolog's clock to each request's timestamp before it is served."""
+    if log is None:
+        return requests
+    return (_stamp(log, r) for r in requests)
+
+
+def _stamp(log: IologWriter, r: Any) -> Any:
+    log.at(r.timestamp)
+    return r
 
 
 def _check(s: ReplaySettings) -> None:
@@ -130,6 +165,10 @@ def _check(s: ReplaySettings) -> None:
         raise UsageError(f"must be at least 1, got {s.read_qd}", field="read_qd")
     if s.on_tier_error not in ON_TIER_ERROR:
         raise UsageError(f"use {' or '.join(ON_TIER_ERROR)}", field="on_tier_error")
+    if s.iolog is not None and not s.simulate:
+        raise UsageError(f"logs the simulated NVMe layout: add {param('simulate')} (data mode's "
+                         "offsets are the object store's; trace the device itself there)",
+                         field="iolog")
 
 
 @dataclass
@@ -181,9 +220,18 @@ class ReplayJob:
         self._sink = sink
         try:
             if self.mode == "simulate":
-                results = replay(self.reader, self.configs, block_tokens=self.block_tokens,
-                                 block_bytes=self.block_bytes, time_model=self.time_model,
-                                 progress=progress, on_request=sink)
+                log = _open_iolog(self)
+                try:
+                    results = replay(_clocked(self.reader, log), self.configs,
+                                     block_tokens=self.block_tokens,
+                                     block_bytes=self.block_bytes, time_model=self.time_model,
+                                     progress=progress, on_request=sink,
+                                     backends=[{"nvme": log}] if log is not None else None)
+                finally:
+                    if log is not None:
+                        log.close()
+                if log is not None:
+                    results[0]["iolog"] = log.summary()
                 for r in results:
                     r["mode"] = "simulate"
                     r["requests_served"] = r["requests"]
@@ -273,7 +321,7 @@ DATA_FIELDS: dict[str, Any] = {
     "time_basis": {"load": "modelled", "prefill": "modelled", "decode": "modelled"},
     "verified_blocks": None, "corrupt_blocks": None, "lost_blocks": None,
     "recomputed_blocks": None, "repaired_blocks": None, "problems": [], "measured": None,
-    "media": None,
+    "media": None, "iolog": None,
 }
 """Fields only data mode measures: ``null`` in ``--simulate`` so both modes share one shape."""
 
