@@ -219,6 +219,6 @@ def test_simulate_without_tier_options_uses_the_data_mode_profile(trace: Path) -
     doc = run_json("replay", "--simulate", str(trace))
     assert doc["setup"]["defaults"] is True and doc["block_bytes"] == 1002240
     tiers = {t["name"]: t for t in doc["tiers"]}
-    assert [tiers[n]["policy"] for n in ("gpu", "dram", "nvme")] == ["lru-tail-first", "lru", "lru"]
+    assert [tiers[n]["policy"] for n in ("gpu", "dram", "nvme")] == ["vllm", "lru", "lru"]
     assert tiers["nvme"]["capacity_blocks"] == default.NAMESPACE_BYTES // 1002240
     assert tiers["dram"]["capacity_blocks"] == (256 << 20) // 1002240

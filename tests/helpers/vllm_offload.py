@@ -56,13 +56,27 @@ def _package(name: str, path: Path) -> None:
     sys.modules[name] = mod
 
 
+class _LoggerModule(types.ModuleType):
+    """``vllm.logger`` stand-in: ``init_logger`` gives a standard logger; any other name
+    (``set_vllm_process_name``, … that other vLLM modules import) is a no-op function."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return lambda *args, **kwargs: None
+
+
 def _stubs() -> None:
     if "torch" not in sys.modules:
-        torch = types.ModuleType("torch")
-        torch.Tensor = type("Tensor", (), {})  # type: ignore[attr-defined]
+        # the oracle's permissive stand-in (any attribute a class, a package), so that
+        # vLLM's other modules loaded in the same process (tests/helpers/vllm_oracle.py)
+        # find what they use of torch too
+        from tests.helpers.vllm_oracle import StubModule
+
+        torch = StubModule("torch")
         sys.modules["torch"] = torch
     if "vllm.logger" not in sys.modules:
-        logger_mod = types.ModuleType("vllm.logger")
+        logger_mod = _LoggerModule("vllm.logger")
 
         def init_logger(name: str) -> Any:
             log = logging.getLogger(name)
@@ -87,6 +101,14 @@ def load() -> types.SimpleNamespace | None:
     """
     root = vllm_root()
     if root is None or not (root / "v1" / "kv_offload" / "cpu" / "manager.py").exists():
+        return None
+    # vLLM's core first, the way tests/helpers/vllm_oracle.py loads it (hollow packages,
+    # stand-ins), so that both helpers share one set of vLLM modules in a process
+    from tests.helpers.vllm_oracle import load_vllm_core
+
+    try:
+        load_vllm_core()
+    except ImportError:
         return None
     version = _version(root)
     for sub in _PACKAGES:

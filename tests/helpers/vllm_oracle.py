@@ -67,7 +67,7 @@ def _stub_class(name: str) -> type:
     return _StubMeta(name, (), {"__init__": _init, "__call__": lambda self, *a, **k: self})
 
 
-class _StubModule(types.ModuleType):
+class StubModule(types.ModuleType):
     """A module whose every attribute is a stand-in class (``from x import Y`` works)."""
 
     def __init__(self, name: str) -> None:
@@ -106,7 +106,7 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return None
 
     def create_module(self, spec: Any) -> types.ModuleType:
-        return _StubModule(spec.name)
+        return StubModule(spec.name)
 
     def exec_module(self, module: types.ModuleType) -> None:
         pass
@@ -138,7 +138,13 @@ class VLLMCore:
 
 def vllm_location() -> Path | None:
     """The installed vllm package directory, found without importing it (or ``None``)."""
-    spec = importlib.util.find_spec("vllm") if "vllm" not in sys.modules else sys.modules["vllm"].__spec__
+    mod = sys.modules.get("vllm")
+    if mod is not None:
+        # registered already (here or by tests/helpers/vllm_offload.py) as a package
+        # whose __init__ never ran: its __path__ is the installed directory
+        paths = list(getattr(mod, "__path__", None) or [])
+        return Path(paths[0]) if paths else None
+    spec = importlib.util.find_spec("vllm")
     if spec is None or not spec.submodule_search_locations:
         return None
     return Path(next(iter(spec.submodule_search_locations)))
@@ -175,7 +181,7 @@ def load_vllm_core() -> VLLMCore:
     finally:
         sys.meta_path.remove(finder)
         for name in set(sys.modules) - before:
-            if not name.startswith("vllm") and isinstance(sys.modules[name], _StubModule):
+            if not name.startswith("vllm") and isinstance(sys.modules[name], StubModule):
                 del sys.modules[name]
     core = VLLMCore(kvm, kvu, kvi, req, version)
     _CACHE["core"] = core
