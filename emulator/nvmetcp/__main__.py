@@ -117,7 +117,7 @@ def main(listen: tuple[str, ...], allow_remote: bool, nqn: str | None, backing: 
         sys.exit(exc.exit_code)
     try:
         with asyncio.Runner(loop_factory=lambda: new_event_loop(busy_poll_us / 1e6)) as runner:
-            runner.run(_run(target, ready_file, metrics_url))
+            runner.run(_run(target, ready_file, metrics_url, config_file))
     except (OSError, KvtoolError) as exc:
         message = str(exc) if isinstance(exc, KvtoolError) else \
             f"cannot listen: {exc.strerror or exc}"
@@ -219,11 +219,14 @@ def _option(config_field: str) -> str:
     return config_field
 
 
-async def _run(target: Target, ready_file: str | None, metrics_url: str | None) -> None:
+async def _run(target: Target, ready_file: str | None, metrics_url: str | None,
+               config_file: str | None = None) -> None:
     loop = asyncio.get_running_loop()
     await target.start()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, target.request_stop)
+    if config_file:
+        loop.add_signal_handler(signal.SIGHUP, lambda: _reload_ana(target, config_file))
     urls = target.urls()
     if ready_file:
         record = {"pid": os.getpid(), "urls": urls,
@@ -240,6 +243,23 @@ async def _run(target: Target, ready_file: str | None, metrics_url: str | None) 
     sys.stdout.write("ready " + " ".join(urls) + "\n")
     sys.stdout.flush()
     await target.serve()
+
+
+def _reload_ana(target: Target, config_file: str) -> None:
+    """SIGHUP: apply the config file's ``ana`` states (``kvtool target ana`` rewrites it) and
+    ``closed`` listeners (fault injection);
+    a file that does not validate changes nothing and is logged."""
+    log = logging.getLogger("emulator.nvmetcp")
+    try:
+        new = TargetConfig.load(config_file)
+        target.set_ana(new.ana)
+        if new.closed != target.config.closed:
+            target.set_closed(new.closed)
+    except KvtoolError as exc:
+        log.error("SIGHUP: ANA states not changed: %s", exc)
+        return
+    log.info("SIGHUP: ANA states now %s; closed listeners: %s", target.config.ana,
+             target.config.closed)
 
 
 if __name__ == "__main__":

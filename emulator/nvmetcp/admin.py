@@ -136,6 +136,8 @@ def get_log_page(conn: QueueConnection, ctrl: Controller, sqe: P.Sqe,
     if lid == spec.LID_CHANGED_NS and not sqe.cdw10 & _RAE:
         ctrl.changed_ns.clear()  # reading it clears it and re-arms the notice
         ctrl.masked_events.discard(lid)
+    if lid == spec.LID_ANA and not sqe.cdw10 & _RAE:
+        ctrl.masked_events.discard(lid)  # re-arms the ANA Change notice
     chunk = page[offset: offset + length]
     conn.send_data(sqe.cid, chunk + bytes(length - len(chunk)))
 
@@ -172,6 +174,8 @@ def _log_page(conn: QueueConnection, ctrl: Controller, sqe: P.Sqe, lid: int) -> 
         return logpages.changed_ns_log(ctrl.changed_ns)
     if lid == spec.LID_CMD_EFFECTS:
         return logpages.effects_log()
+    if lid == spec.LID_ANA:
+        return conn.state.ana_log(ctrl, rgo=bool(sqe.cdw10 & spec.ANA_LOG_RGO))
     conn.complete(sqe.cid, invalid)
     return None
 
@@ -198,7 +202,8 @@ def set_features(conn: QueueConnection, ctrl: Controller, sqe: P.Sqe,
         ctrl.arm_keep_alive(conn.state.loop, conn.state.config.kato_grace_s)
         conn.complete(sqe.cid)
     elif fid == spec.FID_ASYNC_EVENT_CONFIG:
-        supported = 0 if ctrl.subsys.is_discovery else spec.AEN_CFG_NS_ATTR
+        supported = 0 if ctrl.subsys.is_discovery else (spec.AEN_CFG_NS_ATTR
+                                                         | spec.AEN_CFG_ANA_CHANGE)
         if sqe.cdw11 & ~supported:
             conn.complete(sqe.cid, status(spec.SC_INVALID_FIELD))
             return

@@ -16,11 +16,12 @@ from typing import Any, cast
 from kvtool.configfile import read_config
 from kvtool.errors import InputError
 from kvtool.nvme.dhchap import dhgroup_id, hash_id
-from kvtool.nvme.spec import DISCOVERY_NQN, is_loopback, nqn_problem
+from kvtool.nvme.spec import ANA_STATES, DISCOVERY_NQN, is_loopback, nqn_problem
 
 DEFAULT_LISTEN = "127.0.0.1:4420"
 LBA_SIZES = (512, 4096)
 MAX_MDTS = 12  # 16 MiB per command: bounds what one command may make the target buffer
+ANAGRPMAX = 128  # ANA groups 1..128, as Linux nvmet (NVMET_MAX_ANAGRPS)
 
 
 @dataclass
@@ -29,6 +30,7 @@ class NamespaceConfig:
     backing: str  # an existing path, or a size such as "64MiB" for memory
     size: str | None = None  # create the file at ``backing`` with this size when missing
     lba_size: int = 512
+    anagrpid: int = 1  # its ANA group (1..ANAGRPMAX)
 
 
 @dataclass
@@ -65,6 +67,11 @@ class TargetConfig:
     in_capsule_data_size: int = 1 << 20  # I/O queues; IOCCSZ = (64 + this) / 16
     maxh2cdata: int = 1 << 20  # per H2CData PDU; data is streamed, never buffered whole
     kato_grace_s: float = 5.0  # slack past KATO (a TCG guest host can be late) before a drop
+    # ANA state per listener and group: {"127.0.0.1:4421": {"1": "inaccessible"}}; a
+    # (listener, group) not named is optimized. Re-read on SIGHUP (kvtool target ana).
+    ana: dict[str, dict[str, str]] = field(default_factory=dict)
+    # fault injection: listeners closed (connections dropped), as a port whose link is down
+    closed: list[str] = field(default_factory=list)
 
     def validate(self, *, file: str | None = None) -> TargetConfig:
         """Check every field; return self. Raises InputError naming the field."""
@@ -95,6 +102,8 @@ class TargetConfig:
             raise bad("kato_grace_s", f"must be a non-negative number, got {self.kato_grace_s}")
         if not 0 <= self.port_id <= 0xFFFE:
             raise bad("port_id", f"must be 0..65534, got {self.port_id}")
+        self.ana_states()  # validates "ana"
+        self.closed_indexes(file=file)
         if not self.subsystems:
             raise bad("subsystems", "at least one subsystem is needed")
         key_nqns: set[str] = set()
@@ -145,7 +154,44 @@ class TargetConfig:
                     raise bad(f"{nwhere}.lba_size", f"must be 512 or 4096, got {ns.lba_size}")
                 if not ns.backing:
                     raise bad(f"{nwhere}.backing", "a path or a size (e.g. 64MiB) is needed")
+                if not 1 <= ns.anagrpid <= ANAGRPMAX:
+                    raise bad(f"{nwhere}.anagrpid", f"must be 1..{ANAGRPMAX}, got {ns.anagrpid}")
         return self
+
+    def closed_indexes(self, *, file: str | None = None) -> set[int]:
+        where = {parse_listen(a, field="listen", file=file): i for i, a in enumerate(self.listen)}
+        out = set()
+        for j, addr in enumerate(self.closed):
+            index = where.get(parse_listen(addr, field=f"closed[{j}]", file=file))
+            if index is None:
+                raise InputError(f"{addr} is not one of the listen addresses", file=file,
+                                 field=f"closed[{j}]")
+            out.add(index)
+        return out
+
+    def ana_states(self, *, file: str | None = None) -> dict[int, dict[int, int]]:
+        """``ana`` as {listen index: {group: ANA state code}}; raises InputError naming the
+        key when a listener is not in ``listen``, a group is out of range or a state unknown."""
+        where = {parse_listen(a, field="listen", file=file): i for i, a in enumerate(self.listen)}
+        out: dict[int, dict[int, int]] = {}
+        for addr, groups in self.ana.items():
+            fld = f"ana.{addr}"
+            try:
+                index = where[parse_listen(addr, field=fld, file=file)]
+            except KeyError:
+                raise InputError(f"{addr} is not one of the listen addresses "
+                                 f"({', '.join(self.listen)})", file=file, field=fld) from None
+            if not isinstance(groups, dict):
+                raise InputError("expected an object {group: state}", file=file, field=fld)
+            for grp, state in groups.items():
+                if not str(grp).isdigit() or not 1 <= int(grp) <= ANAGRPMAX:
+                    raise InputError(f"ANA group must be 1..{ANAGRPMAX}", file=file,
+                                     field=f"{fld}.{grp}")
+                if state not in ANA_STATES:
+                    raise InputError(f"unknown ANA state {state!r} (one of "
+                                     f"{', '.join(ANA_STATES)})", file=file, field=f"{fld}.{grp}")
+                out.setdefault(index, {})[int(grp)] = ANA_STATES[state]
+        return out
 
     @classmethod
     def from_dict(cls, doc: Any, *, file: str | None = None) -> TargetConfig:
@@ -183,7 +229,8 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "in_capsule_data_size": (int,), "maxh2cdata": (int,), "kato_grace_s": (int, float),
     "subsystems": (list,), "namespaces": (list,), "host_keys": (list,),
     "dhchap_key_file": (str,), "dhchap_ctrl_key_file": (str, type(None)),
-    "dhchap_hashes": (list,), "dhchap_dhgroups": (list,),
+    "dhchap_hashes": (list,), "dhchap_dhgroups": (list,), "anagrpid": (int,), "ana": (dict,),
+    "closed": (list,),
 }
 
 
@@ -204,7 +251,7 @@ def _fields(doc: Any, where: str, cls: type, file: str | None) -> dict[str, Any]
         if not isinstance(value, types):
             raise InputError(f"expected {types[0].__name__}, got {type(value).__name__}",
                              file=file, field=fld)
-        lists = ("hosts", "listen", "dhchap_hashes", "dhchap_dhgroups")
+        lists = ("hosts", "listen", "dhchap_hashes", "dhchap_dhgroups", "closed")
         if key in lists and not all(isinstance(v, str) for v in cast("list[Any]", value)):
             raise InputError("expected a list of strings", file=file, field=fld)
         if key == "size" and isinstance(value, int):

@@ -123,6 +123,7 @@ def connect(conn: QueueConnection, sqe: P.Sqe, data: bytes | memoryview) -> None
             return
         ctrl = subsys.new_controller(cd.hostnqn, cd.hostid, kato)
         ctrl.queues[0] = conn
+        ctrl.port = conn.local
         ctrl.arm_keep_alive(state.loop, cfg.kato_grace_s)
         admin_ctrl = ctrl
 

@@ -30,6 +30,7 @@ class Namespace:
     lba_size: int
     subnqn: str
     smart: SmartCounters = field(default_factory=SmartCounters)
+    anagrpid: int = 1
 
     def count_read(self, nbytes: int) -> None:
         s = self.smart
@@ -48,7 +49,8 @@ class Namespace:
     def identify(self) -> bytes:
         return spec.NamespaceInfo(self.nsid, self.nblocks, self.nblocks, self.nblocks,
                                   self.lba_size, self.uuid.bytes, self.uuid.bytes[:8],
-                                  spec.DLFEAT_READS_ZERO | spec.DLFEAT_WZ_DEALLOCATE).encode()
+                                  spec.DLFEAT_READS_ZERO | spec.DLFEAT_WZ_DEALLOCATE,
+                                  self.anagrpid).encode()
 
     @property
     def uuid(self) -> uuid.UUID:
@@ -76,6 +78,7 @@ class Controller:
         self.events: list[int] = []  # asynchronous events waiting for an AER (CQE DW0)
         self.masked_events: set[int] = set()  # log pages whose event waits to be read
         self.notify: Callable[[], None] | None = None  # the admin queue delivers events
+        self.port: tuple[str, int] | None = None  # the listener its admin queue came through
         self.last_seen = time.monotonic()
         self._timer: asyncio.TimerHandle | None = None
         self.deleted = False
@@ -102,6 +105,17 @@ class Controller:
             return
         self.masked_events.add(spec.LID_CHANGED_NS)
         self.events.append((spec.LID_CHANGED_NS << 16) | (spec.AER_NOTICE_NS_CHANGED << 8)
+                           | spec.AER_TYPE_NOTICE)
+        if self.notify is not None:
+            self.notify()
+
+    def ana_changed(self) -> None:
+        """An ANA state changed on this controller's port: raise the ANA Change notice if
+        the host enabled it and has no unread one (Linux nvmet's rule)."""
+        if not self.aec & spec.AEN_CFG_ANA_CHANGE or spec.LID_ANA in self.masked_events:
+            return
+        self.masked_events.add(spec.LID_ANA)
+        self.events.append((spec.LID_ANA << 16) | (spec.AER_NOTICE_ANA_CHANGE << 8)
                            | spec.AER_TYPE_NOTICE)
         if self.notify is not None:
             self.notify()
@@ -245,7 +259,8 @@ def _build_one(scfg: SubsystemConfig, index: int, opened: list[Backing]) -> Subs
             raise InputError(f"backing {ncfg.backing} is smaller than one "
                              f"{ncfg.lba_size}-byte block",
                              field=f"subsystems[{index}].namespaces[{j}].backing")
-        sub.namespaces[ncfg.nsid] = Namespace(ncfg.nsid, backing, ncfg.lba_size, scfg.nqn)
+        sub.namespaces[ncfg.nsid] = Namespace(ncfg.nsid, backing, ncfg.lba_size, scfg.nqn,
+                                              anagrpid=ncfg.anagrpid)
     return sub
 
 

@@ -42,7 +42,16 @@ def dispatch(conn: QueueConnection, ctrl: Controller, sqe: P.Sqe,
     if ns is None:
         conn.complete(sqe.cid, status(spec.SC_INVALID_NS))
         return
+    ana = conn.state.ana_state(conn.local, ns.anagrpid)
+    if ana in _ANA_REFUSED:  # a path error, without DNR: the host retries on another path
+        conn.complete(sqe.cid, status(_ANA_REFUSED[ana], spec.SCT_PATH, dnr=False))
+        return
     handler(conn, ns, sqe, data)
+
+
+_ANA_REFUSED = {spec.ANA_INACCESSIBLE: spec.SC_ANA_INACCESSIBLE,
+                spec.ANA_PERSISTENT_LOSS: spec.SC_ANA_PERSISTENT_LOSS,
+                spec.ANA_CHANGE: spec.SC_ANA_TRANSITION}
 
 
 def landing_zone(conn: QueueConnection, sqe: P.Sqe, n: int) -> memoryview | None:
@@ -58,6 +67,8 @@ def landing_zone(conn: QueueConnection, sqe: P.Sqe, n: int) -> memoryview | None
     ns = ctrl.subsys.namespaces.get(sqe.nsid)
     if ns is None or n != sqe.nlb * ns.lba_size or sqe.slba + sqe.nlb > ns.nblocks:
         return None
+    if conn.state.ana_state(conn.local, ns.anagrpid) in _ANA_REFUSED:
+        return None  # refused at dispatch: the data must not land in the namespace
     return ns.backing.view(sqe.slba * ns.lba_size, n)
 
 

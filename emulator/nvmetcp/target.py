@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from emulator.nvmetcp.auth import load_host_keys
 from emulator.nvmetcp.backing import open_backing
-from emulator.nvmetcp.config import TargetConfig, parse_listen
+from emulator.nvmetcp.config import ANAGRPMAX, TargetConfig, parse_listen
 from emulator.nvmetcp.connection import QueueConnection
 from emulator.nvmetcp.logpages import ERROR_LOG_SLOTS
 from emulator.nvmetcp.metrics import TargetMetrics
@@ -40,6 +40,7 @@ from kvtool.nvme.dhchap import HostKeys
 log = logging.getLogger("emulator.nvmetcp")
 
 VS_1_3 = spec.vs_value(1, 3, 0)
+ANATT_S = 10  # ANA transition time (Linux nvmet reports 10 s as well)
 
 
 async def _call(fn: Callable[[], None]) -> None:
@@ -66,6 +67,50 @@ class TargetState:
         self.max_transfer = (1 << config.mdts) * 4096
         self.genctr = 1
         self.listeners: list[tuple[str, int]] = []
+        self.ana: dict[int, dict[int, int]] = config.ana_states()  # listener → {group: state}
+        self.ana_chgcnt = 1
+
+    # --- ANA: a state per (listener, group); a namespace belongs to one group ---------------
+
+    def listener_index(self, local: tuple[str, int] | None) -> int | None:
+        """Which listener a connection's local address belongs to (a wildcard listener
+        matches any address on its port)."""
+        if local is None:
+            return None
+        for i, (host, port) in enumerate(self.listeners):
+            if port == local[1] and (host == local[0] or host in ("0.0.0.0", "::")):
+                return i
+        return None
+
+    def ana_state(self, local: tuple[str, int] | None, grpid: int) -> int:
+        index = self.listener_index(local)
+        return self.ana.get(index, {}).get(grpid, spec.ANA_OPTIMIZED) if index is not None \
+            else spec.ANA_OPTIMIZED
+
+    def ana_log(self, ctrl: Controller, *, rgo: bool) -> bytes:
+        """The ANA log page as seen through ``ctrl``'s port: one descriptor per group that
+        has namespaces in its subsystem."""
+        groups: dict[int, list[int]] = {}
+        for nsid, ns in sorted(ctrl.subsys.namespaces.items()):
+            groups.setdefault(ns.anagrpid, []).append(nsid)
+        descs = [spec.AnaGroup(g, self.ana_state(ctrl.port, g), tuple(nsids), self.ana_chgcnt)
+                 for g, nsids in sorted(groups.items())]
+        return spec.encode_ana_log(self.ana_chgcnt, descs, rgo=rgo)
+
+    def set_ana(self, states: dict[int, dict[int, int]]) -> list[int]:
+        """Replace the ANA states; controllers on a listener whose states changed get the
+        ANA Change notice. Returns the changed listeners' indexes."""
+        changed = [i for i in range(len(self.listeners))
+                   if {g: s for g, s in self.ana.get(i, {}).items() if s != spec.ANA_OPTIMIZED}
+                   != {g: s for g, s in states.get(i, {}).items() if s != spec.ANA_OPTIMIZED}]
+        self.ana = {i: dict(g) for i, g in states.items()}
+        if changed:
+            self.ana_chgcnt += 1
+            for sub in self.subsystems.values():
+                for ctrl in list(sub.controllers.values()):
+                    if self.listener_index(ctrl.port) in changed:
+                        ctrl.ana_changed()
+        return changed
 
     def find_subsystem(self, nqn: str) -> Subsystem | None:
         if nqn == spec.DISCOVERY_NQN:
@@ -76,6 +121,9 @@ class TargetState:
         sub = ctrl.subsys
         cfg = self.config
         disc = sub.is_discovery
+        cmic = spec.CMIC_MULTI_CTRL
+        if not disc:
+            cmic |= spec.CMIC_ANA | (spec.CMIC_MULTI_PORT if len(self.listeners) > 1 else 0)
         return spec.ControllerInfo(
             vid=0, ssvid=0, sn=sub.serial, mn=sub.model, fr=__version__[:8],
             mdts=cfg.mdts, cntlid=ctrl.cntlid, ver=self.vs,
@@ -86,10 +134,12 @@ class TargetState:
             ioccsz=0 if disc else (64 + cfg.in_capsule_data_size) // 16,
             iorcsz=0 if disc else 1, icdoff=0, msdbd=0 if disc else 1,
             ctratt=spec.CTRATT_HOST_ID_128 | spec.CTRATT_TBKAS,
-            oaes=0 if disc else spec.AEN_CFG_NS_ATTR,
+            oaes=0 if disc else spec.AEN_CFG_NS_ATTR | spec.AEN_CFG_ANA_CHANGE,
             lpa=spec.LPA_EXTENDED if disc else (spec.LPA_PER_NS_SMART | spec.LPA_EFFECTS
                                                 | spec.LPA_EXTENDED),
             elpe=0 if disc else ERROR_LOG_SLOTS - 1,
+            cmic=cmic, anatt=0 if disc else ANATT_S, anacap=0 if disc else spec.ANACAP_ALL,
+            anagrpmax=0 if disc else ANAGRPMAX, nanagrpid=0 if disc else ANAGRPMAX,
         ).encode()
 
     def discovery_log(self, hostnqn: str, local: tuple[str, int] | None) -> bytes:
@@ -120,7 +170,7 @@ class Target:
         self.subsystems = build_subsystems(config)  # opens the backings; may raise InputError
         self.state: TargetState | None = None
         self.addresses: list[tuple[str, int]] = []
-        self._servers: list[Listener] = []
+        self._servers: list[Listener | None] = []  # None: closed (set_closed)
         self._stop_event: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -163,7 +213,8 @@ class Target:
 
     async def _shutdown(self) -> None:
         for server in self._servers:
-            server.close()
+            if server is not None:
+                server.close()
         self._servers.clear()
         if self.state is not None:
             for conn in list(self.state.connections):
@@ -288,6 +339,48 @@ class Target:
             sub.namespaces_changed(nsid)
 
         self._on_loop(resize, timeout)
+
+    def set_ana(self, states: dict[str, dict[str, str]], *, timeout: float = 10.0) -> None:
+        """Replace the ANA states (``TargetConfig.ana``'s form: {listen address: {group:
+        state}}); hosts connected through a changed listener get the ANA Change notice."""
+        from dataclasses import replace
+        parsed = replace(self.config, ana=states).ana_states()  # InputError when bad
+        self.config.ana = states
+
+        def apply() -> None:
+            assert self.state is not None
+            self.state.set_ana(parsed)
+
+        self._on_loop(apply, timeout)
+
+    def set_closed(self, addrs: list[str], *, timeout: float = 10.0) -> None:
+        """Fault injection: close the listeners at ``addrs`` (listen addresses as in the
+        config) and drop every connection through them, as a port whose link went down;
+        listeners not named are (re)opened on their address."""
+        from dataclasses import replace
+        replace(self.config, closed=addrs).validate()  # InputError when one is not a listener
+        self.config.closed = list(addrs)
+        closed = self.config.closed_indexes()
+
+        def apply() -> None:
+            state = self.state
+            assert state is not None and self._loop is not None
+            for i, (host, port) in enumerate(self.addresses):
+                server = self._servers[i] if i < len(self._servers) else None
+                if i in closed and server is not None:
+                    server.close()
+                    self._servers[i] = None
+                    for conn in list(state.connections):
+                        if state.listener_index(conn.local) == i:
+                            conn.close("listener closed (fault injection)")
+                elif i not in closed and server is None:
+                    conn_class = self.metrics.connection_class() if self.metrics \
+                        else QueueConnection
+                    self._servers[i] = Listener(self._loop, host, port,
+                                                lambda c=conn_class: c(state))  # type: ignore[misc]
+            log.info("closed listeners: %s", ", ".join(addrs) or "none")
+
+        self._on_loop(apply, timeout)
 
     def _on_loop(self, fn: Callable[[], None], timeout: float) -> None:
         loop = self._loop

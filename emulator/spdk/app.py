@@ -19,6 +19,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ class SpdkApp:
     def __init__(self, install: SpdkInstall, binary: str = "nvmf_tgt", *, cpumask: str = "0x1",
                  mem_mb: int = 1024, config: Path | None = None,
                  workdir: Path | None = None, args: tuple[str, ...] = (),
-                 die_with_parent: bool = False) -> None:
+                 die_with_parent: bool = False, env: dict[str, str] | None = None) -> None:
         self.install = install
         self.binary = binary
         self.cpumask = cpumask
@@ -46,6 +47,7 @@ class SpdkApp:
         self.config = config
         self.args = args
         self.die_with_parent = die_with_parent  # tests: yes; `kvtool target up`: it outlives us
+        self.extra_env = dict(env or {})  # added to the install's environment
         self._own_dir = workdir is None
         self.workdir = workdir if workdir is not None else Path(
             tempfile.mkdtemp(prefix=f"kvtool-{binary}-"))
@@ -72,15 +74,21 @@ class SpdkApp:
             cmd += ["--json", str(self.config)]
         return [*cmd, *self.args]
 
-    def start(self, timeout: float = 60.0) -> SpdkApp:
+    def start(self, timeout: float = 60.0,
+              on_spawn: Callable[[int], None] | None = None) -> SpdkApp:
+        """Start and wait until initialized; ``on_spawn(pid)`` runs as soon as the process
+        exists (before the wait), e.g. to record it."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=self.install.env(),
+                                         stdin=subprocess.DEVNULL,
+                                         env={**self.install.env(), **self.extra_env},
                                          start_new_session=True,
                                          preexec_fn=_die_with_parent if self.die_with_parent
                                          else None)
         try:
+            if on_spawn is not None:
+                on_spawn(self.proc.pid)
             self._wait_ready(timeout)
         except BaseException:  # a failed start, no RPC client, an interrupt: stop the reactor
             tail = self.log_tail()

@@ -23,7 +23,13 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from kvtool.cache.hierarchy import WRITE_POLICIES, TierHierarchy, WritePolicy
-from kvtool.cache.policies import POLICIES, POOLED_TIERS, WATERMARK_DEFAULTS, make_policy
+from kvtool.cache.policies import (
+    POLICIES,
+    POOLED_TIERS,
+    WATERMARK_DEFAULTS,
+    Admission,
+    make_policy,
+)
 from kvtool.cache.stats import RoundStats
 from kvtool.cache.tier import TIER_NAMES, Tier, TierBackend, Watermark
 from kvtool.cache.timemodel import TimeModel
@@ -63,6 +69,11 @@ class TierSpec:
     """``prefix-fair`` only: how many of the oldest leaves compete on depth (default 128)."""
     place: str | None = None
     """Data mode: where the tier's bytes live (a file, device or ``nvme+tcp://`` URL)."""
+    admit_after: int | None = None
+    """Admission by reuse count: a block is stored on its n-th offer (vLLM's
+    ``store_threshold``; 1 or None: at once). :class:`~kvtool.cache.policies.Admission`."""
+    admit_ttl: int | None = None
+    """Admission by TTL: offers more than this many requests apart count anew."""
 
     def __post_init__(self) -> None:
         if self.name not in TIER_NAMES:
@@ -75,6 +86,14 @@ class TierSpec:
             raise UsageError(f"policy 'vllm' is vLLM's GPU block pool: it manages the "
                              f"{' or '.join(POOLED_TIERS)} tier only, not {self.name}",
                              field="policy")
+        for name in ("admit_after", "admit_ttl"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise UsageError(f"{name} must be a whole number ≥ 1, got {value!r}",
+                                 field=f"{self.name}.{name}")
+        if self.admit_ttl is not None and (self.admit_after or 1) < 2:
+            raise UsageError("admit_ttl limits the offers admit_after counts: give admit_after ≥ 2",
+                             field=f"{self.name}.admit_ttl")
         if self.watermark is None and self.policy in WATERMARK_DEFAULTS:
             self.watermark = Watermark(*WATERMARK_DEFAULTS[self.policy])
 
@@ -127,7 +146,10 @@ class CacheConfig:
                 raise UsageError(f"{spec.capacity}: policy 'vllm' needs a finite pool of at "
                                  "least 2 blocks (vLLM's num_gpu_blocks, the null block included)",
                                  field=f"{spec.name}")
-            policy = make_policy(spec.policy, window=spec.window, block_tokens=block_tokens)
+            admission = (Admission(spec.admit_after or 1, spec.admit_ttl)
+                         if (spec.admit_after or 1) > 1 else None)
+            policy = make_policy(spec.policy, window=spec.window, block_tokens=block_tokens,
+                                 admission=admission)
             tiers.append(Tier(spec.name, cap, policy, watermark=spec.watermark,
                               backend=(backends or {}).get(spec.name)))
         return TierHierarchy(tiers, self.write_policy)
@@ -313,12 +335,14 @@ def replay(requests: Iterable[RequestLike], configs: Sequence[CacheConfig], *,
            block_tokens: int, block_bytes: int | None = None,
            time_model: TimeModel | None = None,
            progress: Callable[[int], None] | None = None,
-           on_request: Callable[[int, RequestOutcome], None] | None = None
+           on_request: Callable[[int, RequestOutcome], None] | None = None,
+           backends: Sequence[dict[str, TierBackend] | None] | None = None
            ) -> list[dict[str, Any]]:
     """Replay ``requests`` through every configuration side by side; return their reports.
 
     ``progress(n)`` is called every 1024 requests (and at the end) with the number served.
     ``on_request(i, outcome)`` receives every request's accounting for configuration ``i``.
+    ``backends[i]`` gives configuration ``i``'s tiers data movers (an I/O log, say).
     """
     tm = time_model or TimeModel()
 
@@ -327,7 +351,8 @@ def replay(requests: Iterable[RequestLike], configs: Sequence[CacheConfig], *,
             return None
         return lambda outcome: on_request(i, outcome)
 
-    runs = [Replay(c, block_tokens, block_bytes, tm, on_request=recorder(i))
+    runs = [Replay(c, block_tokens, block_bytes, tm, on_request=recorder(i),
+                   backends=backends[i] if backends else None)
             for i, c in enumerate(configs)]
     feeds = [r.feed for r in runs]
     n = 0

@@ -61,6 +61,10 @@ class TierHierarchy:
             raise ValueError("a pooled policy (vllm) can only manage the top tier")
         self._pooled: VllmPolicy | None = (
             self._policies[0] if isinstance(self._policies[0], VllmPolicy) else None)
+        # Tiers whose policy stores only full blocks (vLLM's offloading: vllm-*); they take
+        # the general path, which hands them the request's full blocks only.
+        self._full_only = [getattr(p, "full_blocks_only", False) for p in self._policies]
+        self._general = self._backends or any(self._full_only)
         # The fused path: head-first LRU in every tier, write-through, every tier but the
         # last bounded (so ordered); it does every tier's store/touch in one pass.
         self._fused = (
@@ -130,15 +134,22 @@ class TierHierarchy:
             return self._serve_pooled(keys, input_length, block_tokens, session, stats)
         tiers = self.tiers
         m = len(tiers)
-        if not self._backends:
+        if not self._general:
             if m == 1:
                 return self._serve_one(keys, input_length, block_tokens, session, stats)
             if self._fused:
                 return self._serve_fused(keys, input_length, block_tokens, stats)
             if not self.write_back:
                 return self._serve_through(keys, input_length, block_tokens, session, stats)
-        # 1. lookup
+        # 1. lookup (a tier of full blocks only cannot hit the partial last block)
         src = self.lookup(keys)
+        full = input_length // block_tokens
+        full_only = self._full_only
+        if len(src) > full and any(full_only):
+            for p in range(full, len(src)):
+                if full_only[src[p]]:
+                    del src[p:]
+                    break
         k = len(src)
         per_tier = self._count_hits(src, input_length, block_tokens, stats)
 
@@ -148,7 +159,8 @@ class TierHierarchy:
         hits: set[int] | None = set(keys[:k]) if high > 0 else None
         record: list[int] | None = ([] if tiers[0].backend is not None or hits is not None
                                     else None)
-        written[0] += tiers[0].policy.access(keys, session, record=record)
+        written[0] += tiers[0].policy.access(keys[:full] if full_only[0] else keys, session,
+                                             record=record)
         if hits is not None and record:
             stats.promoted_blocks[0] += _count_in(record, hits)
         if self._backends:
@@ -156,15 +168,16 @@ class TierHierarchy:
         low = min(src) if src else m
         for i in range(1, m):
             tier = tiers[i]
+            tier_keys = keys[:full] if full_only[i] else keys
             if self.write_back:
-                tier.policy.access(keys, session, admit=False)
+                tier.policy.access(tier_keys, session, admit=False)
                 continue
             skip = None
             if low < i:
                 skip = {keys[p] for p in range(k) if src[p] < i}
             promotes = hits is not None and high > i
             record = [] if tier.backend is not None or promotes else None
-            written[i] += tier.policy.access(keys, session, skip=skip, record=record)
+            written[i] += tier.policy.access(tier_keys, session, skip=skip, record=record)
             if promotes and record and hits is not None:
                 stats.promoted_blocks[i] += _count_in(record, hits)
             if record and tier.backend is not None:
@@ -243,15 +256,17 @@ class TierHierarchy:
         # 2. lower tiers: as the general path
         low, high = (min(src), max(src)) if k else (m, 0)
         hits: set[int] | None = set(keys[:k]) if high > 0 else None
+        full_only = self._full_only
         for i in range(1, m):
             tier = tiers[i]
+            tier_keys = keys[:full] if full_only[i] else keys
             if self.write_back:
-                tier.policy.access(keys, session, admit=False)
+                tier.policy.access(tier_keys, session, admit=False)
                 continue
             skip = {keys[p] for p in range(k) if src[p] < i} if low < i else None
             promotes = hits is not None and high > i
             record: list[int] | None = [] if tier.backend is not None or promotes else None
-            written[i] += tier.policy.access(keys, session, skip=skip, record=record)
+            written[i] += tier.policy.access(tier_keys, session, skip=skip, record=record)
             if promotes and record and hits is not None:
                 stats.promoted_blocks[i] += _count_in(record, hits)
             if record and tier.backend is not None:

@@ -35,6 +35,7 @@ Policies (docs/definitions.md; engine semantics in docs/replay.md):
 from __future__ import annotations
 
 import heapq
+import math
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Container
@@ -602,6 +603,678 @@ class VllmPolicy(EvictionPolicy):
         return out
 
 
+class Admission:
+    """Admission by reuse count and by TTL: a block enters a tier only on its ``after``-th
+    offer, counting only offers made within the last ``ttl`` requests (``None``: ever).
+
+    ``after`` is vLLM's ``store_threshold`` (CPU offloading, 0.33.0:
+    ``vllm/v1/kv_offload/cpu/manager.py``): offers are counted for every block a request
+    offers the tier, cached or not, in vLLM's tracker: an insertion-ordered map of at most
+    ``max_tracked`` keys (vLLM's ``max_tracker_size``) that, when full, forgets its least
+    recently offered key that the current request does not offer, and does not count a
+    key it cannot place. ``ttl`` is kvtool's addition: an offer more than ``ttl`` requests
+    after the key's previous offer starts the count again at 1 (the clock is the tier's
+    request count, so a replay stays time-free and deterministic).
+
+    Invariant: ``len(counts) <= max_tracked``; ``last`` holds exactly the keys of
+    ``counts`` when a ``ttl`` is set (else it is empty).
+    """
+
+    __slots__ = ("after", "clock", "counts", "last", "max_tracked", "ttl")
+
+    def __init__(self, after: int = 1, ttl: int | None = None, max_tracked: int = 64_000) -> None:
+        if after < 1:
+            raise ValueError("admission needs after >= 1")
+        if ttl is not None and ttl < 1:
+            raise ValueError("admission needs ttl >= 1")
+        self.after = after
+        self.ttl = ttl
+        self.max_tracked = max_tracked
+        self.counts: OrderedDict[int, int] = OrderedDict()
+        self.last: dict[int, int] = {}
+        self.clock = 0
+
+    def offer(self, keys: list[int]) -> None:
+        """Count one request's offer of ``keys`` (vLLM's ``_record_accesses``)."""
+        self.clock += 1
+        counts, last, ttl, now = self.counts, self.last, self.ttl, self.clock
+        protected: set[int] = set()
+        for key in keys:
+            if key in counts:
+                counts.move_to_end(key)
+                if ttl is not None and now - last[key] > ttl:
+                    counts[key] = 1
+                elif key not in protected:
+                    counts[key] += 1
+                if ttl is not None:
+                    last[key] = now
+                protected.add(key)
+        unprotected = len(counts) - len(protected)
+        for key in keys:
+            if key in counts:
+                continue
+            if len(counts) >= self.max_tracked:
+                if unprotected == 0:
+                    continue
+                old, _ = counts.popitem(last=False)
+                last.pop(old, None)
+                unprotected -= 1
+            counts[key] = 1
+            if ttl is not None:
+                last[key] = now
+
+    def admitted(self, key: int) -> bool:
+        """Whether a block absent from the tier may be stored now."""
+        return self.counts.get(key, 0) >= self.after
+
+
+class AdmittedPolicy(EvictionPolicy):
+    """Any policy behind an :class:`Admission` rule (the ``admit_after`` / ``admit_ttl``
+    tier options): the tier offers every block of a request (those not hit in a higher
+    tier) to the rule, and a block it lacks is inserted only once the rule admits it.
+    Order and eviction are the wrapped policy's. Demoted blocks are offers too."""
+
+    def __init__(self, inner: EvictionPolicy, admission: Admission) -> None:
+        self.inner = inner
+        self.admission = admission
+        self.name = inner.name  # type: ignore[misc]
+        self.structural = inner.structural  # type: ignore[misc]
+        self.index = inner.index
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached for attributes this class lacks (``window``, ``capacity``...)
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "capacity":
+            setattr(self.inner, name, value)
+        else:
+            object.__setattr__(self, name, value)
+
+    def unbounded(self) -> None:
+        unbounded = getattr(self.inner, "unbounded", None)
+        if unbounded is not None:
+            unbounded()
+        self.index = self.inner.index
+
+    def _refused(self, keys: list[int], skip: Container[int] | None) -> set[int]:
+        offered = keys if skip is None else [key for key in keys if key not in skip]
+        adm = self.admission
+        adm.offer(offered)
+        index = self.inner.index
+        return {key for key in offered if key not in index and not adm.admitted(key)}
+
+    def access(self, keys: list[int], session: int, *, admit: bool = True,
+               skip: Container[int] | None = None, record: list[int] | None = None) -> int:
+        refused = self._refused(keys, skip)
+        if admit and refused:
+            if skip is not None:
+                refused.update(key for key in keys if key in skip)
+            skip = refused
+        return self.inner.access(keys, session, admit=admit, skip=skip, record=record)
+
+    def admit(self, keys: list[int]) -> list[int]:
+        refused = self._refused(keys, None)
+        return self.inner.admit([key for key in keys if key not in refused])
+
+    def evict(self, n: int) -> list[int]:
+        return self.inner.evict(n)
+
+
+class ArcPolicy(EvictionPolicy):
+    """ARC in its textbook form: Megiddo and Modha, "ARC: A Self-Tuning, Low Overhead
+    Replacement Cache", FAST 2003, Fig. 4 (cases I–IV and REPLACE), with ``c`` the tier's
+    capacity in blocks.
+
+    Every block of a request is one reference, head → tail. ``T1`` holds blocks seen once
+    recently, ``T2`` blocks seen at least twice; ``B1``/``B2`` are their ghosts (keys
+    only). A hit moves the block to ``T2``'s MRU end; a ghost hit adapts the target size
+    ``p`` of ``T1`` (B1: up by max(|B2|/|B1|, 1); B2: down by max(|B1|/|B2|, 1)), frees a
+    slot (REPLACE) and enters ``T2``; a new block frees a slot as case IV says and enters
+    ``T1``. REPLACE runs only when ``T1 ∪ T2`` is full (the paper's cache always is once
+    ghosts exist).
+
+    Replacement happens at the reference, as in the paper: a victim leaves ``T1``/``T2``
+    for its ghost list at once but stays in :attr:`index` until the tier's next
+    :meth:`evict`, which returns it (so the tier counts and moves it as every policy's
+    eviction). Invariant: ``|T1| + |T2| <= c``; ``|T1| + |B1| <= c``;
+    ``|T1| + |T2| + |B1| + |B2| <= 2c``.
+    """
+
+    name = "arc"
+
+    def __init__(self) -> None:
+        self.capacity: float = math.inf
+        self.p = 0.0
+        self.t1: OrderedDict[int, None] = OrderedDict()
+        self.t2: OrderedDict[int, None] = OrderedDict()
+        self.b1: OrderedDict[int, None] = OrderedDict()
+        self.b2: OrderedDict[int, None] = OrderedDict()
+        self.index: dict[int, None] = {}
+        self._doomed: dict[int, None] = {}
+
+    def _replace(self, in_b2: bool) -> None:
+        t1 = self.t1
+        if t1 and ((in_b2 and len(t1) == self.p) or len(t1) > self.p):
+            key, _ = t1.popitem(last=False)
+            self.b1[key] = None
+        else:
+            key, _ = self.t2.popitem(last=False)
+            self.b2[key] = None
+        self._doomed[key] = None
+
+    def _reference(self, key: int, insert: bool) -> bool:
+        """One reference to ``key``; return True when it was inserted (a miss)."""
+        t1, t2, b1, b2 = self.t1, self.t2, self.b1, self.b2
+        c = self.capacity
+        if key in t1:                                   # case I
+            del t1[key]
+            t2[key] = None
+            return False
+        if key in t2:
+            t2.move_to_end(key)
+            return False
+        if not insert:
+            return False
+        full = len(t1) + len(t2) >= c
+        if key in b1:                                   # case II
+            self.p = min(c, self.p + max(len(b2) / len(b1), 1))
+            if full:
+                self._replace(False)
+            del b1[key]
+            t2[key] = None
+        elif key in b2:                                 # case III
+            self.p = max(0.0, self.p - max(len(b1) / len(b2), 1))
+            if full:
+                self._replace(True)
+            del b2[key]
+            t2[key] = None
+        else:                                           # case IV
+            if len(t1) + len(b1) >= c:
+                if len(t1) < c:
+                    b1.popitem(last=False)
+                    if full:
+                        self._replace(False)
+                else:
+                    old, _ = t1.popitem(last=False)
+                    self._doomed[old] = None
+            elif len(t1) + len(t2) + len(b1) + len(b2) >= c:
+                if len(t1) + len(t2) + len(b1) + len(b2) >= 2 * c:
+                    b2.popitem(last=False)
+                if full:
+                    self._replace(False)
+            t1[key] = None
+        if key in self._doomed:    # evicted earlier in this request, back again
+            del self._doomed[key]
+            return False
+        self.index[key] = None
+        return True
+
+    def access(self, keys: list[int], session: int, *, admit: bool = True,
+               skip: Container[int] | None = None, record: list[int] | None = None) -> int:
+        new = 0
+        for key in keys:
+            if self._reference(key, admit and (skip is None or key not in skip)):
+                new += 1
+                if record is not None:
+                    record.append(key)
+        return new
+
+    def admit(self, keys: list[int]) -> list[int]:
+        return [key for key in keys if key not in self.index and self._reference(key, True)]
+
+    def evict(self, n: int) -> list[int]:
+        out = list(self._doomed)
+        self._doomed.clear()
+        while len(out) < n and (self.t1 or self.t2):
+            self._replace(False)
+            out.extend(self._doomed)
+            self._doomed.clear()
+        for key in out:
+            del self.index[key]
+        return out
+
+
+class S3FifoPolicy(EvictionPolicy):
+    """S3-FIFO: Yang et al., "FIFO queues are all you need for cache eviction", SOSP 2023,
+    Algorithm 1, with LMCache's sizes (``lmcache/v1/storage_backend/cache_policy/s3fifo.py``):
+    a small FIFO ``S`` of ``max(1, ⌊0.1·c⌋)`` blocks, a main FIFO ``M`` of the rest, a
+    ghost FIFO ``G`` (keys only) as long as ``M``, and a 2-bit frequency per cached block.
+
+    A request touches its blocks head → tail: a cached block's frequency rises by one (at
+    most 3); a new block enters ``M`` if ``G`` remembers it, else ``S``, with frequency 0.
+    Evicting one block: if ``|S| ≥ |S|cap``, take ``S``'s oldest: frequency > 1 moves it to
+    ``M`` (which, over its size, evicts from ``M``), else it goes to ``G`` and is evicted;
+    otherwise take ``M``'s oldest: frequency > 0 re-inserts it with frequency − 1, else it
+    is evicted. Evictions happen when the tier evicts (after the request), as for every
+    kvtool policy. Invariant: ``index`` is ``S ∪ M``; ``|G| <= |M|cap``.
+    """
+
+    name = "s3fifo"
+    small_ratio = 0.1
+
+    def __init__(self) -> None:
+        self.capacity: float = math.inf
+        self.s: OrderedDict[int, int] = OrderedDict()   # key -> freq, oldest first
+        self.m: OrderedDict[int, int] = OrderedDict()
+        self.g: OrderedDict[int, None] = OrderedDict()
+        self.index: dict[int, None] = {}
+
+    def _caps(self) -> tuple[int, int]:
+        c = int(self.capacity)
+        s_cap = max(1, int(c * self.small_ratio))
+        return s_cap, max(1, c - s_cap)
+
+    def _insert(self, key: int) -> None:
+        if key in self.g:
+            del self.g[key]
+            self.m[key] = 0
+        else:
+            self.s[key] = 0
+        self.index[key] = None
+
+    def access(self, keys: list[int], session: int, *, admit: bool = True,
+               skip: Container[int] | None = None, record: list[int] | None = None) -> int:
+        s, m, index = self.s, self.m, self.index
+        new = 0
+        for key in keys:
+            if key in index:
+                if key in s:
+                    if s[key] < 3:
+                        s[key] += 1
+                elif m[key] < 3:
+                    m[key] += 1
+            elif admit and (skip is None or key not in skip):
+                self._insert(key)
+                new += 1
+                if record is not None:
+                    record.append(key)
+        return new
+
+    def admit(self, keys: list[int]) -> list[int]:
+        new = [key for key in keys if key not in self.index]
+        for key in new:
+            self._insert(key)
+        return new
+
+    def _evict_m(self, out: list[int]) -> None:
+        m = self.m
+        while m:
+            key, freq = m.popitem(last=False)
+            if freq > 0:
+                m[key] = freq - 1
+            else:
+                out.append(key)
+                return
+
+    def _evict_s(self, out: list[int], m_cap: int) -> None:
+        s, m, g = self.s, self.m, self.g
+        while s:
+            key, freq = s.popitem(last=False)
+            if freq > 1:
+                m[key] = freq
+                while len(m) > m_cap:
+                    self._evict_m(out)
+            else:
+                g[key] = None
+                while len(g) > m_cap:
+                    g.popitem(last=False)
+                out.append(key)
+                return
+
+    def evict(self, n: int) -> list[int]:
+        s_cap, m_cap = self._caps()
+        out: list[int] = []
+        while len(out) < n and (self.s or self.m):
+            if len(self.s) >= s_cap or not self.m:
+                self._evict_s(out, m_cap)
+            else:
+                self._evict_m(out)
+        for key in out:
+            del self.index[key]
+        return out
+
+
+class LfuPolicy(EvictionPolicy):
+    """LFU: the least frequently used block goes first, ties oldest first (FIFO within a
+    frequency), frequencies never age: the O(1) scheme of Shah, Mitra and Matani, "An
+    O(1) algorithm for implementing the LFU cache eviction scheme" (2010), with LMCache's
+    rules (``lmcache/v1/storage_backend/cache_policy/lfu.py``: a stored block starts at
+    frequency 1, each hit adds 1, equal frequencies leave in the order they reached it).
+
+    A request touches its blocks head → tail. Representation: ``index`` maps key →
+    frequency; ``buckets[f]`` holds the keys of frequency ``f`` in arrival order; a heap
+    of frequencies (stale entries skipped) finds the lowest non-empty bucket.
+    """
+
+    name = "lfu"
+
+    def __init__(self) -> None:
+        self.index: dict[int, int] = {}
+        self.buckets: dict[int, dict[int, None]] = {}
+        self._freqs: list[int] = []        # heap of the frequencies in ``_heaped``
+        self._heaped: set[int] = set()
+
+    def _put(self, key: int, freq: int) -> None:
+        bucket = self.buckets.get(freq)
+        if bucket is None:
+            bucket = self.buckets[freq] = {}
+            if freq not in self._heaped:
+                self._heaped.add(freq)
+                heapq.heappush(self._freqs, freq)
+        bucket[key] = None
+        self.index[key] = freq
+
+    def _bump(self, key: int) -> None:
+        freq = self.index[key]
+        bucket = self.buckets[freq]
+        del bucket[key]
+        if not bucket:
+            del self.buckets[freq]
+        self._put(key, freq + 1)
+
+    def access(self, keys: list[int], session: int, *, admit: bool = True,
+               skip: Container[int] | None = None, record: list[int] | None = None) -> int:
+        index = self.index
+        new = 0
+        for key in keys:
+            if key in index:
+                self._bump(key)
+            elif admit and (skip is None or key not in skip):
+                self._put(key, 1)
+                new += 1
+                if record is not None:
+                    record.append(key)
+        return new
+
+    def admit(self, keys: list[int]) -> list[int]:
+        new = [key for key in keys if key not in self.index]
+        for key in new:
+            self._put(key, 1)
+        return new
+
+    def evict(self, n: int) -> list[int]:
+        out: list[int] = []
+        buckets, freqs = self.buckets, self._freqs
+        while len(out) < n and freqs:
+            freq = freqs[0]
+            bucket = buckets.get(freq)
+            if not bucket:
+                self._heaped.discard(heapq.heappop(freqs))
+                continue
+            while bucket and len(out) < n:
+                key = next(iter(bucket))
+                del bucket[key]
+                del self.index[key]
+                out.append(key)
+            if not bucket:
+                del buckets[freq]
+                self._heaped.discard(heapq.heappop(freqs))
+        return out
+
+
+class _VllmOffloadPolicy(EvictionPolicy):
+    """vLLM 0.33.0's CPU offloading manager (``vllm/v1/kv_offload/cpu/manager.py``,
+    ``CPUOffloadingManager``) as a tier policy, for one request at a time, in the order
+    the offloading connector calls it (``.../kv_connector/v1/offloading/scheduler.py``):
+
+    1. **lookup** — the request's full blocks (the hierarchy passes no partial block),
+       after the leading blocks hit in a higher tier, are looked up until the first miss:
+       the hit run is *loaded* (``prepare_load`` + ``complete_load``);
+    2. **store** — ``prepare_store`` is offered the blocks after the loaded run, or every
+       full block when nothing was loaded (the connector restarts at token 0). Offered
+       blocks the tier holds are reuses; the others are stored, if admitted
+       (``store_threshold``: :class:`Admission`). Room is made *before* inserting, by
+       evicting as many blocks as are missing, never one of the offered blocks (a
+       request can evict its own loaded prefix); if too few can go, nothing is stored;
+    3. **finish** — ``on_request_finished`` ranks the request's blocks.
+
+    The cache keeps exactly vLLM's chunk set after every request (checked against vLLM's
+    own code by tests/cache/test_vllm_offload.py). Evicted blocks leave the policy's order
+    at once and stay in :attr:`index` until the tier's :meth:`evict`, which returns them.
+    """
+
+    full_blocks_only: ClassVar[bool] = True
+
+    def __init__(self, admission: Admission | None = None) -> None:
+        self.capacity: float = math.inf
+        self.admission = admission
+        self._doomed: dict[int, None] = {}
+
+    # hooks: vLLM's CachePolicy calls, as this policy's order needs them
+    def _loaded(self, loaded: list[int]) -> None:
+        return None
+
+    def _store_miss(self, keys: list[int]) -> None:
+        return None
+
+    @abstractmethod
+    def _victims(self, need: int, protected: set[int]) -> bool:
+        """Select ``need`` victims outside ``protected`` into ``_doomed``, or change nothing
+        and return False."""
+
+    @abstractmethod
+    def _insert(self, keys: list[int]) -> None: ...
+
+    @abstractmethod
+    def _finish(self, seen: list[int], inserted: set[int], reused: set[int]) -> None: ...
+
+    def access(self, keys: list[int], session: int, *, admit: bool = True,
+               skip: Container[int] | None = None, record: list[int] | None = None) -> int:
+        index = self.index
+        n = len(keys)
+        s = 0
+        if skip is not None:
+            while s < n and keys[s] in skip:
+                s += 1
+        e = s
+        while e < n and keys[e] in index:
+            e += 1
+        loaded = keys[s:e]
+        self._loaded(loaded)
+        reused = set(loaded)
+        if not admit:
+            self._finish(loaded, set(), reused)
+            return 0
+        offered = keys[e:] if e > s else keys
+        adm = self.admission
+        if adm is not None:
+            adm.offer(offered)
+        to_store: list[int] = []
+        for key in offered:
+            if key in index:
+                reused.add(key)
+            elif adm is None or adm.admitted(key):
+                to_store.append(key)
+        if to_store:
+            self._store_miss(to_store)
+        stored: list[int] = []
+        if to_store:
+            need = len(to_store) - (self.capacity - len(index))
+            if need <= 0 or self._victims(int(need), set(offered)):
+                self._insert(to_store)
+                stored = to_store
+        seen_set = reused.union(to_store)
+        seen = [key for key in keys if key in seen_set]
+        self._finish(seen, set(stored), reused)
+        if record is not None:
+            record.extend(stored)
+        return len(stored)
+
+    def admit(self, keys: list[int]) -> list[int]:
+        """Demoted blocks: a store of ``keys`` with nothing loaded."""
+        record: list[int] = []
+        self.access(keys, 0, record=record)
+        return record
+
+    def evict(self, n: int) -> list[int]:
+        out = list(self._doomed)
+        self._doomed.clear()
+        if len(out) < n:
+            self._victims(min(n - len(out), len(self.index) - len(out)), set())
+            out.extend(self._doomed)
+            self._doomed.clear()
+        for key in out:
+            del self.index[key]
+        return out
+
+
+class VllmLruPolicy(_VllmOffloadPolicy):
+    """vLLM 0.33.0's ``LRUCachePolicy`` (``vllm/v1/kv_offload/cpu/policies/lru.py``)
+    behind :class:`_VllmOffloadPolicy`'s request protocol.
+
+    Order: ``index`` is an insertion-ordered map, the next victim first. Loaded blocks
+    take the newest ranks tail first (the request's provisional rank); at the end of
+    the request every block it loaded, reused or stored is ranked again, tail first, so
+    a request's tail goes before its head and the least recently finished request goes
+    first. Victims are moved to the front and leave at the tier's eviction.
+    """
+
+    name = "vllm-lru"
+
+    def __init__(self, admission: Admission | None = None) -> None:
+        super().__init__(admission)
+        self.index: OrderedDict[int, None] = OrderedDict()
+
+    def _loaded(self, loaded: list[int]) -> None:
+        touch = self.index.move_to_end
+        for key in reversed(loaded):
+            touch(key)
+
+    def _victims(self, need: int, protected: set[int]) -> bool:
+        if need <= 0:
+            return True
+        doomed = self._doomed
+        victims: list[int] = []
+        for key in self.index:
+            if key not in protected and key not in doomed:
+                victims.append(key)
+                if len(victims) == need:
+                    break
+        if len(victims) < need:
+            return False
+        front = self.index.move_to_end
+        for key in reversed(victims):
+            front(key, last=False)
+        for key in victims:
+            doomed[key] = None
+        return True
+
+    def _insert(self, keys: list[int]) -> None:
+        index = self.index
+        for key in keys:
+            index[key] = None
+
+    def _finish(self, seen: list[int], inserted: set[int], reused: set[int]) -> None:
+        index, doomed = self.index, self._doomed
+        touch = index.move_to_end
+        for key in reversed(seen):
+            if key in index and key not in doomed:
+                touch(key)
+
+
+class VllmArcPolicy(_VllmOffloadPolicy):
+    """vLLM 0.33.0's ``ARCCachePolicy`` (``vllm/v1/kv_offload/cpu/policies/arc.py``)
+    behind :class:`_VllmOffloadPolicy`'s request protocol. It differs from textbook ARC
+    (``arc``): a block re-stored after a ghost hit enters ``T1``, not ``T2``; the target
+    ``p`` adapts only on store misses (once per request, tail first); ``B1`` and ``B2``
+    are each trimmed to ``c`` on their own; a block moves ``T1`` → ``T2`` when a request
+    reuses it (at the end of the request, tail first); eviction takes ``T1``'s LRU while
+    ``|T1| ≥ ⌊p⌋`` (else ``T2``'s, else ``T1``'s) and skips the offered blocks.
+    """
+
+    name = "vllm-arc"
+
+    def __init__(self, admission: Admission | None = None) -> None:
+        super().__init__(admission)
+        self.index: dict[int, None] = {}
+        self.p = 0.0
+        self.t1: OrderedDict[int, None] = OrderedDict()
+        self.t2: OrderedDict[int, None] = OrderedDict()
+        self.b1: OrderedDict[int, None] = OrderedDict()
+        self.b2: OrderedDict[int, None] = OrderedDict()
+
+    def _store_miss(self, keys: list[int]) -> None:
+        b1, b2 = self.b1, self.b2
+        for key in reversed(keys):
+            if key in b1:
+                self.p = min(self.p + max(1, len(b2) / len(b1)), self.capacity)
+                b1.move_to_end(key)
+            elif key in b2:
+                self.p = max(self.p - max(1, len(b1) / len(b2)), 0)
+                b2.move_to_end(key)
+
+    def _victims(self, need: int, protected: set[int]) -> bool:
+        if need <= 0:
+            return True
+        t1_iter, t2_iter = iter(self.t1), iter(self.t2)
+
+        def nxt(keys: Any) -> int | None:
+            for key in keys:
+                if key not in protected:
+                    return int(key)
+            return None
+
+        chosen: list[tuple[int, bool]] = []
+        virtual_t1 = len(self.t1)
+        for _ in range(need):
+            key = None
+            from_t1 = False
+            if virtual_t1 >= int(self.p):
+                key = nxt(t1_iter)
+                from_t1 = key is not None
+            if key is None:
+                key = nxt(t2_iter)
+            if key is None:
+                key = nxt(t1_iter)
+                if key is None:
+                    return False
+                from_t1 = True
+            if from_t1:
+                virtual_t1 -= 1
+            chosen.append((key, from_t1))
+        for key, from_t1 in chosen:
+            if from_t1:
+                del self.t1[key]
+                self.b1[key] = None
+            else:
+                del self.t2[key]
+                self.b2[key] = None
+            self._doomed[key] = None
+        if self.capacity != math.inf:
+            cap = int(self.capacity)
+            for ghost in (self.b1, self.b2):
+                for _ in range(len(ghost) - cap):
+                    ghost.popitem(last=False)
+        return True
+
+    def _insert(self, keys: list[int]) -> None:
+        t1, b1, b2, index = self.t1, self.b1, self.b2, self.index
+        for key in keys:
+            t1[key] = None
+            b1.pop(key, None)
+            b2.pop(key, None)
+            index[key] = None
+
+    def _finish(self, seen: list[int], inserted: set[int], reused: set[int]) -> None:
+        t1, t2 = self.t1, self.t2
+        only_inserted = inserted - reused
+        for key in reversed(seen):
+            if key in only_inserted:
+                if key in t1:
+                    t1.move_to_end(key)
+                elif key in t2:
+                    t2.move_to_end(key)
+            elif key in reused:
+                if key in t1:
+                    del t1[key]
+                    t2[key] = None
+                elif key in t2:
+                    t2.move_to_end(key)
+
+
 POLICIES: dict[str, Callable[[], EvictionPolicy]] = {
     "lru": LruPolicy,
     "lru-tail-first": LruTailFirstPolicy,
@@ -610,6 +1283,11 @@ POLICIES: dict[str, Callable[[], EvictionPolicy]] = {
     "oracle": OraclePolicy,
     "mooncake": LruPolicy,  # plus watermark 0.90 / batch 5% (set by the tier spec)
     "vllm": VllmPolicy,     # GPU tier only; its block size comes from make_policy
+    "arc": ArcPolicy,
+    "s3fifo": S3FifoPolicy,
+    "lfu": LfuPolicy,
+    "vllm-lru": VllmLruPolicy,
+    "vllm-arc": VllmArcPolicy,
 }
 """Policy names accepted by ``--policy`` and the ``--tiers`` file."""
 
@@ -621,11 +1299,18 @@ POOLED_TIERS: tuple[str, ...] = ("gpu",)
 """Tiers a pooled policy (``vllm``) may manage: the top tier, where requests run."""
 
 
-def make_policy(name: str, *, window: int | None = None, block_tokens: int = 1) -> EvictionPolicy:
+def make_policy(name: str, *, window: int | None = None, block_tokens: int = 1,
+                admission: Admission | None = None) -> EvictionPolicy:
     """A fresh policy by name (one of :data:`POLICIES`); ``window`` tunes
-    ``prefix-fair``, ``block_tokens`` sizes ``vllm``'s blocks (the others ignore them)."""
-    if name == "prefix-fair" and window is not None:
-        return PrefixFairPolicy(window)
+    ``prefix-fair``, ``block_tokens`` sizes ``vllm``'s blocks (the others ignore them);
+    ``admission`` puts the policy behind an admission rule (the ``vllm-*`` policies apply
+    it inside their store, as vLLM does; the ``vllm`` GPU pool takes none)."""
     if name == "vllm":
+        if admission is not None:
+            raise ValueError("the vllm GPU pool has no admission rule")
         return VllmPolicy(block_tokens)
-    return POLICIES[name]()
+    if name in ("vllm-lru", "vllm-arc"):
+        return VllmLruPolicy(admission) if name == "vllm-lru" else VllmArcPolicy(admission)
+    policy = (PrefixFairPolicy(window) if name == "prefix-fair" and window is not None
+              else POLICIES[name]())
+    return policy if admission is None else AdmittedPolicy(policy, admission)

@@ -103,11 +103,12 @@ def write_plot(results: list[dict[str, Any]], path: str | Path, *, title: str = 
         raise UsageError("matplotlib is not installed; install the plot extra: "
                          "pip install 'kvtool[plot]'", field="plot") from None
 
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True)
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True)
     kind = results[0].get("round_kind", "round")
     xlabel = "minute of trace" if kind == "window" else "round"
     compare = len(results) > 1
     use_bytes = all(r["block_bytes"] for r in results)
+    banded = False
     for res in results:
         rounds = res["rounds"]
         x = [r["round"] for r in rounds]
@@ -131,18 +132,21 @@ def write_plot(results: list[dict[str, Any]], path: str | Path, *, title: str = 
         cliff = res.get("cliff_round")
         if cliff is not None:
             ax1.axvline(cliff, color="red", alpha=0.3, linewidth=4)
+            banded = True
     ax1.set_ylabel("token hit ratio")
     ax1.set_ylim(-0.02, 1.02)
     ax1.grid(alpha=0.3)
-    ax1.legend(fontsize=8, loc="best")
+    # legends beside the panels, never over a line
+    ax1.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax2.set_ylabel("GB written per " + xlabel if use_bytes else "blocks written per " + xlabel)
     ax2.set_xlabel(xlabel)
     from matplotlib.ticker import MaxNLocator
 
     ax2.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax2.grid(alpha=0.3)
-    ax2.legend(fontsize=8, loc="best")
-    ax1.set_title((title or "kvtool replay") + " (red band: collapse round)", fontsize=10)
+    ax2.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax1.set_title((title or "kvtool replay") + (" (red band: collapse round)" if banded else ""),
+                  fontsize=10)
     fig.tight_layout()
     try:
         fig.savefig(path, dpi=90)

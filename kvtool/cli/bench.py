@@ -11,7 +11,7 @@ from kvtool.cli.hostopts import host_options
 from kvtool.cli.load import block_tokens_option, parse_lba, resolve_object
 from kvtool.cli.options import block_size_options
 from kvtool.cli.output import emit, json_option, note, progress
-from kvtool.errors import UsageError
+from kvtool.errors import CheckFailed, UsageError
 from kvtool.units import format_size, parse_size
 
 if TYPE_CHECKING:
@@ -26,14 +26,18 @@ EPILOG = """
 \b
 Example:
   kvtool bench /var/tmp/bench.img --create 2GiB --model deepseek-v4-flash --dtype fp8
+  kvtool bench /var/tmp/bench.img --model deepseek-v4-flash --pattern rand-read --need 2.5
   kvtool bench /dev/loop3 --block-bytes 32MiB --qd 1,8,32 --seconds 3 --force
   kvtool bench /dev/nvme1n1 --model llama-3-70b --read-only --pattern rand-read --json
 
-\b
+Every case runs --repeat times (the whole list over and over); a row shows the median
+run and the range of the runs, and a difference is called only beyond that range.
+
 Write patterns overwrite TARGET from offset 0 (a kvtool store on it is destroyed): they
-need a blank target or --force. --read-only runs only the read patterns and writes
-nothing. With an object that is not a whole number of LBAs, each case runs twice: the
-object through the bounce buffer, and an aligned object of the same padded size.
+need a blank target, one an earlier kvtool bench wrote, or --force. --read-only runs
+only the read patterns and writes nothing. With an object that is not a whole number of
+LBAs, each case runs twice: the object through the bounce buffer, and an aligned object
+of the same padded size.
 """
 
 
@@ -67,8 +71,13 @@ def _qds(text: str) -> list[int]:
               help="Patterns (comma-separated).")
 @click.option("--path", "path_text", help="aligned, bounce or both (default: both when the "
               "object needs padding, else aligned).")
-@click.option("--seconds", type=float, default=2.0, show_default=True,
-              help="Duration of each case.")
+@click.option("--seconds", type=float, default=1.0, show_default=True,
+              help="Duration of each run of a case.")
+@click.option("--repeat", type=click.IntRange(1, 100), default=3, show_default=True,
+              help="Runs of each case (the spread needs at least 2).")
+@click.option("--need", "need_gbps", type=float, default=None, metavar="GB/S",
+              help="Verdict per pattern: does its best case reach GB/s in every run? "
+                   "(exit 1 when a pattern falls short)")
 @click.option("--ops", type=int, help="Stop each case after this many objects.")
 @click.option("--region", metavar="SIZE", default="1GiB", show_default=True,
               help="Bytes of the target to exercise (from offset 0).")
@@ -82,7 +91,8 @@ def _qds(text: str) -> list[int]:
 def command(target: str, model: str | None, dtype: str | None, tp: int | None,
             block_bytes: int | None, block_tokens: int, qd_text: str, pattern_text: str,
             path_text: str | None,
-            seconds: float, ops: int | None, region: str, read_only: bool, force: bool,
+            seconds: float, repeat: int, need_gbps: float | None, ops: int | None, region: str,
+            read_only: bool, force: bool,
             lba: str | None, create: str | None, credentials: HostCredentials | None) -> None:
     """Measure GB/s, IOPS and latency (p50/p99/p99.9) of object-sized I/O on TARGET."""
     from kvtool.store.bench import bench
@@ -97,39 +107,73 @@ def command(target: str, model: str | None, dtype: str | None, tp: int | None,
     paths = _csv(path_text, PATHS, "--path") if path_text else None
     if not 0 < seconds < math.inf:  # also refuses nan, which would compare false
         raise UsageError(f"must be a positive number, got {seconds}", field="--seconds")
+    if need_gbps is not None and not 0 < need_gbps < math.inf:
+        raise UsageError(f"must be a positive number of GB/s, got {need_gbps}", field="--need")
     if ops is not None and ops < 1:
         raise UsageError(f"must be at least 1, got {ops}", field="--ops")
     with progress("bench (cases)") as bar:
         result = bench(target, object_bytes=size, qds=qds, patterns=patterns, paths=paths,
-                       seconds=seconds, max_ops=ops,
+                       seconds=seconds, max_ops=ops, repeat=repeat, need_gbps=need_gbps,
                        region_bytes=parse_size(region, field="--region", allow_zero=False),
                        force=force, lba=parse_lba(lba), credentials=credentials,
                        create_bytes=parse_size(create, field="--create", allow_zero=False)
                        if create else None, progress=bar.advance, on_total=bar.set_total)
     if result["wrote"]:
-        note(f"{target}: the first {format_size(result['region_bytes'])} now hold benchmark "
-             "data")
+        note(f"{target}: the first {format_size(result['region_bytes'])} now holds benchmark "
+             "data (a later kvtool bench may overwrite it without --force)")
     emit(result, lambda c: render(c, result))
+    if result["interrupted"]:
+        note("interrupted: the report covers the runs finished before Ctrl-C")
+        raise SystemExit(130)
+    short = [v for v in result["verdicts"] or [] if v["verdict"] == "short"]
+    if short:
+        raise CheckFailed(f"{', '.join(v['pattern'] for v in short)} fell short of "
+                          f"{need_gbps} GB/s in every run")
+
+
+def _range(span: list[float], fmt: str) -> str:
+    lo, hi = span
+    return format(lo, fmt) if lo == hi else f"{lo:{fmt}}–{hi:{fmt}}"
 
 
 def render(c: Console, r: dict[str, Any]) -> None:
     from rich import box
-    from rich.table import Table
+
+    from kvtool.cli.output import Column, print_table
 
     e = r["engine"]
     padded = {row["path"]: row["object_bytes"] for row in r["results"]}
     objects = ", ".join(f"{p} {n:,} B" for p, n in padded.items())
-    t = Table(box=box.SIMPLE, title=f"{r['target']} ({e['kind']}, {e['lba_size']} B LBA); "
-              f"objects: {objects}; region {format_size(r['region_bytes'])}")
-    for col in ("pattern", "QD", "path", "GB/s", "IOPS", "p50 µs", "p99 µs", "p99.9 µs"):
-        t.add_column(col, justify="left" if col in ("pattern", "path") else "right",
-                     no_wrap=True)
+    runs = r["repeat"]
+    c.print(f"[bold]{r['target']}[/] ({e['kind']}, {e['lba_size']} B LBA); objects: {objects}; "
+            f"region {format_size(r['region_bytes'])}; {runs} run{'s' if runs > 1 else ''} "
+            f"of {r['seconds_per_case']:g} s per case (measured)")
+    cols = [Column("pattern", justify="left"), Column("QD"), Column("path", justify="left"),
+            Column("GB/s\n(median)"), Column("GB/s range", rank=1 if runs > 1 else 9),
+            Column("IOPS", rank=2), Column("p50 µs", rank=3), Column("p99 µs", rank=4),
+            Column("p99.9 µs", rank=5)]
+    rows: list[list[str] | None] = []
     for row in r["results"]:
         lat = row["lat_us"]
-        t.add_row(row["pattern"], str(row["qd"]), row["path"], f"{row['gb_per_s']:.3f}",
-                  f"{row['iops']:,.0f}", f"{lat['p50']:,.0f}", f"{lat['p99']:,.0f}",
-                  f"{lat['p99_9']:,.0f}")
-    c.print(t)
+        rows.append([row["pattern"], str(row["qd"]), row["path"], f"{row['gb_per_s']:.3f}",
+                     _range(row["gb_per_s_range"], ".3f"), f"{row['iops']:,.0f}",
+                     f"{lat['p50']:,.0f}", f"{lat['p99']:,.0f}", f"{lat['p99_9']:,.0f}"])
+    print_table(c, cols, rows, box=box.SIMPLE_HEAD, more="--json has them")
     for b in r["bounce_cost"]:
-        c.print(f"bounce vs aligned, {b['pattern']} QD {b['qd']}: "
-                f"{b['bounce_over_aligned']:.3f}× IOPS (cost {b['cost']:+.1%})")
+        what = f"bounce vs aligned, {b['pattern']} QD {b['qd']}: {b['bounce_over_aligned']:.2f}×"
+        if b["beyond_spread"]:
+            c.print(f"{what} IOPS: [bold]bounce {'slower' if b['cost'] > 0 else 'faster'}[/] "
+                    f"by {abs(b['cost']):.0%}, beyond the spread of the runs")
+        elif runs > 1:
+            c.print(f"[dim]{what} IOPS: no difference beyond the spread of the runs[/]")
+        else:
+            c.print(f"[dim]{what} IOPS from one run: --repeat 3 tells it from noise[/]")
+    for v in r["verdicts"] or []:
+        colour = {"meets": "green", "short": "red"}.get(v["verdict"], "yellow")
+        said = {"meets": "meets", "short": "falls short of",
+                "within spread": "is within the spread of"}[v["verdict"]]
+        c.print(f"[{colour}]{v['pattern']} {said} {v['need_gb_per_s']:g} GB/s[/]: best "
+                f"{v['path']} QD {v['qd']}, {_range(v['gb_per_s_range'], '.3f')} GB/s "
+                f"over {runs} run{'s' if runs > 1 else ''}")
+    if r.get("interrupted"):
+        c.print("[yellow]interrupted[/]: cases not run are missing; ranges cover the runs done")

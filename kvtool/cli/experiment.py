@@ -61,14 +61,13 @@ def list_cmd() -> None:
                            for e in exps]}
 
     def human(con: Any) -> None:
-        from rich.table import Table
+        from kvtool.cli.output import Column, print_table
 
-        t = Table(title="experiments (kvtool experiment run NAME)", title_justify="left")
-        for col in ("name", "source", "claim"):
-            t.add_column(col)
-        for e in exps:
-            t.add_row(e.name, e.source, e.claim)
-        con.print(t)
+        print_table(con, [Column("name", justify="left"),
+                          Column("source", justify="left", wrap=True, rank=1),
+                          Column("claim", justify="left", wrap=True)],
+                    [[e.name, e.source, e.claim] for e in exps],
+                    title="experiments (kvtool experiment run NAME)", more="--json has them")
 
     emit(doc, human)
 
@@ -91,9 +90,13 @@ def list_cmd() -> None:
                    "[default: --out].")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
               help="Serve Prometheus metrics on 127.0.0.1:PORT while running.")
+@click.option("--seeds", type=click.IntRange(1, 1000), default=1, show_default=True,
+              help="Generated workloads: run with N seeds and report each figure as the mean "
+                   "with a 95% bootstrap confidence interval.")
 @json_option
 def run_cmd(name: str, out_dir: str | None, simulate: bool, dram: str | None,
-            nvme: str | None, scratch: str | None, metrics_port: int | None) -> None:
+            nvme: str | None, scratch: str | None, metrics_port: int | None,
+            seeds: int) -> None:
     """Run one experiment (every configuration) and print the side-by-side table."""
     from kvtool.experiments import find_experiment, run_experiment
 
@@ -118,31 +121,39 @@ def run_cmd(name: str, out_dir: str | None, simulate: bool, dram: str | None,
         parse_mooncake_url(dram, field="--dram")
     doc = run_experiment(exp, out_dir=out, simulate=simulate, progress=progress,
                          observer=observer, scratch=Path(scratch) if scratch else None,
-                         dram=dram, nvme=nvme, on_event=lambda line: note(f"[dim]{line}[/]"))
+                         dram=dram, nvme=nvme, on_event=lambda line: note(f"[dim]{line}[/]"),
+                         seeds=seeds)
     emit(doc, lambda con: render(con, doc))
 
 
 def render(con: Any, doc: dict[str, Any]) -> None:
-    from rich.table import Table
+    from kvtool.cli.output import Column, print_table
 
     con.print(f"[bold]{doc['name']}[/] — {doc['title']}")
     con.print(f"[dim]source:[/] {doc['source']}")
     con.print(f"[dim]claim:[/] {doc['claim']}")
-    con.print(f"[dim]scale:[/] {doc['scale']}")
+    scale = doc["scale"]
+    if doc["mode"] != "data":  # a data-mode-only clause says nothing about this run
+        scale = "; ".join(p for p in scale.split("; ") if not p.startswith("data mode"))
+    con.print(f"[dim]scale:[/] {scale}")
     mode = {"simulate": "simulate (metadata engine: counts exact, no bytes moved, times "
                         "modelled)",
             "data": "data (real bytes through every tier)",
             "measure": "measured on this machine"}.get(doc["mode"], doc["mode"])
     con.print(f"[dim]mode:[/] {mode}")
-    t = Table(title="published vs kvtool", title_justify="left")
-    for col, just in (("claim", "left"), ("published", "right"), ("kvtool", "right"),
-                      ("unit", "left"), ("basis", "left"), ("agrees", "left")):
-        t.add_column(col, justify=just)  # type: ignore[arg-type]
-    for r in doc["rows"]:
-        agrees = {True: "yes", False: "[red]no[/]", None: "–"}[r.get("agrees")]
-        t.add_row(r["claim"], r["published_text"], r["kvtool_text"], r["unit"],
-                  ("[green]" if r["measured"] else "[yellow]") + r["basis"] + "[/]", agrees)
-    con.print(t)
+    sd = doc.get("seeds")
+    title = "published vs kvtool" + (
+        f" (kvtool: mean [95 % CI] over seeds {sd['seeds'][0]}–{sd['seeds'][-1]})" if sd else "")
+    agree = {True: "yes", False: "[red]no[/]", None: "–"}
+    print_table(con, [Column("claim", justify="left", wrap=True), Column("published", wrap=True),
+                      Column("kvtool", wrap=True), Column("unit", justify="left", rank=1),
+                      Column("basis", justify="left", rank=2),
+                      Column("agrees", justify="left", rank=3)],
+                [[r["claim"], r["published_text"], r["kvtool_text"], r["unit"],
+                  ("[green]" if r["measured"] else "[yellow]") + r["basis"] + "[/]",
+                  agree[r.get("agrees")]]
+                 for r in doc["rows"]],
+                title=title, more="--json has them")
     notes = [(r["claim"], r["differs"]) for r in doc["rows"] if r["differs"]]
     for claim, why in notes:
         con.print(f"[dim]• {claim}:[/] {why}")

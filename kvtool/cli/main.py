@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from kvtool import __version__
+from kvtool.cli.helpfmt import fit_help
 from kvtool.cli.output import Settings, err_console
 from kvtool.errors import InputError, KvtoolError, UsageError
 
@@ -97,6 +98,7 @@ class KvtoolGroup(ConventionsGroup):
         if cmd_name not in self.commands and cmd_name in COMMAND_MODULES:
             module = importlib.import_module(f"kvtool.cli.{cmd_name}")
             name_flags(module.command)
+            fit_help(module.command)
             self.add_command(module.command, cmd_name)
         return self.commands.get(cmd_name)
 
@@ -169,7 +171,10 @@ def cli(ctx: click.Context, json_: bool, debug: bool, quiet: bool) -> None:
     obj = ctx.ensure_object(Settings)
     obj.json = obj.json or json_
     obj.debug = debug
-    obj.quiet = quiet
+    obj.quiet = obj.quiet or quiet
+
+
+fit_help(cli)
 
 
 def main() -> None:

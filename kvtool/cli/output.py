@@ -51,8 +51,24 @@ def _set_json(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
     return value
 
 
+def _set_quiet(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+    if value:
+        ctx.ensure_object(Settings).quiet = True
+    return value
+
+
 def json_option(f: F) -> F:
-    """Add ``--json`` to a command (the group has it too; either works)."""
+    """Add ``--json`` and ``-q/--quiet`` to a command (the group has them too; either place
+    works)."""
+    f = click.option(
+        "-q", "--quiet",
+        "quiet_flag",
+        is_flag=True,
+        expose_value=False,
+        callback=_set_quiet,
+        is_eager=True,
+        help="No progress bars or notes on stderr.",
+    )(f)
     return click.option(
         "--json",
         "json_flag",
@@ -73,12 +89,19 @@ _stderr: Console | None = None
 
 
 def _width(stream: Any) -> int | None:
-    """Terminal width on a tty; otherwise $COLUMNS or 120, so logs and pipes get whole tables
-    instead of rich's 80-column default."""
+    """Terminal width on a tty; otherwise $COLUMNS or 80 (a pipe into ``less`` in an
+    80-column terminal must not wrap; ``COLUMNS=200 kvtool … | tee log`` widens a log)."""
     isatty = getattr(stream, "isatty", None)
     if isatty is not None and isatty():
         return None
-    return int(os.environ.get("COLUMNS") or 0) or 120
+    return int(os.environ.get("COLUMNS") or 0) or 80
+
+
+def _same(current: Any, stream: Any) -> bool:
+    """Whether ``current`` writes to ``stream``, or to what a rich live display (a progress
+    bar) redirected ``stream`` from: a second console on its proxy would print the bar
+    twice."""
+    return current is stream or getattr(stream, "rich_proxied_file", None) is current
 
 
 def console() -> Console:
@@ -86,7 +109,7 @@ def console() -> Console:
     from rich.console import Console
 
     global _stdout
-    if _stdout is None or _stdout.file is not sys.stdout:
+    if _stdout is None or not _same(_stdout.file, sys.stdout):
         _stdout = Console(file=sys.stdout, highlight=False, soft_wrap=False, width=_width(sys.stdout))
     return _stdout
 
@@ -95,9 +118,80 @@ def err_console() -> Console:
     from rich.console import Console
 
     global _stderr
-    if _stderr is None or _stderr.file is not sys.stderr:
+    if _stderr is None or not _same(_stderr.file, sys.stderr):
         _stderr = Console(file=sys.stderr, highlight=False, stderr=True, width=_width(sys.stderr))
     return _stderr
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a :func:`print_table`: its header (``\\n`` splits it over lines), how its
+    cells are justified, and its ``rank``: 0 is always shown; when the table is wider than the
+    console, the column with the highest rank goes first (ties: the rightmost). ``wrap``:
+    prose, which may wrap between words (never inside one)."""
+
+    header: str
+    justify: str = "right"
+    rank: int = 0
+    wrap: bool = False
+
+
+HIDDEN_NOTE = "not shown at this width:"
+
+
+def print_table(con: Console, columns: list[Column], rows: list[list[str] | None], *,
+                title: str | None = None, box: Any = None, more: str = "",
+                show_header: bool = True, styles: dict[int, str] | None = None) -> list[str]:
+    """Print ``rows`` (``None``: a section line) as a table that fits ``con.width``.
+
+    Invariant: no cell is cut, and only ``wrap`` columns wrap (between words). Columns
+    are dropped, highest ``rank`` first, until the table fits (``wrap`` columns counted
+    at their longest word), and one line names the columns left out and ``more``: where
+    to see them, e.g. ``--csv FILE``. Columns of rank 0 always stay. Returns the headers
+    left out.
+    """
+    from rich import box as boxes
+    from rich.table import Table
+
+    shown = list(range(len(columns)))
+
+    def longest_word(text: str) -> str:
+        return max(text.split(), key=len, default="")
+
+    def build(measuring: bool = False) -> Table:
+        t = Table(title=None if measuring else title, title_justify="left",
+                  box=box if box is not None else boxes.HEAVY_HEAD, show_header=show_header)
+        for i in shown:
+            c = columns[i]
+            t.add_column(c.header, justify=c.justify,  # type: ignore[arg-type]
+                         no_wrap=not c.wrap, overflow="fold" if c.wrap else "ellipsis",
+                         style=(styles or {}).get(i))
+        for row in rows:
+            if row is None:
+                t.add_section()
+            else:
+                t.add_row(*(longest_word(row[i]) if measuring and columns[i].wrap else row[i]
+                            for i in shown))
+        return t
+
+    def natural_width() -> int:  # unclamped: console.measure caps it at the width
+        return build(True).__rich_measure__(con, con.options.update_width(1 << 20)).maximum
+
+    while natural_width() > con.width:
+        droppable = [i for i in shown if columns[i].rank > 0]
+        if not droppable:
+            break
+        shown.remove(max(droppable, key=lambda i: (columns[i].rank, i)))
+    con.print(build())
+    hidden = [columns[i].header.replace("\n", " ") for i in range(len(columns)) if i not in shown]
+    if hidden:
+        line = f"{HIDDEN_NOTE} {', '.join(hidden)}" + (f" ({more})" if more else "")
+        for shorter in (f"{HIDDEN_NOTE} {len(hidden)} columns" + (f" ({more})" if more else ""),
+                        f"{HIDDEN_NOTE} {len(hidden)} columns"):
+            if len(line) > con.width:
+                line = shorter
+        con.print(f"[dim]{line}[/]", soft_wrap=True)
+    return hidden
 
 
 def _jsonable(obj: Any) -> Any:

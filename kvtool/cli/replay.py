@@ -19,7 +19,8 @@ from kvtool.units import format_size
 if TYPE_CHECKING:
     from kvtool.nvme.hostauth import HostCredentials
 
-POLICY_NAMES = ("lru", "lru-tail-first", "radix", "prefix-fair", "oracle", "mooncake", "vllm")
+POLICY_NAMES = ("lru", "lru-tail-first", "radix", "prefix-fair", "oracle", "mooncake", "vllm",
+                "arc", "s3fifo", "lfu", "vllm-lru", "vllm-arc")
 
 EPILOG = """
 \b
@@ -131,6 +132,11 @@ def _fraction(_ctx: click.Context, param: click.Parameter, value: float | None) 
               help="Write one row per request (and configuration) to this CSV file.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="Write a PNG: hit ratio and bytes written per round (needs the plot extra).")
+@click.option("--iolog", type=click.Path(dir_okay=False), default=None,
+              help="--simulate: write the NVMe tier's reads and writes as a fio iolog "
+                   "(fio --read_iolog=FILE).")
+@click.option("--iolog-version", type=click.Choice(["2", "3"]), default="3", show_default=True,
+              help="fio iolog format (3 carries times in ms).")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
               help="Serve Prometheus metrics on 127.0.0.1:PORT while replaying.")
 @click.option("--cluster", "clusters", multiple=True, type=click.Path(dir_okay=False),
@@ -156,7 +162,8 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
             compares: tuple[str, ...], read_qd: int, seed: int, on_tier_error: str,
             skip_bad: int, prefill_tps: float | None, tpot_ms: float | None,
             read_gbps: dict[str, float], concurrency: int | None, csv_path: str | None,
-            requests_csv: str | None, plot_path: str | None, metrics_port: int | None,
+            requests_csv: str | None, plot_path: str | None, iolog: str | None,
+            iolog_version: str, metrics_port: int | None,
             clusters: tuple[str, ...], request_rate: float | None, speedup: float | None,
             sweep: str | None, scalars: tuple[str, ...],
             credentials: HostCredentials | None) -> None:
@@ -171,7 +178,7 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
     from kvtool.cache.report import check_output_paths
     from kvtool.replay.run import ReplaySettings, describe_setup, prepare
 
-    check_output_paths(csv=csv_path, plot=plot_path, requests_csv=requests_csv)
+    check_output_paths(csv=csv_path, plot=plot_path, requests_csv=requests_csv, iolog=iolog)
     if clusters:
         from kvtool.cli import serving
         from kvtool.serving.calibrate import parse_scalar_overrides
@@ -199,7 +206,8 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
         evict_ratio=evict_ratio, compares=compares, model=model, dtype=dtype, tp=tp,
         block_bytes=block_bytes, prefill_tps=prefill_tps, tpot_ms=tpot_ms,
         read_gbps=read_gbps, concurrency=concurrency, read_qd=read_qd, seed=seed,
-        on_tier_error=on_tier_error, requests_csv=requests_csv, credentials=credentials)
+        on_tier_error=on_tier_error, requests_csv=requests_csv, credentials=credentials,
+        iolog=iolog, iolog_version=int(iolog_version))
     if not settings().debug:
         # A lost target is reported once, as one line naming the tier and its URL; the
         # host's reconnect attempts would repeat it (--debug shows them).
@@ -222,6 +230,14 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
     with progress("replay", job.total, unit="requests") as advance:
         doc = job.run(progress=advance, on_request=sink)
     results = doc.get("configs") or [doc]
+    doc["max_token_hit_ratio"] = None  # "% of max": the trace's unbounded hit ratio
+    if trace != "-" and not doc["interrupted"]:
+        from kvtool.trace.reader import read_trace
+        from kvtool.trace.stats import trace_stats
+
+        doc["max_token_hit_ratio"] = trace_stats(read_trace(
+            trace, fmt=fmt, block_tokens=doc["block_tokens"], skip_bad=skip_bad),
+            reuse=False)["max_token_hit_ratio"]
     if csv_path:
         from kvtool.cache.report import write_csv
 
@@ -234,6 +250,11 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
         for b in doc["bad_lines"]:
             note(f"[yellow]skipped bad line {b['line']}: {b['message']}[/]")
     emit(doc, lambda con: _render(con, results, doc))
+    if doc.get("iolog") and not want_json():
+        lg = doc["iolog"]
+        note(f"fio iolog v{lg['version']}: {lg['path']} ({lg['reads']:,} reads, {lg['writes']:,} "
+             f"writes of {lg['block_bytes']:,} B; replay on ≥ {lg['device_bytes']:,} B: "
+             f"fio --name=kv --read_iolog={lg['path']} --replay_redirect=DEVICE)")
     if doc["interrupted"]:
         note("interrupted: the report covers the requests served before Ctrl-C")
         raise SystemExit(130)
@@ -265,8 +286,6 @@ def _amount(blocks: int | None, nbytes: int | None) -> str:
 
 
 def _render(con: Any, results: list[dict[str, Any]], head: dict[str, Any]) -> None:
-    from rich.table import Table
-
     con.print(f"[bold]kvtool replay[/] {head['trace']} ({head['format']}, "
               f"{head['block_tokens']} tokens/block"
               + (f", {format_size(head['block_bytes'], binary=False)}/block"
@@ -275,97 +294,148 @@ def _render(con: Any, results: list[dict[str, Any]], head: dict[str, Any]) -> No
                  if head.get("block_size") and head["block_size"]["tp"] > 1 else "")
               + f", {head['mode']} mode)")
     if len(results) == 1:
-        _render_one(con, results[0], Table)
+        _render_one(con, results[0], head.get("max_token_hit_ratio"))
     else:
-        _render_compare(con, results, Table)
+        _render_compare(con, results, head)
     if head["mode"] == "data":
-        _render_data(con, results, Table)
+        _render_data(con, results)
         con.print("[dim]Link bytes, seconds and load times are measured; prefill and decode "
                   "times are modelled (docs/replay.md).[/]")
     else:
         con.print("[dim]Times are modelled (prefill rate, tier read rates, TPOT; "
                   "docs/replay.md), not measured.[/]")
+    con.print(f"[dim]busy: the modelled request times summed, / concurrency "
+              f"{results[0]['time_model']['concurrency']}: one engine serving the requests "
+              "back to back, not the trace's duration.[/]")
 
 
-def _render_one(con: Any, res: dict[str, Any], Table: Any) -> None:
+def _round_header(res: dict[str, Any]) -> str:
+    return "minute" if res["round_kind"] == "window" else "round"
+
+
+def _held(t: dict[str, Any], block_bytes: int | None) -> str:
+    """A tier's capacity as configured, and what an unbounded one actually held."""
+    if t["capacity_blocks"] is None:
+        held = t.get("occupancy_blocks")
+        if held is None:
+            return "inf"
+        return f"inf (held {_amount(held, held * block_bytes if block_bytes else None)})"
+    cap = t["capacity_blocks"]
+    return _amount(cap, cap * block_bytes if block_bytes else None)
+
+
+def _render_one(con: Any, res: dict[str, Any], maximum: float | None) -> None:
+    from kvtool.cli.output import Column, print_table
+
     tiers = [t["name"] for t in res["tiers"]]
-    names = "/".join(tiers)
-    t = Table(title=f"{res['label']} · {res['write_policy']}", title_justify="left")
-    for col in ["round" if res["round_kind"] != "window" else "minute", "reqs", "hit ratio",
-                f"hit {names}", "recompute tok", f"puts {names}", f"promotions {names}",
-                f"evictions {names}",
-                "TTFT p50", "TTFT p99", "wall"]:
-        t.add_column(col, justify="right")
+    block_bytes = res.get("block_bytes")
+    cols = [Column(_round_header(res), rank=0), Column("reqs", rank=4),
+            Column("hit\nratio", rank=0)]
+    cols += [Column(f"hit\n{n}", rank=1) for n in tiers] if len(tiers) > 1 else []
+    cols += [Column("recompute\ntokens", rank=2)]
+    cols += [Column(f"puts\n{n}", rank=5) for n in tiers]
+    cols += [Column(f"promoted\n{n}", rank=6) for n in tiers]
+    cols += [Column(f"evicted\n{n}", rank=5) for n in tiers]
+    cols += [Column("TTFT\np50", rank=2), Column("TTFT\np99", rank=3),
+             Column("busy\n(model)", rank=4)]
 
     def cells(r: dict[str, Any]) -> list[str]:
-        return [str(r["requests"]), _pct(r["token_hit_ratio"]),
-                " / ".join(_pct(r["hit_ratio_by_tier"][n]) for n in tiers),
-                f"{r['recompute_tokens']:,}",
-                " / ".join(_amount(r["put_blocks"][n], r["put_bytes"][n]) for n in tiers),
-                " / ".join(_amount(r["promoted_blocks"][n], r["promoted_bytes"][n])
-                           for n in tiers),
-                " / ".join(f"{r['evictions'][n]:,}" for n in tiers),
-                _secs(r["ttft_p50_s"]), _secs(r["ttft_p99_s"]), _secs(r["wall_s"])]
+        return ([str(r["requests"]), _pct(r["token_hit_ratio"])]
+                + ([_pct(r["hit_ratio_by_tier"][n]) for n in tiers] if len(tiers) > 1 else [])
+                + [f"{r['recompute_tokens']:,}"]
+                + [_amount(r["put_blocks"][n], r["put_bytes"][n]) for n in tiers]
+                + [_amount(r["promoted_blocks"][n], r["promoted_bytes"][n]) for n in tiers]
+                + [f"{r['evictions'][n]:,}" for n in tiers]
+                + [_secs(r["ttft_p50_s"]), _secs(r["ttft_p99_s"]), _secs(r["wall_s"])])
 
+    rows: list[list[str] | None] = []
     for r in res["rounds"]:
         mark = " ◀ cliff" if r["round"] == res["cliff_round"] else ""
-        t.add_row(f"{r['round']}{mark}", *cells(r))
-    t.add_section()
-    t.add_row("total", *cells(res))
-    con.print(t)
+        rows.append([f"{r['round']}{mark}", *cells(r)])
+    rows.append(None)
+    rows.append(["total", *cells(res)])
+    title = (f"{res['label']} · {res['write_policy']}"
+             if res["label"] else res["write_policy"])
+    print_table(con, cols, rows, title=title, more="--csv FILE has every column")
     cliff = res["cliff_round"]
-    con.print(f"token hit ratio [bold]{_pct(res['token_hit_ratio'])}[/] · collapse round "
-              + (f"[bold red]{cliff}[/]" if cliff is not None else "[green]none[/]")
+    kind = _round_header(res)
+    con.print(f"token hit ratio [bold]{_pct(res['token_hit_ratio'])}[/]"
+              + (f" ({_pct(res['token_hit_ratio'] / maximum)} of the trace's max "
+                 f"{_pct(maximum)})" if maximum else "")
+              + f" · collapse {kind} "
+              + ("[dim]n/a (no rounds)[/]" if kind != "round"
+                 else f"[bold red]{cliff}[/]" if cliff is not None else "[green]none[/]")
               + f" · requests/s (modelled) {res['requests_per_s'] or 0:.2f}"
               + (" · [yellow]interrupted[/]" if res.get("interrupted") else ""))
+    if any(t["capacity_blocks"] is None for t in res["tiers"]):
+        con.print("tiers: " + ", ".join(f"{t['name']} {_held(t, block_bytes)}" for t in res["tiers"]))
 
 
-def _render_compare(con: Any, results: list[dict[str, Any]], Table: Any) -> None:
-    s = Table(title="configurations side by side", title_justify="left")
-    s.add_column("")
-    for res in results:
-        s.add_column(res["label"], justify="right")
+def _render_compare(con: Any, results: list[dict[str, Any]], head: dict[str, Any]) -> None:
+    from rich import box
+
+    from kvtool.cli.output import Column, print_table
+
+    best = max((r["token_hit_ratio"] for r in results), default=0.0)
+    maximum = head.get("max_token_hit_ratio")
+    kind = _round_header(results[0])
     rows: list[tuple[str, Any]] = [
         ("token hit ratio", lambda r: _pct(r["token_hit_ratio"])),
-        ("collapse round", lambda r: "none" if r["cliff_round"] is None else str(r["cliff_round"])),
+        ("% of max" if maximum is not None else "% of best here",
+         lambda r: _pct(r["token_hit_ratio"] / (maximum or best)) if (maximum or best) else "–"),
+        (f"collapse {kind}", lambda r: "n/a" if kind != "round" else
+         "none" if r["cliff_round"] is None else str(r["cliff_round"])),
         ("recompute tokens", lambda r: f"{r['recompute_tokens']:,}"),
         ("written (all tiers)", lambda r: _amount(sum(r["blocks_written"].values()),
                                                   _sum_or_none(r["bytes_written"]))),
         ("evictions (all tiers)", lambda r: f"{sum(r['evictions'].values()):,}"),
         ("TTFT p50", lambda r: _secs(r["ttft_p50_s"])),
         ("TTFT p99", lambda r: _secs(r["ttft_p99_s"])),
-        ("wall (modelled)", lambda r: _secs(r["wall_s"])),
+        ("busy (modelled)", lambda r: _secs(r["wall_s"])),
     ]
-    for name, fn in rows:
-        s.add_row(name, *[fn(r) for r in results])
-    con.print(s)
-    per = Table(title="token hit ratio per round", title_justify="left")
-    per.add_column("round" if results[0]["round_kind"] != "window" else "minute", justify="right")
-    for res in results:
-        per.add_column(res["label"], justify="right")
+    tier_names = sorted({t["name"] for r in results for t in r["tiers"]},
+                        key=("gpu", "dram", "nvme").index)
+    for name in tier_names:
+        rows.append((name, lambda r, name=name: next(
+            (_held(t, r.get("block_bytes")) for t in r["tiers"] if t["name"] == name), "–")))
+    keys = [f"[{i + 1}]" for i in range(len(results))]
+    cols = [Column("", justify="left")] + [Column(k, rank=1) for k in keys]
+    print_table(con, cols, [[name, *[fn(r) for r in results]] for name, fn in rows],
+                title="configurations side by side", box=box.SIMPLE_HEAD,
+                more="--json has them all")
+    for k, r in zip(keys, results, strict=True):
+        con.print(f"  {k} {r['label']}")
+    if maximum is None:
+        con.print("[dim]% of best here: of the best configuration's hit ratio.[/]")
+    else:
+        con.print(f"[dim]% of max: of {_pct(maximum)}, the trace's hit ratio with unbounded "
+                  "tiers (only first uses miss).[/]")
+    per_cols = [Column(kind)] + [Column(k, rank=1) for k in keys]
     by_round = [{r["round"]: r for r in res["rounds"]} for res in results]
+    per_rows: list[list[str] | None] = []
     for rnd in sorted({k for d in by_round for k in d}):
         cells = []
         for res, d in zip(results, by_round, strict=True):
-            r = d.get(rnd)
+            row = d.get(rnd)
             mark = " ◀" if rnd == res["cliff_round"] else ""
-            cells.append("–" if r is None else _pct(r["token_hit_ratio"]) + mark)
-        per.add_row(str(rnd), *cells)
-    con.print(per)
+            cells.append("–" if row is None else _pct(row["token_hit_ratio"]) + mark)
+        per_rows.append([str(rnd), *cells])
+    print_table(con, per_cols, per_rows, title=f"token hit ratio per {kind}",
+                box=box.SIMPLE_HEAD, more="--json has them all")
 
 
-def _render_data(con: Any, results: list[dict[str, Any]], Table: Any) -> None:
+def _render_data(con: Any, results: list[dict[str, Any]]) -> None:
     """Data mode: bytes per link (measured), content checks, the NVMe medium's counters."""
+    from kvtool.cli.output import Column, print_table
+
     for res in results:
         m = res["measured"]
-        t = Table(title="measured links" + (f" · {res['label']}" if len(results) > 1 else ""),
-                  title_justify="left")
-        for col in ("link", "blocks", "bytes", "seconds", "GB/s"):
-            t.add_column(col, justify="right")
-        for name, lk in m["links"].items():
-            t.add_row(name, f"{lk['blocks']:,}", format_size(lk["bytes"], binary=False),
-                      f"{lk['seconds']:.3f}", "–" if lk["gbps"] is None else f"{lk['gbps']:.2f}")
-        con.print(t)
+        print_table(con, [Column("link", justify="left"), Column("blocks"), Column("bytes"),
+                          Column("seconds"), Column("GB/s")],
+                    [[name, f"{lk['blocks']:,}", format_size(lk["bytes"], binary=False),
+                      f"{lk['seconds']:.3f}", "–" if lk["gbps"] is None else f"{lk['gbps']:.2f}"]
+                     for name, lk in m["links"].items()],
+                    title="measured links" + (f" · {res['label']}" if len(results) > 1 else ""))
         colour = "red" if res["corrupt_blocks"] or res["lost_blocks"] else "green"
         con.print(f"[{colour}]verified {res['verified_blocks']:,} blocks · corrupt "
                   f"{res['corrupt_blocks']:,} · lost {res['lost_blocks']:,} · recomputed "

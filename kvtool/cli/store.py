@@ -76,7 +76,7 @@ def render(c: Console, r: dict[str, Any]) -> None:
     t.add_row("index", f"{ix['free']:,} free, {ix['stale']} stale, {ix['superseded']} "
               f"superseded, {ix['problems']} damaged")
     if ix["generation_max"] is not None:
-        t.add_row("generations", f"{ix['generation_min']} … {ix['generation_max']}")
+        t.add_row("generations", f"{ix['generation_min']} to {ix['generation_max']}")
     c.print(t)
     if r["problems"]:
         p = Table(box=box.SIMPLE, title="damaged index entries")
@@ -86,10 +86,10 @@ def render(c: Console, r: dict[str, Any]) -> None:
             p.add_row(str(row["slot"]), str(row["entry_offset"]), row["key"], row["reason"])
         c.print(p)
     if r["objects"]:
-        o = Table(box=box.SIMPLE, title="objects")
-        for col in ("slot", "key", "offset", "length", "crc32c", "generation", "ordinal"):
-            o.add_column(col, no_wrap=True)
-        for row in r["objects"]:
-            o.add_row(*(str(row[k]) for k in ("slot", "key", "offset", "length", "crc32c",
-                                               "generation", "ordinal")))
-        c.print(o)
+        from kvtool.cli.output import Column, print_table
+
+        names = ("slot", "key", "offset", "length", "crc32c", "generation", "ordinal")
+        ranks = {"generation": 2, "ordinal": 1, "length": 3}
+        print_table(c, [Column(n, justify="left", rank=ranks.get(n, 0)) for n in names],
+                    [[str(row[k]) for k in names] for row in r["objects"]],
+                    box=box.SIMPLE, title="objects", more="--json has them")

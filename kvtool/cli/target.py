@@ -1,4 +1,5 @@
-"""``kvtool target up / down / status / discover / export / keygen``: declarative NVMe-oF targets.
+"""``kvtool target up / down / status / ana / discover / export / keygen``: declarative NVMe-oF
+targets.
 
 Thin wrappers over :mod:`kvtool.target.api`; JSON schemas are in docs/target.md.
 """
@@ -10,12 +11,11 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.table import Table
 
 from kvtool.cli.output import dump_json, emit, json_option, note, want_json
 from kvtool.errors import UsageError
 from kvtool.target import api
-from kvtool.target.model import BACKENDS, ENGINES, MAX_BUSY_POLL_US
+from kvtool.target.model import ANA_STATES, BACKENDS, ENGINES, MAX_BUSY_POLL_US
 from kvtool.target.plan import Plan, Step
 
 EXAMPLES_UP = """
@@ -40,18 +40,23 @@ def _backend_options(f: Any) -> Any:
     return f
 
 
-def _plan_table(plan: Plan, title: str) -> Table:
-    table = Table(title=title, title_justify="left", show_lines=False)
-    table.add_column("#", justify="right")
-    table.add_column("action")
-    table.add_column("object")
-    table.add_column("target", overflow="fold")
-    table.add_column("detail", overflow="fold")
+def _steps(n: int) -> str:
+    return f"{n} step" if n == 1 else f"{n} steps"
+
+
+def _print_plan(con: Any, plan: Plan, title: str) -> None:
+    from kvtool.cli.output import Column, print_table
+
+    rows: list[list[str] | None] = []
     for i, s in enumerate(plan.steps, 1):
         colour = {"create": "green", "link": "green", "start": "green", "load": "green",
                   "delete": "red", "unlink": "red", "stop": "red"}.get(s.action, "yellow")
-        table.add_row(str(i), f"[{colour}]{s.action}[/]", s.kind, s.target, s.detail)
-    return table
+        rows.append([str(i), f"[{colour}]{s.action}[/]", s.kind, s.target, s.detail])
+    print_table(con, [Column("#"), Column("action", justify="left"),
+                      Column("object", justify="left"),
+                      Column("target", justify="left", wrap=True),
+                      Column("detail", justify="left", wrap=True, rank=1)],
+                rows, title=title, more="--json has them")
 
 
 def _show_plan(name: str) -> Any:
@@ -66,8 +71,8 @@ def _show_plan(name: str) -> Any:
                     else "nothing of this config is up")
             con.print(f"[bold]{name}[/]: nothing to do — {what} ({plan.backend})")
         else:
-            con.print(_plan_table(plan, f"Plan: target {plan.operation} {name} "
-                                        f"({plan.backend}, {len(plan.steps)} steps)"))
+            _print_plan(con, plan, f"Plan: target {plan.operation} {name} "
+                                   f"({plan.backend}, {_steps(len(plan.steps))})")
         for n in plan.notes:
             con.print(f"  note: {n}")
     return show
@@ -147,7 +152,7 @@ def _after_up(con: Console, doc: dict[str, Any]) -> None:
         con.print("dry run: nothing was changed")
         return
     if doc["applied"]:
-        con.print(f"[green]applied {doc['applied']} step(s)[/]; state: {doc['state_file']}")
+        con.print(f"[green]applied {_steps(doc['applied'])}[/]; state: {doc['state_file']}")
     _status_tables(con, doc["status"])
 
 
@@ -166,6 +171,8 @@ Example:
 def down(config: str | None, backend: str | None, engine: str | None, configfs_root: str | None,
          spdk_socket: str | None, name: str | None, dry_run: bool) -> None:
     """Tear down what CONFIG (or the recorded target NAME) owns, in teardown order."""
+    if config is None and name is None and _nothing_up("down"):
+        return
     cfg, record = api.resolve(config, name, backend=backend, engine=engine, allow_remote=True,
                               check_paths=False)
     opts = api.Options(configfs_root=configfs_root, spdk_socket=spdk_socket)
@@ -178,7 +185,7 @@ def down(config: str | None, backend: str | None, engine: str | None, configfs_r
         if dry_run:
             con.print("dry run: nothing was changed")
         else:
-            con.print(f"[green]{cfg.name} is down[/] ({result.applied} step(s))")
+            con.print(f"[green]{cfg.name} is down[/] ({_steps(result.applied)})")
     emit(doc, human)
 
 
@@ -199,6 +206,8 @@ def status(config: str | None, backend: str | None, engine: str | None,
            configfs_root: str | None, spdk_socket: str | None, name: str | None,
            url_only: bool) -> None:
     """Show what is up: namespaces (size, LBA), listeners, URLs, registration records."""
+    if config is None and name is None and not url_only and _nothing_up("status"):
+        return
     cfg, record = api.resolve(config, name, backend=backend, engine=engine, allow_remote=True,
                               check_paths=False)
     doc = api.status(cfg, record, api.Options(configfs_root=configfs_root,
@@ -214,32 +223,67 @@ def status(config: str | None, backend: str | None, engine: str | None,
     emit(doc, lambda con: _status_tables(con, doc))
 
 
+def _ana_text(listener: dict[str, Any]) -> str:
+    states = listener.get("ana")
+    if not states:
+        return ""
+    return " (ANA " + ", ".join(f"g{g} {s}" for g, s in states.items()) + ")"
+
+
+def _nothing_up(operation: str) -> bool:
+    """With no CONFIG or --name and no target recorded, say so (exit 0, as a second
+    ``target up`` is a no-op) and return True."""
+    from kvtool.target import state
+
+    if state.names():
+        return False
+    doc = {"schema": f"kvtool.target.{operation}/1", "state": "nothing up",
+           "state_dir": str(state.targets_dir())}
+    emit(doc, lambda con: con.print(f"nothing is up (no target recorded in "
+                                    f"{doc['state_dir']})"))
+    return True
+
+
 def _status_tables(con: Console, doc: dict[str, Any]) -> None:
     from kvtool.units import format_size
     state_colour = {"up": "green", "partial": "yellow", "down": "red"}.get(doc["state"], "white")
     extra = f" engine {doc['engine']}" if doc.get("engine") else ""
     con.print(f"[bold]{doc['name']}[/]: [{state_colour}]{doc['state']}[/] ({doc['backend']}{extra})")
-    table = Table(show_lines=False)
-    for col in ("subsystem", "nsid", "size", "LBA", "backing", "listeners"):
-        table.add_column(col, overflow="fold")
+    from kvtool.cli.output import Column, print_table
+
+    rows: list[list[str] | None] = []
     for sub in doc["subsystems"]:
-        listeners = ", ".join(f"{x['transport']} {x['address']}:{x['port']}"
+        listeners = ", ".join(f"{x['transport']} {x['address']}:{x['port']}" + _ana_text(x)
                               for x in sub["listeners"]) or "-"
         if not sub["namespaces"]:
-            table.add_row(sub["nqn"], "-", "-", "-", sub["state"], listeners)
+            rows.append([sub["nqn"], "-", "-", "-", sub["state"], listeners])
         for ns in sub["namespaces"]:
             size = format_size(ns["size"]) if ns.get("size") is not None else "?"
-            table.add_row(sub["nqn"], str(ns["nsid"]), size, str(ns.get("block_size") or "?"),
-                          str(ns.get("backing") or ""), listeners)
-    con.print(table)
+            rows.append([sub["nqn"], str(ns["nsid"]), size, str(ns.get("block_size") or "?"),
+                         str(ns.get("backing") or ""), listeners])
+    print_table(con, [Column("subsystem", justify="left"), Column("nsid"), Column("size"),
+                      Column("LBA", rank=2), Column("backing", justify="left", wrap=True, rank=1),
+                      Column("listeners", justify="left", wrap=True)],
+                rows, more="--json has them")
     for sub in doc["subsystems"]:
         hosts = "any host" if sub.get("allow_any_host") else (", ".join(sub.get("hosts", []))
                                                               or "no host allowed")
-        con.print(f"{sub['nqn']} allows: {hosts}", soft_wrap=True)
+        con.print(f"{sub['nqn']} allows: {hosts}")
     for reg in doc["registrations"]:  # whole lines: people copy them
-        con.print(f"nsid {reg['nsid']}: {reg['url']}", soft_wrap=True)
+        con.print(f"nsid {reg['nsid']}: {reg['url']}")
+    for sub in doc["subsystems"]:
+        for ns in sub["namespaces"]:
+            if ns.get("multipath_url"):
+                con.print(f"nsid {ns['nsid']} (all paths): {ns['multipath_url']}")
     if doc.get("metrics"):
-        con.print(f"metrics: {doc['metrics']}", soft_wrap=True)
+        con.print(f"metrics: {doc['metrics']}")
+    for proc in doc.get("processes", []):
+        state = "running" if proc["running"] else "gone"
+        ports = ", ".join(map(str, proc["ports"])) or "-"
+        con.print(f"process: {proc['role']} pid {proc['pid']} ({state}, {proc['phase']}; "
+                  f"ports {ports}; record {proc['record']})")
+    for n in doc.get("notes", []):
+        con.print(f"  note: {n}")
 
 
 @command.command(epilog="""
@@ -260,15 +304,44 @@ def discover(address: str, hostnqn: str | None, timeout: float) -> None:
            "entries": entries}
 
     def human(con: Console) -> None:
-        table = Table(title=f"Discovery log of {host}:{port} ({len(entries)} entries)",
-                      title_justify="left")
-        for col in ("subtype", "subnqn", "trtype", "adrfam", "traddr", "trsvcid", "portid"):
-            table.add_column(col, overflow="fold")
-        for e in entries:
-            table.add_row(*(str(e.get(c, "")) for c in ("subtype", "subnqn", "trtype", "adrfam",
-                                                        "traddr", "trsvcid", "portid")))
-        con.print(table)
+        from kvtool.cli.output import Column, print_table
+
+        names = ("subtype", "subnqn", "trtype", "adrfam", "traddr", "trsvcid", "portid")
+        ranks = {"subtype": 1, "adrfam": 3, "portid": 2}
+        print_table(con, [Column(c, justify="left", rank=ranks.get(c, 0)) for c in names],
+                    [[str(e.get(c, "")) for c in names] for e in entries],
+                    title=f"Discovery log of {host}:{port} ({len(entries)} entries)",
+                    more="--json has them")
     emit(doc, human)
+
+
+@command.command(epilog="""
+\b
+Example:
+  kvtool target ana fixtures/targets/multipath.toml --listener 127.0.0.1:4421 --state inaccessible
+  kvtool target ana --name multipath --listener 127.0.0.1:4420 --group 1 --state optimized
+""")
+@click.argument("config", required=False, type=click.Path(dir_okay=False))
+@_backend_options
+@click.option("--name", help="Target name (when CONFIG is not given, the recorded config is used).")
+@click.option("--listener", required=True, metavar="ADDR:PORT", help="The listener (path).")
+@click.option("--group", type=click.IntRange(1, 128), default=1, show_default=True,
+              help="ANA group.")
+@click.option("--state", required=True, type=click.Choice(ANA_STATES), help="New ANA state.")
+@json_option
+def ana(config: str | None, backend: str | None, engine: str | None, configfs_root: str | None,
+        spdk_socket: str | None, name: str | None, listener: str, group: int,
+        state: str) -> None:
+    """Change the ANA state of GROUP on one listener of a running target, at once: hosts
+    connected there get an ANA Change notice and move their I/O (kvtool's host, Linux
+    native multipath)."""
+    cfg, record = api.resolve(config, name, backend=backend, engine=engine, allow_remote=True,
+                              check_paths=False)
+    doc = {"schema": "kvtool.target.ana/1",
+           **api.ana(cfg, record, listener, group, state,
+                     api.Options(configfs_root=configfs_root, spdk_socket=spdk_socket))}
+    emit(doc, lambda con: con.print(f"{doc['name']}: {doc['listener']} group {doc['group']}: "
+                                    f"{doc['previous']} -> [bold]{doc['state']}[/]"))
 
 
 @command.command(epilog="""

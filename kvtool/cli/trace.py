@@ -161,7 +161,7 @@ def _render_stats(con: Console, r: dict[str, Any]) -> None:
         shown = per if len(per) <= 40 else [*per[:20], None, *per[-20:]]
         for row in shown:
             if row is None:
-                t.add_row("…", "", "", "", "", "")
+                t.add_row("⋮", "", "", "", "", "")
                 continue
             t.add_row(str(row["round"]), f"{row['requests']:,}", f"{row['input_tokens']:,}",
                       f"{row['max_hit_tokens']:,}", f"{row['max_token_hit_ratio']:.3f}",

@@ -48,6 +48,10 @@ class RunData:
     serving: bool = False
     """A serving experiment: ``results`` maps a label to ``{"runs": [report per load]}``
     (:mod:`kvtool.experiments.serving`)."""
+    bands: dict[str, tuple[list[int], list[float], list[float], list[float]]] = field(
+        default_factory=dict)
+    """``--seeds N``: configuration label → (rounds, mean, 95 % low, high) of the token hit
+    ratio over the seeds (:func:`kvtool.experiments.seeds.round_band`)."""
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,13 @@ def _multi_turn(data: RunData, ax1: Any, ax2: Any) -> None:
     for label, res in data.results.items():
         rounds = res["rounds"]
         x = [r["round"] for r in rounds]
-        ax1.plot(x, [r["token_hit_ratio"] for r in rounds], marker=".", label=label)
+        band = data.bands.get(label)
+        if band is not None:   # --seeds: the mean over the seeds and its 95 % interval
+            bx, mean, lo, hi = band
+            line, = ax1.plot(bx, mean, marker=".", label=f"{label} (mean, 95 % CI)")
+            ax1.fill_between(bx, lo, hi, color=line.get_color(), alpha=0.25, linewidth=0)
+        else:
+            ax1.plot(x, [r["token_hit_ratio"] for r in rounds], marker=".", label=label)
         tiers = [t["name"] for t in res["tiers"]]
         try:
             puts = [put_blocks(r, tiers[-1], tiers) for r in rounds]

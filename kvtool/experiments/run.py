@@ -208,11 +208,21 @@ def run_experiment(exp: Experiment, *, out_dir: Path | None, simulate: bool = Fa
                    progress: ProgressFactory | None = None, observer: Any = None,
                    scratch: Path | None = None, dram: str | None = None,
                    nvme: str | None = None,
-                   on_event: Callable[[str], None] | None = None) -> dict[str, Any]:
+                   on_event: Callable[[str], None] | None = None,
+                   seeds: int = 1) -> dict[str, Any]:
     """Run ``exp``; write JSON, CSV and PNG into ``out_dir`` (when given); return the
     ``kvtool.experiment/1`` document. Replay experiments run in data mode unless
-    ``simulate`` (``dram``/``nvme``: places for their tiers, see :func:`run_replay_kind`)."""
+    ``simulate`` (``dram``/``nvme``: places for their tiers, see :func:`run_replay_kind`).
+    ``seeds`` > 1 re-runs a generated workload with that many seeds and reports every
+    figure as a mean with a 95 % bootstrap interval (:mod:`kvtool.experiments.seeds`)."""
     import tempfile
+
+    if seeds < 1:
+        raise UsageError(f"must be at least 1, got {seeds}", field="seeds")
+    if seeds > 1 and exp.kind == "parallel-read":
+        raise UsageError(f"{exp.name} measures reads, it generates no workload to re-seed "
+                         "(its [workload] repeats set how often it measures)", field="seeds")
+    seed_list = [exp.workload.get("seed", 0) + i for i in range(seeds)]
 
     with tempfile.TemporaryDirectory(prefix="kvtool-exp-") as tmp:
         work = out_dir or Path(tmp)
@@ -224,6 +234,7 @@ def run_experiment(exp: Experiment, *, out_dir: Path | None, simulate: bool = Fa
             # One shape for every kind and mode (docs/experiments.md): what does not apply
             # is null.
             "mode": None, "requests": None, "setup": None, "reads": None, "configs": [],
+            "seeds": None,
         }
         if exp.kind == "parallel-read":
             from kvtool.experiments.parallel_read import run_parallel_read
@@ -255,11 +266,49 @@ def run_experiment(exp: Experiment, *, out_dir: Path | None, simulate: bool = Fa
                 for c in doc["configs"]:
                     c["trace"] = None
         doc["rows"] = compute_rows(exp, data)
+        for row in doc["rows"]:
+            row["seeds"] = None
+        if seeds > 1:
+            _more_seeds(exp, doc, data, seed_list, work, simulate=simulate, progress=progress,
+                        observer=observer, dram=dram, nvme=nvme, scratch=scratch or work,
+                        on_event=on_event)
         if out_dir is not None:
             doc["files"] = write_files(exp, doc, data, out_dir)
         else:
             doc["files"] = {}
     return doc
+
+
+def _more_seeds(exp: Experiment, doc: dict[str, Any], data: RunData, seed_list: list[int],
+                work: Path, **run: Any) -> None:
+    """Run seeds ``seed_list[1:]`` (the first ran already, into ``doc`` and ``data``); put
+    each figure's mean and 95 % interval into ``doc["rows"]`` and the per-round bands into
+    ``data.bands``. ``configs`` stays the first seed's documents."""
+    from dataclasses import replace
+
+    from kvtool.experiments.seeds import METHOD, ci_text, round_band, summarize
+
+    values = [[row["kvtool"]] for row in doc["rows"]]
+    results = {label: [res] for label, res in data.results.items()}
+    for seed in seed_list[1:]:
+        exp_s = replace(exp, workload={**exp.workload, "seed": seed})
+        trace = work / f"trace-seed{seed}.jsonl"
+        write_trace(exp_s, trace)
+        try:
+            more = run_replay_kind(exp_s, trace, **run)
+        finally:
+            trace.unlink(missing_ok=True)
+        for vals, row in zip(values, compute_rows(exp_s, more), strict=True):
+            vals.append(row["kvtool"])
+        for label, res in more.results.items():
+            results[label].append(res)
+    for row, vals in zip(doc["rows"], values, strict=True):
+        summary = summarize(vals, seed_list)
+        row["seeds"] = summary
+        row["kvtool"] = summary["mean"]
+        row["kvtool_text"] = ci_text(summary, row["unit"])
+    doc["seeds"] = {"n": len(seed_list), "seeds": seed_list, "method": METHOD}
+    data.bands = {label: round_band(res) for label, res in results.items()}
 
 
 def write_files(exp: Experiment, doc: dict[str, Any], data: RunData, out_dir: Path
@@ -277,11 +326,14 @@ def write_files(exp: Experiment, doc: dict[str, Any], data: RunData, out_dir: Pa
         with open(files["csv"], "w", newline="", encoding="utf-8") as f:
             w = csv.writer(f)
             w.writerow(["claim", "published", "kvtool", "unit", "measured", "basis",
-                        "published_text", "kvtool_text"])
+                        "published_text", "kvtool_text", "seeds", "ci95_low", "ci95_high"])
             for r in doc["rows"]:
+                sd = r.get("seeds") or {}
+                lo, hi = sd.get("ci95") or ("", "")
                 w.writerow([r["claim"], "" if r["published"] is None else r["published"],
                             "" if r["kvtool"] is None else r["kvtool"], r["unit"],
-                            r["measured"], r["basis"], r["published_text"], r["kvtool_text"]])
+                            r["measured"], r["basis"], r["published_text"], r["kvtool_text"],
+                            sd.get("n", ""), lo, hi])
         if data.serving:
             from kvtool.experiments.serving import plot_serving, sweep_doc
             from kvtool.serving.run import write_csv as write_sweep_csv

@@ -17,14 +17,17 @@ import errno
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvtool.errors import AuthenticationFailed, UsageError
 from kvtool.nvme import spec
 from kvtool.nvme.host import AuthenticationError, ConnectError, Controller, HostCredentials
 from kvtool.nvme.queue import Command, TransportError
-from kvtool.nvme.url import default_hostnqn, parse_nvme_url
+from kvtool.nvme.url import NvmeUrl, default_hostnqn, parse_nvme_url
 from kvtool.store.io import check_extent
+
+if TYPE_CHECKING:
+    from kvtool.nvme.multipath import MultipathEngine
 
 __all__ = ["NvmeTcpEngine", "open_nvme_tcp"]
 
@@ -176,7 +179,8 @@ class NvmeTcpEngine:
 
 
 def open_nvme_tcp(url: str, *, write: bool, qd: int = 32, hostnqn: str | None = None,
-                  credentials: HostCredentials | None = None, **opts: Any) -> NvmeTcpEngine:
+                  credentials: HostCredentials | None = None,
+                  **opts: Any) -> NvmeTcpEngine | MultipathEngine:
     """Connect to ``nvme+tcp://HOST:PORT/SUBNQN[/NSID][?hostnqn=]`` and return the engine.
 
     Host NQN: ``hostnqn`` argument, else the URL's ``?hostnqn=``, else the machine default
@@ -193,6 +197,9 @@ def open_nvme_tcp(url: str, *, write: bool, qd: int = 32, hostnqn: str | None = 
     nqn = hostnqn or creds.hostnqn or parsed.hostnqn or default_hostnqn()
     io_queues = int(opts.get("io_queues") or (2 if qd >= 16 else 1))
     depth = max(2, -(-qd // io_queues))
+    if parsed.alternates:
+        return _open_multipath(parsed, nqn, creds, write=write, qd=qd, io_queues=io_queues,
+                               depth=depth, opts=opts)
     try:
         ctrl = Controller(parsed.host, parsed.port, parsed.subnqn, hostnqn=nqn,
                           io_queues=io_queues, queue_depth=depth,
@@ -220,3 +227,30 @@ def open_nvme_tcp(url: str, *, write: bool, qd: int = 32, hostnqn: str | None = 
     except BaseException:
         ctrl.close()
         raise
+
+
+def _open_multipath(parsed: NvmeUrl, hostnqn: str, creds: HostCredentials, *, write: bool,
+                    qd: int, io_queues: int, depth: int, opts: dict[str, Any]) -> MultipathEngine:
+    """Several addresses: one controller per path, I/O on the optimized ones
+    (:mod:`kvtool.nvme.multipath`)."""
+    from kvtool.nvme.multipath import MultipathEngine
+
+    def connect(host: str, port: int) -> Controller:
+        return Controller(host, port, parsed.subnqn, hostnqn=hostnqn, io_queues=io_queues,
+                          queue_depth=depth, header_digest=bool(opts.get("header_digest", False)),
+                          data_digest=bool(opts.get("data_digest", False)),
+                          timeout=float(opts.get("timeout", 10.0)), reconnect=0,
+                          kato_ms=int(opts.get("kato_ms", 5000)),
+                          dhchap_secret=creds.secret, dhchap_ctrl_secret=creds.ctrl_secret)
+
+    nsid = parsed.nsid or 1
+    try:
+        return MultipathEngine(connect, list(parsed.paths), nsid, url=str(parsed), write=write,
+                               qd=qd, policy=str(opts.get("multipath_policy", "round-robin")),
+                               failover_timeout=float(opts.get("failover_timeout", 30.0)))
+    except AuthenticationError as exc:
+        raise AuthenticationFailed(str(exc)) from None
+    except ConnectError as exc:
+        raise UsageError(str(exc), field="target") from None
+    except OSError as exc:
+        raise UsageError(f"{parsed}: {exc}", field="target") from None

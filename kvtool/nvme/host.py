@@ -339,16 +339,38 @@ class Controller:
                 raise ValueError(f"namespace {nsid} is not active on {self.subnqn}")
         return info
 
-    def get_log_page(self, lid: int, length: int, offset: int = 0, nsid: int = 0) -> bytes:
+    def get_log_page(self, lid: int, length: int, offset: int = 0, nsid: int = 0,
+                     lsp: int = 0) -> bytes:
+        """Get Log Page ``lid``; ``lsp``: the log specific field (ANA: 1 = groups only)."""
         if length <= 0 or length % 4 or offset % 4:
             raise ValueError("log page length and offset must be positive multiples of 4")
         numd = length // 4 - 1
         buf = bytearray(length)
         self._admin().execute(
-            P.Sqe(spec.ADMIN_GET_LOG_PAGE, nsid=nsid, cdw10=lid | ((numd & 0xFFFF) << 16),
+            P.Sqe(spec.ADMIN_GET_LOG_PAGE, nsid=nsid,
+                  cdw10=lid | ((lsp & 0x7F) << 8) | ((numd & 0xFFFF) << 16),
                   cdw11=numd >> 16, cdw12=offset & 0xFFFFFFFF, cdw13=offset >> 32),
             what=f"Get Log Page {lid:#x}", data_in=memoryview(buf))
         return bytes(buf)
+
+    def ana_log(self) -> tuple[int, list[spec.AnaGroup]]:
+        """The ANA log page (0x0C): (change count, groups with their NSIDs) as seen through
+        this controller; reading it re-arms the ANA Change notice."""
+        info = self.info or self.identify_controller()
+        length = 16 + 32 * min(info.nanagrpid or 1, 1024) + 4 * min(info.nn or 1, 1024)
+        return spec.decode_ana_log(self.get_log_page(spec.LID_ANA, length))
+
+    def set_features(self, fid: int, value: int) -> int:
+        """Set Features ``fid`` to ``value`` (CDW11); returns the completion's DW0."""
+        cqe = self._admin().execute(P.Sqe(spec.ADMIN_SET_FEATURES, cdw10=fid, cdw11=value),
+                                    what=f"Set Features {fid:#x}")
+        return int(cqe.dw0)
+
+    def submit_admin(self, sqe: P.Sqe, what: str,
+                     on_done: Callable[[Command], None]) -> Command:
+        """Send an admin command without waiting (an Asynchronous Event Request);
+        ``on_done`` runs on the queue's receiving thread: it must not wait for the queue."""
+        return self._admin().submit(sqe, what=what, on_done=on_done)
 
     def smart_log(self, nsid: int = 0xFFFFFFFF) -> spec.SmartLog:
         """SMART / Health Information (log page 0x02): the controller's (all namespaces) or

@@ -105,6 +105,26 @@ DLFEAT_WZ_DEALLOCATE = 1 << 3
 AEN_CFG_NS_ATTR = 1 << 8  # Async Event Configuration / OAES: Namespace Attribute Notices
 AER_TYPE_NOTICE = 0x2
 AER_NOTICE_NS_CHANGED = 0x00
+AEN_CFG_ANA_CHANGE = 1 << 11  # Async Event Configuration / OAES: ANA Change Notices
+AER_NOTICE_ANA_CHANGE = 0x03
+
+# Asymmetric Namespace Access (NVMe 2.0 base spec 8.1.1; Linux nvmet's ana_state names)
+LID_ANA = 0x0C
+ANA_LOG_RGO = 1 << 8  # Get Log Page CDW10 LSP bit 0: return groups only (no NSID lists)
+CMIC_MULTI_PORT = 1 << 0
+CMIC_MULTI_CTRL = 1 << 1
+CMIC_ANA = 1 << 3
+ANA_OPTIMIZED = 0x1
+ANA_NON_OPTIMIZED = 0x2
+ANA_INACCESSIBLE = 0x3
+ANA_PERSISTENT_LOSS = 0x4
+ANA_CHANGE = 0xF
+ANA_STATES: dict[str, int] = {"optimized": ANA_OPTIMIZED, "non-optimized": ANA_NON_OPTIMIZED,
+                              "inaccessible": ANA_INACCESSIBLE,
+                              "persistent-loss": ANA_PERSISTENT_LOSS, "change": ANA_CHANGE}
+ANA_STATE_NAMES: dict[int, str] = {v: k for k, v in ANA_STATES.items()}
+# ANACAP: every state reported, and ANAGRPID may be non-zero
+ANACAP_ALL = (1 << 0) | (1 << 1) | (1 << 2) | (1 << 3) | (1 << 4) | (1 << 7)
 
 # Log pages
 LID_ERROR = 0x01
@@ -147,6 +167,10 @@ SC_LBA_OUT_OF_RANGE = 0x80
 # command specific (SCT 1)
 SCT_GENERIC = 0
 SCT_COMMAND_SPECIFIC = 1
+SCT_PATH = 3  # path related status: retry on another path (never DNR)
+SC_ANA_PERSISTENT_LOSS = 0x01
+SC_ANA_INACCESSIBLE = 0x02
+SC_ANA_TRANSITION = 0x03
 SC_AER_LIMIT_EXCEEDED = 0x05
 SC_INVALID_LOG_PAGE = 0x09
 SC_FEATURE_NOT_CHANGEABLE = 0x0E
@@ -168,6 +192,9 @@ STATUS_NAMES: dict[tuple[int, int], str] = {
     (0, SC_TRANSIENT_TRANSPORT): "Transient Transport Error",
     (0, SC_LBA_OUT_OF_RANGE): "LBA Out of Range",
     (1, SC_AER_LIMIT_EXCEEDED): "Asynchronous Event Request Limit Exceeded",
+    (3, SC_ANA_PERSISTENT_LOSS): "Asymmetric Access Persistent Loss",
+    (3, SC_ANA_INACCESSIBLE): "Asymmetric Access Inaccessible",
+    (3, SC_ANA_TRANSITION): "Asymmetric Access Transition",
     (1, SC_INVALID_LOG_PAGE): "Invalid Log Page",
     (1, SC_CONNECT_INCOMPATIBLE_FORMAT): "Connect Incompatible Format",
     (1, SC_CONNECT_CTRL_BUSY): "Connect Controller Busy",
@@ -276,7 +303,17 @@ class ControllerInfo:
     oaes: int = 0
     lpa: int = 0
     elpe: int = 0
+    cmic: int = CMIC_MULTI_CTRL  # may have several controllers (one per host)
+    anatt: int = 0  # ANA transition time, seconds
+    anacap: int = 0
+    anagrpmax: int = 0
+    nanagrpid: int = 0
     raw: bytes = field(default=b"", repr=False)
+
+    @property
+    def ana(self) -> bool:
+        """The controller reports Asymmetric Namespace Access (CMIC bit 3)."""
+        return bool(self.cmic & CMIC_ANA)
 
     @property
     def max_transfer(self) -> int | None:
@@ -294,7 +331,7 @@ class ControllerInfo:
         out[4:24] = _ascii(self.sn, 20)
         out[24:64] = _ascii(self.mn, 40)
         out[64:72] = _ascii(self.fr, 8)
-        out[76] = 0x2  # CMIC: may have several controllers (one per host)
+        out[76] = self.cmic
         out[77] = self.mdts
         struct.pack_into("<HI", out, 78, self.cntlid, self.ver)
         struct.pack_into("<I", out, 92, self.oaes)
@@ -304,6 +341,9 @@ class ControllerInfo:
         out[261] = self.lpa
         out[262] = self.elpe
         struct.pack_into("<H", out, 320, self.kas)
+        out[343] = self.anatt
+        out[344] = self.anacap
+        struct.pack_into("<II", out, 345, self.anagrpmax, self.nanagrpid)
         out[512] = self.sqes
         out[513] = self.cqes
         struct.pack_into("<HI", out, 514, self.maxcmd, self.nn)
@@ -335,7 +375,10 @@ class ControllerInfo:
             sgls=struct.unpack_from("<I", raw, 536)[0], subnqn=_cstr(raw[768:1024]),
             ioccsz=ioccsz, iorcsz=iorcsz, icdoff=icdoff, msdbd=msdbd,
             ctratt=struct.unpack_from("<I", raw, 96)[0],
-            oaes=struct.unpack_from("<I", raw, 92)[0], lpa=raw[261], elpe=raw[262], raw=raw,
+            oaes=struct.unpack_from("<I", raw, 92)[0], lpa=raw[261], elpe=raw[262],
+            cmic=raw[76], anatt=raw[343], anacap=raw[344],
+            anagrpmax=struct.unpack_from("<I", raw, 345)[0],
+            nanagrpid=struct.unpack_from("<I", raw, 349)[0], raw=raw,
         )
 
 
@@ -354,6 +397,7 @@ class NamespaceInfo:
     nguid: bytes = bytes(16)
     eui64: bytes = bytes(8)
     dlfeat: int = 0
+    anagrpid: int = 0  # its ANA group (0: the controller does not report ANA)
 
     @property
     def size_bytes(self) -> int:
@@ -370,6 +414,7 @@ class NamespaceInfo:
         out[26] = 0  # FLBAS: format 0, no extended metadata
         out[30] = 1  # NMIC: shared (several hosts' controllers may attach it)
         out[33] = self.dlfeat
+        struct.pack_into("<I", out, 92, self.anagrpid)
         out[104:120] = self.nguid[:16].ljust(16, b"\0")
         out[120:128] = self.eui64[:8].ljust(8, b"\0")
         lbads = self.lba_size.bit_length() - 1
@@ -386,7 +431,55 @@ class NamespaceInfo:
         lbaf = struct.unpack_from("<I", raw, 128 + 4 * fmt)[0]
         lbads = (lbaf >> 16) & 0xFF
         return cls(nsid, nsze, ncap, nuse, 1 << lbads if lbads else 0,
-                   raw[104:120], raw[120:128], raw[33])
+                   raw[104:120], raw[120:128], raw[33], struct.unpack_from("<I", raw, 92)[0])
+
+
+# --- Asymmetric Namespace Access log page (LID 0x0C) -------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AnaGroup:
+    """One ANA Group Descriptor: the group's state as seen through the controller that
+    returned it, and its namespaces (empty when read with RGO)."""
+
+    grpid: int
+    state: int
+    nsids: tuple[int, ...] = ()
+    chgcnt: int = 0
+
+    @property
+    def state_name(self) -> str:
+        return ANA_STATE_NAMES.get(self.state, f"state {self.state:#x}")
+
+
+def encode_ana_log(chgcnt: int, groups: list[AnaGroup], *, rgo: bool = False) -> bytes:
+    """Header (CHGCNT, NGRPS) and one descriptor per group (NSIDs unless ``rgo``)."""
+    out = bytearray(struct.pack("<QH6x", chgcnt, len(groups)))
+    for g in groups:
+        nsids = () if rgo else g.nsids
+        out += struct.pack("<IIQB15x", g.grpid, len(nsids), g.chgcnt, g.state & 0xF)
+        out += b"".join(struct.pack("<I", n) for n in nsids)
+    return bytes(out)
+
+
+def decode_ana_log(raw: bytes | memoryview) -> tuple[int, list[AnaGroup]]:
+    """(CHGCNT, groups) of an ANA log page; raises ValueError when it is cut short."""
+    raw = bytes(raw)
+    if len(raw) < 16:
+        raise ValueError(f"ANA log is {len(raw)} bytes, shorter than its header")
+    chgcnt, ngrps = struct.unpack_from("<QH", raw, 0)
+    groups, off = [], 16
+    for _ in range(ngrps):
+        if off + 32 > len(raw):
+            raise ValueError("ANA log cut short in a group descriptor")
+        grpid, nnsid, gchg, state = struct.unpack_from("<IIQB", raw, off)
+        off += 32
+        if off + 4 * nnsid > len(raw):
+            raise ValueError("ANA log cut short in a namespace list")
+        nsids = struct.unpack_from(f"<{nnsid}I", raw, off)
+        off += 4 * nnsid
+        groups.append(AnaGroup(grpid, state & 0xF, tuple(nsids), gchg))
+    return chgcnt, groups
 
 
 def encode_ns_list(nsids: list[int]) -> bytes:

@@ -1,4 +1,9 @@
-"""``nvme+tcp://HOST:PORT/SUBNQN[/NSID][?hostnqn=NQN]`` URLs and the default host NQN.
+"""``nvme+tcp://HOST:PORT[,HOST:PORT...]/SUBNQN[/NSID][?hostnqn=NQN]`` URLs and the
+default host NQN.
+
+Several comma-separated addresses name several paths to the same subsystem (ANA
+multipath, :mod:`kvtool.nvme.multipath`); the first is ``host``/``port``, all of them are
+``paths``.
 
 Default host NQN (stable per machine), first match wins:
 
@@ -36,11 +41,16 @@ class NvmeUrl:
     subnqn: str
     nsid: int | None = None
     hostnqn: str | None = None
+    alternates: tuple[tuple[str, int], ...] = ()  # more paths after (host, port)
+
+    @property
+    def paths(self) -> tuple[tuple[str, int], ...]:
+        return ((self.host, self.port), *self.alternates)
 
     def __str__(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
+        addrs = ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self.paths)
         tail = f"/{self.nsid}" if self.nsid is not None else ""
-        return f"{SCHEME}{host}:{self.port}/{self.subnqn}{tail}"
+        return f"{SCHEME}{addrs}/{self.subnqn}{tail}"
 
 
 def check_nqn(nqn: str, *, field: str) -> str:
@@ -52,10 +62,11 @@ def check_nqn(nqn: str, *, field: str) -> str:
 
 
 def parse_nvme_url(url: str, *, field: str = "TARGET") -> NvmeUrl:
-    """Parse ``nvme+tcp://HOST:PORT/SUBNQN[/NSID][?hostnqn=NQN]``; raise UsageError naming ``field``.
+    """Parse ``nvme+tcp://HOST:PORT[,HOST:PORT...]/SUBNQN[/NSID][?hostnqn=NQN]``; raise
+    UsageError naming ``field``.
 
-    PORT defaults to 4420; IPv6 hosts go in brackets. NSID must be a positive integer
-    (namespace 1 is used when absent, by the engine).
+    PORT defaults to 4420; IPv6 hosts go in brackets; several addresses are several paths.
+    NSID must be a positive integer (namespace 1 is used when absent, by the engine).
     """
     if not url.startswith(SCHEME):
         raise UsageError(f"{url!r} is not an NVMe/TCP URL (nvme+tcp://HOST:PORT/SUBNQN[/NSID])",
@@ -66,20 +77,9 @@ def parse_nvme_url(url: str, *, field: str = "TARGET") -> NvmeUrl:
     if not slash or not path:
         raise UsageError(f"{url!r}: the subsystem NQN is missing (nvme+tcp://HOST:PORT/SUBNQN)",
                          field=field)
-    if hostport.startswith("["):
-        host, close, after = hostport[1:].partition("]")
-        if not close or (after and not after.startswith(":")):
-            raise UsageError(f"{url!r}: bad IPv6 address (use [addr]:port)", field=field)
-        port_text = after[1:]
-    else:
-        host, _, port_text = hostport.partition(":")
-    if not host:
-        raise UsageError(f"{url!r}: the host is missing", field=field)
-    port = DEFAULT_PORT
-    if port_text:
-        if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-            raise UsageError(f"{url!r}: {port_text!r} is not a TCP port", field=field)
-        port = int(port_text)
+    paths = [_host_port(url, part, field) for part in hostport.split(",")]
+    if len(set(paths)) != len(paths):
+        raise UsageError(f"{url!r}: an address is given twice", field=field)
     path = unquote(path)
     subnqn, nsid = path, None
     head, sep, last = path.rpartition("/")
@@ -97,7 +97,26 @@ def parse_nvme_url(url: str, *, field: str = "TARGET") -> NvmeUrl:
                              "(only hostnqn=)", field=field)
         if "hostnqn" in params:
             hostnqn = check_nqn(params["hostnqn"][-1], field=field)
-    return NvmeUrl(host, port, subnqn, nsid, hostnqn)
+    (host, port), *alternates = paths
+    return NvmeUrl(host, port, subnqn, nsid, hostnqn, tuple(alternates))
+
+
+def _host_port(url: str, hostport: str, field: str) -> tuple[str, int]:
+    if hostport.startswith("["):
+        host, close, after = hostport[1:].partition("]")
+        if not close or (after and not after.startswith(":")):
+            raise UsageError(f"{url!r}: bad IPv6 address (use [addr]:port)", field=field)
+        port_text = after[1:]
+    else:
+        host, _, port_text = hostport.partition(":")
+    if not host:
+        raise UsageError(f"{url!r}: the host is missing", field=field)
+    port = DEFAULT_PORT
+    if port_text:
+        if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            raise UsageError(f"{url!r}: {port_text!r} is not a TCP port", field=field)
+        port = int(port_text)
+    return host, port
 
 
 def default_hostnqn() -> str:

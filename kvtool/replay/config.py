@@ -8,7 +8,9 @@ Tiers file (``kvtool replay --tiers FILE.toml``; every key optional)::
     policy = "lru-tail-first"
     [dram]
     capacity = "429.5GB"
-    policy = "lru"
+    policy = "lru"                     # or vllm-lru, vllm-arc, arc, s3fifo, lfu, ...
+    admit_after = 2                    # admission: store a block on its 2nd offer
+    admit_ttl = 1000                   #   offers counted within 1000 requests
     watermark = 0.90                   # Mooncake batch eviction: evict ratio×used
     evict_ratio = 0.05                 #   when more than watermark×capacity is used
     [nvme]
@@ -49,7 +51,8 @@ from kvtool.units import Capacity
 ON_TIER_ERROR = ("fail", "recompute")
 """What data-mode replay does when a tier's medium fails mid-run (``--on-tier-error``)."""
 
-_TIER_KEYS = {"capacity", "policy", "watermark", "evict_ratio", "window"}
+_TIER_KEYS = {"capacity", "policy", "watermark", "evict_ratio", "window", "admit_after",
+              "admit_ttl"}
 _TIME_KEYS = {"prefill_tokens_per_s", "tpot_ms", "concurrency", "read_gbps"}
 _TOP_KEYS = {"write_policy", "time", *TIER_NAMES}
 
@@ -63,6 +66,8 @@ class TierOptions:
     watermark: float | None = None
     evict_ratio: float | None = None
     window: int | None = None
+    admit_after: int | None = None
+    admit_ttl: int | None = None
 
 
 @dataclass
@@ -116,10 +121,10 @@ def _tier_table(name: str, table: Any, bad: Any) -> TierOptions:
             if value not in POLICIES:
                 raise bad(f"{value!r} is not a policy (use {', '.join(POLICIES)})", key, name)
             opts.policy = value
-        elif key == "window":
+        elif key in ("window", "admit_after", "admit_ttl"):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise bad(f"must be a whole number ≥ 1, got {value!r}", key, name)
-            opts.window = value
+            setattr(opts, key, value)
         else:
             if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value <= 1:
                 raise bad(f"must be a fraction in (0, 1], got {value!r}", key, name)
@@ -198,7 +203,8 @@ def build_config(capacities: Mapping[str, TierOption | Capacity | None], *, poli
                or default_policy(name, cap))
         wm = make_watermark(pol, watermark if watermark is not None else opts.watermark,
                             evict_ratio if evict_ratio is not None else opts.evict_ratio)
-        specs.append(TierSpec(name, cap, pol, wm, opts.window, place=opt.place))
+        specs.append(TierSpec(name, cap, pol, wm, opts.window, place=opt.place,
+                              admit_after=opts.admit_after, admit_ttl=opts.admit_ttl))
     wp = write_policy or tf.write_policy or "write-through"
     return CacheConfig(specs, wp, label)  # type: ignore[arg-type]
 

@@ -41,6 +41,7 @@ from kvtool.tiers.option import TierOption
 from kvtool.units import Capacity, format_size
 
 if TYPE_CHECKING:
+    from kvtool.cache.iolog import IologWriter
     from kvtool.nvme.hostauth import HostCredentials
     from kvtool.tiers.base import DataTier
 
@@ -61,7 +62,8 @@ semantics (:class:`kvtool.cache.policies.VllmPolicy`) and a Mooncake-like DRAM t
 NVMe tier is the default place."""
 
 DEFAULT_NVME_FILE_BYTES = 1 << 30
-"""Size of the store file the NVMe tier uses when no kvtool target is up."""
+"""Size of the store file the NVMe tier uses when no kvtool target is up (allocated on
+disk when created; the default target's memory-backed namespace is larger)."""
 
 MEMORY_SHARE = 0.8
 """Data mode refuses pools larger than this share of the memory available now."""
@@ -115,7 +117,41 @@ class ReplaySettings:
     seed: int = 0
     on_tier_error: str = "fail"
     requests_csv: str | None = None
+    iolog: str | None = None
+    """--simulate: write the NVMe tier's block I/O as a fio iolog here (kvtool.cache.iolog)."""
+    iolog_version: int = 3
     credentials: HostCredentials | None = None  # nvme+tcp:// places: host NQN, DH-HMAC-CHAP
+
+
+def _open_iolog(job: ReplayJob) -> IologWriter | None:
+    """The NVMe tier's fio iolog writer (``--iolog``), checked against the job."""
+    s = job.settings
+    if s.iolog is None:
+        return None
+    from kvtool.cache.iolog import IOLOG_VERSIONS, IologWriter
+
+    if s.iolog_version not in IOLOG_VERSIONS:
+        raise UsageError(f"use 2 or 3, got {s.iolog_version}", field="iolog_version")
+    if len(job.configs) != 1:
+        raise UsageError(f"writes one configuration's I/O: drop {param('compare')}", field="iolog")
+    if "nvme" not in [t.name for t in job.configs[0].tiers]:
+        raise UsageError(f"logs the NVMe tier's I/O: give {param('nvme')}", field="iolog")
+    if not job.block_bytes:
+        raise UsageError(f"needs the block size in bytes: give {param('model')} or "
+                         f"{param('block_bytes')}", field="iolog")
+    return IologWriter(s.iolog, block_bytes=job.block_bytes, version=s.iolog_version)
+
+
+def _clocked(requests: Any, log: IologWriter | None) -> Any:
+    """``requests``, setting the iolog's clock to each request's timestamp before it is served."""
+    if log is None:
+        return requests
+    return (_stamp(log, r) for r in requests)
+
+
+def _stamp(log: IologWriter, r: Any) -> Any:
+    log.at(r.timestamp)
+    return r
 
 
 def _check(s: ReplaySettings) -> None:
@@ -129,6 +165,10 @@ def _check(s: ReplaySettings) -> None:
         raise UsageError(f"must be at least 1, got {s.read_qd}", field="read_qd")
     if s.on_tier_error not in ON_TIER_ERROR:
         raise UsageError(f"use {' or '.join(ON_TIER_ERROR)}", field="on_tier_error")
+    if s.iolog is not None and not s.simulate:
+        raise UsageError(f"logs the simulated NVMe layout: add {param('simulate')} (data mode's "
+                         "offsets are the object store's; trace the device itself there)",
+                         field="iolog")
 
 
 @dataclass
@@ -180,9 +220,18 @@ class ReplayJob:
         self._sink = sink
         try:
             if self.mode == "simulate":
-                results = replay(self.reader, self.configs, block_tokens=self.block_tokens,
-                                 block_bytes=self.block_bytes, time_model=self.time_model,
-                                 progress=progress, on_request=sink)
+                log = _open_iolog(self)
+                try:
+                    results = replay(_clocked(self.reader, log), self.configs,
+                                     block_tokens=self.block_tokens,
+                                     block_bytes=self.block_bytes, time_model=self.time_model,
+                                     progress=progress, on_request=sink,
+                                     backends=[{"nvme": log}] if log is not None else None)
+                finally:
+                    if log is not None:
+                        log.close()
+                if log is not None:
+                    results[0]["iolog"] = log.summary()
                 for r in results:
                     r["mode"] = "simulate"
                     r["requests_served"] = r["requests"]
@@ -207,16 +256,33 @@ class ReplayJob:
         return {**head, "configs": results}
 
     # -------------------------------------------------------------- data mode
+    def _fits(self, caps: dict[str, int]) -> None:
+        """One line when the trace's blocks outnumber the largest tier (write-through:
+        it bounds what the hierarchy holds), with the size that would hold them."""
+        n = self.setup.get("trace_blocks") or 0
+        name, most = max(caps.items(), key=lambda kv: kv[1], default=("", 0))
+        if self.on_event is not None and self.block_bytes and n > most:
+            need = format_size(n * self.block_bytes)
+            self.on_event(f"the trace's {n:,} distinct blocks ({need}) do not fit the largest "
+                          f"tier ({name}: {most:,} blocks): hits fall as blocks are evicted "
+                          f"before reuse; to hold them all give an NVMe tier of {need} or "
+                          "more (--nvme SIZE@FILE, or a bigger target namespace)")
+
     def _run_data(self, index: int, cfg: CacheConfig,
                   progress: Callable[[int], None] | None) -> dict[str, Any]:
         assert self.block_bytes is not None
         s = self.settings
         tiers, media, cfg = open_tiers(cfg, self.block_bytes, self.work_blocks, s, self.setup,
                                        self.create)
-        if self.on_event is not None and "nvme" in tiers:
-            nv = next(t for t in cfg.tiers if t.name == "nvme")
-            self.on_event(f"nvme tier: {int(nv.blocks(self.block_bytes, self.block_tokens)):,} "
-                          f"blocks on {nv.place} (store of {tiers['nvme'].slots:,} slots)")
+        if self.setup["defaults"]:  # the label names the NVMe tier's real capacity
+            cfg = replace(cfg, label="")
+        if self.on_event is not None:
+            caps = {t.name: int(t.blocks(self.block_bytes, self.block_tokens)) for t in cfg.tiers}
+            if "nvme" in tiers:
+                nv = next(t for t in cfg.tiers if t.name == "nvme")
+                self.on_event(f"nvme tier: {caps['nvme']:,} blocks "
+                              f"({format_size(caps['nvme'] * self.block_bytes)}) on {nv.place}")
+            self._fits(caps)
         from kvtool.replay.data import DataReplay
 
         try:
@@ -255,7 +321,7 @@ DATA_FIELDS: dict[str, Any] = {
     "time_basis": {"load": "modelled", "prefill": "modelled", "decode": "modelled"},
     "verified_blocks": None, "corrupt_blocks": None, "lost_blocks": None,
     "recomputed_blocks": None, "repaired_blocks": None, "problems": [], "measured": None,
-    "media": None,
+    "media": None, "iolog": None,
 }
 """Fields only data mode measures: ``null`` in ``--simulate`` so both modes share one shape."""
 
@@ -440,7 +506,7 @@ def default_nvme_place() -> tuple[str, str, int | None]:
                     url = f"nvme+tcp://{lst['address']}:{lst['port']}/{ep['nqn']}/1"
                     return url, "the running kvtool target (kvtool target up)", None
     path = cache_dir() / "replay-nvme.img"
-    why = "a store file in the cache directory (no kvtool target is up)"
+    why = f"no kvtool target is up: a store file kvtool keeps; rm {path} removes it"
     if path.exists():
         return str(path), why, None
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -460,7 +526,8 @@ def prepare(s: ReplaySettings, *, on_event: Callable[[str], None] | None = None)
     from kvtool.geometry.blocksize import block_size
 
     model, dtype = s.model, s.dtype
-    default_model = model is None and s.block_bytes is None and data
+    given = any(not t.is_zero for t in s.tiers.values()) or tf is not None or bool(s.compares)
+    default_model = model is None and s.block_bytes is None and (data or not given)
     if default_model:
         model, dtype = DEFAULT_MODEL[0], dtype or DEFAULT_MODEL[1]
     try:
@@ -475,13 +542,23 @@ def prepare(s: ReplaySettings, *, on_event: Callable[[str], None] | None = None)
         assert ref is not None
         size = block_size(None, block_tokens=B, block_bytes=-(-ref.block_bytes * B // 256))
     block_bytes = size.block_bytes if size else None
-    given = any(not t.is_zero for t in s.tiers.values()) or tf is not None or bool(s.compares)
     configs: list[CacheConfig] = []
-    defaults = data and not given
+    defaults = not given
     if defaults:
+        from kvtool.target import default as default_target
+
+        # --simulate: the same profile, with the default target's namespace as the NVMe size
+        nvme = (TierOption(None, "<default>") if data else
+                TierOption(Capacity(default_target.NAMESPACE_BYTES, "bytes")))
+        if not data and on_event is not None:
+            on_event("no tier options: the data-mode default profile, simulated: "
+                     + ", ".join(f"{n} {c} {p}" for n, (c, p) in DEFAULT_PROFILE.items())
+                     + f", nvme {format_size(default_target.NAMESPACE_BYTES)} lru (the default "
+                     f"target's namespace); {size.model if size else ''} "
+                     f"{size.dtype if size else ''} blocks")
         configs.append(build_config(
             {n: TierOption(Capacity.parse(c)) for n, (c, _p) in DEFAULT_PROFILE.items()}
-            | {"nvme": TierOption(None, "<default>")},
+            | {"nvme": nvme},
             policy=s.policy, write_policy=s.write_policy, watermark=s.watermark,
             evict_ratio=s.evict_ratio,
             tier_policies=None if s.policy else {n: p for n, (_c, p) in DEFAULT_PROFILE.items()}))
@@ -517,7 +594,13 @@ def _prepare_data(job: ReplayJob) -> None:
     """Resolve places and capacities, and check that this machine holds them."""
     s, B, bb = job.settings, job.block_tokens, job.block_bytes
     assert bb is not None
-    job.work_blocks = max((len(r.block_keys) for r in job.reader), default=1) or 1
+    distinct: set[int] = set()
+    work = 1
+    for r in job.reader:
+        distinct.update(r.block_keys)
+        work = max(work, len(r.block_keys))
+    job.work_blocks = work
+    job.setup["trace_blocks"] = len(distinct)
     setups = []
     resolved = []
     for cfg in job.configs:
@@ -549,7 +632,7 @@ def _prepare_data(job: ReplayJob) -> None:
             cap = spec.capacity
             spec = replace(spec, place=place)
             specs.append(spec)
-            tiers_setup["nvme"] = {"capacity": str(cap) if cap.unit != "inf" else "the whole place",
+            tiers_setup["nvme"] = {"capacity": str(cap) if cap.unit != "inf" else "all of it",
                                    "place": place, "why": why, "policy": spec.policy}
         new = CacheConfig(specs, cfg.write_policy, cfg.label if not job.setup["defaults"] else "")
         resolved.append(new)
@@ -590,7 +673,8 @@ def describe_setup(setup: dict[str, Any]) -> list[str]:
         parts = []
         for name, t in c["tiers"].items():
             if name == "nvme":
-                parts.append(f"nvme {t['capacity']} on {t['place']} ({t['why']}), {t['policy']}")
+                size = "all" if t["capacity"] == "all of it" else t["capacity"]
+                parts.append(f"nvme {size} of {t['place']} ({t['why']}), {t['policy']}")
             else:
                 parts.append(f"{name} {t['capacity']} ({t['blocks']} blocks), {t['policy']}")
         lines.append("tiers: " + "; ".join(parts) + f" · {c['write_policy']}"

@@ -12,12 +12,19 @@ Each *case* is (pattern, queue depth, path) over a region of object-sized slots:
   bounce path's cost.
 
 Latency is per request, measured around the whole object operation (copies included).
-Writes destroy the target's contents: the CLI refuses unless the target is blank or
-``--force`` is given.
+Writes destroy the target's contents: the CLI refuses unless the target is blank, holds
+what an earlier ``kvtool bench`` left (its first LBA starts ``KVTBENCH``), or ``--force``
+is given.
+
+Every case runs ``repeat`` times, the whole list over and over (so drift in the machine
+falls on every case alike); a row reports the median run and the range of the runs, and a
+difference (bounce against aligned, a case against ``need``) is called only when the
+ranges do not overlap: a single run has no spread, and nothing is called from it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import time
 from collections.abc import Callable
@@ -31,7 +38,7 @@ from kvtool.errors import CheckFailed, UsageError, param
 from kvtool.store.bounce import as_bytes_view, copy_into, stage_for_write
 from kvtool.store.engine import AlignedBuffer, IOEngine, open_engine
 from kvtool.store.load import read_head
-from kvtool.store.signatures import identify
+from kvtool.store.signatures import BENCH, BENCH_MAGIC, identify
 
 if TYPE_CHECKING:
     from kvtool.nvme.hostauth import HostCredentials
@@ -160,8 +167,14 @@ def run_case(engine: IOEngine, case: Case, *, region_bytes: int, seconds: float,
     }
 
 
+def _beyond(a: tuple[float, float], b: tuple[float, float], runs: int) -> bool:
+    """Whether ranges ``a`` and ``b`` (min, max) are apart, with more than one run each."""
+    return runs > 1 and (a[1] < b[0] or b[1] < a[0])
+
+
 def bounce_cost(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """For each (pattern, qd) with both paths: bounce/aligned throughput on device bytes."""
+    """For each (pattern, qd) with both paths: bounce/aligned throughput (medians), and
+    whether the difference is beyond the runs' spread."""
     by = {(r["pattern"], r["qd"], r["path"]): r for r in rows}
     out = []
     for (pattern, qd, path), r in by.items():
@@ -170,27 +183,81 @@ def bounce_cost(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         a = by[(pattern, qd, "aligned")]
         ratio = r["iops"] / a["iops"] if a["iops"] else 0.0
         out.append({"pattern": pattern, "qd": qd, "bounce_over_aligned": ratio,
-                    "cost": 1.0 - ratio})
+                    "cost": 1.0 - ratio,
+                    "beyond_spread": _beyond(tuple(r["iops_range"]), tuple(a["iops_range"]),
+                                             min(r["runs"], a["runs"]))})
     return out
 
 
+def verdicts(rows: list[dict[str, Any]], need_gbps: float) -> list[dict[str, Any]]:
+    """Per pattern, its best case (median GB/s) against ``need_gbps``: ``meets`` when every
+    run of it reached the need, ``short`` when none did, else ``within spread``."""
+    out = []
+    for pattern in PATTERNS:
+        mine = [r for r in rows if r["pattern"] == pattern]
+        if not mine:
+            continue
+        best = max(mine, key=lambda r: r["gb_per_s"])
+        lo, hi = best["gb_per_s_range"]
+        verdict = ("meets" if lo >= need_gbps else "short" if hi < need_gbps
+                   else "within spread")
+        out.append({"pattern": pattern, "qd": best["qd"], "path": best["path"],
+                    "gb_per_s": best["gb_per_s"], "gb_per_s_range": [lo, hi],
+                    "need_gb_per_s": need_gbps, "verdict": verdict})
+    return out
+
+
+def _summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row from a case's runs: the median run (by IOPS), with every run's range."""
+    ordered = sorted(runs, key=lambda r: r["iops"])
+    row = dict(ordered[(len(ordered) - 1) // 2])
+    iops = [r["iops"] for r in runs]
+    gbps = [r["gb_per_s"] for r in runs]
+    row.update(runs=len(runs), iops_range=[min(iops), max(iops)],
+               gb_per_s_range=[min(gbps), max(gbps)],
+               spread=(max(iops) - min(iops)) / row["iops"] if row["iops"] else 0.0,
+               iops_runs=iops)
+    return row
+
+
+def _mark(engine: IOEngine) -> None:
+    """Leave :data:`BENCH_MAGIC` in the first LBA: a later bench may write again."""
+    n = max(engine.lba_size, 4096)
+    buf = AlignedBuffer(n)
+    try:
+        view = buf.view
+        view[:] = bytes(n)
+        view[:len(BENCH_MAGIC)] = BENCH_MAGIC
+        engine.write_from(0, view)
+        engine.flush()
+    finally:
+        buf.close()
+
+
 def bench(target: str, *, object_bytes: int, qds: list[int], patterns: list[str],
-          paths: list[str] | None = None, seconds: float = 2.0, max_ops: int | None = None,
+          paths: list[str] | None = None, seconds: float = 1.0, max_ops: int | None = None,
           region_bytes: int = 1 << 30, force: bool = False, lba: int | None = None,
-          create_bytes: int | None = None, progress: Callable[[int], None] | None = None,
+          create_bytes: int | None = None, repeat: int = 3, need_gbps: float | None = None,
+          progress: Callable[[int], None] | None = None,
           on_total: Callable[[int], None] | None = None,
           credentials: HostCredentials | None = None) -> dict[str, Any]:
-    """Run every case on ``target``; returns the ``kvtool.store.bench/1`` document.
+    """Run every case ``repeat`` times on ``target``; returns the ``kvtool.store.bench/2``
+    document (with ``verdicts`` against ``need_gbps`` when given).
 
-    Write patterns need a blank target or ``force`` (UsageError otherwise, nothing written).
+    Write patterns need a blank target, one an earlier bench wrote, or ``force``
+    (UsageError otherwise, nothing written). Ctrl-C stops the runs: the document then
+    covers the cases with at least one run, with ``interrupted`` set.
     """
+    if repeat < 1:
+        raise UsageError(f"must be at least 1, got {repeat}", field="repeat")
     writes = any(p.endswith("write") for p in patterns)
     engine = open_engine(target, write=writes, qd=max(qds), lba=lba, create_bytes=create_bytes,
                          credentials=credentials)
+    wrote = False
     try:
         if writes and not force:
             found = identify(read_head(engine))
-            if found is not None:
+            if found is not None and found != BENCH:
                 what = "a kvtool store" if found == "kvtool" else found
                 raise UsageError(f"{target} holds {what}; write patterns would destroy it: "
                                  f"use {param('force')}, or {param('read_only')}", field="target")
@@ -203,20 +270,34 @@ def bench(target: str, *, object_bytes: int, qds: list[int], patterns: list[str]
             raise UsageError(f"the region ({region} B) is smaller than one object",
                              field="region")
         if on_total is not None:
-            on_total(len(cases))
-        rows = []
-        for i, case in enumerate(cases):
-            try:
-                rows.append(run_case(engine, case, region_bytes=region, seconds=seconds,
-                                     max_ops=max_ops, seed=i))
-            except OSError as exc:
-                raise CheckFailed(f"{target}: I/O error during {case.pattern} at QD "
-                                  f"{case.qd}: {exc}") from None
-            if progress is not None:
-                progress(1)
-        return {"schema": "kvtool.store.bench/1", "target": target,
+            on_total(len(cases) * repeat)
+        runs: list[list[dict[str, Any]]] = [[] for _ in cases]
+        interrupted = False
+        try:
+            for _ in range(repeat):
+                for i, case in enumerate(cases):
+                    wrote = wrote or case.is_write
+                    try:
+                        runs[i].append(run_case(engine, case, region_bytes=region,
+                                                seconds=seconds, max_ops=max_ops, seed=i))
+                    except OSError as exc:
+                        raise CheckFailed(f"{target}: I/O error during {case.pattern} at QD "
+                                          f"{case.qd}: {exc}") from None
+                    if progress is not None:
+                        progress(1)
+        except KeyboardInterrupt:
+            interrupted = True
+        rows = [_summarise(r) for r in runs if r]
+        return {"schema": "kvtool.store.bench/2", "target": target,
                 "engine": engine.describe(), "object_bytes": object_bytes,
-                "region_bytes": region, "seconds_per_case": seconds, "wrote": writes,
-                "results": rows, "bounce_cost": bounce_cost(rows)}
+                "region_bytes": region, "seconds_per_case": seconds, "repeat": repeat,
+                "wrote": wrote, "interrupted": interrupted, "results": rows,
+                "bounce_cost": bounce_cost(rows),
+                "verdicts": verdicts(rows, need_gbps) if need_gbps is not None else None}
     finally:
-        engine.close()
+        try:
+            if wrote:
+                with contextlib.suppress(OSError):  # a failed target: the error is reported
+                    _mark(engine)
+        finally:
+            engine.close()

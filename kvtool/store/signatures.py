@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from kvtool.store.layout import MAGIC
 
+BENCH_MAGIC = b"KVTBENCH"
+"""The first bytes ``kvtool bench`` leaves on a target it wrote: a rerun may overwrite it."""
+BENCH = "kvtool bench data"
+
 PROBE_BYTES = 1 << 20
 """How much of the target's head is examined (and must be zero on a blank target)."""
 
@@ -41,6 +45,8 @@ def identify(head: bytes | memoryview) -> str | None:
     head = bytes(head)
     if head[:8] == MAGIC:
         return "kvtool"
+    if head[:8] == BENCH_MAGIC:
+        return BENCH
     for name, off, magic in SIGNATURES:
         if head[off:off + len(magic)] == magic:
             if name.startswith("ext") and head[1024 + 24:1024 + 28] == b"\0\0\0\0" \

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from kvtool.errors import InputError, UsageError, param
+from kvtool.target import procs
 from kvtool.target import state as st
 from kvtool.target.document import config_document
 from kvtool.target.loader import load_config, parse_config
@@ -115,7 +116,9 @@ def up(cfg: TargetConfig, opts: Options | None = None, *, dry_run: bool = False,
                              f"target runs on {cfg.backend}"
                              + (f" ({engine} engine)" if engine else "")
                              + f": use --engine userspace, or no {what}", field=flag)
+    notes = sweep(cfg.name)
     record = st.load(cfg.name)
+    _check_ports(cfg)
     if record is not None and (record.backend, record.engine) != (cfg.backend, engine_of(cfg)):
         was = record.backend + (f" ({record.engine} engine)" if record.engine else "")
         raise TargetError(f"target {cfg.name!r} is recorded as up on {was}; take it down first "
@@ -123,6 +126,8 @@ def up(cfg: TargetConfig, opts: Options | None = None, *, dry_run: bool = False,
     prev = previous_config(record) if record is not None else None
     backend = backend_for(cfg, opts, record)
     plan = backend.plan_up(cfg, prev)
+    _stop_orphans(plan, cfg.name, record, "an interrupted up")
+    plan.notes[:0] = notes
     if on_plan is not None:
         on_plan(plan)
     if dry_run:
@@ -134,11 +139,13 @@ def up(cfg: TargetConfig, opts: Options | None = None, *, dry_run: bool = False,
         pid = getattr(backend, "pid", None)
         if record is not None and pid != record.pid:
             record.pid = pid
+            record.pid_start = procs.start_time(pid) if pid else None
             record.extra = dict(getattr(backend, "extra", {}) or record.extra)
             st.save(record)
         raise
     new = _record(cfg, backend, record, opts)
-    if applied or record is None or record.digest != new.digest or record.pid != new.pid:
+    if applied or record is None or record.digest != new.digest or record.pid != new.pid \
+            or record.pid_start != new.pid_start:
         st.save(new)
     return Result(plan, applied, new, False)
 
@@ -158,6 +165,7 @@ def _record(cfg: TargetConfig, backend: Any, old: st.TargetState | None,
         config_text=text, config_format=fmt, digest=cfg.digest(),
         created=old.created if old is not None and old.digest == cfg.digest() else time.time(),
         pid=getattr(backend, "pid", None), extra=extra,
+        pid_start=procs.start_time(backend.pid) if getattr(backend, "pid", None) else None,
         endpoints=[{"nqn": s.nqn, "listeners": [
             {"transport": lst.transport, "address": lst.address, "port": lst.port}
             for lst in cfg.listeners_of(s.nqn)]} for s in cfg.subsystems])
@@ -210,13 +218,13 @@ def find(name: str | None = None) -> st.TargetState:
     """The state record of target ``name``; without a name, the only one recorded (or
     the built-in default's, when several are)."""
     if name is not None:
-        record = st.load(name)
+        record = st.load(name) or _orphan_record(name)
         if record is None:
             known = ", ".join(st.names()) or "none"
             raise InputError(f"no target named {name!r} is recorded in {st.targets_dir()} "
                              f"(known: {known})", field="NAME")
         return record
-    names = st.names()
+    names = st.names() or sorted({r.target for r in procs.records() if r.config_text})
     if not names:
         raise InputError(f"no target is up (nothing recorded in {st.targets_dir()}); "
                          "run: kvtool target up CONFIG", field="CONFIG")
@@ -227,18 +235,120 @@ def find(name: str | None = None) -> st.TargetState:
     if len(names) > 1:
         raise InputError(f"several targets are recorded ({', '.join(names)}); name one "
                          f"({param('name')} NAME) or give the config", field="name")
-    record = st.load(names[0])
+    record = st.load(names[0]) or _orphan_record(names[0])
     assert record is not None
     return record
+
+
+def _reload(name: str, record: st.TargetState | None) -> st.TargetState | None:
+    """The target's record after a sweep (which may have removed it); an interrupted up's
+    record (never saved) stays as it is."""
+    if record is not None and record.extra.get("interrupted"):
+        return record
+    return st.load(name)
+
+
+def _orphan_record(name: str) -> st.TargetState | None:
+    """A target record (not saved) for the processes an interrupted ``up`` of ``name`` left:
+    enough for ``status`` and ``down`` to find and stop them."""
+    for rec in procs.records(name):
+        if rec.config_text:
+            return st.TargetState(name=name, backend=rec.backend, engine=rec.engine,
+                                  config_path=None, config_text=rec.config_text,
+                                  config_format="json", digest="", pid=None,
+                                  extra={"interrupted": True})
+    return None
+
+
+def sweep(name: str | None = None) -> list[str]:
+    """Clean the records whose processes are gone (one note each): process records, and the
+    target record whose recorded pid is dead or reused (what it served is gone with it)."""
+    notes = procs.sweep(name)
+    for target in [name] if name is not None else st.names():
+        record = st.load(target)
+        if record is None or record.pid is None or record.engine not in BACKGROUND_ENGINES:
+            continue
+        from kvtool.target.emulator import recorded_pid_alive
+        if not recorded_pid_alive(record.pid, record.pid_start):
+            why = ("is gone: the pid now belongs to another process" if st.pid_alive(record.pid)
+                   else "is no longer running")
+            notes.append(f"target {target!r}: its {record.engine} process (pid {record.pid}) "
+                         f"{why}; its record was removed")
+            st.remove(target)
+    return notes
+
+
+BACKGROUND_ENGINES = ("userspace", "spdk", "qemu")
+
+
+def acting_config(cfg: TargetConfig, record: st.TargetState | None) -> tuple[TargetConfig, str]:
+    """The config that ``down``/``status`` act on: ``cfg``, unless the target is recorded as
+    up on another backend or engine, then the recorded config (with a note saying so)."""
+    if record is None or (record.backend, record.engine) == (cfg.backend, engine_of(cfg)):
+        return cfg, ""
+    recorded = previous_config(record)
+    if recorded is None:
+        raise InputError(f"target {record.name!r} is recorded as up on {_on(record)}, but its "
+                         "recorded config no longer parses", file=str(record.path))
+    asked = cfg.backend + (f" ({engine_of(cfg)} engine)" if engine_of(cfg) else "")
+    return recorded, (f"target {cfg.name!r} is recorded as up on {_on(record)}: acting on the "
+                      f"record, not on {asked}")
+
+
+def _on(record: st.TargetState) -> str:
+    return record.backend + (f" ({record.engine} engine)" if record.engine else "")
+
+
+def _check_ports(cfg: TargetConfig) -> None:
+    """A listener port that a process recorded for another target holds: say which."""
+    for lst in cfg.listeners:
+        holder = procs.port_holder(lst.port, except_target=cfg.name)
+        if holder is not None:
+            raise TargetError(f"port {lst.port} is held by target {holder.target!r} "
+                              f"({holder.describe()}); take it down first: kvtool target down "
+                              f"--name {holder.target}")
+
+
+def _stop_orphans(plan: Plan, name: str, record: st.TargetState | None, why: str) -> None:
+    """Steps that stop the live processes recorded for ``name`` other than the target's
+    recorded process (which its backend's plan keeps, or stops on ``down``); on ``down`` a
+    plan with no stop step covers none."""
+    covered = record.pid if record is not None and (plan.operation == "up" or any(
+        s.action == "stop" and s.kind == "process" for s in plan.steps)) else None
+    orphans = [r for r in procs.records(name) if r.pid != covered and procs.alive(r)]
+    for i, rec in enumerate(orphans):
+        plan.steps.insert(i, Step("stop", "process", f"pid {rec.pid}",
+                                  f"{rec.role} ({why}); SIGTERM, SIGKILL after "
+                                  f"{procs.STOP_TIMEOUT:.0f} s", _stopper(rec), None))
+
+
+def _stopper(rec: procs.ProcessRecord) -> Callable[[], None]:
+    return lambda: procs.stop(rec)
 
 
 def down(cfg: TargetConfig, record: st.TargetState | None = None, opts: Options | None = None,
          *, dry_run: bool = False, on_plan: Callable[[Plan], None] | None = None,
          on_step: Callable[[int, Step], None] | None = None) -> Result:
-    """Remove what ``cfg`` owns; forget the state record."""
+    """Remove what ``cfg`` owns; forget the state record.
+
+    The target's record decides how: a target recorded as up on another backend or engine
+    than ``cfg`` names is taken down as recorded, and every process recorded for it
+    (:mod:`kvtool.target.procs`, including one left by an interrupted ``up``) is stopped.
+    A process that cannot be stopped fails the ``down`` (``ApplyFailed``) and every record
+    is kept.
+    """
+    notes = sweep(cfg.name)
+    record = _reload(cfg.name, record)
+    cfg, why = acting_config(cfg, record)
     opts = _opts_from_record(opts, record)
     backend = backend_for(cfg, opts, record)
     plan = backend.plan_down(cfg)
+    if why:
+        notes.append(why)
+    _stop_orphans(plan, cfg.name, record, "not the target's recorded process")
+    plan.notes[:0] = notes
+    if plan.steps:  # "nothing running" notes of a backend that has no step are misleading now
+        plan.notes = [n for n in plan.notes if not n.startswith("no ") or "running" not in n]
     if on_plan is not None:
         on_plan(plan)
     if dry_run:
@@ -261,16 +371,31 @@ def status(cfg: TargetConfig, record: st.TargetState | None = None,
     """What of ``cfg`` is up, with URLs and per-namespace registration records.
 
     Schema (docs/target.md): name, backend, engine, state ("up" | "partial" | "down"),
-    config, state_file, pid, subsystems[] (nqn, state, allow_any_host, hosts,
+    config, state_file, pid, processes[] (:func:`kvtool.target.procs.summary`), notes[],
+    subsystems[] (nqn, state, allow_any_host, hosts,
     listeners[], namespaces[] with nsid, size, block_size, backing, urls),
     registrations[] (nqn, nsid, trtype, adrfam, traddr, trsvcid, size, block_size, url).
     """
+    notes = sweep(cfg.name)
+    record = _reload(cfg.name, record)
+    cfg, why = acting_config(cfg, record)
+    if why:
+        notes.append(why)
     opts = _opts_from_record(opts, record)
     backend = backend_for(cfg, opts, record)
     live = backend.status(cfg)
+    processes = [procs.summary(r) for r in procs.records(cfg.name)]
+    for p in processes:
+        if p["running"] and (record is None or p["pid"] != record.pid):
+            notes.append(f"{p['role']} pid {p['pid']} of target {cfg.name!r} is running but not "
+                         f"recorded as up (an interrupted up?): kvtool target down --name "
+                         f"{cfg.name}")
     registrations = []
     for sub in live["subsystems"]:
         for ns in sub["namespaces"]:
+            tcp = [lst for lst in sub["listeners"] if lst["transport"] == "tcp"]
+            if len(tcp) > 1:  # every path in one URL: kvtool's host fails over between them
+                ns["multipath_url"] = multipath_url(tcp, sub["nqn"], ns["nsid"])
             ns["urls"] = []
             for lst in sub["listeners"]:
                 url = nvme_url(lst["transport"], lst["address"], lst["port"], sub["nqn"], ns["nsid"])
@@ -282,12 +407,61 @@ def status(cfg: TargetConfig, record: st.TargetState | None = None,
                                       "url": url})
     states = {s["state"] for s in live["subsystems"]}
     overall = "up" if states == {"up"} else ("down" if states <= {"absent"} else "partial")
+    if overall == "down" and any(p["running"] for p in processes):
+        overall = "partial"
     return {"name": cfg.name, "backend": cfg.backend, "engine": engine_of(cfg), "state": overall,
             "config": record.config_path if record else cfg.source,
             "state_file": str(record.path) if record else None,
             "digest_matches": record.digest == cfg.digest() if record else None,
             **{k: v for k, v in live.items() if k not in ("subsystems", "backend")},
+            "processes": processes, "notes": notes,
             "subsystems": live["subsystems"], "registrations": registrations}
+
+
+def multipath_url(listeners: list[dict[str, Any]], nqn: str, nsid: int) -> str:
+    addrs = ",".join(f"[{x['address']}]:{x['port']}" if ":" in x["address"]
+                     else f"{x['address']}:{x['port']}" for x in listeners)
+    return f"nvme+tcp://{addrs}/{nqn}/{nsid}"
+
+
+def ana(cfg: TargetConfig, record: st.TargetState | None, listener: str, group: int,
+        state: str, opts: Options | None = None) -> dict[str, Any]:
+    """Change the ANA state of ``group`` on ``listener`` (``ADDR:PORT``) of the running
+    target, at once (hosts connected there get the ANA Change notice); the record keeps
+    it (``extra.ana``). Backends without run-time ANA changes raise UsageError."""
+    from kvtool.target.model import ANA_GROUP_MAX, ANA_STATES
+    if state not in ANA_STATES:
+        raise UsageError(f"ANA state must be one of {', '.join(ANA_STATES)}", field="state")
+    if not 1 <= group <= ANA_GROUP_MAX:
+        raise UsageError(f"an ANA group is 1..{ANA_GROUP_MAX}, got {group}", field="group")
+    if record is None:
+        raise InputError(f"target {cfg.name!r} is not up (nothing recorded in "
+                         f"{st.targets_dir()})", field="CONFIG")
+    cfg, _why = acting_config(cfg, record)
+    lst = next((x for x in cfg.listeners if _addr(x.address, x.port) == listener
+                or f"{x.address}:{x.port}" == listener), None)
+    if lst is None:
+        known = ", ".join(_addr(x.address, x.port) for x in cfg.listeners)
+        raise UsageError(f"target {cfg.name!r} has no listener {listener} (it has: {known})",
+                         field="listener")
+    backend = backend_for(cfg, _opts_from_record(opts, record), record)
+    set_ana = getattr(backend, "set_ana", None)
+    if set_ana is None:
+        on = cfg.backend + (f" ({engine_of(cfg)} engine)" if engine_of(cfg) else "")
+        raise UsageError(f"ANA states cannot be changed at run time on {on}; use the "
+                         "emulator's userspace engine", field="listener")
+    key = _addr(lst.address, lst.port)
+    previous = record.extra.get("ana", {}).get(key, {}).get(str(group), lst.ana_state(group))
+    set_ana(cfg, lst, group, state)
+    record.extra = {**record.extra, **getattr(backend, "extra", {})}
+    record.extra.setdefault("ana", {}).setdefault(key, {})[str(group)] = state
+    st.save(record)
+    return {"name": cfg.name, "listener": key, "group": group, "state": state,
+            "previous": previous}
+
+
+def _addr(address: str, port: int) -> str:
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
 
 def nvme_url(transport: str, address: str, port: int, nqn: str, nsid: int) -> str:

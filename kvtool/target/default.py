@@ -2,7 +2,9 @@
 
 kvtool's own userspace NVMe/TCP target on 127.0.0.1:4420 (the shape of
 ``fixtures/targets/demo.toml``) serving one memory-backed namespace large enough for the
-default data-mode replay (``kvtool replay trace.jsonl`` puts its NVMe tier there).
+default data-mode replay (``kvtool replay trace.jsonl`` puts its NVMe tier there) of the
+README's quick-start trace: 16 sessions of 20 rounds, 3,125 DeepSeek-V4-Flash FP8 blocks
+(3.1 GB). Memory is taken as blocks are written, not up front.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from kvtool.target.model import TargetConfig
 NAME = "kvtool"
 NQN = "nqn.2026-01.io.kvtool:default"
 PORT = 4420
-NAMESPACE_BYTES = 1 << 30
+NAMESPACE_BYTES = 4 << 30
 SOURCE = "<built-in default target>"
 
 _TEMPLATE = """\

@@ -47,6 +47,8 @@ def config_document(cfg: TargetConfig) -> dict[str, Any]:
                 ns["buffered_io"] = True
             if n.bdev_module != "aio":
                 ns["bdev"] = n.bdev_module
+            if n.ana_group is not None:
+                ns["ana_group"] = n.ana_group
             if n.nvme is not None:
                 ns["nvme"] = _strip({"trtype": n.nvme.trtype, "traddr": n.nvme.traddr,
                                      "adrfam": n.nvme.adrfam, "trsvcid": n.nvme.trsvcid,
@@ -64,7 +66,8 @@ def config_document(cfg: TargetConfig) -> dict[str, Any]:
     doc["subsystem"] = subs
     doc["listener"] = [_strip({"id": lst.id, "transport": lst.transport, "address": lst.address,
                                "port": lst.port, "subsystems": list(lst.subsystems),
-                               "inline_data_size": lst.inline_data_size})
+                               "inline_data_size": lst.inline_data_size,
+                               "ana": {str(g): s for g, s in lst.ana} or None})
                        for lst in cfg.listeners]
     return doc
 

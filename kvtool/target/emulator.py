@@ -30,13 +30,14 @@ from typing import Any
 
 from kvtool.errors import InputError
 from kvtool.nvme.spec import is_loopback
+from kvtool.target import procs
 from kvtool.target import state as st
-from kvtool.target.model import Namespace, TargetConfig
+from kvtool.target.model import Listener, Namespace, TargetConfig
 from kvtool.target.plan import Plan, TargetError
+from kvtool.target.probe import listener_ana
 
 READY_TIMEOUT = 60.0
-STOP_TIMEOUT = 15.0
-_children: dict[int, subprocess.Popen[bytes]] = {}  # started by this process: reaped on stop
+STOP_TIMEOUT = procs.STOP_TIMEOUT
 
 
 def host_has_nvmet() -> bool:
@@ -76,6 +77,8 @@ def userspace_config(cfg: TargetConfig) -> dict[str, Any]:
         namespaces = []
         for n in s.namespaces:
             ns: dict[str, Any] = {"nsid": n.nsid, "lba_size": n.block_size}
+            if n.ana_group is not None:
+                ns["anagrpid"] = n.ana_group
             if n.backing == "memory":
                 ns["backing"] = f"{n.size}B"
             else:
@@ -90,8 +93,7 @@ def userspace_config(cfg: TargetConfig) -> dict[str, Any]:
         if s.model:
             sub["model"] = s.model
         subsystems.append(sub)
-    listen = [f"[{lst.address}]:{lst.port}" if lst.family == "ipv6" else f"{lst.address}:{lst.port}"
-              for lst in cfg.listeners]
+    listen = [listen_address(lst) for lst in cfg.listeners]
     out: dict[str, Any] = {"subsystems": subsystems, "listen": listen,
                            "allow_remote": any(not is_loopback(lst.address) for lst in cfg.listeners)}
     keys = [{"nqn": h.nqn, "dhchap_key_file": h.dhchap_key_file,
@@ -102,10 +104,18 @@ def userspace_config(cfg: TargetConfig) -> dict[str, Any]:
         out["host_keys"] = keys  # key file paths: the target process reads the secrets
     if cfg.listeners:
         out["port_id"] = cfg.listeners[0].id
+    ana = {listen_address(lst): {str(g): s for g, s in lst.ana} for lst in cfg.listeners if lst.ana}
+    if ana:
+        out["ana"] = ana
     t = cfg.transport("tcp")
     if t is not None and t.in_capsule_data_size is not None:
         out["in_capsule_data_size"] = t.in_capsule_data_size
     return out
+
+
+def listen_address(lst: Any) -> str:
+    """A listener as the userspace target's ``listen`` entry: ``ADDR:PORT`` / ``[V6]:PORT``."""
+    return f"[{lst.address}]:{lst.port}" if lst.family == "ipv6" else f"{lst.address}:{lst.port}"
 
 
 def memory_as_files(cfg: TargetConfig, directory: str, engine: str) -> TargetConfig:
@@ -146,7 +156,14 @@ class BackgroundEngine:
 
     def _running(self) -> bool:
         return (self.record is not None and self.record.engine == self.engine
-                and st.pid_alive(self.record.pid))
+                and recorded_pid_alive(self.record.pid, self.record.pid_start))
+
+    def _process_record(self, name: str, role: str, ports: list[int],
+                        config_text: str | None = None) -> procs.ProcessRecord:
+        """The record of a process this engine is about to start (saved by the caller
+        before the start)."""
+        return procs.ProcessRecord(target=name, backend=self.name, engine=self.engine, role=role,
+                                   ports=sorted(set(ports)), config_text=config_text)
 
 
 class UserspaceEngine(BackgroundEngine):
@@ -178,7 +195,8 @@ class UserspaceEngine(BackgroundEngine):
         plan.add("start", "process", "python -m emulator.nvmetcp",
                  f"{len(cfg.subsystems)} subsystem(s), {nss} namespace(s) on {listeners}"
                  f"{metrics}",
-                 lambda: self._start(cfg.name, new_cfg, cfg.metrics_port, cfg.busy_poll_us),
+                 lambda: self._start(cfg.name, new_cfg, cfg.metrics_port, cfg.busy_poll_us,
+                                     config_json(cfg)),
                  lambda: self._stop(self.pid))
         return plan
 
@@ -192,13 +210,14 @@ class UserspaceEngine(BackgroundEngine):
             old_poll = self.record.extra.get("busy_poll_us")
             plan.add("stop", "process", f"pid {pid}", "SIGTERM, clean shutdown (flushes backing files)",
                      lambda: self._stop(pid),
-                     lambda: self._start(cfg.name, old_cfg, old_port, old_poll))
+                     lambda: self._start(cfg.name, old_cfg, old_port, old_poll, config_json(cfg)))
         else:
             plan.notes.append("no userspace target is running for this config")
         return plan
 
     def _start(self, name: str, engine_cfg: dict[str, Any],
-               metrics_port: int | None = None, busy_poll_us: int | None = None) -> None:
+               metrics_port: int | None = None, busy_poll_us: int | None = None,
+               config_text: str | None = None) -> None:
         d = st.run_dir()
         d.mkdir(parents=True, exist_ok=True)
         cfg_path = d / f"{name}.userspace.json"
@@ -213,17 +232,27 @@ class UserspaceEngine(BackgroundEngine):
             argv += ["--metrics-port", str(metrics_port)]
         if busy_poll_us is not None:
             argv += ["--busy-poll", str(busy_poll_us)]
-        env = dict(os.environ)
+        rec = self._process_record(name, "userspace target", _listen_ports(engine_cfg),
+                                   config_text)
+        rec.argv, rec.log = argv, str(log_path)
+        rec.save()  # before the start: a kvtool killed from here on leaves a record
+        env = rec.env()
         repo = str(Path(__file__).resolve().parents[2])  # so `-m emulator.nvmetcp` resolves
         env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        with open(log_path, "ab") as log:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                    start_new_session=True, env=env)
-        _children[proc.pid] = proc
+        try:
+            with open(log_path, "ab") as log:
+                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                        start_new_session=True, env=env)
+        except OSError:
+            rec.forget()
+            raise
+        procs.adopt(proc)
+        rec.started(proc.pid)
         deadline = time.monotonic() + READY_TIMEOUT
         while not (ready.exists() and ready.stat().st_size > 0):
             if proc.poll() is not None:
-                _children.pop(proc.pid, None)
+                procs.reap(proc.pid)
+                rec.forget()
                 raise TargetError(f"the userspace target exited with status {proc.returncode}: "
                                   f"{_tail(log_path)}")
             if time.monotonic() > deadline:
@@ -232,6 +261,7 @@ class UserspaceEngine(BackgroundEngine):
                                   f"{READY_TIMEOUT:.0f} s: {_tail(log_path)}")
             time.sleep(0.05)
         self.pid = proc.pid
+        rec.ready()
         text = ready.read_text().strip()
         self.extra = {"engine_config": json.dumps(engine_cfg), "log": str(log_path),
                       "ready": text}
@@ -245,6 +275,42 @@ class UserspaceEngine(BackgroundEngine):
         stop_pid(pid)
         if pid == self.pid:
             self.pid = None
+
+    def set_closed(self, cfg: TargetConfig, listeners: list[Listener]) -> None:
+        """Fault injection: close ``listeners`` of the running target (their connections
+        drop, new ones are refused) and reopen the others (the target's ``closed`` key,
+        applied on SIGHUP)."""
+        self._reconfigure(cfg, {"closed": [listen_address(lst) for lst in listeners]})
+
+    def _reconfigure(self, cfg: TargetConfig, changes: dict[str, Any]) -> dict[str, Any]:
+        """Rewrite the running target's config file with ``changes`` and SIGHUP it."""
+        if not self._running() or self.record is None:
+            raise TargetError(f"target {cfg.name!r} is not running (userspace engine)")
+        engine_cfg = {**json.loads(self.record.extra.get("engine_config", "{}")), **changes}
+        path = st.run_dir() / f"{cfg.name}.userspace.json"
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(engine_cfg, indent=2))
+        os.replace(tmp, path)
+        self.extra["engine_config"] = json.dumps(engine_cfg)
+        self.record.extra["engine_config"] = self.extra["engine_config"]
+        os.kill(self.record.pid or 0, signal.SIGHUP)
+        return engine_cfg
+
+    def set_ana(self, cfg: TargetConfig, lst: Listener, group: int, state: str) -> None:
+        """Change one (listener, group) ANA state of the running target: rewrite its config
+        file's ``ana`` and SIGHUP it, then read the state back through the listener."""
+        if self.record is None:
+            raise TargetError(f"target {cfg.name!r} is not running (userspace engine)")
+        ana = json.loads(self.record.extra.get("engine_config", "{}")).get("ana", {})
+        ana.setdefault(listen_address(lst), {})[str(group)] = state
+        self._reconfigure(cfg, {"ana": ana})
+        deadline = time.monotonic() + 10.0
+        while (listener_ana(cfg, lst) or {}).get(group, "optimized") != state:
+            if time.monotonic() > deadline:
+                raise TargetError(f"the userspace target did not apply ANA state {state} to "
+                                  f"group {group} on {listen_address(lst)}: "
+                                  f"{_tail(Path(self.extra.get('log', '')))}")
+            time.sleep(0.05)
 
     def status(self, cfg: TargetConfig) -> dict[str, Any]:
         running = self._running()
@@ -271,7 +337,9 @@ class UserspaceEngine(BackgroundEngine):
                     elif live:
                         ns["enabled"] = False
             listeners = [{"id": lst.id, "transport": "tcp", "address": lst.address,
-                          "port": lst.port, "family": lst.family} for lst in cfg.listeners]
+                          "port": lst.port, "family": lst.family,
+                          **({"ana": _ana_json(listener_ana(cfg, lst))} if running else {})}
+                         for lst in cfg.listeners]
             subsystems.append({"nqn": s.nqn, "state": "up" if running else "absent",
                                "allow_any_host": s.allow_any_host, "hosts": list(s.hosts),
                                "namespaces": namespaces if running else [],
@@ -281,6 +349,10 @@ class UserspaceEngine(BackgroundEngine):
                 "log": self.extra.get("log"),
                 "metrics": self.extra.get("metrics") if running else None,
                 "subsystems": subsystems}
+
+
+def _ana_json(states: dict[int, str] | None) -> dict[str, str] | None:
+    return {str(g): s for g, s in sorted(states.items())} if states is not None else None
 
 
 def _probe(cfg: TargetConfig, listeners: Any, sub: Any) -> dict[int, tuple[int, int]]:
@@ -324,33 +396,42 @@ class KernelEngine:
                 "engine": self.engine}
 
 
-def stop_pid(pid: int | None, timeout: float = STOP_TIMEOUT) -> None:
-    """SIGTERM ``pid`` (its process group) and wait; SIGKILL after ``timeout``."""
+def recorded_pid_alive(pid: int | None, start: int | None = None) -> bool:
+    """``pid`` is alive and is the recorded process: its start time is ``start`` (or that of
+    the process record naming it); a reused pid is not."""
     if not pid or not st.pid_alive(pid):
-        _reap(pid)
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while st.pid_alive(pid) and time.monotonic() < deadline:
-        if _reap(pid):
-            return
-        time.sleep(0.05)
-    if st.pid_alive(pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        time.sleep(0.1)
-    _reap(pid)
-
-
-def _reap(pid: int | None) -> bool:
-    proc = _children.get(pid or -1)
-    if proc is None:
         return False
-    if proc.poll() is not None:
-        _children.pop(proc.pid, None)
-        return True
-    return False
+    rec = procs.by_pid(pid)
+    if start is None and rec is not None:
+        start = rec.start_time
+    return start is None or procs.start_time(pid) == start
+
+
+def stop_pid(pid: int | None, timeout: float = STOP_TIMEOUT) -> None:
+    """Stop the process ``pid`` started: through its record (:func:`procs.stop`: SIGTERM to
+    its process group, SIGKILL after ``timeout``, every process with its token, the record
+    removed); a pid without a record is signalled the same way. Raises ``TargetError`` when
+    the process cannot be stopped."""
+    rec = procs.by_pid(pid)
+    if rec is not None:
+        procs.stop(rec, timeout)
+        return
+    if not pid or not st.pid_alive(pid):
+        procs.reap(pid)
+        return
+    legacy = procs.ProcessRecord(target="?", backend="emulator", engine=None,
+                                 role="process", pid=pid, start_time=procs.start_time(pid))
+    procs.stop(legacy, timeout)
+
+
+def config_json(cfg: TargetConfig) -> str:
+    """``cfg`` as kvtool JSON (re-parsable): what a process record keeps for a later down."""
+    from kvtool.target.document import config_document
+    return json.dumps(config_document(cfg), indent=2)
+
+
+def _listen_ports(engine_cfg: dict[str, Any]) -> list[int]:
+    return [int(str(a).rsplit(":", 1)[1]) for a in engine_cfg.get("listen", [])]
 
 
 def _tail(path: Path, lines: int = 5) -> str:

@@ -29,16 +29,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from kvtool.target import procs
 from kvtool.target import state as st
 from kvtool.target.document import config_document
-from kvtool.target.emulator import BackgroundEngine, memory_as_files, stop_pid
+from kvtool.target.emulator import BackgroundEngine, config_json, memory_as_files, stop_pid
 from kvtool.target.model import TargetConfig
 from kvtool.target.plan import Plan, TargetError
 
 BOOT_TIMEOUT = 300.0  # TCG boot + Python start in the guest on a loaded 2-core machine
 GUEST_DIR = "/run/kvtool"  # the guest's own tmpfs, bound into the chroot (emulator/qemu/init.sh)
 REPO = Path(__file__).resolve().parents[2]
-_children: dict[int, subprocess.Popen[bytes]] = {}
 
 
 def guest_config(cfg: TargetConfig) -> TargetConfig:
@@ -112,26 +112,37 @@ class QemuEngine(BackgroundEngine):
         log_path = d / f"{cfg.name}.log"
         spec_path.write_text(json.dumps(spec, indent=2))
         ready.unlink(missing_ok=True)
-        env = dict(os.environ)
+        rec = self._process_record(cfg.name, "QEMU supervisor",
+                                   [lst.port for lst in cfg.listeners], config_json(cfg))
+        rec.argv = [sys.executable, "-m", "kvtool.target.guest", str(spec_path), str(ready)]
+        rec.log = str(log_path)
+        rec.save()  # before the start: a kvtool killed from here on leaves a record
+        env = rec.env()  # QEMU, started by the supervisor, carries the token too
         env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        with open(log_path, "ab") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "kvtool.target.guest", str(spec_path),
-                                     str(ready)], stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=log, start_new_session=True, env=env)
-        _children[proc.pid] = proc
+        try:
+            with open(log_path, "ab") as log:
+                proc = subprocess.Popen(rec.argv, stdin=subprocess.DEVNULL, stdout=log,
+                                        stderr=log, start_new_session=True, env=env)
+        except OSError:
+            rec.forget()
+            raise
+        procs.adopt(proc)
+        rec.started(proc.pid)
         deadline = time.monotonic() + BOOT_TIMEOUT + 60
         while not (ready.exists() and ready.stat().st_size > 0):
             if proc.poll() is not None:
+                procs.stop(rec)  # QEMU, should it outlive its supervisor
                 raise TargetError(f"the QEMU guest supervisor exited ({proc.returncode}): "
                                   f"{_tail(log_path)}")
             if time.monotonic() > deadline:
-                stop_pid(proc.pid)
+                procs.stop(rec)
                 raise TargetError(f"the QEMU guest did not come up: {_tail(log_path)}")
             time.sleep(0.2)
         info = json.loads(ready.read_text())
         if info.get("error"):
-            stop_pid(proc.pid)
+            procs.stop(rec, timeout=120.0)
             raise TargetError(f"in the guest, kvtool target up failed: {info['error']}")
+        rec.ready()
         self.pid = proc.pid
         self.extra = {"control_port": info["control_port"], "forwards": info["forwards"],
                       "log": str(log_path), "boot_seconds": info.get("boot_seconds"),
@@ -139,9 +150,6 @@ class QemuEngine(BackgroundEngine):
 
     def _stop(self, pid: int | None) -> None:
         stop_pid(pid, timeout=120.0)
-        proc = _children.pop(pid or -1, None)
-        if proc is not None:
-            proc.poll()
         if pid == self.pid:
             self.pid = None
 
@@ -192,8 +200,15 @@ def _supervise(spec_path: str, ready_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
     forwards = {int(k): int(v) for k, v in spec["forwards"].items()}
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    serving = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stop.set()
+        if not serving.is_set():  # still booting: give up now (finally stops the guest)
+            raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
 
     def report(doc: dict[str, Any]) -> None:
         tmp = ready_path + ".tmp"
@@ -221,6 +236,7 @@ def _supervise(spec_path: str, ready_path: str) -> int:
         report({"pid": os.getpid(), "control_port": guest.control_port,
                 "forwards": {str(g): guest.host_port(g) for g in forwards},
                 "boot_seconds": guest.boot_seconds, "plan": result.get("plan")})
+        serving.set()
         while not stop.wait(1.0):
             if not guest.running:
                 print("kvtool: the QEMU guest died", flush=True)

@@ -45,6 +45,8 @@ from kvtool.errors import InputError, KvtoolError, param
 from kvtool.nvme import dhchap
 from kvtool.nvme.spec import DISCOVERY_NQN, is_loopback, nqn_problem
 from kvtool.target.model import (
+    ANA_GROUP_MAX,
+    ANA_STATES,
     BACKENDS,
     BACKINGS,
     DEFAULT_PORT,
@@ -444,7 +446,7 @@ def _subsystem(r: _Reader) -> Subsystem:
 
 def _namespace(r: _Reader) -> Namespace:
     r.check_keys({"nsid", "backing", "path", "size", "create", "lba", "bdev", "bdev_name",
-                  "uuid", "nguid", "buffered_io", "nvme"})
+                  "uuid", "nguid", "buffered_io", "nvme", "ana_group"})
     nsid = r.integer("nsid", required=True, lo=1, hi=0xFFFFFFFE)
     assert nsid is not None
     path = r.text("path")
@@ -469,6 +471,7 @@ def _namespace(r: _Reader) -> Namespace:
         if not _NGUID_RE.match(nguid):
             r.fail("nguid must be 32 hex digits", (*r.path, "nguid"))
     buffered = r.flag("buffered_io", False)
+    ana_group = r.integer("ana_group", lo=1, hi=ANA_GROUP_MAX)
     nvme = None
     if backing == "memory":
         if path is not None:
@@ -506,11 +509,12 @@ def _namespace(r: _Reader) -> Namespace:
         r.fail(f"size {size} is not a multiple of 512", (*r.path, "size"))
     return Namespace(nsid=nsid, backing=backing, path=path, size=size,  # type: ignore[arg-type]
                      create=create, lba=lba, bdev_module=bdev_module,  # type: ignore[arg-type]
-                     bdev_name=bdev_name, uuid=uuid, nguid=nguid, buffered_io=buffered, nvme=nvme)
+                     bdev_name=bdev_name, uuid=uuid, nguid=nguid, buffered_io=buffered, nvme=nvme,
+                     ana_group=ana_group)
 
 
 def _listener(r: _Reader, index: int, all_nqns: list[str]) -> Listener:
-    r.check_keys({"id", "transport", "address", "port", "subsystems", "inline_data_size"})
+    r.check_keys({"id", "transport", "address", "port", "subsystems", "inline_data_size", "ana"})
     lid = r.integer("id", index + 1, lo=0, hi=65535)
     transport = r.choice("transport", TRANSPORTS, "tcp") or "tcp"
     address = r.text("address", "127.0.0.1") or "127.0.0.1"
@@ -523,9 +527,19 @@ def _listener(r: _Reader, index: int, all_nqns: list[str]) -> Listener:
     if not subsystems:
         r.fail("a listener needs at least one subsystem", (*r.path, "subsystems"))
     inline = r.size("inline_data_size")
+    ana: list[tuple[int, str]] = []
+    tab = r.table("ana")
+    if tab is not None:  # ana = { 1 = "optimized", 2 = "inaccessible" }
+        for key in tab.data:
+            if not str(key).isdigit() or not 1 <= int(key) <= ANA_GROUP_MAX:
+                tab.fail(f"an ANA group is 1..{ANA_GROUP_MAX}, got {key!r}", (*tab.path, key))
+            state = tab.choice(key, ANA_STATES)
+            assert state is not None
+            ana.append((int(key), state))
     return Listener(id=lid or 0, transport=transport, address=address, port=port or DEFAULT_PORT,
                     family="ipv4" if ip.version == 4 else "ipv6",
-                    subsystems=tuple(subsystems), inline_data_size=inline)
+                    subsystems=tuple(subsystems), inline_data_size=inline,
+                    ana=tuple(sorted(ana)))
 
 
 def validate(cfg: TargetConfig, *, allow_remote: bool = False, check_paths: bool = True) -> None:

@@ -31,6 +31,8 @@ ENGINES: tuple[str, ...] = ("auto", "kernel", "qemu", "userspace", "spdk")
 BACKINGS: tuple[str, ...] = ("memory", "file", "block", "nvme")
 TRANSPORTS: tuple[str, ...] = ("tcp", "rdma")
 DEFAULT_PORT = 4420
+ANA_GROUP_MAX = 128  # as Linux nvmet (NVMET_MAX_ANAGRPS)
+ANA_STATES: tuple[str, ...] = ("optimized", "non-optimized", "inaccessible")
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,11 @@ class Namespace:
     nguid: str | None = None
     buffered_io: bool = False  # nvmet file backing: page cache instead of O_DIRECT
     nvme: NvmeAttach | None = None
+    ana_group: int | None = None  # its ANA group (None: group 1)
+
+    @property
+    def group(self) -> int:
+        return self.ana_group or 1
 
     @property
     def block_size(self) -> int:
@@ -90,6 +97,10 @@ class Listener:
     family: str  # "ipv4" | "ipv6"
     subsystems: tuple[str, ...]
     inline_data_size: int | None = None  # nvmet port param
+    ana: tuple[tuple[int, str], ...] = ()  # ANA state per group here; groups not named: optimized
+
+    def ana_state(self, group: int) -> str:
+        return dict(self.ana).get(group, "optimized")
 
 
 @dataclass(frozen=True)
@@ -155,6 +166,15 @@ class TargetConfig:
     def listeners_of(self, nqn: str) -> list[Listener]:
         return [lst for lst in self.listeners if nqn in lst.subsystems]
 
+    def ana_groups(self) -> list[int]:
+        """The ANA groups the namespaces are in, sorted."""
+        return sorted({n.group for s in self.subsystems for n in s.namespaces})
+
+    def has_ana(self) -> bool:
+        """The config says something about ANA (a group other than 1, or a listener state)."""
+        return any(lst.ana for lst in self.listeners) or self.ana_groups() not in ([], [1]) \
+            or any(n.ana_group is not None for s in self.subsystems for n in s.namespaces)
+
     def transport(self, trtype: str) -> Transport | None:
         return next((t for t in self.transports if t.type == trtype), None)
 
@@ -166,6 +186,13 @@ class TargetConfig:
         for key in ("metrics_port", "busy_poll_us"):
             if d[key] is None:
                 del d[key]  # digests of configs without it stay as they were
+        for sub in d["subsystems"]:
+            for ns in sub["namespaces"]:
+                if ns["ana_group"] is None:
+                    del ns["ana_group"]
+        for lst in d["listeners"]:
+            if not lst["ana"]:
+                del lst["ana"]
         return d
 
     def digest(self) -> str:

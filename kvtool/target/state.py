@@ -54,6 +54,7 @@ class TargetState:
     digest: str
     created: float = field(default_factory=time.time)
     pid: int | None = None  # background process (userspace target, QEMU supervisor)
+    pid_start: int | None = None  # its start time (kvtool.target.procs.start_time): reuse check
     endpoints: list[dict[str, Any]] = field(default_factory=list)  # per subsystem/namespace
     extra: dict[str, Any] = field(default_factory=dict)  # engine details (control port, logs)
 

@@ -26,7 +26,7 @@ from typing import Any
 from kvtool.trace.schema import Request
 
 
-class _Fenwick:
+class Fenwick:
     """Prefix sums over positions 1..n that grows by doubling (for stack distances)."""
 
     __slots__ = ("size", "total", "tree")
@@ -119,7 +119,7 @@ class ReuseDistances:
     """The histogram of reuse distances (LRU stack distances, in blocks)."""
 
     def __init__(self) -> None:
-        self.fenwick = _Fenwick()
+        self.fenwick = Fenwick()
         self.buckets: list[int] = []
         self.cold = 0
         self.reuses = 0

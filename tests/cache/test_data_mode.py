@@ -351,3 +351,24 @@ def test_plain_replay_without_a_target_uses_a_store_file(store_dir: Path, tmp_pa
     assert doc["block_bytes"] == -(-1_002_240 * 16 // 256)
     assert doc["tiers"][-1]["url"] == str(store_dir / "replay-nvme.img")
     assert [t["name"] for t in doc["tiers"]] == ["gpu", "dram", "nvme"]
+
+
+def test_a_trace_that_does_not_fit_says_so_and_the_label_has_real_capacities(
+        store_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The NVMe place without a size reports the blocks it holds (never "inf"), and a
+    trace with more distinct blocks than the largest tier gets one line with the size
+    that would hold them; the default place names itself and how to remove it."""
+    monkeypatch.setenv("KVTOOL_CACHE_DIR", str(store_dir))
+    monkeypatch.setenv("KVTOOL_STATE_DIR", str(tmp_path / "state"))
+    place = store_dir / "small.img"
+    r = run("replay", str(FIXTURES / "traces" / "multiturn-8x12.jsonl"), "--gpu", "32MiB",
+            "--dram", "64MiB", "--nvme", f"150MiB@{place}")
+    assert r.exit_code == 0, r.stderr
+    said = " ".join(r.stderr.split())
+    assert "480 distinct blocks (481.08 MB) do not fit the largest tier (nvme:" in said
+    plain = run("replay", TOKENS)
+    assert plain.exit_code == 0, plain.stderr
+    text = " ".join(plain.stderr.split())
+    assert f"rm {store_dir / 'replay-nvme.img'} removes it" in text
+    assert "do not fit" not in text
+    assert "inf@" not in plain.stdout

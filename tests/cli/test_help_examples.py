@@ -26,6 +26,7 @@ from click.testing import CliRunner
 
 from kvtool.cli.main import cli
 from tests.conftest import FIXTURES, STORE_DIR, free_port
+from tests.helpers.widths import WIDTHS, checking_widths
 
 DEMO_NQN = "nqn.2026-01.io.kvtool:demo"
 HOST = "nqn.2014-08.org.nvmexpress:uuid:22222222-2222-4222-8222-222222222222"
@@ -63,6 +64,10 @@ SKIP = {
     "kvtool target up /etc/nvmet/config.json --backend nvmet --configfs-root "
     "/sys/kernel/config/nvmet": "configures the kernel's nvmet (root, configfs): "
                                 "tests/target/test_qemu.py runs it in the QEMU guest",
+    "kvtool target ana fixtures/targets/multipath.toml --listener 127.0.0.1:4421 --state "
+    "inaccessible": "needs the multipath target up: tests/target/test_ana.py runs it on free ports",
+    "kvtool target ana --name multipath --listener 127.0.0.1:4420 --group 1 --state optimized":
+        "needs the multipath target up: tests/target/test_ana.py runs it on free ports",
     "kvtool target up fixtures/targets/spdk-production.toml --allow-remote --dry-run":
         "plans against a running spdk_tgt's state: tests/target/test_spdk.py runs it against "
         "an SPDK peer",
@@ -91,6 +96,9 @@ TARGET_SEQUENCE = [
 OVERRIDES: dict[str, tuple[dict[str, str], list[str]]] = {
     "kvtool bench /var/tmp/bench.img --create 2GiB --model deepseek-v4-flash --dtype fp8":
         ({}, ["--seconds", "0.05", "--region", "16MiB", "--qd", "1,4"]),
+    "kvtool bench /var/tmp/bench.img --model deepseek-v4-flash --pattern rand-read --need 2.5":
+        ({}, ["--seconds", "0.05", "--region", "16MiB", "--qd", "1", "--repeat", "2",
+              "--need", "0.001", "--create", "64MiB"]),
     "kvtool bench /dev/loop3 --block-bytes 32MiB --qd 1,8,32 --seconds 3 --force":
         ({"/dev/loop3": "blank.img"},
          ["--seconds", "0.05", "--region", "64MiB", "--qd", "1"]),
@@ -204,11 +212,13 @@ def test_example_runs(example: str, world: tuple[Path, Path],
         pytest.skip("fx100-parallel-read is not in fixtures/experiments yet")
     monkeypatch.chdir(wd)
     subs, extra = OVERRIDES.get(example, ({}, []))
-    code, out, err = _invoke(_args(example, dev, subs, extra), wd,
-                             {"KVTOOL_STATE_DIR": str(wd / "state")})
+    with checking_widths(monkeypatch) as problems:
+        code, out, err = _invoke(_args(example, dev, subs, extra), wd,
+                                 {"KVTOOL_STATE_DIR": str(wd / "state")})
     assert code == EXIT.get(example, 0), f"{example}\n{err}{out[-2000:]}"
     if "--json" in example:
         json.loads(out)
+    assert not problems, "\n".join(problems)
 
 
 @pytest.mark.integration
@@ -230,10 +240,39 @@ def test_target_examples_run_in_order(world: tuple[Path, Path],
                     .replace("192.168.1.10", f"127.0.0.1:{port}"))
             if text == "kvtool target up":
                 text += f" --port {port}"
-            code, out, err = _invoke(shlex.split(text)[1:], wd, env)
+            with checking_widths(monkeypatch) as problems:
+                code, out, err = _invoke(shlex.split(text)[1:], wd, env)
             assert code == 0, f"{example}\n{err}{out[-2000:]}"
+            assert not problems, f"{example}\n" + "\n".join(problems)
             if "--url" in example:
                 assert out.strip() == f"nvme+tcp://127.0.0.1:{port}/{DEMO_NQN}/1"
     finally:
         _invoke(["target", "down", "--name", "demo"], wd, env)
         _invoke(["target", "down", "--name", "kvtool"], wd, env)
+
+
+def _all_commands() -> list[list[str]]:
+    ctx = click.Context(cli)
+    out: list[list[str]] = []
+
+    def walk(cmd: click.Command, path: list[str]) -> None:
+        out.append(path)
+        if isinstance(cmd, click.Group):
+            for name in cmd.list_commands(ctx):
+                sub = cmd.get_command(ctx, name)
+                assert sub is not None
+                walk(sub, [*path, name])
+
+    walk(cli, [])
+    return out
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_every_help_fits_the_terminal(width: int) -> None:
+    """No --help line is longer than an 80- or 120-column terminal (examples included:
+    click does not rewrap them, the terminal would break them mid-word)."""
+    for path in _all_commands():
+        result = CliRunner().invoke(cli, [*path, "--help"], terminal_width=width)
+        assert result.exit_code == 0, result.output
+        long = [line for line in result.output.splitlines() if len(line) > width]
+        assert not long, f"kvtool {' '.join(path)} --help at {width} columns:\n" + "\n".join(long)

@@ -134,3 +134,29 @@ def test_library_errors_name_parameters_and_the_cli_shows_flags() -> None:
     result = run("target", "up", "--dry-run", str(REPO / "fixtures" / "targets" /
                                                   "spdk-production.toml"))
     assert result.exit_code == 2 and "--allow-remote is given" in result.stderr
+
+
+def test_quiet_and_json_work_before_and_after_the_command(tmp_path: Path) -> None:
+    """-q, like --json, is accepted by the group and by every command that has --json."""
+    ctx = click.Context(cli)
+
+    def walk(cmd: click.Command, path: list[str]) -> None:
+        opts = {o for p in cmd.params for o in getattr(p, "opts", [])}
+        if "--json" in opts:
+            assert {"-q", "--quiet"} <= opts, path
+        if isinstance(cmd, click.Group):
+            for name in cmd.list_commands(ctx):
+                sub = cmd.get_command(ctx, name)
+                assert sub is not None
+                walk(sub, [*path, name])
+
+    walk(cli, [])
+    trace = tmp_path / "t.jsonl"
+    good = (REPO / "fixtures" / "traces" / "multiturn-8x12.jsonl").read_text()
+    trace.write_text("not json\n" + good)
+    args = ["--simulate", str(trace), "--dram", "100blk", "--skip-bad", "1"]
+    loud = CliRunner().invoke(cli, ["replay", *args])
+    assert loud.exit_code == 0 and "skipped bad line 1" in loud.stderr
+    for argv in (["-q", "replay", *args], ["replay", *args, "-q"], ["replay", "--quiet", *args]):
+        quiet = CliRunner().invoke(cli, argv)
+        assert quiet.exit_code == 0 and quiet.stderr == "", (argv, quiet.stderr)

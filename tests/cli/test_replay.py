@@ -172,8 +172,7 @@ def test_bad_values_exit_2(trace: Path) -> None:
                         (["--dram", "1blk", "--read-gbps", "nvme=fast"], "--read-gbps"),
                         (["--dram", "1blk", "--evict-ratio", "0"], "--evict-ratio"),
                         (["--dram", "1blk", "--watermark", "nan"], "--watermark"),
-                        (["--dram", "1blk", "--tpot-ms", "nan"], "--tpot-ms"),
-                        ([], "--dram")]:
+                        (["--dram", "1blk", "--tpot-ms", "nan"], "--tpot-ms")]:
         result = run("replay", "--simulate", trace, *args)
         assert result.exit_code == 2, args
         assert result.stderr.startswith(f"kvtool: error: field '{field}': "), result.stderr
@@ -208,3 +207,18 @@ def test_mooncake_trace_replays(mooncake_traces: Path) -> None:
     assert doc["round_kind"] in ("window", "none") and doc["cliff_round"] is None
     assert doc["token_hit_ratio"] == pytest.approx(0.6512444360312151, rel=1e-12)
     json.dumps(doc)
+
+
+def test_simulate_without_tier_options_uses_the_data_mode_profile(trace: Path) -> None:
+    """No tier options: the data-mode default profile (and model), counted, and said."""
+    from kvtool.target import default
+
+    r = run("replay", "--simulate", str(trace))
+    assert r.exit_code == 0, r.stderr
+    assert "data-mode default profile" in " ".join(r.stderr.split())
+    doc = run_json("replay", "--simulate", str(trace))
+    assert doc["setup"]["defaults"] is True and doc["block_bytes"] == 1002240
+    tiers = {t["name"]: t for t in doc["tiers"]}
+    assert [tiers[n]["policy"] for n in ("gpu", "dram", "nvme")] == ["vllm", "lru", "lru"]
+    assert tiers["nvme"]["capacity_blocks"] == default.NAMESPACE_BYTES // 1002240
+    assert tiers["dram"]["capacity_blocks"] == (256 << 20) // 1002240

@@ -19,6 +19,11 @@ SCHEMAS: dict[str, tuple[str, set[str]]] = {
     "kvtool.plan/1": ("plan.md", {
         "schema", "workload", "storage", "formula", "collapse_round", "eviction_round",
         "cliff_round", "capacity_needed", "tiers", "steady_hit_ratio", "scenarios", "rounds"}),
+    "kvtool.plan-trace/1": ("plan.md", {
+        "schema", "trace", "format", "block_size", "policy", "method", "exact", "sample_rate",
+        "requests", "input_tokens", "block_accesses", "block_tokens", "block_bytes",
+        "unique_blocks", "max_token_hit_ratio", "full", "targets", "curve", "bad_lines",
+        "one_pass"}),
     "kvtool.trace.stats/1": ("trace.md", {
         "schema", "trace", "format", "timed", "window_ms", "block_tokens", "block_size",
         "requests", "sessions", "rounds", "duration_ms", "input_tokens", "output_tokens",
@@ -46,9 +51,9 @@ SCHEMAS: dict[str, tuple[str, set[str]]] = {
     "kvtool.store.inspect/1": ("store.md", {
         "schema", "target", "engine", "superblock", "superblock_error", "index", "problems",
         "objects"}),
-    "kvtool.store.bench/1": ("store.md", {
+    "kvtool.store.bench/2": ("store.md", {
         "schema", "target", "engine", "object_bytes", "region_bytes", "seconds_per_case",
-        "wrote", "results", "bounce_cost"}),
+        "repeat", "wrote", "interrupted", "results", "bounce_cost", "verdicts"}),
     "kvtool.calibrate/1": ("serving.md", {
         "schema", "cluster", "block_tokens", "files", "fit", "fixed", "metrics", "bounds",
         "start", "scalars", "scalars_basis", "optimiser", "sensitivity", "in_sample",
@@ -85,6 +90,9 @@ def documents(blank_file: Callable[[int], Path], tmp_path: Path) -> list[dict[st
                  "--dram", "64blk"),
         run_json("plan", "--sessions", "4", "--input-tokens", "512", "--output-tokens", "256",
                  "--dram", "1GB", "--model", "llama-3-8b", "--nvme", "10GB"),
+        run_json("plan", trace),
+        run_json("plan", trace, "--model", "deepseek-v4-flash", "--sample-limit", "20"),
+        run_json("plan", trace, "--sweep", "3"),
         run_json("trace", "stats", trace),
         run_json("trace", "stats", trace, "--model", "deepseek-v4-flash", "--no-reuse"),
         run_json("trace", "gen", "--sessions", "2", "--rounds", "2", "--input-tokens", "100",

@@ -165,7 +165,11 @@ def test_port_in_use_fails_cleanly(tmp_path: Path, state_dir: Path) -> None:
 
 
 def test_status_and_down_without_a_target(state_dir: Path) -> None:
-    r = run("target", "status")
+    for op in ("status", "down"):
+        r = run("target", op)
+        assert r.exit_code == 0 and "nothing is up" in r.stdout, (op, r.stderr)
+        assert run_json("target", op)["state"] == "nothing up"
+    r = run("target", "status", "--url")  # a script asking for a URL gets none: an error
     assert r.exit_code == 2 and "no target is up" in r.stderr
     r = run("target", "down", "--name", "ghost")
     assert r.exit_code == 2 and "no target named 'ghost'" in r.stderr

@@ -14,6 +14,11 @@ from collections.abc import Iterator
 
 import pytest
 
+# A module imported for the first time inside a pyfakefs test is unloaded afterwards while
+# its package keeps the patched module object (`from kvtool.target import procs` would
+# return it, with the fake os): import what the emulator engines need before any fake file
+# system is up.
+import kvtool.target.emulator  # noqa: F401
 from kvtool.target.loader import parse_config
 from kvtool.target.model import TargetConfig
 from kvtool.target.nvmet import nvmetcli

@@ -24,7 +24,7 @@ from kvtool.errors import InputError
 from kvtool.nvme.spec import DISCOVERY_NQN
 from kvtool.target.model import Namespace, Subsystem, TargetConfig
 from kvtool.target.nvmet.backend import _create_file
-from kvtool.target.plan import Plan
+from kvtool.target.plan import Plan, TargetError
 from kvtool.target.spdk.rpc import DEFAULT_SOCKET, SpdkRpc
 
 # nvmf_create_transport's io_unit_size was removed in SPDK 26.01 (schema/schema.yaml has no
@@ -82,9 +82,17 @@ def bdev_delete_call(ns_backing: str, bdev: str, module: str = "aio") -> tuple[s
     return "bdev_nvme_detach_controller", {"name": nvme_controller_name(bdev)}
 
 
-def create_subsystem_params(sub: Subsystem) -> dict[str, Any]:
-    """``nvmf_create_subsystem`` parameters; optional fields only when the config sets them."""
+SPDK_ANA = {"optimized": "optimized", "non-optimized": "non_optimized",
+            "inaccessible": "inaccessible"}  # kvtool's name -> SPDK's
+KVTOOL_ANA = {v: k for k, v in SPDK_ANA.items()}
+
+
+def create_subsystem_params(sub: Subsystem, ana: bool = False) -> dict[str, Any]:
+    """``nvmf_create_subsystem`` parameters; optional fields only when the config sets them
+    (``ana``: the config uses ANA groups or listener states: ``ana_reporting``)."""
     params: dict[str, Any] = {"nqn": sub.nqn, "allow_any_host": sub.allow_any_host}
+    if ana:
+        params["ana_reporting"] = True
     if sub.serial:
         params["serial_number"] = sub.serial
     if sub.model:
@@ -92,6 +100,18 @@ def create_subsystem_params(sub: Subsystem) -> dict[str, Any]:
     if sub.max_namespaces:
         params["max_namespaces"] = sub.max_namespaces
     return params
+
+
+def namespace_body(nqn: str, ns: Namespace, ana: bool = False) -> dict[str, Any]:
+    """``nvmf_subsystem_add_ns``'s namespace object (``anagrpid`` with ANA reporting)."""
+    body: dict[str, Any] = {"nsid": ns.nsid, "bdev_name": bdev_name_for(nqn, ns)}
+    if ns.uuid:
+        body["uuid"] = ns.uuid
+    if ns.nguid:
+        body["nguid"] = ns.nguid
+    if ana:
+        body["anagrpid"] = ns.group
+    return body
 
 
 def listen_address(lst: Any) -> dict[str, str]:
@@ -268,8 +288,8 @@ class SpdkBackend:
         for ns in stale:
             self._plan_bdev(plan, sub, ns, live)
         if have is None:
-            plan.add("create", "subsystem", sub.nqn, "",
-                     self._call("nvmf_create_subsystem", create_subsystem_params(sub)),
+            plan.add("create", "subsystem", sub.nqn, "ANA reporting" if cfg.has_ana() else "",
+                     self._call("nvmf_create_subsystem", create_subsystem_params(sub, cfg.has_ana())),
                      self._call("nvmf_delete_subsystem", {"nqn": sub.nqn}))
             have = {"namespaces": [], "hosts": [], "listen_addresses": [],
                     "allow_any_host": sub.allow_any_host}
@@ -283,11 +303,7 @@ class SpdkBackend:
             n = have_ns.get(ns.nsid)
             if n is not None and ns.nsid not in recreated and n.get("bdev_name") == bdev_name_for(nqn, ns):
                 continue
-            body: dict[str, Any] = {"nsid": ns.nsid, "bdev_name": bdev_name_for(nqn, ns)}
-            if ns.uuid:
-                body["uuid"] = ns.uuid
-            if ns.nguid:
-                body["nguid"] = ns.nguid
+            body = namespace_body(nqn, ns, cfg.has_ana())
             plan.add("create", "namespace", f"{nqn} nsid {ns.nsid}", body["bdev_name"],
                      self._call("nvmf_subsystem_add_ns", {"nqn": nqn, "namespace": body}),
                      self._call("nvmf_subsystem_remove_ns", {"nqn": nqn, "nsid": ns.nsid}))
@@ -334,6 +350,55 @@ class SpdkBackend:
                 plan.add("create", "listener", f"{nqn} {_label(w)}", "",
                          self._call("nvmf_subsystem_add_listener", {"nqn": nqn, "listen_address": w}),
                          self._call("nvmf_subsystem_remove_listener", {"nqn": nqn, "listen_address": w}))
+        if cfg.has_ana():
+            self._plan_ana(plan, sub, cfg, live)
+
+    def _plan_ana(self, plan: Plan, sub: Subsystem, cfg: TargetConfig,
+                  live: dict[str, Any]) -> None:
+        """Each listener's ANA state per group, where it differs from what SPDK has (a new
+        listener starts optimized in every group)."""
+        nqn = sub.nqn
+        have = {} if sub.nqn not in live["subsystems"] else self.listener_ana(nqn)
+        groups = sorted({ns.group for ns in sub.namespaces})
+        for lst in cfg.listeners_of(nqn):
+            addr = listen_address(lst)
+            now = have.get(_label(addr), {})
+            for g in groups:
+                want, was = lst.ana_state(g), now.get(g, "optimized")
+                if want == was:
+                    continue
+                plan.add("update", "listener", f"{nqn} {_label(addr)} ANA group {g}",
+                         f"{was} -> {want}", self._set_ana_call(nqn, addr, g, want),
+                         self._set_ana_call(nqn, addr, g, was))
+
+    def _set_ana_call(self, nqn: str, addr: dict[str, str], group: int,
+                      state: str) -> Callable[[], Any]:
+        return self._call("nvmf_subsystem_listener_set_ana_state",
+                          {"nqn": nqn, "listen_address": addr, "ana_state": SPDK_ANA[state],
+                           "anagrpid": group})
+
+    def listener_ana(self, nqn: str) -> dict[str, dict[int, str]]:
+        """{listener label: {group: state}} as SPDK reports it (groups 1..max_nsid; none
+        when the subsystem has no ANA reporting)."""
+        out: dict[str, dict[int, str]] = {}
+        for lst in self.rpc.call("nvmf_subsystem_get_listeners", {"nqn": nqn}):
+            states = {int(s["ana_group"]): KVTOOL_ANA.get(s.get("ana_state"), s.get("ana_state"))
+                      for s in lst.get("ana_states", [])}
+            out[_label(_addr(lst.get("address", {})))] = states
+        return out
+
+    def set_ana(self, cfg: TargetConfig, lst: Any, group: int, state: str) -> None:
+        """Change ``lst``'s ANA state of ``group`` at once, on every subsystem it serves
+        (``nvmf_subsystem_listener_set_ana_state``)."""
+        addr = listen_address(lst)
+        for sub in cfg.subsystems:
+            if lst not in cfg.listeners_of(sub.nqn):
+                continue
+            if not self.listener_ana(sub.nqn).get(_label(addr)):
+                raise TargetError(f"{sub.nqn} has no ANA reporting (SPDK sets it when the "
+                                  "subsystem is created): give a namespace an ana_group or a "
+                                  "listener an ana table in the config, then target down and up")
+            self._set_ana_call(sub.nqn, addr, group, state)()
 
     # ------------------------------------------------------------ down
     def plan_down(self, cfg: TargetConfig) -> Plan:
@@ -409,9 +474,14 @@ class SpdkBackend:
                 bs, nb = b.get("block_size"), b.get("num_blocks")
                 namespaces.append({"nsid": n["nsid"], "enabled": True, "backing": n.get("bdev_name"),
                                    "size": bs * nb if bs and nb else None, "block_size": bs})
+            groups = sorted({n.get("anagrpid") for n in have.get("namespaces", [])
+                             if n.get("anagrpid")})  # listed only with ANA reporting
+            ana = self.listener_ana(sub.nqn) if groups and have.get("listen_addresses") else {}
             listeners = [{"id": None, "transport": str(a.get("trtype", "")).lower(),
                           "address": a.get("traddr"), "port": int(a.get("trsvcid") or 0),
-                          "family": str(a.get("adrfam", "")).lower()}
+                          "family": str(a.get("adrfam", "")).lower(),
+                          **({"ana": {str(g): ana[_label(_addr(a))].get(g) for g in groups}}
+                             if ana.get(_label(_addr(a))) and groups else {})}
                          for a in have.get("listen_addresses", [])]
             hosts = [h["nqn"] if isinstance(h, dict) else h for h in have.get("hosts", [])]
             subsystems.append({"nqn": sub.nqn, "state": "up" if listeners else "no listener",
@@ -440,21 +510,24 @@ def spdk_config(cfg: TargetConfig, major: int | None = None) -> dict[str, Any]:
             method, params = bdev_create_call(sub.nqn, ns)
             bdev_calls.append({"method": method, "params": params})
         nvmf_calls.append({"method": "nvmf_create_subsystem",
-                           "params": create_subsystem_params(sub)})
+                           "params": create_subsystem_params(sub, cfg.has_ana())})
         for ns in sub.namespaces:
-            body: dict[str, Any] = {"nsid": ns.nsid, "bdev_name": bdev_name_for(sub.nqn, ns)}
-            if ns.uuid:
-                body["uuid"] = ns.uuid
-            if ns.nguid:
-                body["nguid"] = ns.nguid
             nvmf_calls.append({"method": "nvmf_subsystem_add_ns",
-                               "params": {"nqn": sub.nqn, "namespace": body}})
+                               "params": {"nqn": sub.nqn,
+                                          "namespace": namespace_body(sub.nqn, ns, cfg.has_ana())}})
         for h in sub.hosts:
             nvmf_calls.append({"method": "nvmf_subsystem_add_host",
                                "params": host_params(cfg, sub.nqn, h)})
         for lst in cfg.listeners_of(sub.nqn):
             nvmf_calls.append({"method": "nvmf_subsystem_add_listener",
                                "params": {"nqn": sub.nqn, "listen_address": listen_address(lst)}})
+            for g in sorted({ns.group for ns in sub.namespaces}) if cfg.has_ana() else []:
+                if lst.ana_state(g) != "optimized":
+                    nvmf_calls.append({"method": "nvmf_subsystem_listener_set_ana_state",
+                                       "params": {"nqn": sub.nqn,
+                                                  "listen_address": listen_address(lst),
+                                                  "ana_state": SPDK_ANA[lst.ana_state(g)],
+                                                  "anagrpid": g}})
     out = [{"subsystem": "bdev", "config": bdev_calls},
            {"subsystem": "nvmf", "config": nvmf_calls}]
     keys = [{"method": "keyring_file_add_key", "params": {"name": name, "path": path}}

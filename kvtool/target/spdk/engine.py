@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtool.errors import InputError
-from kvtool.target.emulator import BackgroundEngine, stop_pid
+from kvtool.target.emulator import BackgroundEngine, config_json, stop_pid
 from kvtool.target.model import TargetConfig
 from kvtool.target.plan import Plan, TargetError
 from kvtool.target.spdk.backend import SpdkBackend, spdk_config
@@ -107,12 +107,22 @@ class SpdkEngine(BackgroundEngine):
                config: Path | None = None) -> None:
         from emulator.spdk import SpdkApp, SpdkAppError
         workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        rec = self._process_record(cfg.name, "nvmf_tgt", [lst.port for lst in cfg.listeners],
+                                   config_json(cfg))
+        rec.workdir = str(workdir)
         app = SpdkApp(install, "nvmf_tgt", cpumask=CPUMASK, mem_mb=mem, workdir=workdir,
-                      config=config)
+                      config=config, env=rec.env({}))
+        rec.argv, rec.sockets, rec.log = app.command(), [str(app.socket)], str(app.log_path)
+        rec.save()  # before the start: a kvtool killed from here on leaves a record
         try:
-            app.start()
+            app.start(on_spawn=rec.started)
         except SpdkAppError as exc:
+            rec.forget()  # SpdkApp.start stopped what it started
             raise TargetError(str(exc)) from None
+        except BaseException:
+            rec.forget()
+            raise
+        rec.ready()
         self.pid = app.pid
         self.extra = {"spdk_socket": str(app.socket), "spdk_dir": str(workdir),
                       "spdk_root": str(install.root), "log": str(app.log_path),
@@ -151,6 +161,12 @@ class SpdkEngine(BackgroundEngine):
         plan.add("stop", "process", f"nvmf_tgt pid {pid}", "spdk_kill_instance SIGTERM",
                  stop, restart)
         return plan
+
+    def set_ana(self, cfg: TargetConfig, lst: Any, group: int, state: str) -> None:
+        """Change a listener's ANA state in the running nvmf_tgt (the spdk backend's RPC)."""
+        if not self._running():
+            raise TargetError(f"no nvmf_tgt is running for target {cfg.name!r}")
+        self._backend(cfg).set_ana(cfg, lst, group, state)
 
     def status(self, cfg: TargetConfig) -> dict[str, Any]:
         if not self._running():

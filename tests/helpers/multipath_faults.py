@@ -1,0 +1,103 @@
+"""``kvtool load`` through a two-path URL while ``kvtool target ana`` flips the listeners'
+states back and forth and the listener carrying the I/O dies for a second (issue 21's
+"Done when"), against any target that ``kvtool target ana`` drives.
+
+:func:`load_through_faults` returns the load's report, the faults with their failover
+times, and asserts what must hold: the load wrote everything, every fault during it was
+followed by an I/O completed on the other path within 5 s, and ``kvtool verify`` is clean.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import REPO, run, run_json
+
+
+def load_through_faults(name: str, p1: int, p2: int, nqn: str, out: Path, *,
+                        kill: Callable[[str], None], revive: Callable[[str], None],
+                        count: int = 12000, object_bytes: str = "16KiB") -> dict[str, Any]:
+    """Load ``count`` objects through ``127.0.0.1:p1,127.0.0.1:p2`` (p1 optimized, p2
+    non-optimized at the start) of target ``name`` while faults happen; ``kill(addr)`` /
+    ``revive(addr)`` take a listener away and bring it back."""
+    url = f"nvme+tcp://127.0.0.1:{p1},127.0.0.1:{p2}/{nqn}/1"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with open(out, "w") as sink:
+        load = subprocess.Popen([sys.executable, "-m", "kvtool", "--json", "load", url,
+                                 "--block-bytes", object_bytes, "--count", str(count),
+                                 "--qd", "2"], env=env, stdout=sink, stderr=subprocess.PIPE,
+                                text=True)
+    faults: list[dict[str, Any]] = []  # what, path, start, end (wall clock)
+    flip_errors: list[str] = []
+    stop = threading.Event()
+
+    def flip(listener: str, state: str) -> None:
+        r = run("target", "ana", "--name", name, "--listener", listener, "--state", state)
+        if r.exit_code != 0:
+            flip_errors.append(r.stderr)
+
+    def fault(what: str, path: str, act: Callable[[], None]) -> None:
+        t0 = time.time()
+        act()
+        faults.append({"what": what, "path": path, "start": t0, "end": time.time()})
+
+    def injector() -> None:
+        a, b = f"127.0.0.1:{p1}", f"127.0.0.1:{p2}"  # a: optimized (carries I/O), b: not
+        time.sleep(0.5)
+        for i in range(6):
+            if stop.is_set():
+                return
+            if i == 3:  # the listener carrying the I/O dies for a second
+                fault("kill listener", a, lambda a=a: kill(a))  # type: ignore[misc]
+                time.sleep(1.0)
+                revive(a)
+                time.sleep(0.5)
+                continue
+            flip(b, "optimized")
+            fault("flip to inaccessible", a, lambda a=a: flip(a, "inaccessible"))  # type: ignore[misc]
+            time.sleep(0.3)
+            flip(a, "non-optimized")
+            a, b = b, a
+
+    t = threading.Thread(target=injector)
+    t.start()
+    try:
+        _, err = load.communicate(timeout=600)
+        load_end = time.time()
+    finally:
+        stop.set()
+        t.join(120)
+    assert load.returncode == 0, err
+    assert flip_errors == [], flip_errors
+    doc = json.loads(out.read_text())
+    assert doc["written"] == count
+    mp = doc["engine"]["multipath"]
+    # each fault while the load ran: the first I/O completed on another path, timed from
+    # the start of the fault's command (an upper bound: the fault lands within it)
+    timed = []
+    for f in faults:
+        if f["end"] > load_end - 0.2:
+            continue
+        after = [x for x in mp["failovers"]
+                 if x["from"] == f["path"] and x["completed_at"] >= f["start"]]
+        assert after, (f, mp["failovers"])
+        timed.append({**f, "failover_s": after[0]["completed_at"] - f["start"],
+                      "detected_to_completed_s": after[0]["failover_s"]})
+    assert len(timed) >= 3 and any(f["what"] == "kill listener" for f in timed), timed
+    assert all(f["failover_s"] < 5 for f in timed), timed
+    verify = run_json("verify", url)
+    assert verify["ok"] is True and verify["bad"] == [], verify
+    assert verify["objects_checked"] == verify["content_checked"] == count
+    summary = {"load_seconds": doc["seconds"], "written": doc["written"],
+               "verified": verify["objects_checked"], "faults": timed,
+               "retried_requests": mp["retried_requests"], "paths": mp["paths"]}
+    print(json.dumps(summary, indent=1))
+    return summary

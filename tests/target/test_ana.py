@@ -1,0 +1,92 @@
+"""ANA end to end with the CLI (issue 21, part 2): a target with two listeners
+(fixtures/targets/multipath.toml on free ports), ``kvtool target ana`` flipping states at
+run time, ``kvtool target status`` showing them, and ``kvtool load`` through the two-path
+URL while the states flip back and forth and one listener dies: 0 errors, ``kvtool
+verify`` clean, every failover timed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvtool.target import api, procs
+from kvtool.target import state as st
+from kvtool.target.emulator import UserspaceEngine
+from tests.conftest import FIXTURES, free_port, run, run_json
+from tests.helpers.multipath_faults import load_through_faults
+
+HOST = "nqn.2014-08.org.nvmexpress:uuid:21212121-2121-4121-8121-2121212121a5"
+NQN = "nqn.2026-01.io.kvtool:multipath"
+
+
+@pytest.fixture
+def multipath(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path, int, int]]:
+    monkeypatch.setenv("KVTOOL_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("KVTOOL_HOSTNQN", HOST)
+    p1, p2 = free_port(), free_port()
+    text = (FIXTURES / "targets" / "multipath.toml").read_text()
+    text = text.replace("port = 4420", f"port = {p1}").replace("port = 4421", f"port = {p2}")
+    cfg = tmp_path / "multipath.toml"
+    cfg.write_text(text)
+    yield cfg, p1, p2
+    for name in st.names():
+        run("target", "down", "--name", name)
+    for rec in procs.records():
+        procs.stop(rec, timeout=5)
+
+
+def ana_of(status: dict[str, Any], port: int) -> dict[str, str]:
+    [sub] = status["subsystems"]
+    return dict(next(x["ana"] for x in sub["listeners"] if x["port"] == port))
+
+
+@pytest.mark.integration
+def test_target_ana_flips_a_state_and_status_shows_it(multipath: tuple[Path, int, int]) -> None:
+    cfg, p1, p2 = multipath
+    up = run_json("target", "up", str(cfg))
+    assert ana_of(up["status"], p1) == {"1": "optimized"}
+    assert ana_of(up["status"], p2) == {"1": "non-optimized"}
+    [ns] = up["status"]["subsystems"][0]["namespaces"]
+    assert ns["multipath_url"] == f"nvme+tcp://127.0.0.1:{p1},127.0.0.1:{p2}/{NQN}/1"
+    # the examples of `kvtool target ana --help`, on this target's ports
+    flip = run_json("target", "ana", str(cfg), "--listener", f"127.0.0.1:{p2}", "--state",
+                    "inaccessible")
+    assert (flip["previous"], flip["state"], flip["group"]) == ("non-optimized", "inaccessible", 1)
+    again = run("target", "ana", "--name", "multipath", "--listener", f"127.0.0.1:{p1}",
+                "--group", "1", "--state", "optimized")
+    assert again.exit_code == 0 and "optimized -> optimized" in again.stdout
+    status = run_json("target", "status")
+    assert ana_of(status, p2) == {"1": "inaccessible"} and ana_of(status, p1) == {"1": "optimized"}
+    human = run("target", "status")
+    assert f"127.0.0.1:{p2} (ANA g1 inaccessible)" in human.stdout.replace("\n", " ") or \
+        "g1 inaccessible" in human.stdout
+    # up with the same file is a no-op: the run-time state stays
+    assert run_json("target", "up", str(cfg))["applied"] == 0
+    assert ana_of(run_json("target", "status"), p2) == {"1": "inaccessible"}
+    bad = run("target", "ana", str(cfg), "--listener", "127.0.0.1:9", "--state", "optimized")
+    assert bad.exit_code == 2 and "has no listener 127.0.0.1:9" in bad.stderr
+    bad = run("target", "ana", str(cfg), "--listener", f"127.0.0.1:{p1}", "--state", "sideways")
+    assert bad.exit_code == 2
+    run_json("target", "down", str(cfg))
+    gone = run("target", "ana", str(cfg), "--listener", f"127.0.0.1:{p1}", "--state", "optimized")
+    assert gone.exit_code == 2 and "is not up" in gone.stderr
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_load_through_two_paths_while_states_flip_and_a_listener_dies(
+        multipath: tuple[Path, int, int], tmp_path: Path) -> None:
+    cfg, p1, p2 = multipath
+    run_json("target", "up", str(cfg))
+    cfg_now, record = api.resolve(None, "multipath")
+    engine = api.backend_for(cfg_now, None, record)
+    listener = {f"127.0.0.1:{x.port}": x for x in cfg_now.listeners}
+    assert isinstance(engine, UserspaceEngine)
+    summary = load_through_faults(
+        "multipath", p1, p2, NQN, tmp_path / "load.json",
+        kill=lambda addr: engine.set_closed(cfg_now, [listener[addr]]),
+        revive=lambda addr: engine.set_closed(cfg_now, []))
+    assert summary["verified"] == 12000
