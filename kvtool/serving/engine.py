@@ -15,10 +15,11 @@ Each step it schedules like vLLM's ``Scheduler.schedule``:
    (``get_computed_blocks``), then the tiers below (:class:`Offload`); a hit there that
    loads faster than it recomputes is loaded asynchronously (vLLM's
    ``WAITING_FOR_REMOTE_KVS``: blocks allocated, the request waits in the queue while the
-   flows run, and is scheduled once they have all arrived). The first request that cannot
-   be allocated stops the loop (FCFS). As vLLM's default ``scheduler_reserve_full_isl``,
-   a waiting request is admitted only when its whole prompt fits the free blocks (and the
-   watermark, when others run), not just its first chunk.
+   flows run; once they have all arrived it holds its blocks in the ``kv_holding`` queue,
+   which is scheduled before the waiting queue, as vLLM's ``kv_holding_waiting``). The
+   first request that cannot be allocated stops the loop (FCFS). As vLLM's default
+   ``scheduler_reserve_full_isl``, a waiting request is admitted only when its whole prompt
+   fits the free blocks (and the watermark, when others run), not just its first chunk.
 
 A step lasts :meth:`StepModel.step_time` of its batch. At its end each request's computed
 tokens advance; a request that has computed all its tokens samples one (its first token
@@ -65,7 +66,6 @@ class Seq:
         "first_token",
         "full_keys",
         "index",
-        "kv_ready",
         "last_token",
         "loads_pending",
         "local_hit_tokens",
@@ -110,7 +110,6 @@ class Seq:
         self.engine = -1
         self.decode_only = False
         """P/D split: the prompt's KV arrives from a prefill engine; this engine decodes."""
-        self.kv_ready = True
         self.pd_source = -1
         """P/D split: the prefill engine that holds the prompt's KV."""
         self.pending_blocks = 0
@@ -314,7 +313,7 @@ class Engine:
             if len(running) >= self.max_num_seqs:
                 break
             seq = waiting[j]
-            if seq.status == LOADING or not seq.kv_ready:
+            if seq.status == LOADING:
                 j += 1
                 continue
             if seq.num_computed_tokens == 0:
