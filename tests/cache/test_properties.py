@@ -118,7 +118,8 @@ def test_fused_and_general_paths_agree_on_long_streams(caps: tuple[str, ...],
 @pytest.mark.slow
 @settings(max_examples=100, deadline=None)
 @given(stream=streams, tiers=tier_sets, caps=st.lists(capacity, min_size=3, max_size=3),
-       policy=st.sampled_from(sorted(POLICIES)), after=st.integers(2, 3),
+       # vllm (the GPU block pool) takes no admission rule: vLLM's pool caches what it runs
+       policy=st.sampled_from(sorted(p for p in POLICIES if p != "vllm")), after=st.integers(2, 3),
        ttl=st.one_of(st.none(), st.integers(1, 6)),
        write_policy=st.sampled_from(["write-through", "write-back"]))
 def test_admission_invariants(stream: list[tuple[list[int], int, int]], tiers: list[str],
