@@ -119,13 +119,15 @@ def _fraction(_ctx: click.Context, param: click.Parameter, value: float | None) 
                    "treated as empty.")
 @click.option("--skip-bad", type=int, default=0, show_default=True,
               help="Tolerate up to N bad trace lines (reported).")
-@click.option("--prefill-tps", type=float, default=None,
-              help="Modelled prefill rate, tokens/s [default 10000].")
-@click.option("--tpot-ms", type=float, default=None, help="Modelled time per output token [default 20].")
+@click.option("--engine-gpu", default=None, metavar="GPU",
+              help="Times: the GPU of the one engine that serves the trace in the serving "
+                   "model [default h100-sxm; docs/replay.md].")
+@click.option("--no-times", is_flag=True,
+              help="Skip the times (hits and bytes only; for large what-if runs).")
 @click.option("--read-gbps", multiple=True, callback=_read_gbps, metavar="TIER=GBPS",
-              help="--simulate: modelled load rate of a tier [defaults: gpu inf, dram 25, nvme 5.2].")
+              help="Times: GB/s of a tier's path [defaults: dram the GPU's PCIe, nvme 5.2].")
 @click.option("--concurrency", type=int, default=None,
-              help="Requests in flight for modelled round wall time [default 1].")
+              help="Requests in flight (closed loop; with --cluster: users) [default 1].")
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None,
               help="Write per-round rows to this CSV file.")
 @click.option("--requests-csv", "requests_csv", type=click.Path(dir_okay=False), default=None,
@@ -160,7 +162,7 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
             evict_ratio: float | None, block_tokens: int | None, fmt: str, model: str | None,
             dtype: str | None, tp: int | None, block_bytes: int | None,
             compares: tuple[str, ...], read_qd: int, seed: int, on_tier_error: str,
-            skip_bad: int, prefill_tps: float | None, tpot_ms: float | None,
+            skip_bad: int, engine_gpu: str | None, no_times: bool,
             read_gbps: dict[str, float], concurrency: int | None, csv_path: str | None,
             requests_csv: str | None, plot_path: str | None, iolog: str | None,
             iolog_version: str, metrics_port: int | None,
@@ -204,7 +206,7 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
         tiers={k: v for k, v in (("gpu", gpu), ("dram", dram), ("nvme", nvme)) if v is not None},
         policy=policy, tiers_file=tiers_file, write_policy=write_policy, watermark=watermark,
         evict_ratio=evict_ratio, compares=compares, model=model, dtype=dtype, tp=tp,
-        block_bytes=block_bytes, prefill_tps=prefill_tps, tpot_ms=tpot_ms,
+        block_bytes=block_bytes, engine_gpu=engine_gpu, times=not no_times,
         read_gbps=read_gbps, concurrency=concurrency, read_qd=read_qd, seed=seed,
         on_tier_error=on_tier_error, requests_csv=requests_csv, credentials=credentials,
         iolog=iolog, iolog_version=int(iolog_version))
@@ -299,14 +301,15 @@ def _render(con: Any, results: list[dict[str, Any]], head: dict[str, Any]) -> No
         _render_compare(con, results, head)
     if head["mode"] == "data":
         _render_data(con, results)
-        con.print("[dim]Link bytes, seconds and load times are measured; prefill and decode "
-                  "times are modelled (docs/replay.md).[/]")
+        con.print("[dim]Link bytes, seconds and load times are measured (docs/replay.md).[/]")
+    tm = results[0]["time_model"]
+    if tm.get("basis") == "simulated":
+        con.print(f"[dim]Times are simulated: one {tm['model']} engine on {tm['tp']}× "
+                  f"{tm['gpu']}, {tm['concurrency']} request(s) in flight, this replay's "
+                  "tiers (the serving model's one-engine case; docs/replay.md); wall: a "
+                  "round's first arrival to its last token.[/]")
     else:
-        con.print("[dim]Times are modelled (prefill rate, tier read rates, TPOT; "
-                  "docs/replay.md), not measured.[/]")
-    con.print(f"[dim]busy: the modelled request times summed, / concurrency "
-              f"{results[0]['time_model']['concurrency']}: one engine serving the requests "
-              "back to back, not the trace's duration.[/]")
+        con.print(f"[dim]No times ({tm.get('why_none')}).[/]")
 
 
 def _round_header(res: dict[str, Any]) -> str:
@@ -337,7 +340,7 @@ def _render_one(con: Any, res: dict[str, Any], maximum: float | None) -> None:
     cols += [Column(f"promoted\n{n}", rank=6) for n in tiers]
     cols += [Column(f"evicted\n{n}", rank=5) for n in tiers]
     cols += [Column("TTFT\np50", rank=2), Column("TTFT\np99", rank=3),
-             Column("busy\n(model)", rank=4)]
+             Column("wall\n(sim)", rank=4)]
 
     def cells(r: dict[str, Any]) -> list[str]:
         return ([str(r["requests"]), _pct(r["token_hit_ratio"])]
@@ -365,7 +368,8 @@ def _render_one(con: Any, res: dict[str, Any], maximum: float | None) -> None:
               + f" · collapse {kind} "
               + ("[dim]n/a (no rounds)[/]" if kind != "round"
                  else f"[bold red]{cliff}[/]" if cliff is not None else "[green]none[/]")
-              + f" · requests/s (modelled) {res['requests_per_s'] or 0:.2f}"
+              + (f" · requests/s (simulated) {res['requests_per_s']:.2f}"
+                 if res.get("requests_per_s") else "")
               + (" · [yellow]interrupted[/]" if res.get("interrupted") else ""))
     if any(t["capacity_blocks"] is None for t in res["tiers"]):
         con.print("tiers: " + ", ".join(f"{t['name']} {_held(t, block_bytes)}" for t in res["tiers"]))
@@ -391,7 +395,7 @@ def _render_compare(con: Any, results: list[dict[str, Any]], head: dict[str, Any
         ("evictions (all tiers)", lambda r: f"{sum(r['evictions'].values()):,}"),
         ("TTFT p50", lambda r: _secs(r["ttft_p50_s"])),
         ("TTFT p99", lambda r: _secs(r["ttft_p99_s"])),
-        ("busy (modelled)", lambda r: _secs(r["wall_s"])),
+        ("wall (simulated)", lambda r: _secs(r["wall_s"])),
     ]
     tier_names = sorted({t["name"] for r in results for t in r["tiers"]},
                         key=("gpu", "dram", "nvme").index)

@@ -16,9 +16,7 @@ Tiers file (``kvtool replay --tiers FILE.toml``; every key optional)::
     [nvme]
     capacity = "46.09TB"               # or a place: "/dev/loop3", "2GiB@/var/tmp/kv.img",
                                        # "nvme+tcp://127.0.0.1:4420/NQN/1" (data mode)
-    [time]
-    prefill_tokens_per_s = 10000
-    tpot_ms = 20
+    [time]                             # the one-engine case that times the replay
     concurrency = 16
     [time.read_gbps]
     dram = 25
@@ -98,6 +96,11 @@ def load_tiers_file(path: str | Path) -> TiersFile:
                           key)
             out.write_policy = value
         elif key == "time":
+            for gone in ("prefill_tokens_per_s", "tpot_ms"):
+                if isinstance(value, dict) and gone in value:
+                    raise bad("a replay's times come from the serving model's one-engine case "
+                              "now (--engine-gpu, --model; docs/replay.md): remove it", gone,
+                              "time")
             out.time = _time_table(value, bad)
         else:
             out.tiers[key] = _tier_table(key, value, bad)

@@ -37,6 +37,7 @@ from kvtool.replay.config import (
     parse_compare,
     time_model_from,
 )
+from kvtool.replay.timing import ReplayTiming, timing_off
 from kvtool.tiers.option import TierOption
 from kvtool.units import Capacity, format_size
 
@@ -112,6 +113,10 @@ class ReplaySettings:
     tpot_ms: float | None = None
     read_gbps: dict[str, float] = field(default_factory=dict)
     concurrency: int | None = None
+    engine_gpu: str | None = None
+    """The GPU of the one-engine case that times the replay (kvtool.replay.timing)."""
+    times: bool = True
+    """Time the replay with the serving model's one-engine case (False: times are null)."""
     read_qd: int = 16
     write_qd: int = 16
     seed: int = 0
@@ -212,9 +217,15 @@ class ReplayJob:
 
             per_request = RequestCsv(self.settings.requests_csv, [c.label for c in self.configs])
         sinks = [f for f in (per_request, on_request) if f is not None]
+        # (a Ctrl-C while the serving model times the trace stops the command: nothing
+        # has been replayed yet, so there is no partial report to give)
+        timing = self._timing() if self.settings.times else None
         sink: Callable[[int, RequestOutcome], None] | None = None
         if sinks:
             def sink(i: int, outcome: RequestOutcome) -> None:
+                if timing is not None:
+                    # a request's TTFT is the serving model's (the report's times)
+                    outcome = outcome._replace(ttft_s=timing.ttft(i, outcome.line))
                 for f in sinks:
                     f(i, outcome)
         self._sink = sink
@@ -244,6 +255,11 @@ class ReplayJob:
         finally:
             if per_request is not None:
                 per_request.close()
+        for i, r in enumerate(results):
+            if timing is not None and not self.interrupted:
+                timing.apply(i, r)
+            else:
+                timing_off(r, "interrupted" if self.interrupted else "--no-times")
         for r in results:
             _one_shape(r)
         bad = [{"line": line, "message": msg} for line, msg in self.reader.bad_lines]
@@ -254,6 +270,19 @@ class ReplayJob:
         if len(results) == 1:
             return {**head, **results[0]}
         return {**head, "configs": results}
+
+    def _timing(self) -> ReplayTiming:
+        """Each configuration's times from the serving model's one-engine case
+        (:mod:`kvtool.replay.timing`), computed before the replay so that per-request
+        outputs carry them too."""
+        from kvtool.replay.timing import ReplayTiming
+
+        s = self.settings
+        conc = s.concurrency if s.concurrency is not None else self.time_model.concurrency
+        return ReplayTiming.run(list(self.reader), self.configs, block_tokens=self.block_tokens,
+                                block_bytes=self.block_bytes, model=self.setup.get("model"),
+                                dtype=self.setup.get("dtype"), tp=s.tp, gpu=s.engine_gpu,
+                                concurrency=conc, read_gbps=self.time_model.read_gbps)
 
     # -------------------------------------------------------------- data mode
     def _fits(self, caps: dict[str, int]) -> None:

@@ -51,6 +51,10 @@ class Load:
     kind: LoadKind
     value: float
     seed: int = 0
+    by_session: bool = True
+    """Closed loop: a user sends a whole session (True), or the next request in serve
+    order whatever its session (False: ``vllm bench serve --max-concurrency`` over a list;
+    the one-engine case of a plain replay, whose rounds are the trace's serve order)."""
 
     def __post_init__(self) -> None:
         if self.kind not in LOAD_KINDS:
@@ -126,7 +130,7 @@ class Arrivals:
         sessions: dict[object, list[int]] = {}
         order: list[list[int]] = []
         for i, r in enumerate(reqs):
-            key = r.session if r.session is not None else ("#", i)
+            key = r.session if r.session is not None and self.load.by_session else ("#", i)
             chain = sessions.get(key)
             if chain is None:
                 chain = sessions[key] = []

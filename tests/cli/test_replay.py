@@ -115,16 +115,16 @@ def test_tiers_file(trace: Path, tmp_path: Path) -> None:
     toml.write_text('write_policy = "write-back"\n[dram]\ncapacity = "60blk"\n'
                     'policy = "mooncake"\n[nvme]\ncapacity = "inf"\npolicy = "prefix-fair"\n'
                     'window = 16\n'
-                    '[time]\nprefill_tokens_per_s = 5000\nconcurrency = 4\n'
+                    '[time]\nconcurrency = 4\n'
                     '[time.read_gbps]\nnvme = 2.5\n')
-    doc = run_json("replay", "--simulate", trace, "--tiers", toml, "--tpot-ms", "30")
+    doc = run_json("replay", "--simulate", trace, "--tiers", toml, "--engine-gpu", "a100-sxm")
     dram, nvme = doc["tiers"]
     assert (dram["policy"], dram["watermark"]) == ("mooncake", {"high": 0.9, "ratio": 0.05})
     assert nvme["policy"] == "prefix-fair" and nvme["window"] == 16
     assert doc["write_policy"] == "write-back"
     tm = doc["time_model"]
-    assert (tm["prefill_tokens_per_s"], tm["concurrency"], tm["tpot_ms"]) == (5000, 4, 30)
-    assert tm["read_gbps"]["nvme"] == 2.5
+    assert (tm["gpu"], tm["concurrency"], tm["nvme_read_gbps"]) == ("a100-sxm", 4, 2.5)
+    assert tm["basis"] == "simulated" and tm["serving"]["completed"] == doc["requests"]
     # the command line wins over the file
     doc2 = run_json("replay", "--simulate", trace, "--tiers", toml, "--dram", "30blk", "--policy", "lru")
     assert doc2["tiers"][0]["capacity_blocks"] == 30 and doc2["tiers"][0]["policy"] == "lru"
@@ -172,7 +172,7 @@ def test_bad_values_exit_2(trace: Path) -> None:
                         (["--dram", "1blk", "--read-gbps", "nvme=fast"], "--read-gbps"),
                         (["--dram", "1blk", "--evict-ratio", "0"], "--evict-ratio"),
                         (["--dram", "1blk", "--watermark", "nan"], "--watermark"),
-                        (["--dram", "1blk", "--tpot-ms", "nan"], "--tpot-ms")]:
+                        (["--dram", "1blk", "--engine-gpu", "tpu-v9"], "--engine-gpu")]:
         result = run("replay", "--simulate", trace, *args)
         assert result.exit_code == 2, args
         assert result.stderr.startswith(f"kvtool: error: field '{field}': "), result.stderr
@@ -188,10 +188,10 @@ def test_binary_tiers_file_is_exit_2(trace: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("time", "field"), [
-    ("prefill_tokens_per_s = nan", "time.prefill_tokens_per_s"),
-    ("prefill_tokens_per_s = 0", "time.prefill_tokens_per_s"),
-    ("tpot_ms = nan", "time.tpot_ms"),
-    ("tpot_ms = -1", "time.tpot_ms"),
+    ("prefill_tokens_per_s = 5000", "time.prefill_tokens_per_s"),   # the old time model
+    ("tpot_ms = 20", "time.tpot_ms"),
+    ("concurrency = 0", "time.concurrency"),
+    ("read_gbps = { nvme = -1 }", "time.read_gbps.nvme"),
 ])
 def test_bad_time_table_exit_2(trace: Path, tmp_path: Path, time: str, field: str) -> None:
     toml = tmp_path / "tiers.toml"

@@ -1,0 +1,225 @@
+"""The times of a plain ``kvtool replay``: the serving model's one-engine case.
+
+A replay without ``--cluster`` counts hits, puts and evictions with the metadata engine
+(:mod:`kvtool.cache`), and takes its times — TTFT, each round's wall time, requests per
+second — from the serving model (:mod:`kvtool.serving`) run on the same trace with one
+engine whose tiers are the replay's:
+
+* the engine: ``gpu`` (default :data:`DEFAULT_GPU`) running the replay's model (its
+  ``--model``, else :data:`DEFAULT_MODEL` when only a block size was given), on ``tp``
+  GPUs (``--tp``, else the fewest that hold the weights), vLLM's scheduler and defaults
+  for that GPU;
+* its GPU pool: the replay's GPU tier as vLLM's ``num_gpu_blocks`` (prefix caching on);
+  without a GPU tier, the pool the GPU's memory leaves, with prefix caching off (the
+  replay caches nothing there either);
+* the tiers below: the replay's DRAM tier (over the GPU's PCIe, or ``read_gbps["dram"]``)
+  and NVMe tier (a target of ``read_gbps["nvme"]``, default 5.2 GB/s), each with its
+  policy (a watermark is not modelled there);
+* the load: a closed loop of ``concurrency`` users (default 1) over the trace in serve
+  order (``vllm bench serve --max-concurrency`` over a list): a round's requests run
+  ``concurrency`` at a time, and a round's wall time is from its first arrival to its
+  last token.
+
+Every time is **simulated** (roofline step times, flows over links), none measured. The
+hits the report prints stay the metadata engine's (the serving model's own hits are in
+``time_model.serving``: they differ where batching or the GPU pool's sharing changes
+what is cached when).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvtool.cache.engine import CacheConfig
+from kvtool.cache.timemodel import percentile
+from kvtool.errors import UsageError
+
+DEFAULT_GPU = "h100-sxm"
+DEFAULT_MODEL = "llama-3-8b"
+DEFAULT_READ_GBPS = {"dram": None, "nvme": 5.2}
+"""GB/s of the tiers' paths: DRAM over the GPU's own PCIe (None), NVMe 5.2 (the parallel
+read path the FX100 report measured)."""
+_NO_POLICY = ("vllm",)
+
+
+@dataclass
+class RequestTimes:
+    """One request's simulated times (seconds from the start of the run); ``nan`` when
+    the engine could not hold it."""
+
+    arrival: float
+    first_token: float
+    finish: float
+
+    @property
+    def ttft(self) -> float:
+        return self.first_token - self.arrival
+
+
+def lookup_name(model: str) -> str | None:
+    """The preset name ``model`` resolves to (``None`` for a file or an unknown name)."""
+    from kvtool.geometry.presets import lookup
+
+    try:
+        return lookup(model).name
+    except Exception:
+        return None
+
+
+def _tp_for(spec: Any, gpu: Any, weight_dtype: str | None) -> int:
+    from kvtool.serving.roofline import StepModel
+
+    heads = spec.arch.q_heads
+    for tp in (1, 2, 4, 8, 16, 32):
+        if heads % tp:
+            continue
+        step = StepModel(spec, gpu, tp, weight_dtype=weight_dtype)
+        if step.weight_bytes_per_rank <= 0.85 * gpu.memory_bytes:
+            return tp
+    return 32
+
+
+def one_engine_times(requests: Sequence[Any], cfg: CacheConfig, *, block_tokens: int,
+                     block_bytes: int | None, model: str | None, dtype: str | None,
+                     tp: int | None, gpu: str | None, concurrency: int,
+                     read_gbps: dict[str, float]) -> tuple[list[RequestTimes], dict[str, Any]]:
+    """Run the one-engine case (module docstring); return each request's times in serve
+    order and a description of the engine (the report's ``time_model``)."""
+    from kvtool.geometry.custom import from_toml
+    from kvtool.geometry.presets import lookup
+    from kvtool.serving.gpus import resolve_gpu
+    from kvtool.serving.load import Load
+    from kvtool.serving.roofline import StepModel
+    from kvtool.serving.router import make_router
+    from kvtool.serving.sim import ClusterSetup, EngineSetup, Simulation, TierSetup
+
+    try:
+        g = resolve_gpu(gpu or DEFAULT_GPU)
+    except UsageError as exc:
+        raise UsageError(exc.message.split(" or define")[0].rstrip(";"),
+                         field="engine_gpu") from None
+    spec = None
+    if model is not None:
+        spec = from_toml(model) if model.lower().endswith((".toml", ".json")) else lookup(model)
+    if spec is None or spec.arch is None:
+        spec = lookup(DEFAULT_MODEL)
+    t = tp or _tp_for(spec, g, None)
+    step = StepModel(spec, g, t, kv_dtype=dtype, block_tokens=block_tokens)
+    # what a load or store moves: the replay's block (every rank's copy) when it has one
+    kv_block = max(1, round(step.kv_bytes_per_token * block_tokens)) * t
+    moved = block_bytes * t if block_bytes else kv_block
+    from kvtool.serving.cluster import vllm_batch_defaults
+
+    max_tokens, max_seqs = vllm_batch_defaults(g)
+    gpu_tier = next((s for s in cfg.tiers if s.name == "gpu"), None)
+    if gpu_tier is not None:
+        blocks = gpu_tier.blocks(block_bytes, block_tokens)
+        num_gpu_blocks = int(blocks) if blocks != math.inf else step.kv_pool_blocks(block_tokens)
+        caching = True
+    else:
+        num_gpu_blocks = step.kv_pool_blocks(block_tokens)
+        caching = False
+    pcie = read_gbps.get("dram") or g.pcie_gbps * t
+    nvme_gbps = read_gbps.get("nvme") or DEFAULT_READ_GBPS["nvme"] or math.inf
+    tiers = []
+    for s in cfg.tiers:
+        if s.name == "gpu":
+            continue
+        cap = s.blocks(block_bytes, block_tokens)
+        policy = s.policy if s.policy not in _NO_POLICY else "lru"
+        if s.name == "dram":
+            tiers.append(TierSetup("dram", cap, policy, node="n0"))
+        else:
+            tiers.append(TierSetup("nvme", cap, policy,
+                                   targets=(("nvme", nvme_gbps, nvme_gbps),)))
+    engine = EngineSetup(name="engine0", node="n0", role="both",
+                         num_gpu_blocks=max(2, num_gpu_blocks), block_bytes=moved,
+                         pcie_gbps=pcie, step=step, max_num_seqs=max_seqs,
+                         max_num_batched_tokens=max_tokens,
+                         describe={"model": spec.name, "gpu": g.name, "tp": t, "role": "both"},
+                         enable_caching=caching)
+    setup = ClusterSetup([engine], {"n0": math.inf}, tiers, "round-robin", {}, name="replay")
+    sim = Simulation(requests, setup, Load("concurrency", float(concurrency), by_session=False),
+                     block_tokens=block_tokens, router=make_router("round-robin"))
+    doc = sim.run()
+    nan = math.nan
+    times = []
+    for seq in sim.seqs:
+        if seq is None or seq.finish < 0:
+            times.append(RequestTimes(nan if seq is None else seq.arrival, nan, nan))
+        else:
+            times.append(RequestTimes(seq.arrival, seq.first_token, seq.finish))
+    described = {
+        "kind": "serving model, one engine (docs/replay.md, docs/serving.md)",
+        "basis": "simulated",
+        "gpu": g.name, "model": spec.name, "tp": t,
+        "model_note": (None if model is not None and spec.name == lookup_name(model) else
+                       f"no model given: the step time is {spec.name}'s" if model is None else
+                       f"{model} has no parameter counts: the step time is {spec.name}'s"),
+        "num_gpu_blocks": engine.num_gpu_blocks, "prefix_caching": caching,
+        "max_num_seqs": max_seqs, "max_num_batched_tokens": max_tokens,
+        "concurrency": concurrency, "pcie_gbps": pcie, "nvme_read_gbps": nvme_gbps,
+        "scalars": dataclasses.asdict(step.scalars),
+        "failed": doc["serving"]["failed"],
+        "serving": doc["serving"],
+    }
+    return times, described
+
+
+def apply_times(result: dict[str, Any], requests: Sequence[Any], times: list[RequestTimes],
+                described: dict[str, Any]) -> None:
+    """Put the one-engine case's times into a replay's report: TTFT percentiles, wall time
+    and requests per second, per round and in total."""
+    by_round: dict[int, list[RequestTimes]] = {}
+    for req, t in zip(requests, times, strict=True):
+        by_round.setdefault(req.report_round, []).append(t)
+
+    def fill(d: dict[str, Any], ts: list[RequestTimes]) -> None:
+        ok = [t for t in ts if not math.isnan(t.finish)]
+        ttft = sorted(t.ttft for t in ok)
+        d["ttft_p50_s"] = percentile(ttft, 50)
+        d["ttft_p99_s"] = percentile(ttft, 99)
+        wall = (max(t.finish for t in ok) - min(t.arrival for t in ok)) if ok else 0.0
+        d["wall_s"] = wall
+        d["requests_per_s"] = len(ok) / wall if wall > 0 else None
+
+    for rd in result.get("rounds", []):
+        fill(rd, by_round.get(rd["round"], []))
+    fill(result, times)
+    result["time_model"] = described
+
+
+@dataclass
+class ReplayTiming:
+    """The one-engine case of every configuration of a replay: per-request TTFT for the
+    per-request outputs, and the report's times (:meth:`apply`)."""
+
+    requests: list[Any]
+    runs: list[tuple[list[RequestTimes], dict[str, Any]]]
+    index_of_line: dict[int, int]
+
+    @classmethod
+    def run(cls, requests: list[Any], configs: Sequence[CacheConfig], **kwargs: Any
+            ) -> ReplayTiming:
+        runs = [one_engine_times(requests, cfg, **kwargs) for cfg in configs]
+        return cls(requests, runs, {r.line: i for i, r in enumerate(requests)})
+
+    def ttft(self, config: int, line: int) -> float:
+        i = self.index_of_line.get(line)
+        return math.nan if i is None else self.runs[config][0][i].ttft
+
+    def apply(self, config: int, result: dict[str, Any]) -> None:
+        times, described = self.runs[config]
+        apply_times(result, self.requests, times, described)
+
+
+def timing_off(result: dict[str, Any], why: str) -> None:
+    """A report without times (``--no-times``, or an interrupted run): they are null."""
+    for d in [result, *result.get("rounds", [])]:
+        for key in ("ttft_p50_s", "ttft_p99_s", "wall_s", "requests_per_s"):
+            d[key] = None
+    result["time_model"] = {"kind": None, "basis": None, "why_none": why}
