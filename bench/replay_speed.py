@@ -71,8 +71,10 @@ def main() -> None:
     trace = args.trace
     one = ["--dram", f"{CAP_TOKENS}tok"]
     three = ["--gpu", f"{CAP_TOKENS // 3}tok", "--dram", f"{CAP_TOKENS}tok", "--nvme", "inf"]
+    # --no-times: the bars compare the metadata engine with a minimal simulator, which
+    # computes no times (the serving model's timing run is measured by bench/serving.py)
     kv = [py, "-m", "kvtool", "--json", "replay", trace, "--format", "mooncake",
-          "--block-tokens", str(BLOCK_TOKENS)]
+          "--block-tokens", str(BLOCK_TOKENS), "--no-times"]
 
     cmds = {
         "minimal": [py, str(HERE / "replay_minimal_sim.py"), trace,
