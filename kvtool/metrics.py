@@ -89,7 +89,8 @@ class ReplayMetrics:
             for tier, n in values.items():
                 if n:
                     counter.labels(label, tier).inc(n)
-        self.ttft.labels(label).observe(o.ttft_s)
+        if o.ttft_s == o.ttft_s:  # not NaN: a request the timing engine could not hold
+            self.ttft.labels(label).observe(o.ttft_s)
         load_s = getattr(o, "load_s", None)
         if load_s is not None:  # simulate mode models loads: nothing measured to show
             self.load.labels(label).observe(load_s)

@@ -206,7 +206,7 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
         tiers={k: v for k, v in (("gpu", gpu), ("dram", dram), ("nvme", nvme)) if v is not None},
         policy=policy, tiers_file=tiers_file, write_policy=write_policy, watermark=watermark,
         evict_ratio=evict_ratio, compares=compares, model=model, dtype=dtype, tp=tp,
-        block_bytes=block_bytes, engine_gpu=engine_gpu, times=not no_times,
+        block_bytes=block_bytes, engine_gpu=engine_gpu, times="none" if no_times else "serving",
         read_gbps=read_gbps, concurrency=concurrency, read_qd=read_qd, seed=seed,
         on_tier_error=on_tier_error, requests_csv=requests_csv, credentials=credentials,
         iolog=iolog, iolog_version=int(iolog_version))

@@ -125,6 +125,7 @@ def _run_data(exp: Experiment, trace: Path, specs: list[str], labels: list[str],
         trace=str(trace), fmt="kvtool", compares=specs, block_bytes=bb,
         model=None if bb else w.get("model"), dtype=None if bb else w.get("dtype"),
         prefill_tps=t.get("prefill_tokens_per_s"), tpot_ms=t.get("tpot_ms"),
+        times="per-request",  # the experiment's [time] model, as in --simulate
         read_gbps=dict(t.get("read_gbps", {})), concurrency=t.get("concurrency"))
     job = prepare(settings, on_event=on_event)
     if observer is not None:

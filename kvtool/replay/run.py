@@ -115,8 +115,11 @@ class ReplaySettings:
     concurrency: int | None = None
     engine_gpu: str | None = None
     """The GPU of the one-engine case that times the replay (kvtool.replay.timing)."""
-    times: bool = True
-    """Time the replay with the serving model's one-engine case (False: times are null)."""
+    times: str = "serving"
+    """Where the report's times come from: ``serving`` (the serving model's one-engine
+    case), ``none`` (null), or ``per-request`` (the metadata engine's own per-request
+    model, with ``prefill_tps``/``tpot_ms``: what the capacity experiments state their
+    time rows in)."""
     read_qd: int = 16
     write_qd: int = 16
     seed: int = 0
@@ -168,6 +171,8 @@ def _check(s: ReplaySettings) -> None:
         raise UsageError(f"must be a number ≥ 0, got {s.tpot_ms}", field="tpot_ms")
     if s.read_qd < 1:
         raise UsageError(f"must be at least 1, got {s.read_qd}", field="read_qd")
+    if s.times not in ("serving", "none", "per-request"):
+        raise UsageError(f"use serving, none or per-request, got {s.times!r}", field="times")
     if s.on_tier_error not in ON_TIER_ERROR:
         raise UsageError(f"use {' or '.join(ON_TIER_ERROR)}", field="on_tier_error")
     if s.iolog is not None and not s.simulate:
@@ -219,7 +224,7 @@ class ReplayJob:
         sinks = [f for f in (per_request, on_request) if f is not None]
         # (a Ctrl-C while the serving model times the trace stops the command: nothing
         # has been replayed yet, so there is no partial report to give)
-        timing = self._timing() if self.settings.times else None
+        timing = self._timing() if self.settings.times == "serving" else None
         sink: Callable[[int, RequestOutcome], None] | None = None
         if sinks:
             def sink(i: int, outcome: RequestOutcome) -> None:
@@ -258,7 +263,7 @@ class ReplayJob:
         for i, r in enumerate(results):
             if timing is not None and not self.interrupted:
                 timing.apply(i, r)
-            else:
+            elif self.settings.times != "per-request":
                 timing_off(r, "interrupted" if self.interrupted else "--no-times")
         for r in results:
             _one_shape(r)

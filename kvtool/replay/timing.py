@@ -9,7 +9,8 @@ engine whose tiers are the replay's:
   ``--model``, else :data:`DEFAULT_MODEL` when only a block size was given), on ``tp``
   GPUs (``--tp``, else the fewest that hold the weights), vLLM's scheduler and defaults
   for that GPU;
-* its GPU pool: the replay's GPU tier as vLLM's ``num_gpu_blocks`` (prefix caching on);
+* its GPU pool: the replay's GPU tier as vLLM's ``num_gpu_blocks`` plus room for the
+  longest request (as data mode's GPU pool; prefix caching on);
   without a GPU tier, the pool the GPU's memory leaves, with prefix caching off (the
   replay caches nothing there either);
 * the tiers below: the replay's DRAM tier (over the GPU's PCIe, or ``read_gbps["dram"]``)
@@ -117,8 +118,13 @@ def one_engine_times(requests: Sequence[Any], cfg: CacheConfig, *, block_tokens:
     max_tokens, max_seqs = vllm_batch_defaults(g)
     gpu_tier = next((s for s in cfg.tiers if s.name == "gpu"), None)
     if gpu_tier is not None:
+        # the tier's blocks, plus room for the longest request, as data mode's GPU pool
+        # (the tier is what stays cached; vLLM needs a whole request in its pool to run it)
+        work = max((-(-(r.input_length + max(1, r.output_length)) // block_tokens)
+                    for r in requests), default=1)
         blocks = gpu_tier.blocks(block_bytes, block_tokens)
-        num_gpu_blocks = int(blocks) if blocks != math.inf else step.kv_pool_blocks(block_tokens)
+        num_gpu_blocks = (int(blocks) + work if blocks != math.inf
+                          else step.kv_pool_blocks(block_tokens))
         caching = True
     else:
         num_gpu_blocks = step.kv_pool_blocks(block_tokens)

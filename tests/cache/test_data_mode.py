@@ -227,7 +227,7 @@ def test_ctrl_c_gives_a_partial_report(store_dir: Path) -> None:
     # times=False: the serving model's timing pass reads the trace before the replay, and
     # this reader "presses Ctrl-C" on every pass; this is about the replay's own pass
     job = prepare(settings(MULTI, {"dram": "40blk", "nvme": f"100blk@{store_dir / 'i.img'}"},
-                           block_bytes=4096, times=False))
+                           block_bytes=4096, times="none"))
     reader = job.reader
 
     class Interrupting:

@@ -74,7 +74,7 @@ def test_compare_side_by_side(trace: Path) -> None:
 def test_human_output_has_round_table(trace: Path) -> None:
     result = run("replay", "--simulate", trace, "--dram", "180blk")
     assert result.exit_code == 0, result.stderr
-    assert "cliff" in result.stdout and "modelled" in result.stdout
+    assert "cliff" in result.stdout and "simulated" in result.stdout
 
 
 def test_csv_and_plot(trace: Path, tmp_path: Path) -> None:
