@@ -506,7 +506,7 @@ class Admission:
                 counts.move_to_end(key)
                 if ttl is not None and now - last[key] > ttl:
                     counts[key] = 1
-                elif key not in protected:
+                else:
                     counts[key] += 1
                 if ttl is not None:
                     last[key] = now
