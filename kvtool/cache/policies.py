@@ -149,8 +149,10 @@ class LruPolicy(EvictionPolicy):
         if admit and skip is None and record is None:
             # The hot path: a minimal OrderedDict simulator's loop, on a dict and a deque.
             for key in order:
-                c = get(key)
-                index[key] = 1 if c is None else c + 1
+                if key in index:
+                    index[key] += 1
+                else:
+                    index[key] = 1
                 push(key)
         elif admit:
             for key in order:
