@@ -131,6 +131,8 @@ class CacheConfig:
         if not self.label:
             self.label = " + ".join(
                 f"{t.name} {t.capacity}{'@' + t.place if t.place else ''} {t.policy}"
+                + (f" admit {t.admit_after}" if (t.admit_after or 1) > 1 else "")
+                + (f"/{t.admit_ttl}req" if t.admit_ttl else "")
                 for t in self.tiers)
 
     def build(self, block_bytes: int | None, block_tokens: int,

@@ -318,65 +318,77 @@ class TierHierarchy:
         indexes = self._indexes
         before = [len(ix) for ix in indexes]
         last = indexes[-1]
-        last_ordered = self._policies[-1].ordered  # type: ignore[attr-defined]
-        t0 = indexes[0].move_to_end  # type: ignore[attr-defined]
+        pols: list[LruPolicy] = self._policies  # type: ignore[assignment]
+        last_ordered = pols[-1].ordered
+        # LruPolicy: index[key] counts the key's references in its order deque; a touch
+        # or an insert appends one (an unordered last tier keeps no deque).
         i0 = indexes[0]
+        p0 = pols[0].order.append
         if m == 2:
-            t1 = last.move_to_end if last_ordered else None  # type: ignore[attr-defined]
+            p1 = pols[1].order.append if last_ordered else None
             for key, s in zip(keys, src, strict=False):
-                if s == 0:
-                    t0(key)
-                    if t1 is not None and key in last:
-                        t1(key)
-                else:
-                    i0[key] = None
-                    if t1 is not None:
-                        t1(key)
+                i0[key] = i0[key] + 1 if s == 0 else 1
+                p0(key)
+                if p1 is not None:
+                    c = last.get(key)
+                    if c is not None:
+                        last[key] = c + 1
+                        p1(key)
             for key in keys[k:]:
-                if key in i0:
-                    t0(key)
-                else:
-                    i0[key] = None
-                if key in last:
-                    if t1 is not None:
-                        t1(key)
-                else:
-                    last[key] = None
+                c = i0.get(key)
+                i0[key] = 1 if c is None else c + 1
+                p0(key)
+                c = last.get(key)
+                if c is None:
+                    last[key] = 1
+                    if p1 is not None:
+                        p1(key)
+                elif p1 is not None:
+                    last[key] = c + 1
+                    p1(key)
         else:
             i1 = indexes[1]
-            t1 = i1.move_to_end  # type: ignore[attr-defined]
-            t2 = last.move_to_end if last_ordered else None  # type: ignore[attr-defined]
+            p1 = pols[1].order.append
+            p2 = pols[2].order.append if last_ordered else None
             for key, s in zip(keys, src, strict=False):
                 if s == 0:
-                    t0(key)
-                    if key in i1:
-                        t1(key)
-                    if t2 is not None and key in last:
-                        t2(key)
+                    i0[key] += 1
+                    c = i1.get(key)
+                    if c is not None:
+                        i1[key] = c + 1
+                        p1(key)
                 elif s == 1:
-                    i0[key] = None
-                    t1(key)
-                    if t2 is not None and key in last:
-                        t2(key)
+                    i0[key] = 1
+                    i1[key] += 1
+                    p1(key)
                 else:
-                    i0[key] = None
-                    i1[key] = None
-                    if t2 is not None:
-                        t2(key)
+                    i0[key] = 1
+                    i1[key] = 1
+                    p1(key)
+                p0(key)
+                if p2 is not None:
+                    c = last.get(key)
+                    if c is not None:
+                        last[key] = c + 1
+                        p2(key)
             for key in keys[k:]:
-                if key in i0:
-                    t0(key)
-                else:
-                    i0[key] = None
-                if key in i1:
-                    t1(key)
-                else:
-                    i1[key] = None
-                if key in last:
-                    if t2 is not None:
-                        t2(key)
-                else:
-                    last[key] = None
+                c = i0.get(key)
+                i0[key] = 1 if c is None else c + 1
+                p0(key)
+                c = i1.get(key)
+                i1[key] = 1 if c is None else c + 1
+                p1(key)
+                c = last.get(key)
+                if c is None:
+                    last[key] = 1
+                    if p2 is not None:
+                        p2(key)
+                elif p2 is not None:
+                    last[key] = c + 1
+                    p2(key)
+        for pol in pols:
+            if pol.ordered and len(pol.order) > 2 * len(pol.index) + 1024:
+                pol.compact()
         if k:
             # head-first LRU admits every block it lacks: each hit from below is promoted
             # into every tier above its source

@@ -16,7 +16,7 @@ the tier's membership test (the lookup loop uses it directly, for speed), and im
 
 Keys are plain ints (the chained block keys of :mod:`kvtool.trace.hashing` or a
 Mooncake trace's ``hash_ids``): no per-block objects, so that a tier of ten million
-blocks fits in about 110 bytes per block (bench/replay_memory.py).
+blocks fits in about 80 bytes per block with ``lru`` (bench/replay_memory.py).
 
 Policies (docs/definitions.md; engine semantics in docs/replay.md):
 
@@ -37,7 +37,7 @@ from __future__ import annotations
 import heapq
 import math
 from abc import ABC, abstractmethod
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Container
 from itertools import islice
 from typing import Any, ClassVar, cast
@@ -97,74 +97,120 @@ class LruPolicy(EvictionPolicy):
     under memory pressure is every session's chain head: one eviction kills the whole
     session's reuse (the chain-head cliff: docs/example-collapse.md) and leaves its suffix as dead weight.
 
-    Representation: an :class:`~collections.OrderedDict` from key to ``None``; the front
-    is the next victim. O(1) touch, insert and evict.
+    Representation (compact: about 80 bytes per cached block at 10 M blocks,
+    bench/replay_memory.py): ``index`` maps each cached key to the number of its
+    references in ``order``, a deque of keys in touch order (oldest first) where a touch
+    appends one more reference. A key's last reference is its recency; older ones are
+    stale. Eviction pops references from the front and evicts a key when it pops the key's
+    last one (so it pops exactly LRU order); the deque is rebuilt without stale references
+    when they outnumber the cached keys. O(1) amortised touch, insert and evict.
+    Invariant: every reference in ``order`` is of a cached key, and ``index[k]`` counts
+    ``k``'s references.
     """
 
     name = "lru"
     _reverse = False
 
     def __init__(self) -> None:
-        od: OrderedDict[int, None] = OrderedDict()
-        self.index: dict[int, None] = od
-        self._touch = od.move_to_end
+        self.index: dict[int, int] = {}
+        self.order: deque[int] = deque()
         self.ordered = True
         """False for an unbounded tier: it never evicts, so recency is irrelevant, touches
-        are skipped and the index is a plain (faster) dict; see :meth:`unbounded`."""
+        are skipped and ``order`` stays empty; see :meth:`unbounded`."""
 
     def unbounded(self) -> None:
         """Called by an unbounded :class:`~kvtool.cache.tier.Tier` before first use."""
         self.ordered = False
-        self.index = dict(self.index)
+        self.order.clear()
+
+    def compact(self) -> None:
+        """Drop stale references when they outnumber the cached keys (amortised O(1))."""
+        order, index = self.order, self.index
+        if len(order) <= 2 * len(index) + 1024:
+            return
+        keep: deque[int] = deque()
+        push = keep.append
+        for key in order:
+            c = index.get(key)
+            if c == 1:
+                push(key)
+            elif c is not None:
+                index[key] = c - 1
+        self.order = keep
 
     def access(self, keys: list[int], session: int, *, admit: bool = True,
                skip: Container[int] | None = None, record: list[int] | None = None) -> int:
-        od = self.index
+        index = self.index
         order = reversed(keys) if self._reverse else keys
-        before = len(od)
+        before = len(index)
         if not self.ordered:
             if not admit:
                 return 0
             for key in order:
-                if key not in od and (skip is None or key not in skip):
-                    od[key] = None
+                if key not in index and (skip is None or key not in skip):
+                    index[key] = 1
                     if record is not None:
                         record.append(key)
-            return len(od) - before
-        touch = self._touch
+            return len(index) - before
+        get, push = index.get, self.order.append
         if admit and skip is None and record is None:
-            # The hot path: exactly the loop of a minimal OrderedDict simulator.
+            # The hot path: a minimal OrderedDict simulator's loop, on a dict and a deque.
             for key in order:
-                if key in od:
-                    touch(key)
+                if key in index:
+                    index[key] += 1
                 else:
-                    od[key] = None
+                    index[key] = 1
+                push(key)
         elif admit:
             for key in order:
-                if key in od:
-                    touch(key)
+                c = get(key)
+                if c is not None:
+                    index[key] = c + 1
+                    push(key)
                 elif skip is None or key not in skip:
-                    od[key] = None
+                    index[key] = 1
+                    push(key)
                     if record is not None:
                         record.append(key)
         else:
             for key in order:
-                if key in od:
-                    touch(key)
-        return len(od) - before
+                c = get(key)
+                if c is not None:
+                    index[key] = c + 1
+                    push(key)
+        if len(self.order) > 2 * len(index) + 1024:
+            self.compact()
+        return len(index) - before
 
     def admit(self, keys: list[int]) -> list[int]:
-        od = self.index
-        new = [key for key in keys if key not in od]
+        index = self.index
+        new = [key for key in keys if key not in index]
+        push = self.order.append
         for key in new:
-            od[key] = None
+            index[key] = 1
+            if self.ordered:
+                push(key)
         return new
 
     def evict(self, n: int) -> list[int]:
-        od = self.index
-        out = list(islice(od, n))
-        for key in out:
-            del od[key]
+        index = self.index
+        out: list[int] = []
+        if not self.ordered:
+            for key in list(islice(index, n)):
+                del index[key]
+                out.append(key)
+            return out
+        pop = self.order.popleft
+        add = out.append
+        get = index.get
+        while len(out) < n and index:
+            key = pop()
+            c = get(key)
+            if c == 1:
+                del index[key]
+                add(key)
+            elif c is not None:     # None: a key removed from the index by hand
+                index[key] = c - 1
         return out
 
 
@@ -644,7 +690,7 @@ class Admission:
                 counts.move_to_end(key)
                 if ttl is not None and now - last[key] > ttl:
                     counts[key] = 1
-                elif key not in protected:
+                else:
                     counts[key] += 1
                 if ttl is not None:
                     last[key] = now

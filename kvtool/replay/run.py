@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -419,6 +418,8 @@ def nvme_engine(place: str, create_bytes: int | None, read_qd: int,
         parent = path.resolve().parent
         if not parent.is_dir():
             raise UsageError(f"cannot create {place}: no such directory", field="nvme")
+        import shutil
+
         free = shutil.disk_usage(parent).free
         if create_bytes > free:
             raise UsageError(f"{format_size(create_bytes)} does not fit in {parent} "

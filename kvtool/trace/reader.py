@@ -141,6 +141,15 @@ class _Entry:
     timestamp: float
     session: str | int | None
     round: int | None
+    parsed: _Parsed | None = None
+    """Pass 1's decoded line, kept (Mooncake traces, within :data:`KEEP_BLOCK_IDS`) so
+    that pass 2 does not decode it again."""
+
+
+KEEP_BLOCK_IDS = 2_000_000
+"""Pass 1 keeps decoded Mooncake lines until they hold this many block ids (about 40 B
+each, so at most about 80 MB): a trace that size is decoded once; beyond it, pass 2
+decodes the rest again, so memory stays bounded whatever the trace's length."""
 
 
 def _words(type_expr: str) -> str:
@@ -339,6 +348,7 @@ class TraceReader:
         timed: bool | None = None
         chats: dict[str | int, int] = {}       # bailian: chat_id -> line
         parents: dict[str | int, str | int | None] = {}
+        keep = KEEP_BLOCK_IDS if self.format == "mooncake" else 0
         for line, start, end, raw in self._lines():
             if self.format == "azure" and self._azure_columns is None:
                 self._azure_columns = _azure_header(raw)
@@ -365,8 +375,15 @@ class TraceReader:
             except _BadLine as bad:
                 self._bad(line, bad)
                 continue
-            entries.append(_Entry(line, start, end, req.timestamp or 0.0, req.session,
-                                  req.round))
+            n = len(req.block_keys)
+            if keep and keep >= n:
+                keep -= n
+                entries.append(_Entry(line, start, end, req.timestamp or 0.0, req.session,
+                                      req.round, req))
+            else:
+                keep = 0
+                entries.append(_Entry(line, start, end, req.timestamp or 0.0, req.session,
+                                      req.round))
         if not entries:
             raise InputError("no requests in the trace" if not self.bad_lines
                              else "no valid requests in the trace", file=self.path)
@@ -444,11 +461,13 @@ class TraceReader:
         fresh = self.format == "azure"
         next_key = 0
         for e in self._entries:
-            try:
-                req = parse(buf[e.start:e.end], keys=True)
-            except _BadLine as bad:  # pragma: no cover - only if the file changed under us
-                raise InputError(bad.message, file=self.path, line=e.line,
-                                 field=bad.field) from None
+            req = e.parsed
+            if req is None:
+                try:
+                    req = parse(buf[e.start:e.end], keys=True)
+                except _BadLine as bad:  # pragma: no cover - only if the file changed under us
+                    raise InputError(bad.message, file=self.path, line=e.line,
+                                     field=bad.field) from None
             keys = req.block_keys
             if fresh:  # no prefix structure: every block is new (module docstring)
                 n = -(-req.input_length // self.block_tokens)
