@@ -35,11 +35,10 @@ from typing import Any
 
 from kvtool.errors import UsageError
 from kvtool.experiments.figures import RunData
-from kvtool.experiments.spec import Experiment
+from kvtool.experiments.spec import PHASES, Experiment, cluster_path, parse_loads
 from kvtool.serving.load import Load
 from kvtool.serving.report import serving_metrics
 
-PHASES = ("none", "iterations")
 PhaseKey = tuple[int, int]
 """(prompt tokens, iteration) of a group of requests."""
 
@@ -87,23 +86,6 @@ class PhasedArrivals:
         if self._in_flight == 0:
             return self._open_next(now)
         return []
-
-
-def cluster_path(name: str, exp_path: Path | None) -> Path:
-    """A ``[[config]] cluster``: a path (relative to the experiment file), else the stem of
-    a file under ``fixtures/clusters/``."""
-    p = Path(name)
-    if p.suffix in (".toml", ".json") or "/" in name:
-        if not p.is_absolute() and exp_path is not None:
-            p = exp_path.parent / p
-        return p
-    return Path(__file__).resolve().parents[2] / "fixtures" / "clusters" / f"{name}.toml"
-
-
-def parse_loads(text: str) -> list[Load]:
-    from kvtool.serving.run import parse_sweep
-
-    return parse_sweep(text)
 
 
 def load_key(load: Load) -> float:

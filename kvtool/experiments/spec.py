@@ -268,7 +268,6 @@ def load_experiment(path: str | Path) -> Experiment:
         if any(x.label == c["label"] for x in configs):
             raise bad(f"label {c['label']!r} given twice", "label", "config", i)
         if serving:
-            from kvtool.experiments.serving import cluster_path
 
             where = cluster_path(c["cluster"], path)
             if not where.is_file():
@@ -333,7 +332,6 @@ def load_experiment(path: str | Path) -> Experiment:
 def _check_serving(serving: dict[str, Any], kind: str, time: dict[str, Any], bad: Any) -> None:
     """``[serving]``: the loads parse, phases are known and fit the load and workload."""
     from kvtool.errors import UsageError
-    from kvtool.experiments.serving import PHASES, parse_loads
 
     for key in serving:
         if key not in _SERVING_KEYS:
@@ -403,3 +401,24 @@ def block_bytes_of(exp: Experiment) -> int | None:
     size = block_size(w.get("model"), dtype=w.get("dtype"), block_tokens=tokens,
                       block_bytes=int(w["block_bytes"]) if "block_bytes" in w else None)
     return size.block_bytes if size else None
+
+
+PHASES = ("none", "iterations")
+"""How a serving experiment groups its requests into back-to-back runs."""
+
+
+def cluster_path(name: str, exp_path: Path | None) -> Path:
+    """A ``[[config]] cluster``: a path (relative to the experiment file), else the stem of
+    a file under ``fixtures/clusters/``."""
+    p = Path(name)
+    if p.suffix in (".toml", ".json") or "/" in name:
+        if not p.is_absolute() and exp_path is not None:
+            p = exp_path.parent / p
+        return p
+    return Path(__file__).resolve().parents[2] / "fixtures" / "clusters" / f"{name}.toml"
+
+
+def parse_loads(text: str) -> list[Any]:
+    from kvtool.serving.run import parse_sweep
+
+    return parse_sweep(text)
