@@ -391,6 +391,9 @@ class KernelEngine:
         plan.backend = self.name
         return plan
 
+    def set_ana(self, cfg: TargetConfig, lst: Listener, group: int, state: str) -> None:
+        self.nvmet.set_ana(self.host_config(cfg), lst, group, state)
+
     def status(self, cfg: TargetConfig) -> dict[str, Any]:
         return {**self.nvmet.status(self.host_config(cfg)), "backend": self.name,
                 "engine": self.engine}
