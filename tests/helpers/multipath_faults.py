@@ -24,23 +24,33 @@ from tests.conftest import REPO, run, run_json
 
 def load_through_faults(name: str, p1: int, p2: int, nqn: str, out: Path, *,
                         kill: Callable[[str], None], revive: Callable[[str], None],
-                        count: int = 12000, object_bytes: str = "16KiB") -> dict[str, Any]:
+                        count: int = 12000, object_bytes: str = "16KiB",
+                        group: int = 1, qd: int = 2, rounds: int = 6,
+                        set_state: Callable[[str, str], None] | None = None,
+                        warmup: float = 0.5) -> dict[str, Any]:
     """Load ``count`` objects through ``127.0.0.1:p1,127.0.0.1:p2`` (p1 optimized, p2
-    non-optimized at the start) of target ``name`` while faults happen; ``kill(addr)`` /
-    ``revive(addr)`` take a listener away and bring it back."""
+    non-optimized at the start, for the namespace's ANA ``group``) of target ``name`` while
+    faults happen: ``kill(addr)`` / ``revive(addr)`` take a listener away and bring it back;
+    the faults start ``warmup`` seconds after the load. ``set_state(addr, state)`` replaces
+    ``kvtool target ana`` for the flips (a QEMU guest's kvtool takes seconds to start:
+    there the test writes configfs directly)."""
     url = f"nvme+tcp://127.0.0.1:{p1},127.0.0.1:{p2}/{nqn}/1"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with open(out, "w") as sink:
         load = subprocess.Popen([sys.executable, "-m", "kvtool", "--json", "load", url,
                                  "--block-bytes", object_bytes, "--count", str(count),
-                                 "--qd", "2"], env=env, stdout=sink, stderr=subprocess.PIPE,
+                                 "--qd", str(qd)], env=env, stdout=sink, stderr=subprocess.PIPE,
                                 text=True)
     faults: list[dict[str, Any]] = []  # what, path, start, end (wall clock)
     flip_errors: list[str] = []
     stop = threading.Event()
 
     def flip(listener: str, state: str) -> None:
-        r = run("target", "ana", "--name", name, "--listener", listener, "--state", state)
+        if set_state is not None:
+            set_state(listener, state)
+            return
+        r = run("target", "ana", "--name", name, "--listener", listener, "--group", str(group),
+                "--state", state)
         if r.exit_code != 0:
             flip_errors.append(r.stderr)
 
@@ -51,11 +61,11 @@ def load_through_faults(name: str, p1: int, p2: int, nqn: str, out: Path, *,
 
     def injector() -> None:
         a, b = f"127.0.0.1:{p1}", f"127.0.0.1:{p2}"  # a: optimized (carries I/O), b: not
-        time.sleep(0.5)
-        for i in range(6):
+        time.sleep(warmup)  # the load has connected both paths and writes
+        for i in range(rounds):
             if stop.is_set():
                 return
-            if i == 3:  # the listener carrying the I/O dies for a second
+            if i == rounds // 2:  # the listener carrying the I/O dies for a second
                 fault("kill listener", a, lambda a=a: kill(a))  # type: ignore[misc]
                 time.sleep(1.0)
                 revive(a)
@@ -88,10 +98,11 @@ def load_through_faults(name: str, p1: int, p2: int, nqn: str, out: Path, *,
             continue
         after = [x for x in mp["failovers"]
                  if x["from"] == f["path"] and x["completed_at"] >= f["start"]]
-        assert after, (f, mp["failovers"])
+        assert after, (f, faults, mp["failovers"], err[-3000:])
         timed.append({**f, "failover_s": after[0]["completed_at"] - f["start"],
                       "detected_to_completed_s": after[0]["failover_s"]})
-    assert len(timed) >= 3 and any(f["what"] == "kill listener" for f in timed), timed
+    assert len(timed) >= 3 and any(f["what"] == "kill listener" for f in timed), (
+        f"load ran {doc['seconds']:.1f} s, ended at {load_end}; faults: {faults}")
     assert all(f["failover_s"] < 5 for f in timed), timed
     verify = run_json("verify", url)
     assert verify["ok"] is True and verify["bad"] == [], verify
