@@ -91,6 +91,8 @@ def test_load_through_two_paths_while_states_flip_and_a_listener_dies(
         kill=lambda addr: engine.set_closed(cfg_now, [listener[addr]]),
         revive=lambda addr: engine.set_closed(cfg_now, []))
     assert summary["verified"] == 12000
+    inspect = run("store", "inspect", f"nvme+tcp://127.0.0.1:{p1},127.0.0.1:{p2}/{NQN}/1")
+    assert inspect.exit_code == 0 and f"127.0.0.1:{p2}: live, ANA" in inspect.stdout
 
 
 @pytest.mark.integration
