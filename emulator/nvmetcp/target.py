@@ -41,6 +41,7 @@ log = logging.getLogger("emulator.nvmetcp")
 
 VS_1_3 = spec.vs_value(1, 3, 0)
 ANATT_S = 10  # ANA transition time (Linux nvmet reports 10 s as well)
+MAX_NAMESPACES = 1024  # NN and MNAN, as Linux nvmet (NVMET_MAX_NAMESPACES)
 
 
 async def _call(fn: Callable[[], None]) -> None:
@@ -128,7 +129,7 @@ class TargetState:
             vid=0, ssvid=0, sn=sub.serial, mn=sub.model, fr=__version__[:8],
             mdts=cfg.mdts, cntlid=ctrl.cntlid, ver=self.vs,
             cntrltype=2 if disc else 1, kas=10, sqes=0x66, cqes=0x44,
-            maxcmd=cfg.max_queue_size, nn=0 if disc else 1024,
+            maxcmd=cfg.max_queue_size, nn=0 if disc else MAX_NAMESPACES,
             oncs=0 if disc else spec.ONCS_DSM | spec.ONCS_WRITE_ZEROES, vwc=0 if disc else 1,
             sgls=(1 << 0) | (1 << 20), subnqn=sub.nqn,
             ioccsz=0 if disc else (64 + cfg.in_capsule_data_size) // 16,
@@ -140,6 +141,7 @@ class TargetState:
             elpe=0 if disc else ERROR_LOG_SLOTS - 1,
             cmic=cmic, anatt=0 if disc else ANATT_S, anacap=0 if disc else spec.ANACAP_ALL,
             anagrpmax=0 if disc else ANAGRPMAX, nanagrpid=0 if disc else ANAGRPMAX,
+            mnan=0 if disc else MAX_NAMESPACES,
         ).encode()
 
     def discovery_log(self, hostnqn: str, local: tuple[str, int] | None) -> bytes:

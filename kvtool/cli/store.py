@@ -77,6 +77,9 @@ def render(c: Console, r: dict[str, Any]) -> None:
               f"superseded, {ix['problems']} damaged")
     if ix["generation_max"] is not None:
         t.add_row("generations", f"{ix['generation_min']} to {ix['generation_max']}")
+    for path in ((r.get("engine") or {}).get("multipath") or {}).get("paths", []):
+        t.add_row("path", f"{path['address']}: {path['state']}, ANA {path['ana_state']} "
+                  f"(group {path['ana_group']})")
     c.print(t)
     if r["problems"]:
         p = Table(box=box.SIMPLE, title="damaged index entries")

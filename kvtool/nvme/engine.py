@@ -197,6 +197,8 @@ def open_nvme_tcp(url: str, *, write: bool, qd: int = 32, hostnqn: str | None = 
     nqn = hostnqn or creds.hostnqn or parsed.hostnqn or default_hostnqn()
     io_queues = int(opts.get("io_queues") or (2 if qd >= 16 else 1))
     depth = max(2, -(-qd // io_queues))
+    if parsed.discover_paths:
+        parsed = _discovered_paths(parsed, nqn, creds, float(opts.get("timeout", 10.0)))
     if parsed.alternates:
         return _open_multipath(parsed, nqn, creds, write=write, qd=qd, io_queues=io_queues,
                                depth=depth, opts=opts)
@@ -227,6 +229,38 @@ def open_nvme_tcp(url: str, *, write: bool, qd: int = 32, hostnqn: str | None = 
     except BaseException:
         ctrl.close()
         raise
+
+
+def _discovered_paths(parsed: NvmeUrl, hostnqn: str, creds: HostCredentials,
+                      timeout: float) -> NvmeUrl:
+    """``parsed`` with every TCP address of its subsystem in the discovery logs of its
+    addresses and of the discovery controllers they refer to (Linux nvmet lists only the
+    port asked, plus referrals; SPDK every listener)."""
+    from dataclasses import replace
+
+    from kvtool.nvme.host import discover
+    paths = list(parsed.paths)
+    queue, seen = list(parsed.paths), set[tuple[str, int]]()
+    while queue:
+        addr = queue.pop(0)
+        if addr in seen or len(seen) >= 16:
+            continue
+        seen.add(addr)
+        try:
+            entries = discover(addr[0], addr[1], hostnqn=hostnqn, timeout=timeout,
+                               dhchap_secret=creds.secret, dhchap_ctrl_secret=creds.ctrl_secret)
+        except OSError:
+            continue  # that address is down: the others may still list the paths
+        for e in entries:
+            if e.trtype != spec.TRTYPE_TCP or not e.trsvcid.isdigit():
+                continue
+            found = (e.traddr, int(e.trsvcid))
+            if e.subtype == spec.SUBTYPE_DISCOVERY:  # a referral to another discovery controller
+                queue.append(found)
+            elif e.subnqn == parsed.subnqn and found not in paths:
+                paths.append(found)
+    (host, port), *alternates = paths
+    return replace(parsed, host=host, port=port, alternates=tuple(alternates))
 
 
 def _open_multipath(parsed: NvmeUrl, hostnqn: str, creds: HostCredentials, *, write: bool,

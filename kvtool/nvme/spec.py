@@ -308,6 +308,7 @@ class ControllerInfo:
     anacap: int = 0
     anagrpmax: int = 0
     nanagrpid: int = 0
+    mnan: int = 0  # maximum number of allocated namespaces (Linux multipath needs 1..NN)
     raw: bytes = field(default=b"", repr=False)
 
     @property
@@ -341,15 +342,16 @@ class ControllerInfo:
         out[261] = self.lpa
         out[262] = self.elpe
         struct.pack_into("<H", out, 320, self.kas)
-        out[343] = self.anatt
-        out[344] = self.anacap
-        struct.pack_into("<II", out, 345, self.anagrpmax, self.nanagrpid)
+        out[342] = self.anatt  # offsets as Linux's struct nvme_id_ctrl
+        out[343] = self.anacap
+        struct.pack_into("<II", out, 344, self.anagrpmax, self.nanagrpid)
         out[512] = self.sqes
         out[513] = self.cqes
         struct.pack_into("<HI", out, 514, self.maxcmd, self.nn)
         struct.pack_into("<H", out, 520, self.oncs)
         out[525] = self.vwc
         struct.pack_into("<I", out, 536, self.sgls)
+        struct.pack_into("<I", out, 540, self.mnan)
         out[768:1024] = _nqn(self.subnqn)
         struct.pack_into("<IIHBB", out, 1792, self.ioccsz, self.iorcsz, self.icdoff, 0,
                          self.msdbd)
@@ -376,9 +378,10 @@ class ControllerInfo:
             ioccsz=ioccsz, iorcsz=iorcsz, icdoff=icdoff, msdbd=msdbd,
             ctratt=struct.unpack_from("<I", raw, 96)[0],
             oaes=struct.unpack_from("<I", raw, 92)[0], lpa=raw[261], elpe=raw[262],
-            cmic=raw[76], anatt=raw[343], anacap=raw[344],
-            anagrpmax=struct.unpack_from("<I", raw, 345)[0],
-            nanagrpid=struct.unpack_from("<I", raw, 349)[0], raw=raw,
+            cmic=raw[76], anatt=raw[342], anacap=raw[343],
+            anagrpmax=struct.unpack_from("<I", raw, 344)[0],
+            nanagrpid=struct.unpack_from("<I", raw, 348)[0],
+            mnan=struct.unpack_from("<I", raw, 540)[0], raw=raw,
         )
 
 

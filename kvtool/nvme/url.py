@@ -3,7 +3,8 @@ default host NQN.
 
 Several comma-separated addresses name several paths to the same subsystem (ANA
 multipath, :mod:`kvtool.nvme.multipath`); the first is ``host``/``port``, all of them are
-``paths``.
+``paths``. ``?paths=discover`` adds the subsystem's other addresses from the discovery log
+of each address (and of the discovery controllers it refers to).
 
 Default host NQN (stable per machine), first match wins:
 
@@ -42,6 +43,7 @@ class NvmeUrl:
     nsid: int | None = None
     hostnqn: str | None = None
     alternates: tuple[tuple[str, int], ...] = ()  # more paths after (host, port)
+    discover_paths: bool = False  # ?paths=discover: more paths from the discovery log
 
     @property
     def paths(self) -> tuple[tuple[str, int], ...]:
@@ -50,7 +52,8 @@ class NvmeUrl:
     def __str__(self) -> str:
         addrs = ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self.paths)
         tail = f"/{self.nsid}" if self.nsid is not None else ""
-        return f"{SCHEME}{addrs}/{self.subnqn}{tail}"
+        query = "?paths=discover" if self.discover_paths else ""
+        return f"{SCHEME}{addrs}/{self.subnqn}{tail}{query}"
 
 
 def check_nqn(nqn: str, *, field: str) -> str:
@@ -91,14 +94,17 @@ def parse_nvme_url(url: str, *, field: str = "TARGET") -> NvmeUrl:
     hostnqn = None
     if query:
         params = parse_qs(query, keep_blank_values=True)
-        unknown = set(params) - {"hostnqn"}
+        unknown = set(params) - {"hostnqn", "paths"}
         if unknown:
             raise UsageError(f"{url!r}: unknown parameter {sorted(unknown)[0]!r} "
-                             "(only hostnqn=)", field=field)
+                             "(only hostnqn=, paths=discover)", field=field)
         if "hostnqn" in params:
             hostnqn = check_nqn(params["hostnqn"][-1], field=field)
+        if "paths" in params and params["paths"][-1] != "discover":
+            raise UsageError(f"{url!r}: paths= takes only 'discover'", field=field)
     (host, port), *alternates = paths
-    return NvmeUrl(host, port, subnqn, nsid, hostnqn, tuple(alternates))
+    return NvmeUrl(host, port, subnqn, nsid, hostnqn, tuple(alternates),
+                   discover_paths=bool(query) and "paths" in parse_qs(query))
 
 
 def _host_port(url: str, hostport: str, field: str) -> tuple[str, int]:

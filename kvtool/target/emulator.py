@@ -137,7 +137,8 @@ def memory_as_files(cfg: TargetConfig, directory: str, engine: str) -> TargetCon
                                      field=f"subsystem[{si}].namespace[{ni}].lba")
                 ns = Namespace(nsid=ns.nsid, backing="file", size=ns.size, create=True,
                                path=f"{directory}/{cfg.name}-s{si}n{ns.nsid}.img",
-                               buffered_io=True, uuid=ns.uuid, nguid=ns.nguid)
+                               buffered_io=True, uuid=ns.uuid, nguid=ns.nguid,
+                               ana_group=ns.ana_group)
             nss.append(ns)
         subs.append(replace(sub, namespaces=tuple(nss)))
     return replace(cfg, subsystems=tuple(subs))
@@ -390,6 +391,9 @@ class KernelEngine:
         plan = self.nvmet.plan_down(self.host_config(cfg))
         plan.backend = self.name
         return plan
+
+    def set_ana(self, cfg: TargetConfig, lst: Listener, group: int, state: str) -> None:
+        self.nvmet.set_ana(self.host_config(cfg), lst, group, state)
 
     def status(self, cfg: TargetConfig) -> dict[str, Any]:
         return {**self.nvmet.status(self.host_config(cfg)), "backend": self.name,

@@ -165,6 +165,18 @@ class QemuEngine(BackgroundEngine):
                  lambda: self._stop(pid), None)
         return plan
 
+    def set_ana(self, cfg: TargetConfig, lst: Any, group: int, state: str) -> None:
+        """``kvtool target ana`` inside the guest, on the guest's listener (0.0.0.0:PORT)."""
+        if not self._running():
+            raise TargetError(f"no QEMU guest is running for target {cfg.name!r}")
+        addr = "[::]" if lst.family == "ipv6" else "0.0.0.0"
+        rc, out = guest_exec(int(self.extra["control_port"]), kvtool_in_guest(
+            f"--json ana --name {cfg.name} --listener {addr}:{lst.port} --group {group} "
+            f"--state {state}"), timeout=60)
+        if rc != 0:
+            raise TargetError(f"in the guest, kvtool target ana failed: "
+                              f"{out.strip().splitlines()[-1] if out.strip() else rc}")
+
     def status(self, cfg: TargetConfig) -> dict[str, Any]:
         running = self._running()
         if not running:

@@ -5,6 +5,7 @@ the config's checks. Driven by kvtool's own host over real sockets."""
 from __future__ import annotations
 
 import os
+import struct
 import threading
 from collections.abc import Iterator
 
@@ -53,6 +54,12 @@ def test_identify_reports_ana(target: Target) -> None:
         assert info.ana and info.cmic & spec.CMIC_MULTI_PORT and info.cmic & spec.CMIC_MULTI_CTRL
         assert info.anacap == spec.ANACAP_ALL and (info.anagrpmax, info.nanagrpid) == (128, 128)
         assert info.anatt > 0 and info.oaes & spec.AEN_CFG_ANA_CHANGE
+        assert 0 < info.mnan <= info.nn  # Linux multipath refuses MNAN 0
+        # the byte offsets of NVMe 2.0 Figure 275 (Linux's struct nvme_id_ctrl)
+        raw = info.raw
+        assert (raw[76], raw[342], raw[343]) == (info.cmic, 10, spec.ANACAP_ALL)
+        assert struct.unpack_from("<II", raw, 344) == (128, 128)  # ANAGRPMAX, NANAGRPID
+        assert struct.unpack_from("<I", raw, 540)[0] == 1024
         assert [ctrl.identify_namespace(n).anagrpid for n in (1, 2, 3)] == [1, 2, 2]
     with connect("127.0.0.1", ports(target)[0], spec.DISCOVERY_NQN) as disc:
         assert not disc.identify_controller().ana  # the discovery controller has no ANA

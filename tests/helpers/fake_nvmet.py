@@ -7,7 +7,8 @@ applies (drivers/nvme/target/configfs.c, summarised in docs/target.md):
 
 * ``mkdir`` of a subsystem/namespace/port/host auto-creates its attributes and default
   groups (``namespaces/``, ``allowed_hosts/``, ``passthru/``; ``subsystems/``, ``referrals/``,
-  ``ana_groups/1``); names are validated (EINVAL);
+  ``ana_groups/1``, optimized); names are validated (EINVAL); ``ports/N/ana_groups/G``
+  (2..128) is made inaccessible; ``ana_state`` and ``ana_grpid`` writes are checked (EINVAL);
 * EACCES for ``addr_*``/``param_*`` writes on an enabled port; EBUSY for ``device_*`` and
   EINVAL for ``buffered_io`` writes on an enabled namespace; EINVAL for allow_any_host=1
   with hosts linked and for host links when allow_any_host=1; EEXIST for duplicate links;
@@ -32,6 +33,7 @@ from kvtool.target.nvmet.configfs import ConfigFS, ConfigfsError, explain
 ROOT = "/sys/kernel/config/nvmet"
 TRTYPES = ("rdma", "fc", "tcp", "pci", "loop")
 ADRFAMS = ("ipv4", "ipv6", "ib", "fc", "pci", "loop")
+ANA_STATES = ("optimized", "non-optimized", "inaccessible", "persistent-loss", "change")
 
 
 def _err(op: str, path: str, rel: str, code: int) -> ConfigfsError:
@@ -127,6 +129,12 @@ class FakeNvmetKernel(ConfigFS):
                             ("param_max_queue_size", "-1"), ("param_mdts", "-1")):
                 self._put(f"{rel}/{attr}", v)
             return
+        if len(parts) == 4 and parts[0] == "ports" and parts[2] == "ana_groups":
+            if not parts[3].isdigit() or not 1 < int(parts[3]) <= 128:
+                raise _err("mkdir", path, rel, errno.EINVAL)
+            super().mkdir(rel)
+            self._put(f"{rel}/ana_state", "inaccessible")  # a new group starts inaccessible
+            return
         if len(parts) == 2 and parts[0] == "hosts":
             super().mkdir(rel)
             for attr in ("dhchap_key", "dhchap_ctrl_key", "dhchap_hash", "dhchap_dhgroup"):
@@ -155,6 +163,10 @@ class FakeNvmetKernel(ConfigFS):
             if os.listdir(f"{path}/subsystems") or os.listdir(f"{path}/referrals") \
                     or set(os.listdir(f"{path}/ana_groups")) - {"1"}:
                 raise _err("rmdir", path, rel, errno.ENOTEMPTY)
+            self._remove_tree(path)
+            return
+        if len(parts) == 4 and parts[0] == "ports" and parts[2] == "ana_groups" \
+                and parts[3] != "1":
             self._remove_tree(path)
             return
         if len(parts) == 2 and parts[0] == "hosts":
@@ -214,6 +226,11 @@ class FakeNvmetKernel(ConfigFS):
                     value = "1"
                 else:
                     value = "0"
+        if leaf == "ana_state" and value.strip() not in ANA_STATES:
+            raise _err("write", path, rel, errno.EINVAL)
+        if leaf == "ana_grpid" and (not value.strip().isdigit()
+                                    or not 1 <= int(value) <= 128):
+            raise _err("write", path, rel, errno.EINVAL)
         if (len(parts) == 3 and parts[0] == "subsystems" and leaf == "attr_allow_any_host"
                 and value.strip() == "1"
                 and os.listdir(self.path(f"subsystems/{parts[1]}/allowed_hosts"))):

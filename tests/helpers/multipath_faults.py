@@ -22,25 +22,33 @@ from typing import Any
 from tests.conftest import REPO, run, run_json
 
 
-def load_through_faults(name: str, p1: int, p2: int, nqn: str, out: Path, *,
-                        kill: Callable[[str], None], revive: Callable[[str], None],
-                        count: int = 12000, object_bytes: str = "16KiB") -> dict[str, Any]:
-    """Load ``count`` objects through ``127.0.0.1:p1,127.0.0.1:p2`` (p1 optimized, p2
-    non-optimized at the start) of target ``name`` while faults happen; ``kill(addr)`` /
-    ``revive(addr)`` take a listener away and bring it back."""
-    url = f"nvme+tcp://127.0.0.1:{p1},127.0.0.1:{p2}/{nqn}/1"
+def faults_during(argv: list[str], name: str, p1: int, p2: int, out: Path, *,
+                  kill: Callable[[str], None], revive: Callable[[str], None], group: int = 1,
+                  rounds: int = 6, set_state: Callable[[str, str], None] | None = None,
+                  warmup: float = 0.5) -> tuple[dict[str, Any], list[dict[str, Any]], float]:
+    """Run ``kvtool --json ARGV`` (its JSON to ``out``) while faults happen on target
+    ``name``'s listeners 127.0.0.1:p1 (optimized at the start, carrying the I/O) and p2
+    (non-optimized), for the namespace's ANA ``group``: ``rounds`` flips of the optimized
+    path to inaccessible (the other becomes optimized), and halfway ``kill(addr)`` of the
+    listener carrying the I/O, ``revive(addr)`` a second later. The faults start ``warmup``
+    seconds after the command. ``set_state(addr, state)`` replaces ``kvtool target ana``
+    for the flips (a QEMU guest's kvtool takes seconds to start: there the test writes
+    configfs directly). Returns (the command's JSON, the faults with wall-clock start/end,
+    the time the command ended); asserts it exited 0."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with open(out, "w") as sink:
-        load = subprocess.Popen([sys.executable, "-m", "kvtool", "--json", "load", url,
-                                 "--block-bytes", object_bytes, "--count", str(count),
-                                 "--qd", "2"], env=env, stdout=sink, stderr=subprocess.PIPE,
-                                text=True)
+        proc = subprocess.Popen([sys.executable, "-m", "kvtool", "--json", *argv], env=env,
+                                stdout=sink, stderr=subprocess.PIPE, text=True)
     faults: list[dict[str, Any]] = []  # what, path, start, end (wall clock)
     flip_errors: list[str] = []
     stop = threading.Event()
 
     def flip(listener: str, state: str) -> None:
-        r = run("target", "ana", "--name", name, "--listener", listener, "--state", state)
+        if set_state is not None:
+            set_state(listener, state)
+            return
+        r = run("target", "ana", "--name", name, "--listener", listener, "--group", str(group),
+                "--state", state)
         if r.exit_code != 0:
             flip_errors.append(r.stderr)
 
@@ -51,11 +59,11 @@ def load_through_faults(name: str, p1: int, p2: int, nqn: str, out: Path, *,
 
     def injector() -> None:
         a, b = f"127.0.0.1:{p1}", f"127.0.0.1:{p2}"  # a: optimized (carries I/O), b: not
-        time.sleep(0.5)
-        for i in range(6):
+        time.sleep(warmup)  # the command has connected both paths and does I/O
+        for i in range(rounds):
             if stop.is_set():
                 return
-            if i == 3:  # the listener carrying the I/O dies for a second
+            if i == rounds // 2:  # the listener carrying the I/O dies for a second
                 fault("kill listener", a, lambda a=a: kill(a))  # type: ignore[misc]
                 time.sleep(1.0)
                 revive(a)
@@ -70,14 +78,29 @@ def load_through_faults(name: str, p1: int, p2: int, nqn: str, out: Path, *,
     t = threading.Thread(target=injector)
     t.start()
     try:
-        _, err = load.communicate(timeout=600)
-        load_end = time.time()
+        _, err = proc.communicate(timeout=600)
+        ended = time.time()
     finally:
         stop.set()
         t.join(120)
-    assert load.returncode == 0, err
+    assert proc.returncode == 0, err
     assert flip_errors == [], flip_errors
-    doc = json.loads(out.read_text())
+    return json.loads(out.read_text()), faults, ended
+
+
+def load_through_faults(name: str, p1: int, p2: int, nqn: str, out: Path, *,
+                        kill: Callable[[str], None], revive: Callable[[str], None],
+                        count: int = 12000, object_bytes: str = "16KiB",
+                        group: int = 1, qd: int = 2, rounds: int = 6,
+                        set_state: Callable[[str, str], None] | None = None,
+                        warmup: float = 0.5) -> dict[str, Any]:
+    """``kvtool load`` of ``count`` objects through ``127.0.0.1:p1,127.0.0.1:p2`` during
+    :func:`faults_during`'s faults; then ``kvtool verify``."""
+    url = f"nvme+tcp://127.0.0.1:{p1},127.0.0.1:{p2}/{nqn}/1"
+    doc, faults, load_end = faults_during(
+        ["load", url, "--block-bytes", object_bytes, "--count", str(count), "--qd", str(qd)],
+        name, p1, p2, out, kill=kill, revive=revive, group=group, rounds=rounds,
+        set_state=set_state, warmup=warmup)
     assert doc["written"] == count
     mp = doc["engine"]["multipath"]
     # each fault while the load ran: the first I/O completed on another path, timed from
@@ -88,10 +111,11 @@ def load_through_faults(name: str, p1: int, p2: int, nqn: str, out: Path, *,
             continue
         after = [x for x in mp["failovers"]
                  if x["from"] == f["path"] and x["completed_at"] >= f["start"]]
-        assert after, (f, mp["failovers"])
+        assert after, (f, faults, mp["failovers"])
         timed.append({**f, "failover_s": after[0]["completed_at"] - f["start"],
                       "detected_to_completed_s": after[0]["failover_s"]})
-    assert len(timed) >= 3 and any(f["what"] == "kill listener" for f in timed), timed
+    assert len(timed) >= 3 and any(f["what"] == "kill listener" for f in timed), (
+        f"load ran {doc['seconds']:.1f} s, ended at {load_end}; faults: {faults}")
     assert all(f["failover_s"] < 5 for f in timed), timed
     verify = run_json("verify", url)
     assert verify["ok"] is True and verify["bad"] == [], verify

@@ -189,3 +189,16 @@ def test_queue_depth_policy_and_one_dead_path_at_open(target: Target) -> None:
     target.set_closed([p1, p2])
     with pytest.raises(UsageError, match="no path"):
         open_nvme_tcp(url(target), write=True)
+
+
+def test_paths_from_discovery_on_a_target_that_lists_only_the_port_asked(
+        target: Target) -> None:
+    """kvtool's discovery controller, like Linux nvmet's, lists only the port asked: with
+    one address the URL stays one path (SPDK lists every listener: tests/spdk/test_ana.py)."""
+    p1 = target.config.listen[0]
+    u = parse_nvme_url(f"nvme+tcp://{p1}/{NQN}/1?paths=discover")
+    assert u.discover_paths and str(u).endswith("?paths=discover")
+    with open_nvme_tcp(str(u), write=False) as eng:
+        assert not isinstance(eng, MultipathEngine)
+    with pytest.raises(UsageError, match="paths= takes only"):
+        parse_nvme_url(f"nvme+tcp://{p1}/{NQN}/1?paths=all")

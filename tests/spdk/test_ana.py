@@ -114,3 +114,18 @@ def test_spdk_backend_applies_ana_and_exports_it(env: Path, spdk_app: Any) -> No
     have = {x["address"]["trsvcid"]: x["ana_states"][0]["ana_state"]
             for x in second.rpc("nvmf_subsystem_get_listeners", {"nqn": NQN})}
     assert have == {str(p3): "optimized", str(p4): "non_optimized"}
+
+
+def test_paths_from_spdks_discovery_log(env: Path) -> None:
+    """``?paths=discover``: one address in the URL, the other from SPDK's discovery log
+    (which lists every listener of the subsystem)."""
+    p1, p2 = free_port(), free_port()
+    cfg = multipath_config(env / "mp.toml", p1, p2, engine="spdk")
+    run_json("target", "up", str(cfg))
+    url = f"nvme+tcp://127.0.0.1:{p2}/{NQN}/1?paths=discover"
+    loaded = run_json("load", url, "--block-bytes", "64KiB", "--count", "32")
+    mp = loaded["engine"]["multipath"]
+    assert {p["address"]: p["ana_state"] for p in mp["paths"]} == {
+        f"127.0.0.1:{p2}": "non-optimized", f"127.0.0.1:{p1}": "optimized"}
+    assert next(p for p in mp["paths"] if p["address"] == f"127.0.0.1:{p1}")["completed"] > 0
+    assert run_json("verify", url)["ok"] is True

@@ -6,6 +6,7 @@ verify`` clean, every failover timed."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from kvtool.target import api, procs
 from kvtool.target import state as st
 from kvtool.target.emulator import UserspaceEngine
 from tests.conftest import FIXTURES, free_port, run, run_json
-from tests.helpers.multipath_faults import load_through_faults
+from tests.helpers.multipath_faults import faults_during, load_through_faults
 
 HOST = "nqn.2014-08.org.nvmexpress:uuid:21212121-2121-4121-8121-2121212121a5"
 NQN = "nqn.2026-01.io.kvtool:multipath"
@@ -90,3 +91,38 @@ def test_load_through_two_paths_while_states_flip_and_a_listener_dies(
         kill=lambda addr: engine.set_closed(cfg_now, [listener[addr]]),
         revive=lambda addr: engine.set_closed(cfg_now, []))
     assert summary["verified"] == 12000
+    inspect = run("store", "inspect", f"nvme+tcp://127.0.0.1:{p1},127.0.0.1:{p2}/{NQN}/1")
+    assert inspect.exit_code == 0 and f"127.0.0.1:{p2}: live, ANA" in inspect.stdout
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_data_mode_replay_through_two_paths_while_states_flip_and_a_listener_dies(
+        multipath: tuple[Path, int, int], tmp_path: Path) -> None:
+    cfg, p1, p2 = multipath
+    run_json("target", "up", str(cfg))
+    cfg_now, record = api.resolve(None, "multipath")
+    engine = api.backend_for(cfg_now, None, record)
+    listener = {f"127.0.0.1:{x.port}": x for x in cfg_now.listeners}
+    assert isinstance(engine, UserspaceEngine)
+    trace = tmp_path / "trace.jsonl"
+    run_json("trace", "gen", "--sessions", "24", "--rounds", "12", "--input-tokens", "600",
+             "--output-tokens", "200", "--block-tokens", "16", "--format", "hash_ids",
+             "-o", str(trace))
+    url = f"nvme+tcp://127.0.0.1:{p1},127.0.0.1:{p2}/{NQN}/1"
+    report, faults, ended = faults_during(
+        ["replay", str(trace), "--block-bytes", "4096", "--gpu", "20blk", "--dram", "60blk",
+         "--nvme", url], "multipath", p1, p2, tmp_path / "replay.json",
+        kill=lambda addr: engine.set_closed(cfg_now, [listener[addr]]),
+        revive=lambda addr: engine.set_closed(cfg_now, []), warmup=1.0)
+    during = [f for f in faults if f["end"] < ended]
+    assert len(during) >= 3 and any(f["what"] == "kill listener" for f in during), \
+        (faults, ended)
+    nvme = report["tiers"][-1]
+    assert (nvme["name"], nvme["url"]) == ("nvme", url)
+    assert report["hit_tokens"]["nvme"] > 0 and report["verified_blocks"] > 0
+    assert report["corrupt_blocks"] == report["lost_blocks"] == 0
+    print(json.dumps({"faults_during_replay": len(during),
+                      "verified_blocks": report["verified_blocks"],
+                      "corrupt_blocks": report["corrupt_blocks"],
+                      "lost_blocks": report["lost_blocks"]}))

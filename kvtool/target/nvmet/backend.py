@@ -311,6 +311,9 @@ class NvmetBackend:
             for attr, value in want.items():
                 plan.add("update", "namespace", f"{ns.rel}/{attr}", value,
                          partial(ns.set, attr, value), _noop)
+            if spec.ana_group is not None:
+                plan.add("update", "namespace", f"{ns.rel}/ana_grpid", str(spec.group),
+                         partial(ns.set, "ana_grpid", str(spec.group)), _noop)
             if spec.buffered_io:
                 plan.add("update", "namespace", f"{ns.rel}/buffered_io", "1",
                          partial(ns.set, "buffered_io", "1"), _noop)
@@ -333,6 +336,11 @@ class NvmetBackend:
         if changes or not enabled:
             plan.add("update", "namespace", f"{ns.rel}/enable", "1",
                      partial(ns.set, "enable", "1"), partial(ns.set, "enable", "0"))
+        old_grp = (ns.get("ana_grpid") or "1").strip()
+        if spec.ana_group is not None and old_grp != str(spec.group):  # no disable needed
+            plan.add("update", "namespace", f"{ns.rel}/ana_grpid", f"{old_grp} -> {spec.group}",
+                     partial(ns.set, "ana_grpid", str(spec.group)),
+                     partial(ns.set, "ana_grpid", old_grp))
 
     def _plan_ns_delete(self, plan: Plan, nqn: str, nsid: int, why: str) -> None:
         ns = self.root.subsystem(nqn).namespace(nsid)
@@ -363,6 +371,7 @@ class NvmetBackend:
             for attr, value in want.items():  # addr_trtype first: it resets tsas and defaults
                 plan.add("update", "port", f"{port.rel}/{attr}", value,
                          partial(port.set, attr, value), _noop)
+            self._plan_port_ana(plan, port, lst, cfg, [1])  # states set before the links
             for nqn in lst.subsystems:
                 plan.add("link", "port", f"{port.rel}/subsystems/{nqn}",
                          "enables the listener" if nqn == lst.subsystems[0] else "",
@@ -399,6 +408,39 @@ class NvmetBackend:
             if nqn not in links_after:
                 plan.add("link", "port", f"{port.rel}/subsystems/{nqn}", "",
                          partial(port.link, nqn), partial(port.unlink, nqn))
+        self._plan_port_ana(plan, port, lst, cfg, port.ana_groups())
+
+    def _plan_port_ana(self, plan: Plan, port: Port, lst: Listener, cfg: TargetConfig,
+                       have: list[int]) -> None:
+        """The port's ANA group directories and states for the groups of the namespaces it
+        serves (only when the config uses ANA: other ports keep the kernel's defaults)."""
+        if not cfg.has_ana():
+            return
+        groups = sorted({ns.group for nqn in lst.subsystems if cfg.subsystem(nqn) is not None
+                         for ns in cfg.subsystem(nqn).namespaces})  # type: ignore[union-attr]
+        for g in groups:
+            want = lst.ana_state(g)
+            if g not in have:
+                plan.add("create", "ana_group", f"{port.rel}/ana_groups/{g}", want,
+                         partial(port.make_ana_group, g), partial(port.remove_ana_group, g))
+                plan.add("update", "ana_group", f"{port.rel}/ana_groups/{g}/ana_state", want,
+                         partial(port.set_ana_state, g, want), _noop)
+                continue
+            old = (port.ana_state(g) if port.exists else None) or "optimized"
+            if old != want:
+                plan.add("update", "ana_group", f"{port.rel}/ana_groups/{g}/ana_state",
+                         f"{old} -> {want}", partial(port.set_ana_state, g, want),
+                         partial(port.set_ana_state, g, old))
+
+    def set_ana(self, cfg: TargetConfig, lst: Listener, group: int, state: str) -> None:
+        """Change ``lst``'s ANA state of ``group`` at once (``ana_groups/G/ana_state``; the
+        group is made on the port when missing)."""
+        port = self.root.port(lst.id)
+        if not port.exists:
+            raise TargetError(f"{port.rel} does not exist: is the target up?")
+        if group not in port.ana_groups():
+            port.make_ana_group(group)
+        port.set_ana_state(group, state)
 
     # ---------------------------------------------------------------- down
     def plan_down(self, cfg: TargetConfig, *, keep_hosts: set[str] | None = None) -> Plan:
@@ -427,6 +469,12 @@ class NvmetBackend:
                     plan.notes.append(f"ports/{port.portid} is kept: it still serves {', '.join(foreign)}")
                     continue
                 snap = self._snap_port(port)
+                for g in port.ana_groups():
+                    if g != 1:  # made by up (group 1 is the port's own)
+                        state = port.ana_state(g) or "inaccessible"
+                        plan.add("delete", "ana_group", f"{port.rel}/ana_groups/{g}", state,
+                                 partial(port.remove_ana_group, g),
+                                 partial(_remake_ana_group, port, g, state))
                 plan.add("delete", "port", port.rel, _port_label(snap), port.delete,
                          partial(self._restore_port, port.portid, snap, links=False))
         # 3-4. namespaces, allowed hosts, subsystems.
@@ -477,15 +525,24 @@ class NvmetBackend:
                 namespaces.append({"nsid": ns.nsid, "enabled": ns.enabled, "backing": path,
                                    "size": size, "block_size": lba})
             listeners = []
+            groups = sorted({(ns.get("ana_grpid") or "1").strip() for ns in s.namespaces()})
             for port in self.root.ports_linking(sub.nqn):
                 a = port.address()
+                ana = {g: port.ana_state(int(g)) or "inaccessible" for g in groups
+                       if g.isdigit()}  # a group the port lacks: inaccessible there
                 listeners.append({"id": port.portid, "transport": a.get("trtype", ""),
                                   "address": a.get("traddr", ""), "port": _int(a.get("trsvcid")),
-                                  "family": a.get("adrfam", "")})
+                                  "family": a.get("adrfam", ""),
+                                  **({"ana": ana} if cfg.has_ana() else {})})
             subsystems.append({"nqn": sub.nqn, "state": "up" if listeners else "no listener",
                                "allow_any_host": s.allow_any_host, "hosts": s.allowed_hosts(),
                                "namespaces": namespaces, "listeners": listeners})
         return {"backend": self.name, "configfs_root": str(self.cfs.root), "subsystems": subsystems}
+
+
+def _remake_ana_group(port: Port, grpid: int, state: str) -> None:
+    port.make_ana_group(grpid)
+    port.set_ana_state(grpid, state)
 
 
 def cfg_nqns(cfg: TargetConfig) -> set[str]:

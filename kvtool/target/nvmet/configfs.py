@@ -286,6 +286,24 @@ class Port(_Node):
     def referrals(self) -> list[str]:
         return self.cfs.listdir(f"{self.rel}/referrals")
 
+    # ANA: ana_groups/<grpid>/ana_state; group 1 is the port's default group (always there,
+    # optimized); a group made with mkdir starts inaccessible (drivers/nvme/target/configfs.c)
+    def ana_groups(self) -> list[int]:
+        return sorted(int(g) for g in self.cfs.listdir(f"{self.rel}/ana_groups") if g.isdigit())
+
+    def ana_state(self, grpid: int) -> str | None:
+        value = self.cfs.read(f"{self.rel}/ana_groups/{grpid}/ana_state")
+        return value.strip() if value is not None else None
+
+    def set_ana_state(self, grpid: int, state: str) -> None:
+        self.cfs.write(f"{self.rel}/ana_groups/{grpid}/ana_state", state)
+
+    def make_ana_group(self, grpid: int) -> None:
+        self.cfs.mkdir(f"{self.rel}/ana_groups/{grpid}")
+
+    def remove_ana_group(self, grpid: int) -> None:
+        self.cfs.rmdir(f"{self.rel}/ana_groups/{grpid}")
+
     @property
     def enabled(self) -> bool:
         return bool(self.subsystems())
