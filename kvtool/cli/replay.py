@@ -89,9 +89,10 @@ def _fraction(_ctx: click.Context, param: click.Parameter, value: float | None) 
 @click.option("--nvme", callback=_tier, metavar="[SIZE@]PLACE",
               help="NVMe tier: a size, a place (file, block device, nvme+tcp:// URL) or "
                    "SIZE@PLACE [data-mode default: the running kvtool target].")
-@click.option("--policy", type=click.Choice(POLICY_NAMES), default=None,
-              help="Eviction policy of every tier (vllm: the GPU tier only) [default: vllm for "
-                   "a finite GPU tier, whose size is then vLLM's num_gpu_blocks; lru elsewhere].")
+@click.option("--policy", type=click.Choice(POLICY_NAMES), default=None, metavar="NAME",
+              help="Eviction policy of every tier: " + ", ".join(POLICY_NAMES) + " (vllm: the "
+                   "GPU tier only; docs/replay.md) [default: vllm for a finite GPU tier, whose "
+                   "size is then vLLM's num_gpu_blocks; lru elsewhere].")
 @click.option("--tiers", "tiers_file", type=click.Path(dir_okay=False), default=None,
               help="TOML file: per-tier capacity/policy/watermark and [time] (docs/replay.md).")
 @click.option("--write-policy", type=click.Choice(["write-through", "write-back"]), default=None,
