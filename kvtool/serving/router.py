@@ -49,7 +49,7 @@ ROLES = ("prefill", "decode")
 
 
 class EngineView(Protocol):
-    """What a router may read of an engine (docs/serving-design.md)."""
+    """What a router may read of an engine (docs/serving.md, "Routers")."""
 
     index: int
     node: str

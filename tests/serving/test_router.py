@@ -1,4 +1,4 @@
-"""Routers against hand-made engine views (docs/serving-design.md, EngineView)."""
+"""Routers against hand-made engine views (docs/serving.md, "Routers": EngineView)."""
 
 from __future__ import annotations
 
