@@ -7,6 +7,7 @@ Thin wrappers over :mod:`kvtool.target.api`; JSON schemas are in docs/target.md.
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import click
@@ -281,7 +282,7 @@ def _status_tables(con: Console, doc: dict[str, Any]) -> None:
         state = "running" if proc["running"] else "gone"
         ports = ", ".join(map(str, proc["ports"])) or "-"
         con.print(f"process: {proc['role']} pid {proc['pid']} ({state}, {proc['phase']}; "
-                  f"ports {ports}; record {proc['record']})")
+                  f"ports {ports}; record {Path(proc['record']).name})")
     for n in doc.get("notes", []):
         con.print(f"  note: {n}")
 

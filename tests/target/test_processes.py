@@ -135,7 +135,7 @@ def test_up_status_down_status_leaves_nothing(engine: str, tmp_path: Path) -> No
     after = run_json("target", "status", str(cfg))
     assert (after["state"], after["processes"], after["pid"]) == ("down", [], None)
     nothing = run("target", "status")
-    assert nothing.exit_code == 2 and "no target is up" in nothing.stderr
+    assert nothing.exit_code == 0 and "nothing is up" in nothing.stdout
 
 
 @pytest.mark.integration
@@ -181,7 +181,7 @@ def test_down_acts_on_the_record_not_on_the_configs_engine(state_dir: Path, tmp_
     assert (status["engine"], status["state"], status["pid"]) == ("userspace", "up", pid)
     assert any("acting on the record" in n for n in status["notes"])
     down = run("target", "down", str(cfg))
-    assert down.exit_code == 0 and "acting on the record" in down.stdout
+    assert down.exit_code == 0 and "acting on the record" in " ".join(down.stdout.split())
     assert_nothing_left(port, [pid], [])
 
 
