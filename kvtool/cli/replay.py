@@ -306,9 +306,9 @@ def _render(con: Any, results: list[dict[str, Any]], head: dict[str, Any]) -> No
     tm = results[0]["time_model"]
     if tm.get("basis") == "simulated":
         con.print(f"[dim]Times are simulated: one {tm['model']} engine on {tm['tp']}× "
-                  f"{tm['gpu']}, {tm['concurrency']} request(s) in flight, this replay's "
-                  "tiers (the serving model's one-engine case; docs/replay.md); wall: a "
-                  "round's first arrival to its last token.[/]")
+                  f"{tm['gpu']} under {tm['load']}, this replay's tiers (the serving model's "
+                  "one-engine case; docs/replay.md); wall: a round's first arrival to its "
+                  "last token.[/]")
     else:
         con.print(f"[dim]No times ({tm.get('why_none')}).[/]")
 

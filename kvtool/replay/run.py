@@ -282,11 +282,13 @@ class ReplayJob:
         from kvtool.replay.timing import ReplayTiming
 
         s = self.settings
+        given = s.concurrency is not None or self.time_model.concurrency != 1
         conc = s.concurrency if s.concurrency is not None else self.time_model.concurrency
         return ReplayTiming.run(list(self.reader), self.configs, block_tokens=self.block_tokens,
                                 block_bytes=self.block_bytes, model=self.setup.get("model"),
                                 dtype=self.setup.get("dtype"), tp=s.tp, gpu=s.engine_gpu,
-                                concurrency=conc, read_gbps=self.time_model.read_gbps)
+                                concurrency=conc if given else None,
+                                read_gbps=self.time_model.read_gbps, timed=self.reader.timed)
 
     # -------------------------------------------------------------- data mode
     def _fits(self, caps: dict[str, int]) -> None:

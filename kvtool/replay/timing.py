@@ -16,9 +16,10 @@ engine whose tiers are the replay's:
 * the tiers below: the replay's DRAM tier (over the GPU's PCIe, or ``read_gbps["dram"]``)
   and NVMe tier (a target of ``read_gbps["nvme"]``, default 5.2 GB/s), each with its
   policy (a watermark is not modelled there);
-* the load: a closed loop of ``concurrency`` users (default 1) over the trace in serve
-  order (``vllm bench serve --max-concurrency`` over a list): a round's requests run
-  ``concurrency`` at a time, and a round's wall time is from its first arrival to its
+* the load: a timed trace (Mooncake's) at its timestamps unless ``concurrency`` is
+  given; otherwise a closed loop of ``concurrency`` users (default 1) over the trace in
+  serve order (``vllm bench serve --max-concurrency`` over a list): a round's requests
+  run ``concurrency`` at a time. A round's wall time is from its first arrival to its
   last token.
 
 Every time is **simulated** (roofline step times, flows over links), none measured. The
@@ -86,8 +87,9 @@ def _tp_for(spec: Any, gpu: Any, weight_dtype: str | None) -> int:
 
 def one_engine_times(requests: Sequence[Any], cfg: CacheConfig, *, block_tokens: int,
                      block_bytes: int | None, model: str | None, dtype: str | None,
-                     tp: int | None, gpu: str | None, concurrency: int,
-                     read_gbps: dict[str, float]) -> tuple[list[RequestTimes], dict[str, Any]]:
+                     tp: int | None, gpu: str | None, concurrency: int | None,
+                     read_gbps: dict[str, float], timed: bool = False
+                     ) -> tuple[list[RequestTimes], dict[str, Any]]:
     """Run the one-engine case (module docstring); return each request's times in serve
     order and a description of the engine (the report's ``time_model``)."""
     from kvtool.geometry.custom import from_toml
@@ -149,7 +151,9 @@ def one_engine_times(requests: Sequence[Any], cfg: CacheConfig, *, block_tokens:
                          describe={"model": spec.name, "gpu": g.name, "tp": t, "role": "both"},
                          enable_caching=caching)
     setup = ClusterSetup([engine], {"n0": math.inf}, tiers, "round-robin", {}, name="replay")
-    sim = Simulation(requests, setup, Load("concurrency", float(concurrency), by_session=False),
+    load = (Load("timestamps", 1.0) if timed and concurrency is None else
+            Load("concurrency", float(concurrency or 1), by_session=False))
+    sim = Simulation(requests, setup, load,
                      block_tokens=block_tokens, router=make_router("round-robin"))
     doc = sim.run()
     nan = math.nan
@@ -168,7 +172,8 @@ def one_engine_times(requests: Sequence[Any], cfg: CacheConfig, *, block_tokens:
                        f"{model} has no parameter counts: the step time is {spec.name}'s"),
         "num_gpu_blocks": engine.num_gpu_blocks, "prefix_caching": caching,
         "max_num_seqs": max_seqs, "max_num_batched_tokens": max_tokens,
-        "concurrency": concurrency, "pcie_gbps": pcie, "nvme_read_gbps": nvme_gbps,
+        "load": load.label, "concurrency": concurrency if load.kind == "concurrency" else None,
+        "pcie_gbps": pcie, "nvme_read_gbps": nvme_gbps,
         "scalars": dataclasses.asdict(step.scalars),
         "failed": doc["serving"]["failed"],
         "serving": doc["serving"],
