@@ -83,6 +83,16 @@ def _ms(x: float) -> str:
     return f"{x / 1000:.2f} s" if x >= 1000 else f"{x:.1f} ms"
 
 
+def _short(load: dict[str, Any]) -> str:
+    """A load in a few characters: C=16 (users), R=2/s (Poisson), T×1 (timestamps)."""
+    kind, value = load["kind"], load["value"]
+    if kind == "concurrency":
+        return f"C={value}"
+    if kind == "request-rate":
+        return f"R={value}/s" if value != "inf" else "R=inf"
+    return f"T×{value:g}"
+
+
 def render(con: Any, doc: dict[str, Any]) -> None:
     from rich.table import Table
 
@@ -95,7 +105,7 @@ def render(con: Any, doc: dict[str, Any]) -> None:
         t.add_column(col, justify="right" if col != "run" else "left")
     for r in runs:
         s = r["serving"]
-        t.add_row(r["label"], f"{s['request_throughput']:.2f}",
+        t.add_row(f"{r['cluster']} {_short(r['load'])}", f"{s['request_throughput']:.2f}",
                   f"{s['output_throughput']:,.0f}", _ms(s["median_ttft_ms"]),
                   _ms(s["p99_ttft_ms"]), _ms(s["median_tpot_ms"]),
                   f"{100 * r['cache']['token_hit_ratio']:.1f}%")
@@ -138,5 +148,6 @@ def render(con: Any, doc: dict[str, Any]) -> None:
         for p in d["problems"][:10]:
             con.print(f"  [red]{p['kind']}[/] block {p['key']:#x} in {p['tier']} "
                       f"(engine {p['engine']}): never served")
-    con.print("[dim]All times are simulated (roofline step times, flows over links; "
+    con.print("[dim]C: users (closed loop), R: requests/s (Poisson), T: the trace's "
+              "timestamps. All times are simulated (roofline step times, flows over links; "
               "docs/serving.md), not measured.[/]")
