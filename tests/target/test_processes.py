@@ -11,6 +11,7 @@ target's process holds names that target.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -224,6 +225,23 @@ def test_dead_or_reused_pid_is_cleaned_with_a_note(state_dir: Path, tmp_path: Pa
 @pytest.mark.integration
 @pytest.mark.skipif(not is_root() or shutil.which("setpriv") is None,
                     reason="needs root and setpriv, to run down as a user who cannot stop it")
+@contextlib.contextmanager
+def traversable(path: Path) -> Iterator[None]:
+    """Let other users traverse every directory above ``path`` for a while (tox makes its
+    ``.tox`` 0700, so an unprivileged user could not reach this test's interpreter)."""
+    changed = []
+    for d in [path, *path.parents]:
+        mode = d.stat().st_mode
+        if not mode & 0o001:
+            d.chmod(mode | 0o001)
+            changed.append((d, mode))
+    try:
+        yield
+    finally:
+        for d, mode in changed:
+            d.chmod(mode)
+
+
 def test_down_that_cannot_stop_the_process_fails_and_keeps_the_record(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     shared = Path(tempfile.mkdtemp(prefix="kvtool-procs-"))  # reachable by nobody
@@ -238,9 +256,10 @@ def test_down_that_cannot_stop_the_process_fails_and_keeps_the_record(
             for n in [*dirs, *files]:
                 os.chown(os.path.join(root, n), 65534, 65534)
         env = {**os.environ, "PYTHONPATH": str(REPO), "HOME": str(shared)}
-        r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                            sys.executable, "-m", "kvtool", "target", "down", "--name", "procs"],
-                           env=env, capture_output=True, text=True, timeout=120)
+        with traversable(Path(sys.prefix)):
+            r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                                sys.executable, "-m", "kvtool", "target", "down", "--name",
+                                "procs"], env=env, capture_output=True, text=True, timeout=120)
         assert r.returncode == 1, r.stdout + r.stderr
         assert "not permitted to signal" in r.stderr and "record is kept" in r.stderr
         assert st.pid_alive(pid) and st.names() == ["procs"] and len(procs.records()) == 1
