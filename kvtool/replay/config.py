@@ -42,7 +42,7 @@ from kvtool.cache.policies import POLICIES, WATERMARK_DEFAULTS
 from kvtool.cache.tier import TIER_NAMES, Watermark
 from kvtool.cache.timemodel import DEFAULT_READ_GBPS, TimeModel
 from kvtool.configfile import read_config
-from kvtool.errors import InputError, UsageError
+from kvtool.errors import InputError, UsageError, param
 from kvtool.tiers.option import TierOption
 from kvtool.units import Capacity
 
@@ -99,8 +99,8 @@ def load_tiers_file(path: str | Path) -> TiersFile:
             for gone in ("prefill_tokens_per_s", "tpot_ms"):
                 if isinstance(value, dict) and gone in value:
                     raise bad("a replay's times come from the serving model's one-engine case "
-                              "now (--engine-gpu, --model; docs/replay.md): remove it", gone,
-                              "time")
+                              f"now ({param('engine_gpu')}, {param('model')}; docs/replay.md): "
+                              "remove it", gone, "time")
             out.time = _time_table(value, bad)
         else:
             out.tiers[key] = _tier_table(key, value, bad)

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from kvtool.errors import UsageError
+from kvtool.errors import UsageError, param
 
 LoadKind = Literal["concurrency", "request-rate", "timestamps"]
 LOAD_KINDS: tuple[str, ...] = ("concurrency", "request-rate", "timestamps")
@@ -186,7 +186,7 @@ def check_block_sizes(trace_tokens: int, engine_tokens: int) -> None:
     if trace_tokens % engine_tokens and engine_tokens % trace_tokens:
         raise UsageError(f"the engines' blocks of {engine_tokens} tokens and the trace's of "
                          f"{trace_tokens} do not divide one another: set block_tokens in the "
-                         "cluster file, or --block-tokens, so that one divides the other",
+                         f"cluster file, or {param('block_tokens')}, so that one divides the other",
                          field="block_tokens")
 
 
