@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from kvtool.errors import AuthenticationFailed, UsageError
 from kvtool.nvme import spec
 from kvtool.nvme.host import AuthenticationError, ConnectError, Controller, HostCredentials
-from kvtool.nvme.queue import Command, TransportError
+from kvtool.nvme.queue import TransportError
 from kvtool.nvme.url import NvmeUrl, default_hostnqn, parse_nvme_url
 from kvtool.store.io import check_extent
 
@@ -90,46 +90,16 @@ class NvmeTcpEngine:
         fut: Future[None] = Future()
         fut.set_running_or_notify_cancel()
         view = memoryview(buf).cast("B")
-        lba = self.lba_size
-        chunk = max(lba, self.ctrl.max_transfer // lba * lba)
-        pieces = [(off, view[off: off + chunk]) for off in range(0, len(view), chunk)] or []
-        if not pieces:
-            fut.set_result(None)
-            return fut
-        lock = threading.Lock()
-        left = [len(pieces)]
-        first: list[BaseException] = []
 
-        def settle(n: int, err: BaseException | None) -> None:
-            with lock:
-                left[0] -= n
-                if err is not None and not first:
-                    first.append(err)
-                if left[0]:
-                    return
-            if not first:
+        def done(err: BaseException | None) -> None:
+            if err is None:
                 fut.set_result(None)
-            elif isinstance(first[0], TransportError) and self.ctrl.reconnect > 0 \
-                    and not self._closed:
+            elif isinstance(err, TransportError) and self.ctrl.reconnect > 0 and not self._closed:
                 self._retry_pool().submit(self._redo, fut, opcode, offset, view)
             else:
-                fut.set_exception(first[0])
+                fut.set_exception(err)
 
-        def on_done(cmd: Command) -> None:
-            try:
-                cmd.result()
-            except BaseException as exc:
-                settle(1, exc)
-                return
-            settle(1, None)
-
-        base = offset // lba
-        for i, (off, piece) in enumerate(pieces):
-            try:
-                self.ctrl.submit_io(opcode, self.nsid, base + off // lba, piece, lba, on_done)
-            except OSError as exc:
-                settle(len(pieces) - i, exc)
-                break
+        self.ctrl.submit_split(opcode, self.nsid, offset, view, self.lba_size, done)
         return fut
 
     def _redo(self, fut: Future[None], opcode: int, offset: int, view: memoryview) -> None:

@@ -415,6 +415,46 @@ class Controller:
         q = self._queue()
         return q, q.submit_rw(opcode, nsid, slba, len(buf) // lba_size, buf, on_done)
 
+    def submit_split(self, opcode: int, nsid: int, offset: int, view: memoryview,
+                     lba_size: int, done: Callable[[BaseException | None], None]) -> None:
+        """Submit ``view`` at byte ``offset`` as Read/Write commands of at most
+        :attr:`max_transfer` bytes, without waiting; ``done(error)`` runs once, when every
+        piece has completed (``error``: the first piece's failure, else ``None``). A piece
+        that cannot be sent counts as failed with the rest of the unsent ones."""
+        chunk = max(lba_size, self.max_transfer // lba_size * lba_size)
+        pieces = [(off, view[off: off + chunk]) for off in range(0, len(view), chunk)]
+        if not pieces:
+            done(None)
+            return
+        lock = threading.Lock()
+        left = [len(pieces)]
+        first: list[BaseException] = []
+
+        def settle(n: int, err: BaseException | None) -> None:
+            with lock:
+                left[0] -= n
+                if err is not None and not first:
+                    first.append(err)
+                if left[0]:
+                    return
+            done(first[0] if first else None)
+
+        def on_done(cmd: Command) -> None:
+            try:
+                cmd.result()
+            except BaseException as exc:
+                settle(1, exc)
+                return
+            settle(1, None)
+
+        base = offset // lba_size
+        for i, (off, piece) in enumerate(pieces):
+            try:
+                self.submit_io(opcode, nsid, base + off // lba_size, piece, lba_size, on_done)
+            except OSError as exc:
+                settle(len(pieces) - i, exc)
+                break
+
     def reap(self) -> int:
         """Polled I/O queues: process the completions that have arrived (callbacks run on
         this thread), without waiting; returns the PDUs processed. 0 for interrupt queues."""

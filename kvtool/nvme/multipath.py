@@ -341,58 +341,30 @@ class MultipathEngine:
         if path is None:
             self._pool.submit(self._retry, fut, opcode, offset, view, None)
         else:
-            self._issue(path, fut, opcode, offset, view, retried=False)
+            self._issue(path, fut, opcode, offset, view)
         return fut
 
-    def _issue(self, path: Path, fut: Future[None], opcode: int, offset: int, view: memoryview,
-               *, retried: bool) -> None:
+    def _issue(self, path: Path, fut: Future[None], opcode: int, offset: int,
+               view: memoryview) -> None:
         ctrl = path.ctrl
         assert ctrl is not None
-        lba = self.lba_size
-        chunk = max(lba, ctrl.max_transfer // lba * lba)
-        pieces = [(off, view[off: off + chunk]) for off in range(0, len(view), chunk)]
-        lock = threading.Lock()
-        left = [len(pieces)]
-        first: list[BaseException] = []
         with path.lock:
             path.inflight += 1
 
-        def settle(n: int, err: BaseException | None) -> None:
-            with lock:
-                left[0] -= n
-                if err is not None and not first:
-                    first.append(err)
-                if left[0]:
-                    return
+        def done(err: BaseException | None) -> None:
             with path.lock:
                 path.inflight -= 1
-            if not first:
+            if err is None:
                 path.completed += 1
                 self._completed_on(path)
                 fut.set_result(None)
-                return
-            err0 = first[0]
-            if is_path_error(err0) and not self._closed:
-                self._path_failed(path, err0)
+            elif is_path_error(err) and not self._closed:
+                self._path_failed(path, err)
                 self._pool.submit(self._retry, fut, opcode, offset, view, path)
             else:
-                fut.set_exception(err0)
+                fut.set_exception(err)
 
-        def on_done(cmd: Command) -> None:
-            try:
-                cmd.result()
-            except BaseException as exc:
-                settle(1, exc)
-                return
-            settle(1, None)
-
-        base = offset // lba
-        for i, (off, piece) in enumerate(pieces):
-            try:
-                ctrl.submit_io(opcode, self.nsid, base + off // lba, piece, lba, on_done)
-            except OSError as exc:
-                settle(len(pieces) - i, exc)
-                break
+        ctrl.submit_split(opcode, self.nsid, offset, view, self.lba_size, done)
 
     def _path_failed(self, path: Path, exc: BaseException) -> None:
         """A request failed on ``path``: note the failover, take the path out of use."""
@@ -432,7 +404,7 @@ class MultipathEngine:
         except BaseException as exc:
             fut.set_exception(exc)
             return
-        self._issue(path, fut, opcode, offset, view, retried=True)
+        self._issue(path, fut, opcode, offset, view)
 
     # --- reporting and lifecycle ------------------------------------------------------
 
