@@ -167,6 +167,7 @@ class EngineStats:
             "gpu_prefix_query_tokens": self.gpu_query_tokens,
             "external_hit_tokens": self.ext_hit_tokens,
             "external_declined_tokens": self.ext_declined_tokens,
+            "batch_seqs_histogram": {str(k): v for k, v in sorted(self.batch_hist.items())},
         }
 
 

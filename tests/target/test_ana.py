@@ -7,7 +7,7 @@ verify`` clean, every failover timed."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -77,22 +77,34 @@ def test_target_ana_flips_a_state_and_status_shows_it(multipath: tuple[Path, int
     assert gone.exit_code == 2 and "is not up" in gone.stderr
 
 
-@pytest.mark.integration
-@pytest.mark.slow
-def test_load_through_two_paths_while_states_flip_and_a_listener_dies(
-        multipath: tuple[Path, int, int], tmp_path: Path) -> None:
-    cfg, p1, p2 = multipath
+def up_with_faults(cfg: Path) -> tuple[Callable[[str], None], Callable[[str], None]]:
+    """Bring the multipath target up; return (kill, revive) of one listener by address."""
     run_json("target", "up", str(cfg))
     cfg_now, record = api.resolve(None, "multipath")
     engine = api.backend_for(cfg_now, None, record)
     listener = {f"127.0.0.1:{x.port}": x for x in cfg_now.listeners}
     assert isinstance(engine, UserspaceEngine)
+
+    def kill(addr: str) -> None:
+        engine.set_closed(cfg_now, [listener[addr]])
+
+    def revive(_addr: str) -> None:
+        engine.set_closed(cfg_now, [])
+
+    return kill, revive
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_load_through_two_paths_while_states_flip_and_a_listener_dies(
+        multipath: tuple[Path, int, int], tmp_path: Path) -> None:
+    cfg, p1, p2 = multipath
+    kill, revive = up_with_faults(cfg)
     # 40,000 small objects: the load must outlast the six faults even on an idle machine
     # (12,000 of 16 KiB ended in 1.3 s, before the last fault, about 2 runs in 7)
     summary = load_through_faults(
         "multipath", p1, p2, NQN, tmp_path / "load.json",
-        kill=lambda addr: engine.set_closed(cfg_now, [listener[addr]]),
-        revive=lambda addr: engine.set_closed(cfg_now, []), count=40000, object_bytes="4KiB")
+        kill=kill, revive=revive, count=40000, object_bytes="4KiB")
     assert summary["verified"] == 40000
     inspect = run("store", "inspect", f"nvme+tcp://127.0.0.1:{p1},127.0.0.1:{p2}/{NQN}/1")
     assert inspect.exit_code == 0 and f"127.0.0.1:{p2}: live, ANA" in inspect.stdout
@@ -103,11 +115,7 @@ def test_load_through_two_paths_while_states_flip_and_a_listener_dies(
 def test_data_mode_replay_through_two_paths_while_states_flip_and_a_listener_dies(
         multipath: tuple[Path, int, int], tmp_path: Path) -> None:
     cfg, p1, p2 = multipath
-    run_json("target", "up", str(cfg))
-    cfg_now, record = api.resolve(None, "multipath")
-    engine = api.backend_for(cfg_now, None, record)
-    listener = {f"127.0.0.1:{x.port}": x for x in cfg_now.listeners}
-    assert isinstance(engine, UserspaceEngine)
+    kill, revive = up_with_faults(cfg)
     trace = tmp_path / "trace.jsonl"
     run_json("trace", "gen", "--sessions", "24", "--rounds", "12", "--input-tokens", "600",
              "--output-tokens", "200", "--block-tokens", "16", "--format", "hash_ids",
@@ -116,8 +124,7 @@ def test_data_mode_replay_through_two_paths_while_states_flip_and_a_listener_die
     report, faults, ended = faults_during(
         ["replay", str(trace), "--block-bytes", "4096", "--gpu", "20blk", "--dram", "60blk",
          "--nvme", url], "multipath", p1, p2, tmp_path / "replay.json",
-        kill=lambda addr: engine.set_closed(cfg_now, [listener[addr]]),
-        revive=lambda addr: engine.set_closed(cfg_now, []), warmup=1.0)
+        kill=kill, revive=revive, warmup=1.0)
     during = [f for f in faults if f["end"] < ended]
     assert len(during) >= 3 and any(f["what"] == "kill listener" for f in during), \
         (faults, ended)
