@@ -94,14 +94,9 @@ class RequestCsv:
 def write_plot(results: list[dict[str, Any]], path: str | Path, *, title: str = "") -> None:
     """Two panels: token hit ratio per round (per tier, or per configuration when
     comparing), and bytes (or blocks) written per round. Needs the ``plot`` extra."""
-    try:
-        import matplotlib
+    from kvtool.plotting import pyplot, save
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise UsageError("matplotlib is not installed; install the plot extra: "
-                         "pip install 'kvtool[plot]'", field="plot") from None
+    plt = pyplot("plot")
 
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True)
     kind = results[0].get("round_kind", "round")
@@ -148,12 +143,7 @@ def write_plot(results: list[dict[str, Any]], path: str | Path, *, title: str = 
     ax1.set_title((title or "kvtool replay") + (" (red band: collapse round)" if banded else ""),
                   fontsize=10)
     fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=90)
-    except OSError as exc:
-        raise UsageError(f"cannot write {path}: {exc.strerror}", field="plot") from None
-    finally:
-        plt.close(fig)
+    save(fig, path)
 
 
 def check_output_paths(**paths: str | None) -> None:

@@ -12,20 +12,14 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from kvtool.errors import UsageError
 from kvtool.experiments.figures import FigureUnavailable, RunData, put_blocks
 from kvtool.experiments.spec import Experiment
 
 
 def plot_experiment(exp: Experiment, data: RunData, path: Path) -> None:
-    try:
-        import matplotlib
+    from kvtool.plotting import pyplot, save
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise UsageError("matplotlib is not installed; install the plot extra: "
-                         "pip install 'kvtool[plot]'", field="out") from None
+    plt = pyplot("out")
     title = f"{exp.name}: {exp.title} ({data.mode})"
     if exp.kind == "multi-turn":
         fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True)
@@ -38,10 +32,7 @@ def plot_experiment(exp: Experiment, data: RunData, path: Path) -> None:
         _parallel(data, ax1)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=90)
-    finally:
-        plt.close(fig)
+    save(fig, path, field="out")
 
 
 def _multi_turn(data: RunData, ax1: Any, ax2: Any) -> None:

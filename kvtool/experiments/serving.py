@@ -204,14 +204,9 @@ def plot_serving(exp: Experiment, data: RunData, path: Path) -> None:
 
         write_plot(sweep_doc(data), path, title=title)
         return
-    try:
-        import matplotlib
+    from kvtool.plotting import pyplot, save
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise UsageError("matplotlib is not installed; install the plot extra: "
-                         "pip install 'kvtool[plot]'", field="out") from None
+    plt = pyplot("out")
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     for label, res in data.results.items():
         phases = res["runs"][0].get("phases", [])
@@ -233,9 +228,7 @@ def plot_serving(exp: Experiment, data: RunData, path: Path) -> None:
     ax2.set_ylabel("total tokens/s (modelled)")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path, field="out", dpi=110)
 
 
 __all__ = ["PHASES", "PhasedArrivals", "cluster_path", "parse_loads", "plot_serving",

@@ -278,16 +278,10 @@ def policy_sweep(requests: Iterable[Request], policy: str, capacities: list[int]
 def write_curve_plot(doc: dict[str, Any], path: str, *, title: str = "") -> None:
     """Hit ratio against capacity (log scale; bytes when ``block_bytes`` is known), the
     trace's maximum as a dashed line and each target capacity marked. Needs ``plot``."""
-    from kvtool.errors import UsageError
 
-    try:
-        import matplotlib
+    from kvtool.plotting import pyplot, save
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise UsageError("matplotlib is not installed; install the plot extra: "
-                         "pip install 'kvtool[plot]'", field="plot") from None
+    plt = pyplot("plot")
     bb = doc["block_bytes"]
     scale, unit = (bb / 1e9, "GB") if bb else (1, "blocks")
     fig, ax = plt.subplots(figsize=(8, 4.8))
@@ -311,9 +305,4 @@ def write_curve_plot(doc: dict[str, Any], path: str, *, title: str = "") -> None
     ax.legend(fontsize=8, loc="upper left")
     ax.set_title(title or "kvtool plan", fontsize=10)
     fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=90)
-    except OSError as exc:
-        raise UsageError(f"cannot write {path}: {exc.strerror}", field="plot") from None
-    finally:
-        plt.close(fig)
+    save(fig, path)

@@ -18,7 +18,6 @@ import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kvtool.errors import UsageError, param
@@ -171,14 +170,9 @@ def write_csv(doc: dict[str, Any], path: str | os.PathLike[str]) -> None:
 
 def write_plot(doc: dict[str, Any], path: str | os.PathLike[str], title: str = "") -> None:
     """Throughput and TTFT p50/p99 against load, one line per cluster (simulated)."""
-    try:
-        import matplotlib
+    from kvtool.plotting import pyplot, save
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise UsageError("matplotlib is not installed; install the plot extra: "
-                         "pip install 'kvtool[plot]'", field="plot") from None
+    plt = pyplot("plot")
     rows = sweep_rows(doc)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     clusters = list(dict.fromkeys(r["cluster"] for r in rows))
@@ -205,9 +199,7 @@ def write_plot(doc: dict[str, Any], path: str | os.PathLike[str], title: str = "
     ax2.legend(fontsize=8, loc="best")
     fig.suptitle(title or "kvtool replay --sweep (simulated)")
     fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path, field="plot", dpi=110)
 
 
 __all__ = ["LOAD_KINDS", "SCHEMA", "ServingSettings", "parse_sweep", "run_serving",
