@@ -10,7 +10,7 @@ import click
 from kvtool.cli.hostopts import host_options
 from kvtool.cli.load import block_tokens_option, parse_lba, resolve_object
 from kvtool.cli.options import block_size_options
-from kvtool.cli.output import emit, json_option, note, progress
+from kvtool.cli.output import emit, json_option, note, progress, shown_path
 from kvtool.errors import CheckFailed, UsageError
 from kvtool.units import format_size, parse_size
 
@@ -145,7 +145,7 @@ def render(c: Console, r: dict[str, Any]) -> None:
     padded = {row["path"]: row["object_bytes"] for row in r["results"]}
     objects = ", ".join(f"{p} {n:,} B" for p, n in padded.items())
     runs = r["repeat"]
-    c.print(f"[bold]{r['target']}[/] ({e['kind']}, {e['lba_size']} B LBA); objects: {objects}; "
+    c.print(f"[bold]{shown_path(r['target'])}[/] ({e['kind']}, {e['lba_size']} B LBA); objects: {objects}; "
             f"region {format_size(r['region_bytes'])}; {runs} run{'s' if runs > 1 else ''} "
             f"of {r['seconds_per_case']:g} s per case (measured)")
     cols = [Column("pattern", justify="left"), Column("QD"), Column("path", justify="left"),

@@ -9,7 +9,7 @@ import click
 
 from kvtool.cli.hostopts import host_options
 from kvtool.cli.options import block_size_from, block_size_options
-from kvtool.cli.output import emit, json_option, note, progress
+from kvtool.cli.output import emit, json_option, note, progress, shown_path
 from kvtool.errors import UsageError
 from kvtool.units import format_size, parse_percent, parse_size
 
@@ -138,7 +138,7 @@ def render(c: Console, r: dict[str, Any]) -> None:
     t = Table(box=box.SIMPLE, show_header=False)
     t.add_column(style="bold")
     t.add_column()
-    t.add_row("target", f"{r['target']} ({r['engine']['kind']}, {r['engine']['lba_size']} B LBA)")
+    t.add_row("target", f"{shown_path(r['target'])} ({r['engine']['kind']}, {r['engine']['lba_size']} B LBA)")
     t.add_row("store", f"{sb['uuid']}" + (" (new)" if r["formatted"] else " (resumed)"))
     t.add_row("object", f"{sb['object_bytes']:,} B → slot {sb['slot_bytes']:,} B "
               f"({r['io_path']})")

@@ -194,6 +194,19 @@ def print_table(con: Console, columns: list[Column], rows: list[list[str] | None
     return hidden
 
 
+def shown_path(path: str) -> str:
+    """``path`` as a person reads it: relative to the working directory when it lies under
+    it (a deep absolute path would not fit an 80-column cell), otherwise as given. Only
+    human output uses this; ``--json`` keeps the absolute path."""
+    if not os.path.isabs(path):
+        return path
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if rel.startswith("..") else rel
+
+
 def _jsonable(obj: Any) -> Any:
     if isinstance(obj, float) and (math.isinf(obj) or math.isnan(obj)):
         return None

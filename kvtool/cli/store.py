@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from kvtool.cli.hostopts import host_options
-from kvtool.cli.output import emit, json_option
+from kvtool.cli.output import emit, json_option, shown_path
 from kvtool.errors import CheckFailed, UsageError
 from kvtool.units import format_size
 
@@ -53,10 +53,10 @@ def render(c: Console, r: dict[str, Any]) -> None:
     from rich.table import Table
 
     if r["superblock"] is None:
-        c.print(f"[bold red]{r['target']}[/]: {r['superblock_error']}")
+        c.print(f"[bold red]{shown_path(r['target'])}[/]: {r['superblock_error']}")
         return
     sb, ix = r["superblock"], r["index"]
-    t = Table(box=box.SIMPLE, show_header=False, title=f"kvtool store on {r['target']}")
+    t = Table(box=box.SIMPLE, show_header=False, title=f"kvtool store on {shown_path(r['target'])}")
     t.add_column(style="bold")
     t.add_column()
     geo = sb["geometry"]

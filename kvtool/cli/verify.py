@@ -8,7 +8,7 @@ import click
 
 from kvtool.cli.hostopts import host_options
 from kvtool.cli.load import DEFAULT_QD
-from kvtool.cli.output import emit, json_option, progress
+from kvtool.cli.output import emit, json_option, progress, shown_path
 from kvtool.errors import CheckFailed, UsageError
 from kvtool.units import format_size
 
@@ -83,7 +83,7 @@ def render(c: Console, r: dict[str, Any]) -> None:
     from rich.table import Table
 
     if r["store"] is not None:
-        c.print(f"[bold]{r['target']}[/]: {r['objects_checked']:,} of {r['objects_indexed']:,} "
+        c.print(f"[bold]{shown_path(r['target'])}[/]: {r['objects_checked']:,} of {r['objects_indexed']:,} "
                 f"objects checked ({r['content_checked']:,} with content), "
                 f"{format_size(r['bytes_checked'])} in {r['seconds']:.2f} s = "
                 f"{r['gb_per_s']:.3f} GB/s, QD {r['qd']}")
