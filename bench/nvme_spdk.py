@@ -34,8 +34,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from emulator.spdk import SpdkApp, find_spdk, tools  # noqa: E402
+from emulator.spdk import tools  # noqa: E402
 from kvtool.nvme.engine import open_nvme_tcp  # noqa: E402
+from kvtool.target.spdk.app import SpdkApp  # noqa: E402
+from kvtool.target.spdk.install import find_spdk  # noqa: E402
 
 NQN = "nqn.2026-01.io.kvtool:bench-spdk"
 HOSTNQN = "nqn.2026-01.io.kvtool:bench-spdk-host"

@@ -1,4 +1,5 @@
-"""No import cycles in kvtool/ and emulator/ (docs/architecture.md, "Layers").
+"""Imports in kvtool/ and emulator/ go down the layer table, and never in a cycle
+(docs/architecture.md, "Layers").
 
 Every import counts, at module level or inside a function (a lazy import is still a
 dependency), except those under ``if TYPE_CHECKING:``. A cycle means a module is both a
@@ -14,6 +15,26 @@ from pathlib import Path
 from tests.conftest import REPO
 
 PACKAGES = ("kvtool", "emulator")
+
+# The layer table, bottom first. A unit is a package or module (a module belongs to the
+# unit with the longest matching name); it may import itself and units of lower layers,
+# never a unit of its own layer or of a higher one. docs/architecture.md draws this table.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("kvtool", "kvtool.errors", "kvtool.lazy", "kvtool.collapse", "emulator"),
+    ("kvtool.units", "kvtool.configfile", "kvtool.metrics", "kvtool.plotting",
+     "kvtool.jsondoc"),
+    ("kvtool.geometry", "kvtool.trace", "kvtool.store.io", "kvtool.serving.kvpool"),
+    ("kvtool.align", "kvtool.nvme", "kvtool.cache"),
+    ("kvtool.store", "kvtool.plan", "kvtool.serving", "emulator.nvmetcp"),
+    ("emulator.qemu",),
+    ("kvtool.target",),
+    ("kvtool.mooncake", "emulator.spdk"),
+    ("kvtool.tiers",),
+    ("kvtool.replay",),
+    ("kvtool.experiments",),
+    ("kvtool.cli",),
+    ("kvtool.__main__",),
+)
 
 
 def _module(path: Path) -> str:
@@ -117,3 +138,53 @@ def test_no_import_cycles() -> None:
     found = cycles(graph)
     detail = "; ".join(" ↔ ".join(c) for c in found)
     assert not found, f"import cycles: {detail}"
+
+
+def layer_of(layers: tuple[tuple[str, ...], ...]) -> dict[str, int]:
+    return {unit: i for i, units in enumerate(layers) for unit in units}
+
+
+def unit_of(module: str, layer: dict[str, int]) -> str | None:
+    """The unit ``module`` belongs to: the longest unit name that is it or a package
+    above it."""
+    m = module
+    while m and m not in layer:
+        m = m.rpartition(".")[0]
+    return m or None
+
+
+def upward(graph: dict[str, set[str]], layers: tuple[tuple[str, ...], ...]) -> list[str]:
+    """Imports that do not go down the table: ``a -> b (layer i -> layer j)``, and modules
+    that no unit holds."""
+    layer = layer_of(layers)
+    out = []
+    for a in sorted(graph):
+        ua = unit_of(a, layer)
+        if ua is None:
+            out.append(f"{a}: in no layer")
+            continue
+        for b in sorted(graph[a]):
+            ub = unit_of(b, layer)
+            if ub is None or ub == ua:
+                continue
+            if layer[ub] >= layer[ua]:
+                out.append(f"{a} -> {b} (layer {layer[ua]} {ua} -> layer {layer[ub]} {ub})")
+    return out
+
+
+def test_the_layer_check_finds_an_upward_or_sideways_import() -> None:
+    layers = (("low",), ("mid", "side"), ("top",))
+    graph = {"low.a": set(), "mid.b": {"low.a"}, "side.c": set(), "top.d": {"mid.b", "side.c"}}
+    assert upward(graph, layers) == []
+    graph["low.a"] = {"top.d"}
+    graph["mid.b"] = {"low.a", "side.c"}
+    graph["stray"] = set()
+    assert upward(graph, layers) == [
+        "low.a -> top.d (layer 0 low -> layer 2 top)",
+        "mid.b -> side.c (layer 1 mid -> layer 1 side)",
+        "stray: in no layer"]
+
+
+def test_imports_go_down_the_layer_table() -> None:
+    found = upward(import_graph(), LAYERS)
+    assert not found, "imports against the layer table:\n" + "\n".join(found)

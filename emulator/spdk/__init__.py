@@ -1,15 +1,8 @@
-"""SPDK, built from the vendored sources, as a real component: its NVMe-oF target
-(``nvmf_tgt``/``spdk_tgt``) and its host tools, run without hugepages on 127.0.0.1.
+"""SPDK's host tools as a real component: spdk_nvme_identify / spdk_nvme_perf /
+spdk_nvme_discover runs against any NVMe/TCP target (``emulator.spdk.tools``).
 
-* ``find_spdk(build=True)`` -> ``SpdkInstall``: ``$KVTOOL_SPDK_DIR``, else the cached build
-  of ``../shared/vendor/spdk`` (built once by ``../shared/reference/spdk/build.sh``).
-* ``SpdkApp(install).start()``: one application with a private RPC socket; ``rpc()``, ``stop()``.
-* ``emulator.spdk.tools``: spdk_nvme_identify / spdk_nvme_perf / spdk_nvme_discover runs.
-
+SPDK itself (where it comes from, how it is built, and running its ``nvmf_tgt``/``spdk_tgt``
+without hugepages) is the target's business: :mod:`kvtool.target.spdk.install`
+(``find_spdk``, ``SpdkInstall``) and :mod:`kvtool.target.spdk.app` (``SpdkApp``).
 See docs/spdk.md.
 """
-
-from emulator.spdk.app import SpdkApp, SpdkAppError
-from emulator.spdk.build import SpdkInstall, SpdkNotFound, find_spdk
-
-__all__ = ["SpdkApp", "SpdkAppError", "SpdkInstall", "SpdkNotFound", "find_spdk"]

@@ -13,7 +13,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from emulator.spdk.build import SpdkInstall, die_with_parent
+from kvtool.target.spdk.install import SpdkInstall, die_with_parent
 
 HOST_CORE_MASK = "0x2"
 HOST_MEM_MB = 512

@@ -10,8 +10,6 @@ Commands build a plain ``dict``/``list`` result first and then either dump it
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -20,6 +18,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
+
+from kvtool.jsondoc import dump_json
 
 if TYPE_CHECKING:  # rich costs ~35 ms to import: only human output pays for it
     from rich.console import Console
@@ -205,23 +205,6 @@ def shown_path(path: str) -> str:
     except ValueError:
         return path
     return path if rel.startswith("..") else rel
-
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, float) and (math.isinf(obj) or math.isnan(obj)):
-        return None
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
-        return obj.item()
-    return obj
-
-
-def dump_json(obj: Any) -> str:
-    """JSON text as kvtool prints it: inf/nan become null, numpy scalars plain numbers."""
-    return json.dumps(_jsonable(obj), indent=2, sort_keys=False)
 
 
 def emit(result: Any, human: Callable[[Console], None] | None = None) -> None:

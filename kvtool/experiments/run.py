@@ -314,7 +314,7 @@ def _more_seeds(exp: Experiment, doc: dict[str, Any], data: RunData, seed_list: 
 
 def write_files(exp: Experiment, doc: dict[str, Any], data: RunData, out_dir: Path
                 ) -> dict[str, str]:
-    from kvtool.cli.output import dump_json
+    from kvtool.jsondoc import dump_json
 
     files = {"json": out_dir / f"{exp.name}.json", "csv": out_dir / f"{exp.name}.csv",
              "png": out_dir / f"{exp.name}.png"}

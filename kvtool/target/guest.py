@@ -62,7 +62,7 @@ def guest_exec(control_port: int, shell: str, timeout: float = 120.0) -> tuple[i
 def kvtool_in_guest(args: str) -> str:
     """The shell line that runs this very kvtool inside the guest's chroot of the host root."""
     env = f"KVTOOL_STATE_DIR={GUEST_DIR}/state PYTHONPATH={REPO} HOME=/tmp"
-    return f"chroot /hostroot /usr/bin/env {env} {sys.executable} -m kvtool.target {args}"
+    return f"chroot /hostroot /usr/bin/env {env} {sys.executable} -m kvtool.cli.target_alone {args}"
 
 
 def _json_tail(text: str) -> Any:

@@ -79,17 +79,17 @@ def test_every_json_document_names_its_schema() -> None:
         assert doc["schema"] == f"kvtool.{name}/{versions.get(name, 1)}", name
 
 
-def test_python_dash_m_kvtool_target_follows_the_cli_conventions(tmp_path: Path) -> None:
+def test_python_dash_m_kvtool_cli_target_alone_follows_the_cli_conventions(tmp_path: Path) -> None:
     env = {**os.environ, "KVTOOL_STATE_DIR": str(tmp_path)}
     for args, words in ((["up", "--bogus"], ["No such option"]),
                         (["up", str(tmp_path / "none.toml")], ["no such file"])):
-        p = subprocess.run([sys.executable, "-m", "kvtool.target", *args], capture_output=True,
-                           text=True, env=env)
+        p = subprocess.run([sys.executable, "-m", "kvtool.cli.target_alone", *args],
+                           capture_output=True, text=True, env=env)
         lines = p.stderr.strip().splitlines()
         assert p.returncode == 2 and len(lines) == 1, p.stderr
         assert lines[0].startswith("kvtool: error:") and all(w in lines[0] for w in words)
-    p = subprocess.run([sys.executable, "-m", "kvtool.target", "--help"], capture_output=True,
-                       text=True, env=env)
+    p = subprocess.run([sys.executable, "-m", "kvtool.cli.target_alone", "--help"],
+                       capture_output=True, text=True, env=env)
     assert p.returncode == 0 and "3 an internal error" in " ".join(p.stdout.split())
 
 

@@ -34,9 +34,11 @@ from emulator.nvmetcp import Target
 from emulator.nvmetcp.config import HostKeyConfig, simple_config
 from emulator.qemu.build import GuestImage
 from emulator.qemu.guest import GUESTFWD_ADDR, Guest
-from emulator.spdk import SpdkApp, SpdkInstall, tools
+from emulator.spdk import tools
 from kvtool.nvme import dhchap as D
 from kvtool.nvme.host import AuthenticationError, connect
+from kvtool.target.spdk.app import SpdkApp
+from kvtool.target.spdk.install import SpdkInstall
 from tests.conftest import free_port, run, run_json
 from tests.helpers.qemu_guest import start_guest
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from emulator.spdk import SpdkApp, SpdkInstall, SpdkNotFound, find_spdk
-from emulator.spdk.build import BUILD_SCRIPT, VENDOR
+from kvtool.target.spdk.app import SpdkApp
+from kvtool.target.spdk.install import BUILD_SCRIPT, VENDOR, SpdkInstall, SpdkNotFound, find_spdk
 
 SPDK_FIXTURES = {"spdk", "spdk_app", "nvmf_tgt"}
 

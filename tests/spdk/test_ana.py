@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 
-from emulator.spdk import SpdkApp, SpdkInstall
 from kvtool.target import procs
 from kvtool.target import state as st
+from kvtool.target.spdk.app import SpdkApp
+from kvtool.target.spdk.install import SpdkInstall
 from kvtool.target.spdk.rpc import SpdkRpc
 from tests.conftest import FIXTURES, free_port, run, run_json
 from tests.helpers.multipath_faults import load_through_faults

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from emulator.spdk import SpdkApp, SpdkAppError, SpdkInstall, tools
+from emulator.spdk import tools
 from kvtool.errors import InputError
+from kvtool.target.spdk.app import SpdkApp, SpdkAppError
+from kvtool.target.spdk.install import SpdkInstall
 from kvtool.target.spdk.rpc import SpdkError
 from tests.conftest import free_port
 from tests.helpers.spdk_fixtures import MakeApp

@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
-from emulator.spdk import SpdkApp
 from kvtool.nvme.host import connect
 from kvtool.target import api
 from kvtool.target.loader import load_config
 from kvtool.target.plan import ApplyFailed
+from kvtool.target.spdk.app import SpdkApp
 from tests.conftest import STORE_DIR, _odirect_ok, free_port, run, run_json
 from tests.helpers.spdk_fixtures import MakeApp
 

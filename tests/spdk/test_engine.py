@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from emulator.spdk import SpdkInstall
 from kvtool.target import state as st
+from kvtool.target.spdk.install import SpdkInstall
 from tests.conftest import FIXTURES, free_port, run, run_json
 
 pytestmark = [pytest.mark.spdk, pytest.mark.integration, pytest.mark.slow]

@@ -22,9 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from emulator.spdk import SpdkApp, SpdkInstall
 from kvtool.nvme.engine import open_nvme_tcp
 from kvtool.nvme.host import ConnectError, connect, discover
+from kvtool.target.spdk.app import SpdkApp
+from kvtool.target.spdk.install import SpdkInstall
 from tests.conftest import STORE_DIR, _odirect_ok, free_port, make_file, run, run_json
 
 pytestmark = [pytest.mark.spdk, pytest.mark.integration, pytest.mark.slow]

@@ -22,8 +22,10 @@ from typing import Any
 
 import pytest
 
-from emulator.spdk import SpdkApp, SpdkInstall, tools
+from emulator.spdk import tools
 from kvtool.nvme.host import connect
+from kvtool.target.spdk.app import SpdkApp
+from kvtool.target.spdk.install import SpdkInstall
 from tests.conftest import free_port
 from tests.helpers.guest_nvme import dmesg_tail, guest_sha256, kernel_connect, kernel_disconnect
 from tests.helpers.qemu_guest import KernelTarget

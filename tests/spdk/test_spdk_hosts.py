@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from emulator.nvmetcp import NamespaceConfig, SubsystemConfig, Target, TargetConfig
-from emulator.spdk import SpdkInstall, tools
+from emulator.spdk import tools
+from kvtool.target.spdk.install import SpdkInstall
 
 NQN = "nqn.2026-01.io.kvtool:spdk-hosts"
 # spdk_nvme_identify cannot set a host NQN (it sends a random one): its subsystem admits any.

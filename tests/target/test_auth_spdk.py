@@ -20,7 +20,9 @@ import pytest
 
 from emulator.nvmetcp import Target
 from emulator.nvmetcp.config import HostKeyConfig, simple_config
-from emulator.spdk import SpdkApp, SpdkInstall, tools
+from emulator.spdk import tools
+from kvtool.target.spdk.app import SpdkApp
+from kvtool.target.spdk.install import SpdkInstall
 from tests.conftest import free_port, run, run_json
 from tests.helpers.secrets import files_under, search
 

@@ -2,7 +2,7 @@
 
 ``kvtool target up CONFIG --engine spdk`` (or ``[emulator] engine = "spdk"``) starts
 ``nvmf_tgt --no-huge -m 0x1 --no-pci`` (SPDK from ``$KVTOOL_SPDK_DIR`` or the build of
-``../shared/vendor/spdk``, :mod:`emulator.spdk`) as a background process with a private RPC
+``../shared/vendor/spdk``, :mod:`kvtool.target.spdk.install`) as a background process with a private RPC
 socket, then configures it through the spdk backend: memory namespaces become malloc bdevs,
 files AIO bdevs. The process outlives ``up``; its pid, socket and log are in the target's
 state record, so ``status`` (SPDK's own view), ``load``/``replay`` (the endpoints) and
@@ -57,7 +57,7 @@ def memory_mb(cfg: TargetConfig) -> int:
 
 
 def _install() -> Any:
-    from emulator.spdk import SpdkNotFound, find_spdk
+    from kvtool.target.spdk.install import SpdkNotFound, find_spdk
     try:
         return find_spdk(build=False)
     except SpdkNotFound as exc:
@@ -105,7 +105,7 @@ class SpdkEngine(BackgroundEngine):
 
     def _start(self, cfg: TargetConfig, install: Any, workdir: Path, mem: int,
                config: Path | None = None) -> None:
-        from emulator.spdk import SpdkApp, SpdkAppError
+        from kvtool.target.spdk.app import SpdkApp, SpdkAppError
         workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
         rec = self._process_record(cfg.name, "nvmf_tgt", [lst.port for lst in cfg.listeners],
                                    config_json(cfg))
@@ -151,7 +151,7 @@ class SpdkEngine(BackgroundEngine):
             shutil.rmtree(workdir, ignore_errors=True)
 
         def restart() -> None:  # the config as SPDK's JSON: the same state in one start
-            from emulator.spdk import SpdkInstall
+            from kvtool.target.spdk.install import SpdkInstall
             workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
             saved = workdir / "restore.json"
             saved.write_text(json.dumps(spdk_config(cfg)))

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SHARED = REPO.parent / "shared"
 BUILD_SCRIPT = SHARED / "reference" / "spdk" / "build.sh"
 VENDOR = SHARED / "vendor" / "spdk"

@@ -1,4 +1,4 @@
-"""``python -m kvtool.target``: the ``kvtool target`` commands alone.
+"""``python -m kvtool.cli.target_alone``: the ``kvtool target`` commands alone.
 
 Same commands, options, output and exit codes as ``kvtool target ...``, but it imports only
 the target package (click, rich and the standard library). The QEMU engine runs it inside
@@ -6,7 +6,7 @@ the guest, whose emulated CPU (``-cpu qemu64``) lacks the instructions that nump
 need, so the full ``kvtool`` CLI (which loads every command module) cannot start there.
 
 Example:
-  python -m kvtool.target --json status --name demo
+  python -m kvtool.cli.target_alone --json status --name demo
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def main(ctx: click.Context, json_: bool, debug: bool, quiet: bool) -> None:
 
     \b
     Example:
-      python -m kvtool.target up fixtures/targets/demo.toml
+      python -m kvtool.cli.target_alone up fixtures/targets/demo.toml
     """
     obj = ctx.ensure_object(Settings)
     obj.json = obj.json or json_
@@ -41,4 +41,4 @@ def main(ctx: click.Context, json_: bool, debug: bool, quiet: bool) -> None:
 
 
 if __name__ == "__main__":
-    main(prog_name="python -m kvtool.target")
+    main(prog_name="python -m kvtool.cli.target_alone")

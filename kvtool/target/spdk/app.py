@@ -23,9 +23,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from emulator.spdk.build import SpdkInstall
-from emulator.spdk.build import die_with_parent as _die_with_parent
 from kvtool.target.plan import TargetError
+from kvtool.target.spdk.install import SpdkInstall
+from kvtool.target.spdk.install import die_with_parent as _die_with_parent
 from kvtool.target.spdk.rpc import SpdkRpc
 
 
