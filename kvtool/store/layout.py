@@ -207,3 +207,17 @@ def entry_crc(entries: np.ndarray) -> np.ndarray:
 def seal(entries: np.ndarray) -> None:
     """Set ``entry_crc`` of each entry in place."""
     entries["entry_crc"] = entry_crc(entries)
+
+
+@dataclass(frozen=True)
+class Written:
+    """One object whose data write into ``slot`` has completed, ready to commit: its
+    ``key``, ``length`` in bytes, CRC32C of those bytes (``crc``) and ``ordinal``
+    (``ORDINAL_NONE`` when the object has none). Invariant: ``slot`` is this store's and
+    nobody else's (allocated from it, or taken by :meth:`ObjectStore.commit_written`)."""
+
+    slot: int
+    key: int
+    length: int
+    crc: int
+    ordinal: int = ORDINAL_NONE

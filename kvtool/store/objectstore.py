@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -41,8 +41,8 @@ from kvtool.store.layout import (
     ENTRY_DTYPE,
     FLAG_VALID,
     META_BLOCK,
-    ORDINAL_NONE,
     Superblock,
+    Written,
 )
 
 if TYPE_CHECKING:
@@ -206,40 +206,48 @@ class ObjectStore:
             lo, hi = first * lba, min((last + 1) * lba, self.sb.index_bytes)
             self.engine.write_from(self.sb.index_offset + lo, self._image.view[lo:hi])
 
-    def _commit(self, records: list[tuple[int, int, int, int, int]]) -> None:
-        """Steps 2–4 of the protocol for ``(slot, key, length, crc, ordinal)`` records
-        whose data writes have completed (an empty list just retires old entries)."""
+    @property
+    def retiring(self) -> bool:
+        """Whether replaced or deleted versions wait to be zeroed by the next commit (an
+        empty :meth:`commit` zeroes them)."""
+        return bool(self._retire)
+
+    def commit(self, records: Sequence[Written]) -> None:
+        """Steps 2–4 of the protocol for ``records``, whose data writes have completed, into
+        slots allocated from this store: one flush, one index write, one flush. A key twice
+        in ``records``: the later one wins and the earlier slot is freed. Versions these
+        records replace are zeroed by the next commit, once this one is durable (an empty
+        list just does that)."""
         self.engine.flush()
         sb = self.sb
         with self._lock:
-            last = {r[1]: r for r in records}
+            last = {r.key: r for r in records}
             if len(last) < len(records):  # a key twice in one batch: the later one wins,
                 kept = set(map(id, last.values()))  # the earlier slot was never referenced
-                self._free.extend(r[0] for r in records if id(r) not in kept)
-                records = [r for r in records if id(r) in kept]
+                self._free.extend(r.slot for r in records if id(r) not in kept)
+            records = [r for r in records if r is last[r.key]]
             self.generation += 1
             retire, self._retire = self._retire, []
-            touched = [r[0] for r in records]
-            for slot, key, *_ in records:
-                old = self.by_key.get(key)
-                if old is not None and old != slot:
+            touched = [r.slot for r in records]
+            for r in records:
+                old = self.by_key.get(r.key)
+                if old is not None and old != r.slot:
                     # The old version is zeroed by the *next* commit, once this one is
                     # durable: zeroing it in the same index write could, if that write
                     # tore, lose the key entirely.
                     self._retire.append(old)
-                self.by_key[key] = slot
+                self.by_key[r.key] = r.slot
             if records:
                 idx = np.array(touched, dtype=np.int64)
-                cols = list(zip(*records, strict=True))
                 new = np.zeros(len(records), dtype=ENTRY_DTYPE)
-                new["key"] = np.array(cols[1], dtype=np.uint64)
+                new["key"] = np.array([r.key for r in records], dtype=np.uint64)
                 new["store_tag"] = sb.store_tag
                 new["offset"] = np.uint64(sb.data_offset) + idx.astype(np.uint64) * np.uint64(
                     sb.slot_bytes)
-                new["length"] = np.array(cols[2], dtype=np.uint64)
+                new["length"] = np.array([r.length for r in records], dtype=np.uint64)
                 new["generation"] = self.generation
-                new["ordinal"] = np.array(cols[4], dtype=np.uint64)
-                new["data_crc"] = np.array(cols[3], dtype=np.uint32)
+                new["ordinal"] = np.array([r.ordinal for r in records], dtype=np.uint64)
+                new["data_crc"] = np.array([r.crc for r in records], dtype=np.uint32)
                 new["lba_count"] = (new["length"] + np.uint64(sb.lba_size - 1)) // np.uint64(
                     sb.lba_size)
                 new["flags"] = FLAG_VALID
@@ -253,15 +261,14 @@ class ObjectStore:
         with self._lock:
             self._free.extend(retire)
 
-    def commit_written(self, records: list[tuple[int, int, int, int, int]]) -> None:
-        """Commit ``(slot, key, length, crc, ordinal)`` records whose data the caller wrote
-        into slots it owns (every write completed): steps 2–4 of the protocol, one batch.
-        The slots must be free in this store's index (a fresh store's caller allocates
-        them itself, as the NVMe tier does)."""
+    def commit_written(self, records: Sequence[Written]) -> None:
+        """Commit ``records`` whose data the caller wrote into slots it owns (every write
+        completed): :meth:`commit`, one batch. The slots must be free in this store's index
+        (a fresh store's caller allocates them itself, as the NVMe tier does)."""
         with self._lock:
-            taken = {r[0] for r in records}
+            taken = {r.slot for r in records}
             self._free = deque(s for s in self._free if s not in taken)
-        self._commit(records)
+        self.commit(records)
 
     def allocate(self) -> int:
         with self._lock:
@@ -293,9 +300,9 @@ class ObjectStore:
         except BaseException:
             self.release(slot)
             raise
-        self._commit([(slot, key, view.nbytes, crc32c(view), ORDINAL_NONE)])
+        self.commit([Written(slot, key, view.nbytes, crc32c(view))])
         if self._retire:
-            self._commit([])  # retire the replaced version now that the new one is durable
+            self.commit([])  # retire the replaced version now that the new one is durable
 
     def get(self, key: int) -> bytes:
         """The object stored under ``key``; KeyError if absent, ObjectCorrupt on a bad CRC."""
@@ -331,7 +338,7 @@ class ObjectStore:
         with self._lock:
             slot = self.by_key.pop(key)
             self._retire.append(slot)
-        self._commit([])
+        self.commit([])
 
     def writer(self, *, qd: int | None = None, batch_objects: int = 64,
                on_commit: Callable[[list[tuple[int, int]]], None] | None = None) -> BatchWriter:

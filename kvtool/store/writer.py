@@ -15,7 +15,7 @@ import numpy as np
 from kvtool.store.bounce import as_bytes_view, stage_for_write
 from kvtool.store.checksum import crc32c
 from kvtool.store.io import AlignedBuffer
-from kvtool.store.layout import ORDINAL_NONE
+from kvtool.store.layout import ORDINAL_NONE, Written
 
 if TYPE_CHECKING:
     from kvtool.store.objectstore import ObjectStore
@@ -65,12 +65,12 @@ class BatchWriter:
         self._cpu = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kvtool-prep")
         # Completed objects arrive here in completion order (a record, or the exception of
         # a failed fill/write), so one slow write never holds the queue depth down.
-        self._done: queue.SimpleQueue[tuple[int, int, int, int, int] | BaseException] = \
+        self._done: queue.SimpleQueue[Written | BaseException] = \
             queue.SimpleQueue()
         self._inflight = 0
         self._unsent: set[int] = set()  # keys put but not yet handed to the committer
-        self._batch: list[tuple[int, int, int, int, int]] = []
-        self._commits: queue.Queue[list[tuple[int, int, int, int, int]] | None] = queue.Queue(2)
+        self._batch: list[Written] = []
+        self._commits: queue.Queue[list[Written] | None] = queue.Queue(2)
         self._error: BaseException | None = None
         self._committer = threading.Thread(target=self._commit_loop, name="kvtool-commit",
                                            daemon=True)
@@ -92,7 +92,7 @@ class BatchWriter:
             self._buffers.put(bufs)
             self._done.put(exc)
             return
-        record = (slot, key, self.object_bytes, crc, ordinal)
+        record = Written(slot, key, self.object_bytes, crc, ordinal)
 
         def written(f: Future[None]) -> None:
             self._buffers.put(bufs)
@@ -132,7 +132,7 @@ class BatchWriter:
     def _send_batch(self) -> None:
         if self._batch:
             batch, self._batch = self._batch, []
-            self._unsent.difference_update(r[1] for r in batch)
+            self._unsent.difference_update(r.key for r in batch)
             while True:
                 self._raise_pending()
                 try:
@@ -145,20 +145,20 @@ class BatchWriter:
         while True:
             batch = self._commits.get()
             if batch is None:
-                if self._error is None and self.store._retire:
+                if self._error is None and self.store.retiring:
                     try:  # retire versions replaced by the last batch
-                        self.store._commit([])
+                        self.store.commit([])
                     except BaseException as exc:
                         self._error = exc
                 return
             if self._error is not None:
                 continue
             try:
-                self.store._commit(batch)
+                self.store.commit(batch)
                 self.committed += len(batch)
-                self.bytes_committed += sum(r[2] for r in batch)
+                self.bytes_committed += sum(r.length for r in batch)
                 if self.on_commit is not None:
-                    self.on_commit([(r[1], r[4]) for r in batch])
+                    self.on_commit([(r.key, r.ordinal) for r in batch])
             except BaseException as exc:
                 self._error = exc
 

@@ -34,7 +34,7 @@ import numpy as np
 
 from kvtool.store.checksum import crc32c
 from kvtool.store.engine import AlignedBuffer, IOEngine
-from kvtool.store.layout import ORDINAL_KEYED, ORDINAL_NONE, Geometry, new_superblock
+from kvtool.store.layout import ORDINAL_KEYED, ORDINAL_NONE, Geometry, Written, new_superblock
 from kvtool.store.objectstore import ObjectStore
 from kvtool.tiers.base import DataTier, TierError, TransferJob
 
@@ -287,7 +287,7 @@ class NvmeTier(DataTier):
                 crc = self._crc_of[key].result(timeout=IO_TIMEOUT_S)
             except Exception as exc:
                 raise self._error(exc) from None
-            records.append((slot, key, self.block_bytes, crc, self.ordinal))
+            records.append(Written(slot, key, self.block_bytes, crc, self.ordinal))
         try:
             self.store.commit_written(records)
         except Exception as exc:
