@@ -246,9 +246,7 @@ class ConfigDocument:
     def locate(self, exc: InputError) -> InputError:
         """``exc`` with the line of its field filled in (for errors raised without one)."""
         if exc.line is None and exc.field:
-            exc.line = self.line(parse_field_name(exc.field))
-            exc.file = exc.file or self.source
-            exc.args = (exc._format(),)
+            exc.locate(self.source, self.line(parse_field_name(exc.field)))
         return exc
 
 

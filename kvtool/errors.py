@@ -71,6 +71,15 @@ class InputError(KvtoolError):
         self.message = _PARAM.sub(lambda m: lookup(m.group(1)) or m.group(1), self.raw_message)
         self.args = (self._format(),)
 
+    def locate(self, file: str | PathLike[str] | None, line: int | None) -> None:
+        """Say where the error is, when it does not say already: the ``file`` and ``line``
+        fill only what is missing."""
+        if self.file is None and file is not None:
+            self.file = str(file)
+        if self.line is None:
+            self.line = line
+        self.args = (self._format(),)
+
     def _format(self) -> str:
         where = ""
         if self.file is not None:

@@ -8,18 +8,14 @@ the few places where this target follows the specification instead.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from emulator.nvmetcp import logpages
 from emulator.nvmetcp.model import Controller
+from emulator.nvmetcp.queue import Queue
 from emulator.nvmetcp.sgl import expect_len
 from kvtool import __version__
 from kvtool.nvme import pdu as P
 from kvtool.nvme import spec
 from kvtool.nvme.spec import status
-
-if TYPE_CHECKING:
-    from emulator.nvmetcp.connection import QueueConnection
 
 MAX_AERS = 4  # AERL + 1
 NSID_ALL = 0xFFFFFFFF
@@ -27,7 +23,7 @@ _LOG_MAX = 1 << 20
 _RAE = 1 << 15  # Get Log Page CDW10: retain the asynchronous event
 
 
-def dispatch(conn: QueueConnection, ctrl: Controller, sqe: P.Sqe,
+def dispatch(conn: Queue, ctrl: Controller, sqe: P.Sqe,
              data: bytes | memoryview) -> None:
     opc = sqe.opcode
     if ctrl.subsys.is_discovery:
@@ -46,19 +42,19 @@ def dispatch(conn: QueueConnection, ctrl: Controller, sqe: P.Sqe,
     handler(conn, ctrl, sqe, data)
 
 
-def keep_alive(conn: QueueConnection, ctrl: Controller, sqe: P.Sqe,
+def keep_alive(conn: Queue, ctrl: Controller, sqe: P.Sqe,
                data: bytes | memoryview) -> None:
     if expect_len(conn, sqe, data, 0):
         conn.complete(sqe.cid)
 
 
-def abort(conn: QueueConnection, ctrl: Controller, sqe: P.Sqe,
+def abort(conn: Queue, ctrl: Controller, sqe: P.Sqe,
           data: bytes | memoryview) -> None:
     if expect_len(conn, sqe, data, 0):
         conn.complete(sqe.cid, 0, 1)  # bit 0 set: the command was not aborted
 
 
-def async_event(conn: QueueConnection, ctrl: Controller, sqe: P.Sqe,
+def async_event(conn: Queue, ctrl: Controller, sqe: P.Sqe,
                 data: bytes | memoryview) -> None:
     if not expect_len(conn, sqe, data, 0):
         return
@@ -69,7 +65,7 @@ def async_event(conn: QueueConnection, ctrl: Controller, sqe: P.Sqe,
     deliver_events(conn, ctrl)
 
 
-def deliver_events(conn: QueueConnection, ctrl: Controller) -> None:
+def deliver_events(conn: Queue, ctrl: Controller) -> None:
     """Complete waiting AERs with queued events (the admin queue's ``ctrl.notify``)."""
     while conn.aers and ctrl.events:
         conn.complete(conn.aers.pop(0), 0, ctrl.events.pop(0))
@@ -78,7 +74,7 @@ def deliver_events(conn: QueueConnection, ctrl: Controller) -> None:
 # --- Identify ----------------------------------------------------------------------------
 
 
-def identify(conn: QueueConnection, ctrl: Controller, sqe: P.Sqe,
+def identify(conn: Queue, ctrl: Controller, sqe: P.Sqe,
              data: bytes | memoryview) -> None:
     if not expect_len(conn, sqe, data, spec.IDENTIFY_DATA_LEN):
         return
@@ -119,7 +115,7 @@ def identify(conn: QueueConnection, ctrl: Controller, sqe: P.Sqe,
 # --- Get Log Page ------------------------------------------------------------------------
 
 
-def get_log_page(conn: QueueConnection, ctrl: Controller, sqe: P.Sqe,
+def get_log_page(conn: Queue, ctrl: Controller, sqe: P.Sqe,
                  data: bytes | memoryview) -> None:
     lid = sqe.cdw10 & 0xFF
     numd = ((sqe.cdw11 & 0xFFFF) << 16 | (sqe.cdw10 >> 16)) + 1
@@ -142,7 +138,7 @@ def get_log_page(conn: QueueConnection, ctrl: Controller, sqe: P.Sqe,
     conn.send_data(sqe.cid, chunk + bytes(length - len(chunk)))
 
 
-def _log_page(conn: QueueConnection, ctrl: Controller, sqe: P.Sqe, lid: int) -> bytes | None:
+def _log_page(conn: Queue, ctrl: Controller, sqe: P.Sqe, lid: int) -> bytes | None:
     """The whole page, or None after completing the command with an error."""
     subsys = ctrl.subsys
     invalid = status(spec.SC_INVALID_LOG_PAGE, spec.SCT_COMMAND_SPECIFIC)
@@ -183,7 +179,7 @@ def _log_page(conn: QueueConnection, ctrl: Controller, sqe: P.Sqe, lid: int) -> 
 # --- Features ----------------------------------------------------------------------------
 
 
-def set_features(conn: QueueConnection, ctrl: Controller, sqe: P.Sqe,
+def set_features(conn: Queue, ctrl: Controller, sqe: P.Sqe,
                  data: bytes | memoryview) -> None:
     fid = sqe.cdw10 & 0xFF
     if fid == spec.FID_HOST_ID:  # set once at Connect (the fabrics rule)
@@ -213,7 +209,7 @@ def set_features(conn: QueueConnection, ctrl: Controller, sqe: P.Sqe,
         conn.complete(sqe.cid, status(spec.SC_INVALID_FIELD))
 
 
-def get_features(conn: QueueConnection, ctrl: Controller, sqe: P.Sqe,
+def get_features(conn: Queue, ctrl: Controller, sqe: P.Sqe,
                  data: bytes | memoryview) -> None:
     fid = sqe.cdw10 & 0xFF
     if fid == spec.FID_HOST_ID:

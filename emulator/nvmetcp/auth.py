@@ -10,18 +10,15 @@ the host has read the Failure1 (or sent a Failure2), also as nvmet does.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from emulator.nvmetcp.config import TargetConfig
+from emulator.nvmetcp.queue import Queue
 from emulator.nvmetcp.sgl import expect_len, transfer_len
 from kvtool.errors import InputError
 from kvtool.nvme import dhchap as D
 from kvtool.nvme import pdu as P
 from kvtool.nvme import spec
 from kvtool.nvme.spec import status
-
-if TYPE_CHECKING:
-    from emulator.nvmetcp.connection import QueueConnection
 
 log = logging.getLogger("emulator.nvmetcp")
 
@@ -48,7 +45,7 @@ def load_host_keys(config: TargetConfig, *, file: str | None = None) -> dict[str
     return out
 
 
-def on_connect(conn: QueueConnection, hostnqn: str, subnqn: str, discovery: bool) -> int:
+def on_connect(conn: Queue, hostnqn: str, subnqn: str, discovery: bool) -> int:
     """Start a transaction for ``hostnqn`` when it has keys; the Connect result's AUTHREQ bits."""
     keys = conn.state.host_keys.get(hostnqn)
     if keys is None or discovery:
@@ -58,7 +55,7 @@ def on_connect(conn: QueueConnection, hostnqn: str, subnqn: str, discovery: bool
     return D.CONNECT_ATR
 
 
-def on_command(conn: QueueConnection, sqe: P.Sqe, data: bytes | memoryview) -> None:
+def on_command(conn: Queue, sqe: P.Sqe, data: bytes | memoryview) -> None:
     """Authentication Send (fctype 05h) or Receive (06h), on any queue."""
     auth = conn.auth
     if sqe.cdw10 != _CDW10:  # SECP E9h, SPSP0/1 01h: nothing else is spoken here
@@ -95,7 +92,7 @@ def on_command(conn: QueueConnection, sqe: P.Sqe, data: bytes | memoryview) -> N
         _log_success(what, auth)
 
 
-def _send(conn: QueueConnection, auth: D.ControllerAuth, cid: int,
+def _send(conn: Queue, auth: D.ControllerAuth, cid: int,
           data: bytes | memoryview) -> None:
     auth.on_send(data)
     conn.complete(cid)
@@ -113,7 +110,7 @@ def _log_success(what: str, auth: D.ControllerAuth) -> None:
              ", bidirectional" if auth.keys.ctrl_secret is not None else "")
 
 
-def _end(conn: QueueConnection, reason: str) -> None:
+def _end(conn: Queue, reason: str) -> None:
     """Tear the controller down (the kernel's fatal error); queued output goes out first."""
     ctrl = conn.ctrl
     if ctrl is not None:

@@ -7,24 +7,19 @@ The data pointer rules are in :mod:`emulator.nvmetcp.sgl`; the command sets in
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from emulator.nvmetcp import admin, fabrics, nvm
 from emulator.nvmetcp.auth import AUTH_REQUIRED
 from emulator.nvmetcp.nvm import landing_zone
+from emulator.nvmetcp.queue import Queue
 from emulator.nvmetcp.sgl import check_pointer
 from kvtool.nvme import pdu as P
 from kvtool.nvme import spec
 from kvtool.nvme.spec import status
 
-if TYPE_CHECKING:
-    from emulator.nvmetcp.connection import QueueConnection
-
-
 __all__ = ["dispatch", "landing_zone"]
 
 
-def dispatch(conn: QueueConnection, sqe: P.Sqe, data: bytes | memoryview) -> None:
+def dispatch(conn: Queue, sqe: P.Sqe, data: bytes | memoryview) -> None:
     """Run one command (its CID is already accounted for); every path completes it or
     leaves it deliberately outstanding (an AER, a write waiting for H2CData)."""
     st = check_pointer(conn, sqe, data)

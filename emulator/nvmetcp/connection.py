@@ -23,16 +23,13 @@ import logging
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from emulator.nvmetcp import commands
-from emulator.nvmetcp.model import Closable, Controller, Subsystem
+from emulator.nvmetcp.model import Controller, Subsystem
+from emulator.nvmetcp.queue import Shared
 from kvtool.nvme import dhchap, spec
 from kvtool.nvme import pdu as P
 from kvtool.nvme.spec import status
-
-if TYPE_CHECKING:
-    from emulator.nvmetcp.target import TargetState
 
 log = logging.getLogger("emulator.nvmetcp")
 
@@ -74,10 +71,10 @@ class _PendingData:
     digest_error: bool = False
 
 
-class QueueConnection(asyncio.BufferedProtocol, Closable):
+class QueueConnection(asyncio.BufferedProtocol):
     """asyncio protocol for one queue. Also driven directly (no socket) by the fuzz tests."""
 
-    def __init__(self, state: TargetState) -> None:
+    def __init__(self, state: Shared) -> None:
         self.state = state
         cfg = state.config
         self._stage = bytearray(_STAGE_SIZE)

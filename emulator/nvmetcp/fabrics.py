@@ -9,21 +9,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from emulator.nvmetcp import auth
 from emulator.nvmetcp.admin import deliver_events
+from emulator.nvmetcp.queue import Queue
 from emulator.nvmetcp.sgl import expect_len
 from kvtool.nvme import pdu as P
 from kvtool.nvme import spec
 from kvtool.nvme.spec import status
 
-if TYPE_CHECKING:
-    from emulator.nvmetcp.connection import QueueConnection
-
 log = logging.getLogger("emulator.nvmetcp")
 
-FabricsHandler = Callable[["QueueConnection", P.Sqe, "bytes | memoryview"], None]
+FabricsHandler = Callable[["Queue", P.Sqe, "bytes | memoryview"], None]
 
 # Connect's IPO (Invalid Parameter Offset) in CQE DW0: bit 16 set = offset in the data.
 IPO_IN_DATA = 1 << 16
@@ -39,7 +36,7 @@ def register(fctype: int, handler: FabricsHandler) -> None:
     HANDLERS[fctype] = handler
 
 
-def dispatch(conn: QueueConnection, sqe: P.Sqe, data: bytes | memoryview) -> None:
+def dispatch(conn: Queue, sqe: P.Sqe, data: bytes | memoryview) -> None:
     fctype = sqe.fctype
     if fctype != spec.FCTYPE_CONNECT and (not conn.connected or conn.ctrl is None):
         conn.complete(sqe.cid, status(spec.SC_INVALID_OPCODE))  # only Connect comes first
@@ -51,14 +48,14 @@ def dispatch(conn: QueueConnection, sqe: P.Sqe, data: bytes | memoryview) -> Non
     handler(conn, sqe, data)
 
 
-def _admin_only(conn: QueueConnection, sqe: P.Sqe) -> bool:
+def _admin_only(conn: Queue, sqe: P.Sqe) -> bool:
     if conn.qid != 0:
         conn.complete(sqe.cid, status(spec.SC_INVALID_OPCODE))
         return False
     return True
 
 
-def property_get(conn: QueueConnection, sqe: P.Sqe, data: bytes | memoryview) -> None:
+def property_get(conn: Queue, sqe: P.Sqe, data: bytes | memoryview) -> None:
     ctrl = conn.ctrl
     if ctrl is None or not _admin_only(conn, sqe) or not expect_len(conn, sqe, data, 0):
         return
@@ -75,7 +72,7 @@ def property_get(conn: QueueConnection, sqe: P.Sqe, data: bytes | memoryview) ->
         conn.complete(sqe.cid, status(spec.SC_INVALID_FIELD))
 
 
-def property_set(conn: QueueConnection, sqe: P.Sqe, data: bytes | memoryview) -> None:
+def property_set(conn: Queue, sqe: P.Sqe, data: bytes | memoryview) -> None:
     ctrl = conn.ctrl
     if ctrl is None or not _admin_only(conn, sqe) or not expect_len(conn, sqe, data, 0):
         return
@@ -87,7 +84,7 @@ def property_set(conn: QueueConnection, sqe: P.Sqe, data: bytes | memoryview) ->
         conn.complete(sqe.cid, status(spec.SC_INVALID_FIELD))
 
 
-def connect(conn: QueueConnection, sqe: P.Sqe, data: bytes | memoryview) -> None:
+def connect(conn: Queue, sqe: P.Sqe, data: bytes | memoryview) -> None:
     cid = sqe.cid
     cs = spec.SCT_COMMAND_SPECIFIC
     if conn.connected:  # Linux: only Property Get/Set are fabrics commands on a live queue

@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from emulator.nvmetcp.backing import Backing, open_backing
 from emulator.nvmetcp.config import SubsystemConfig, TargetConfig
@@ -180,11 +181,10 @@ class Controller:
             self._timer = None
 
 
-class Closable:
+class Closable(Protocol):
     """What a controller needs from a queue connection."""
 
-    def close(self, reason: str) -> None:
-        raise NotImplementedError
+    def close(self, reason: str) -> None: ...
 
 
 @dataclass

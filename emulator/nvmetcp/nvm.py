@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import logging
 import struct
-from typing import TYPE_CHECKING
 
 from emulator.nvmetcp.model import Controller, Namespace
+from emulator.nvmetcp.queue import Queue
 from emulator.nvmetcp.sgl import expect_len, transfer_len
 from kvtool.nvme import pdu as P
 from kvtool.nvme import spec
 from kvtool.nvme.spec import status
-
-if TYPE_CHECKING:
-    from emulator.nvmetcp.connection import QueueConnection
 
 log = logging.getLogger("emulator.nvmetcp")
 
@@ -29,7 +26,7 @@ _DSM_RANGE = struct.Struct("<IIQ")  # context attributes, NLB (1's based), SLBA
 _DSM_AD = 1 << 2
 
 
-def dispatch(conn: QueueConnection, ctrl: Controller, sqe: P.Sqe,
+def dispatch(conn: Queue, ctrl: Controller, sqe: P.Sqe,
              data: bytes | memoryview) -> None:
     if not ctrl.ready:
         conn.complete(sqe.cid, status(spec.SC_CMD_SEQ_ERROR))
@@ -54,7 +51,7 @@ _ANA_REFUSED = {spec.ANA_INACCESSIBLE: spec.SC_ANA_INACCESSIBLE,
                 spec.ANA_CHANGE: spec.SC_ANA_TRANSITION}
 
 
-def landing_zone(conn: QueueConnection, sqe: P.Sqe, n: int) -> memoryview | None:
+def landing_zone(conn: Queue, sqe: P.Sqe, n: int) -> memoryview | None:
     """Where ``n`` bytes of in-capsule data may land before the command runs: the
     namespace's own memory, when the command is a Write that will pass every check."""
     ctrl = conn.ctrl
@@ -72,21 +69,21 @@ def landing_zone(conn: QueueConnection, sqe: P.Sqe, n: int) -> memoryview | None
     return ns.backing.view(sqe.slba * ns.lba_size, n)
 
 
-def _range_ok(conn: QueueConnection, ns: Namespace, sqe: P.Sqe, slba: int, nlb: int) -> bool:
+def _range_ok(conn: Queue, ns: Namespace, sqe: P.Sqe, slba: int, nlb: int) -> bool:
     if slba + nlb > ns.nblocks:
         conn.complete(sqe.cid, status(spec.SC_LBA_OUT_OF_RANGE))
         return False
     return True
 
 
-def _io_error(conn: QueueConnection, ns: Namespace, cid: int, what: str,
+def _io_error(conn: Queue, ns: Namespace, cid: int, what: str,
               exc: OSError) -> None:
     log.error("%s of namespace %d failed: %s", what, ns.nsid, exc)
     sc = spec.SC_INTERNAL if what == "flush" else spec.SC_DATA_TRANSFER_ERROR
     conn.complete(cid, status(sc, dnr=False))
 
 
-def flush(conn: QueueConnection, ns: Namespace, sqe: P.Sqe, data: bytes | memoryview) -> None:
+def flush(conn: Queue, ns: Namespace, sqe: P.Sqe, data: bytes | memoryview) -> None:
     if not expect_len(conn, sqe, data, 0):
         return
     try:
@@ -97,7 +94,7 @@ def flush(conn: QueueConnection, ns: Namespace, sqe: P.Sqe, data: bytes | memory
     conn.complete(sqe.cid)
 
 
-def _transfer(conn: QueueConnection, ns: Namespace, sqe: P.Sqe,
+def _transfer(conn: Queue, ns: Namespace, sqe: P.Sqe,
               data: bytes | memoryview) -> tuple[int, int] | None:
     """A Read's or Write's byte offset and length, or None once it has been failed (SGL length
     disagreeing with NLB, LBA range, more than MDTS)."""
@@ -111,7 +108,7 @@ def _transfer(conn: QueueConnection, ns: Namespace, sqe: P.Sqe,
     return slba * ns.lba_size, length
 
 
-def read(conn: QueueConnection, ns: Namespace, sqe: P.Sqe, data: bytes | memoryview) -> None:
+def read(conn: Queue, ns: Namespace, sqe: P.Sqe, data: bytes | memoryview) -> None:
     checked = _transfer(conn, ns, sqe, data)
     if checked is None:
         return
@@ -126,7 +123,7 @@ def read(conn: QueueConnection, ns: Namespace, sqe: P.Sqe, data: bytes | memoryv
     conn.send_data(sqe.cid, payload)
 
 
-def write(conn: QueueConnection, ns: Namespace, sqe: P.Sqe, data: bytes | memoryview) -> None:
+def write(conn: Queue, ns: Namespace, sqe: P.Sqe, data: bytes | memoryview) -> None:
     checked = _transfer(conn, ns, sqe, data)
     if checked is None:
         return
@@ -151,7 +148,7 @@ def write(conn: QueueConnection, ns: Namespace, sqe: P.Sqe, data: bytes | memory
     conn.receive_data(cid, length, direct, finish)
 
 
-def _store(conn: QueueConnection, ns: Namespace, cid: int, offset: int,
+def _store(conn: Queue, ns: Namespace, cid: int, offset: int,
            data: bytes | bytearray | memoryview) -> None:
     try:
         ns.backing.write(offset, data)
@@ -162,7 +159,7 @@ def _store(conn: QueueConnection, ns: Namespace, cid: int, offset: int,
     conn.complete(cid)
 
 
-def write_zeroes(conn: QueueConnection, ns: Namespace, sqe: P.Sqe,
+def write_zeroes(conn: Queue, ns: Namespace, sqe: P.Sqe,
                  data: bytes | memoryview) -> None:
     slba, nlb = sqe.slba, sqe.nlb
     if not expect_len(conn, sqe, data, 0) or not _range_ok(conn, ns, sqe, slba, nlb):
@@ -175,7 +172,7 @@ def write_zeroes(conn: QueueConnection, ns: Namespace, sqe: P.Sqe,
     conn.complete(sqe.cid)
 
 
-def dataset_management(conn: QueueConnection, ns: Namespace, sqe: P.Sqe,
+def dataset_management(conn: Queue, ns: Namespace, sqe: P.Sqe,
                        data: bytes | memoryview) -> None:
     """Deallocate (AD) zeroes the ranges; the read/write hints (IDR, IDW) are accepted and
     ignored, as Linux does. The range list may come in-capsule or after an R2T."""
@@ -192,7 +189,7 @@ def dataset_management(conn: QueueConnection, ns: Namespace, sqe: P.Sqe,
                       lambda received: _deallocate(conn, ns, sqe, bytes(received[:need])))
 
 
-def _deallocate(conn: QueueConnection, ns: Namespace, sqe: P.Sqe, ranges: bytes) -> None:
+def _deallocate(conn: Queue, ns: Namespace, sqe: P.Sqe, ranges: bytes) -> None:
     if not sqe.cdw11 & _DSM_AD:
         conn.complete(sqe.cid)
         return

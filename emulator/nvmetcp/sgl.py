@@ -19,14 +19,10 @@ Decided against the references (Linux nvmet 6.1, SPDK; the differential harness 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from emulator.nvmetcp.queue import Queue
 from kvtool.nvme import pdu as P
 from kvtool.nvme import spec
 from kvtool.nvme.spec import status
-
-if TYPE_CHECKING:
-    from emulator.nvmetcp.connection import QueueConnection
 
 
 def is_write(sqe: P.Sqe) -> bool:
@@ -35,7 +31,7 @@ def is_write(sqe: P.Sqe) -> bool:
     return bool(code & 1)
 
 
-def check_pointer(conn: QueueConnection, sqe: P.Sqe, data: bytes | memoryview) -> int:
+def check_pointer(conn: Queue, sqe: P.Sqe, data: bytes | memoryview) -> int:
     if sqe.flags & 0x03 or (sqe.flags >> 6) != 1:
         return status(spec.SC_INVALID_FIELD)  # fused ops unsupported; PSDT must be SGL
     sgl = sqe.sgl
@@ -67,7 +63,7 @@ def transfer_len(sqe: P.Sqe, data: bytes | memoryview) -> int:
     return len(data) if data else sqe.sgl.length
 
 
-def expect_len(conn: QueueConnection, sqe: P.Sqe, data: bytes | memoryview, n: int) -> bool:
+def expect_len(conn: Queue, sqe: P.Sqe, data: bytes | memoryview, n: int) -> bool:
     """The command moves exactly ``n`` bytes; else complete it with Data SGL Length Invalid."""
     if transfer_len(sqe, data) != n:
         conn.complete(sqe.cid, status(spec.SC_SGL_DATA_LEN_INVALID))

@@ -32,6 +32,7 @@ from emulator.nvmetcp.model import (
     build_subsystems,
     discovery_subsystem,
 )
+from emulator.nvmetcp.queue import Queue
 from emulator.nvmetcp.transport import Listener
 from kvtool import __version__
 from kvtool.nvme import spec
@@ -63,7 +64,7 @@ class TargetState:
         self.subsystems = subsystems
         self.discovery = discovery_subsystem()
         self.loop = loop
-        self.connections: set[QueueConnection] = set()
+        self.connections: set[Queue] = set()
         self.vs = VS_1_3
         self.max_transfer = (1 << config.mdts) * 4096
         self.genctr = 1

@@ -229,9 +229,9 @@ def load_experiment(path: str | Path) -> Experiment:
     if not isinstance(time, dict):
         raise bad("must be a table", "time")
     if time:
-        from kvtool.replay.config import _time_table
+        from kvtool.replay.config import time_table
 
-        time = _time_table(time, lambda msg, key, table=None: bad(msg, key, table))
+        time = time_table(time, lambda msg, key, table=None: bad(msg, key, table))
 
     data = doc.get("data", {})
     if not isinstance(data, dict):

@@ -101,7 +101,7 @@ def load_tiers_file(path: str | Path) -> TiersFile:
                     raise bad("a replay's times come from the serving model's one-engine case "
                               f"now ({param('engine_gpu')}, {param('model')}; docs/replay.md): "
                               "remove it", gone, "time")
-            out.time = _time_table(value, bad)
+            out.time = time_table(value, bad)
         else:
             out.tiers[key] = _tier_table(key, value, bad)
     return out
@@ -135,7 +135,7 @@ def _tier_table(name: str, table: Any, bad: Any) -> TierOptions:
     return opts
 
 
-def _time_table(table: Any, bad: Any) -> dict[str, Any]:
+def time_table(table: Any, bad: Any) -> dict[str, Any]:
     if not isinstance(table, dict):
         raise bad("must be a table", "time")
     out: dict[str, Any] = {}

@@ -299,7 +299,7 @@ class NvmetBackend:
         if spec.create and not os.path.exists(spec.path):
             size = spec.size or 0
             plan.add("create", "file", spec.path, f"{size} bytes, sparse",
-                     partial(_create_file, spec.path, size),
+                     partial(create_file, spec.path, size),
                      partial(os.unlink, spec.path))
         want = {"device_path": spec.path}
         if spec.uuid:
@@ -573,7 +573,7 @@ def _int(v: str | None) -> int | None:
         return None
 
 
-def _create_file(path: str, size: int) -> None:
+def create_file(path: str, size: int) -> None:
     """A sparse file of ``size`` bytes; its directory is made when missing."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -23,7 +23,7 @@ from typing import Any
 from kvtool.errors import InputError
 from kvtool.nvme.spec import DISCOVERY_NQN
 from kvtool.target.model import Namespace, Subsystem, TargetConfig
-from kvtool.target.nvmet.backend import _create_file
+from kvtool.target.nvmet.backend import create_file
 from kvtool.target.plan import Plan, TargetError
 from kvtool.target.spdk.rpc import DEFAULT_SOCKET, SpdkRpc
 
@@ -249,7 +249,7 @@ class SpdkBackend:
         if ns.create and ns.path and not os.path.exists(ns.path):
             # spdk_tgt is local (Unix-socket RPC), so the file it opens is this machine's.
             plan.add("create", "file", ns.path, f"{ns.size} bytes, sparse",
-                     partial(_create_file, ns.path, ns.size or 0), partial(os.unlink, ns.path))
+                     partial(create_file, ns.path, ns.size or 0), partial(os.unlink, ns.path))
         delete = bdev_delete_call(ns.backing, name, ns.bdev_module)
         if have is not None:
             old = _recreate_call(have)
