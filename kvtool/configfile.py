@@ -18,12 +18,13 @@ from __future__ import annotations
 import json
 import re
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NoReturn, Protocol
 
 from kvtool.errors import InputError
+from kvtool.units import parse_size
 
 Kind = Literal["toml", "json"]
 _HEADER_AOT = re.compile(r"^\s*\[\[\s*(.+?)\s*\]\]\s*(#.*)?$")
@@ -228,26 +229,148 @@ def parse_field_name(name: str) -> KeyPath:
 
 @dataclass
 class ConfigDocument:
-    """A parsed config file: its data and where each key is."""
+    """A parsed config file: its data and where each key is (``locator`` None: data that
+    did not come from this text, e.g. converted from another layout; errors then name the
+    file and the key, without a line)."""
 
     data: Any
     source: str | None
     kind: Kind
-    locator: Locator
+    locator: Locator | None
 
     def line(self, path: Sequence[str | int]) -> int | None:
-        return self.locator.line(path)
+        return self.locator.line(path) if self.locator is not None else None
 
     def error(self, message: str, path: Sequence[str | int] = ()) -> InputError:
         """An error naming the file, the key's line and the key (``path`` inside tables)."""
         return InputError(message, file=self.source, line=self.line(path) if path else None,
                           field=field_name(path) or None)
 
+    def table(self, path: Sequence[str | int] = ()) -> ConfigTable:
+        """Typed access to the table at ``path`` (default: the whole document); an error
+        if it is not a table."""
+        data = self.data
+        for key in path:
+            data = data[key]
+        return ConfigTable(self, data, tuple(path))
+
     def locate(self, exc: InputError) -> InputError:
         """``exc`` with the line of its field filled in (for errors raised without one)."""
         if exc.line is None and exc.field:
             exc.locate(self.source, self.line(parse_field_name(exc.field)))
         return exc
+
+
+class ConfigTable:
+    """Typed access to one table of a :class:`ConfigDocument`.
+
+    Invariant: every value it returns has the type its method names (``text`` a ``str``,
+    ``integer`` an ``int`` in range, ``size`` a positive byte count, ...), and every
+    wrong value raises :class:`~kvtool.errors.InputError` naming the file, the line and
+    the key (``path`` is the table's key path in the document).
+    """
+
+    def __init__(self, doc: ConfigDocument, data: Any, path: KeyPath) -> None:
+        self.doc = doc
+        self.path = path
+        if not isinstance(data, dict):
+            self.fail("expected a table", path)
+        self.data: dict[str, Any] = data
+
+    def fail(self, message: str, path: Sequence[str | int] | None = None) -> NoReturn:
+        """Raise the error ``message`` at ``path`` (default: this table)."""
+        raise self.doc.error(message, self.path if path is None else path)
+
+    def at(self, key: str | int) -> KeyPath:
+        """The key path of ``key`` in this table."""
+        return (*self.path, key)
+
+    def check_keys(self, allowed: Iterable[str]) -> None:
+        allowed = set(allowed)
+        for key in self.data:
+            if key not in allowed:
+                hint = ", ".join(sorted(allowed))
+                self.fail(f"unknown key {key!r} (allowed here: {hint})", (*self.path, key))
+
+    def has(self, key: str) -> bool:
+        return key in self.data
+
+    def text(self, key: str, default: str | None = None, *, required: bool = False) -> str | None:
+        if key not in self.data:
+            if required:
+                self.fail(f"missing required key {key!r}", (*self.path, key))
+            return default
+        v = self.data[key]
+        if not isinstance(v, str):
+            self.fail(f"expected a string, got {show_value(v)}", (*self.path, key))
+        return v
+
+    def choice(self, key: str, options: Iterable[str], default: str | None = None) -> str | None:
+        v = self.text(key, default)
+        options = tuple(options)
+        if v is not None and v.lower() not in options:
+            self.fail(f"expected one of {', '.join(options)}, got {v!r}", (*self.path, key))
+        return None if v is None else v.lower()
+
+    def flag(self, key: str, default: bool = False) -> bool:
+        v = self.data.get(key, default)
+        if not isinstance(v, bool):
+            self.fail(f"expected true or false, got {show_value(v)}", (*self.path, key))
+        return v
+
+    def integer(self, key: str, default: int | None = None, *, lo: int | None = None,
+                hi: int | None = None, required: bool = False) -> int | None:
+        if key not in self.data:
+            if required:
+                self.fail(f"missing required key {key!r}", (*self.path, key))
+            return default
+        v = self.data[key]
+        if isinstance(v, bool) or not isinstance(v, int):
+            self.fail(f"expected an integer, got {show_value(v)}", (*self.path, key))
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            bounds = f"{lo if lo is not None else '-inf'}..{hi if hi is not None else 'inf'}"
+            self.fail(f"{v} is out of range {bounds}", (*self.path, key))
+        return v
+
+    def size(self, key: str) -> int | None:
+        if key not in self.data:
+            return None
+        v = self.data[key]
+        if isinstance(v, bool) or not isinstance(v, (int, str)):
+            self.fail(f"expected a size such as 1GiB, got {show_value(v)}", (*self.path, key))
+        try:
+            n = parse_size(v, field=key)
+        except InputError as exc:
+            self.fail(exc.message, (*self.path, key))
+        if n <= 0:
+            self.fail("size must be positive", (*self.path, key))
+        return n
+
+    def str_list(self, key: str) -> list[str]:
+        v = self.data.get(key, [])
+        if not isinstance(v, list):
+            self.fail(f"expected a list of strings, got {show_value(v)}", (*self.path, key))
+        for i, item in enumerate(v):
+            if not isinstance(item, str):
+                self.fail(f"expected a string, got {show_value(item)}", (*self.path, key, i))
+        return list(v)
+
+    def tables(self, key: str) -> list[ConfigTable]:
+        v = self.data.get(key, [])
+        if isinstance(v, dict):
+            v = [v]
+        if not isinstance(v, list):
+            self.fail(f"expected [[{key}]] tables, got {show_value(v)}", (*self.path, key))
+        return [ConfigTable(self.doc, item, (*self.path, key, i)) for i, item in enumerate(v)]
+
+    def table(self, key: str) -> ConfigTable | None:
+        if key not in self.data:
+            return None
+        return ConfigTable(self.doc, self.data[key], (*self.path, key))
+
+
+def show_value(v: Any) -> str:
+    return f"{type(v).__name__} {v!r}"
 
 
 def parse_config_text(text: str, *, source: str | None = None, kind: Kind = "toml"

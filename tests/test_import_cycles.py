@@ -21,8 +21,8 @@ PACKAGES = ("kvtool", "emulator")
 # never a unit of its own layer or of a higher one. docs/architecture.md draws this table.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("kvtool", "kvtool.errors", "kvtool.lazy", "kvtool.collapse", "emulator"),
-    ("kvtool.units", "kvtool.configfile", "kvtool.metrics", "kvtool.plotting",
-     "kvtool.jsondoc"),
+    ("kvtool.units", "kvtool.metrics", "kvtool.plotting", "kvtool.jsondoc"),
+    ("kvtool.configfile",),
     ("kvtool.geometry", "kvtool.trace", "kvtool.store.io", "kvtool.serving.kvpool"),
     ("kvtool.align", "kvtool.nvme", "kvtool.cache"),
     ("kvtool.store", "kvtool.plan", "kvtool.serving", "emulator.nvmetcp"),

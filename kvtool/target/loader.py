@@ -30,18 +30,18 @@ import ipaddress
 import os
 import re
 import stat
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from kvtool.configfile import (
     ConfigDocument,
+    ConfigTable,
     Locator,
     field_name,
     parse_config_text,
     read_config,
 )
-from kvtool.errors import InputError, KvtoolError, param
+from kvtool.errors import InputError, param
 from kvtool.nvme import dhchap
 from kvtool.nvme.spec import DISCOVERY_NQN, is_loopback, nqn_problem
 from kvtool.target.model import (
@@ -63,7 +63,6 @@ from kvtool.target.model import (
 )
 from kvtool.target.nvmet.nvmetcli import looks_like_nvmetcli
 from kvtool.target.nvmet.nvmetcli import to_config_dict as nvmetcli_to_config
-from kvtool.units import parse_size
 
 _SERIAL_RE = re.compile(r"^[\x20-\x7e]{1,20}$")
 _MODEL_RE = re.compile(r"^[\x20-\x7e]{1,40}$")
@@ -83,117 +82,6 @@ def local_hostnqn() -> str:
     """This machine's host NQN, as kvtool's NVMe/TCP host and nvme-cli present it."""
     from kvtool.nvme.url import default_hostnqn
     return default_hostnqn()
-
-
-class _Reader:
-    """Typed access to one table of the document, with errors that name file/line/key."""
-
-    def __init__(self, loader: _Loader, data: Any, path: tuple[str | int, ...]) -> None:
-        self.loader = loader
-        self.path = path
-        if not isinstance(data, dict):
-            self.fail("expected a table", path)
-        self.data: dict[str, Any] = data
-
-    def fail(self, message: str, path: tuple[str | int, ...] | None = None) -> KvtoolError:
-        raise self.loader.error(message, self.path if path is None else path)
-
-    def check_keys(self, allowed: Iterable[str]) -> None:
-        allowed = set(allowed)
-        for key in self.data:
-            if key not in allowed:
-                hint = ", ".join(sorted(allowed))
-                self.fail(f"unknown key {key!r} (allowed here: {hint})", (*self.path, key))
-
-    def has(self, key: str) -> bool:
-        return key in self.data
-
-    def text(self, key: str, default: str | None = None, *, required: bool = False) -> str | None:
-        if key not in self.data:
-            if required:
-                self.fail(f"missing required key {key!r}", (*self.path, key))
-            return default
-        v = self.data[key]
-        if not isinstance(v, str):
-            self.fail(f"expected a string, got {_show(v)}", (*self.path, key))
-        return v
-
-    def choice(self, key: str, options: Iterable[str], default: str | None = None) -> str | None:
-        v = self.text(key, default)
-        options = tuple(options)
-        if v is not None and v.lower() not in options:
-            self.fail(f"expected one of {', '.join(options)}, got {v!r}", (*self.path, key))
-        return None if v is None else v.lower()
-
-    def flag(self, key: str, default: bool = False) -> bool:
-        v = self.data.get(key, default)
-        if not isinstance(v, bool):
-            self.fail(f"expected true or false, got {_show(v)}", (*self.path, key))
-        return v
-
-    def integer(self, key: str, default: int | None = None, *, lo: int | None = None,
-            hi: int | None = None, required: bool = False) -> int | None:
-        if key not in self.data:
-            if required:
-                self.fail(f"missing required key {key!r}", (*self.path, key))
-            return default
-        v = self.data[key]
-        if isinstance(v, bool) or not isinstance(v, int):
-            self.fail(f"expected an integer, got {_show(v)}", (*self.path, key))
-        if (lo is not None and v < lo) or (hi is not None and v > hi):
-            bounds = f"{lo if lo is not None else '-inf'}..{hi if hi is not None else 'inf'}"
-            self.fail(f"{v} is out of range {bounds}", (*self.path, key))
-        return v
-
-    def size(self, key: str) -> int | None:
-        if key not in self.data:
-            return None
-        v = self.data[key]
-        if isinstance(v, bool) or not isinstance(v, (int, str)):
-            self.fail(f"expected a size such as 1GiB, got {_show(v)}", (*self.path, key))
-        try:
-            n = parse_size(v, field=key)
-        except InputError as exc:
-            self.fail(exc.message, (*self.path, key))
-        if n <= 0:
-            self.fail("size must be positive", (*self.path, key))
-        return n
-
-    def str_list(self, key: str) -> list[str]:
-        v = self.data.get(key, [])
-        if not isinstance(v, list):
-            self.fail(f"expected a list of strings, got {_show(v)}", (*self.path, key))
-        for i, item in enumerate(v):
-            if not isinstance(item, str):
-                self.fail(f"expected a string, got {_show(item)}", (*self.path, key, i))
-        return list(v)
-
-    def tables(self, key: str) -> list[_Reader]:
-        v = self.data.get(key, [])
-        if isinstance(v, dict):
-            v = [v]
-        if not isinstance(v, list):
-            self.fail(f"expected [[{key}]] tables, got {_show(v)}", (*self.path, key))
-        return [_Reader(self.loader, item, (*self.path, key, i)) for i, item in enumerate(v)]
-
-    def table(self, key: str) -> _Reader | None:
-        if key not in self.data:
-            return None
-        return _Reader(self.loader, self.data[key], (*self.path, key))
-
-
-def _show(v: Any) -> str:
-    return f"{type(v).__name__} {v!r}"
-
-
-class _Loader:
-    def __init__(self, source: str | None, locator: Locator | None) -> None:
-        self.source = source
-        self.locator = locator
-
-    def error(self, message: str, path: tuple[str | int, ...]) -> InputError:
-        line = self.locator.line(path) if self.locator else None
-        return InputError(message, file=self.source, line=line, field=field_name(path) or None)
 
 
 def load_config(path: str | Path, *, backend: str | None = None, engine: str | None = None,
@@ -227,8 +115,7 @@ def _from_document(doc: ConfigDocument, *, backend: str | None, engine: str | No
     if is_json and looks_like_nvmetcli(data):
         data = nvmetcli_to_config(data)
         locator = None  # nvmetcli's layout: its lines do not map onto kvtool's keys
-    ld = _Loader(source, locator)
-    root = _Reader(ld, data, ())
+    root = ConfigDocument(data, source, doc.kind, locator).table()
     cfg = _build(root, backend_override=backend, engine_override=engine,
                  default_name=default_name)
     cfg = _with_source(cfg, source, locator)
@@ -241,7 +128,7 @@ def _with_source(cfg: TargetConfig, source: str | None, locator: Locator | None)
     return replace(cfg, source=source, locator=locator)
 
 
-def _build(root: _Reader, *, backend_override: str | None, engine_override: str | None,
+def _build(root: ConfigTable, *, backend_override: str | None, engine_override: str | None,
            default_name: str) -> TargetConfig:
     root.check_keys(TOP_KEYS)
     backend = root.choice("backend", BACKENDS, "emulator")
@@ -317,7 +204,7 @@ def _build(root: _Reader, *, backend_override: str | None, engine_override: str 
         spdk_timeout=spdk_timeout)
 
 
-def _check_unique(root: _Reader, values: list[Any], table: tuple[str, ...], key: str,
+def _check_unique(root: ConfigTable, values: list[Any], table: tuple[str, ...], key: str,
                   what: str) -> None:
     first: dict[Any, int] = {}
     for i, v in enumerate(values):
@@ -326,7 +213,7 @@ def _check_unique(root: _Reader, values: list[Any], table: tuple[str, ...], key:
         first[v] = i
 
 
-def _nqn(r: _Reader, key: str, value: str | None, path: tuple[str | int, ...]) -> str:
+def _nqn(r: ConfigTable, key: str, value: str | None, path: tuple[str | int, ...]) -> str:
     if value is None:
         r.fail(f"missing required key {key!r}", path)
     assert value is not None
@@ -336,7 +223,7 @@ def _nqn(r: _Reader, key: str, value: str | None, path: tuple[str | int, ...]) -
     return value
 
 
-def _host(r: _Reader) -> Host:
+def _host(r: ConfigTable) -> Host:
     r.check_keys({"nqn", "dhchap_key", "dhchap_ctrl_key", "dhchap_key_file",
                   "dhchap_ctrl_key_file", "dhchap_hashes", "dhchap_dhgroups"})
     nqn = _nqn(r, "nqn", r.text("nqn", required=True), (*r.path, "nqn"))
@@ -359,19 +246,19 @@ def _host(r: _Reader) -> Host:
                 dhchap_hashes=hashes, dhchap_dhgroups=groups)
 
 
-def _key_path(r: _Reader, key: str) -> str | None:
+def _key_path(r: ConfigTable, key: str) -> str | None:
     """A key file path; relative paths are relative to the config file's directory."""
     path = r.text(key)
     if path is None:
         return None
     if not path:
         r.fail("expected a path to a key file", (*r.path, key))
-    if not os.path.isabs(path) and r.loader.source:
-        path = str(Path(r.loader.source).resolve().parent / path)
+    if not os.path.isabs(path) and r.doc.source:
+        path = str(Path(r.doc.source).resolve().parent / path)
     return path
 
 
-def _algorithms(r: _Reader, key: str, parse: Any, names: Any) -> tuple[str, ...]:
+def _algorithms(r: ConfigTable, key: str, parse: Any, names: Any) -> tuple[str, ...]:
     out = []
     for i, name in enumerate(r.str_list(key)):
         try:
@@ -385,7 +272,7 @@ def _algorithms(r: _Reader, key: str, parse: Any, names: Any) -> tuple[str, ...]
     return tuple(out)
 
 
-def _transport(r: _Reader) -> Transport:
+def _transport(r: ConfigTable) -> Transport:
     r.check_keys({"type", "io_unit_size", "in_capsule_data_size", "max_io_size",
                   "max_queue_depth", "max_io_qpairs_per_ctrlr"})
     trtype = r.choice("type", TRANSPORTS, "tcp") or "tcp"
@@ -404,7 +291,7 @@ def _transport(r: _Reader) -> Transport:
     return t
 
 
-def _subsystem(r: _Reader) -> Subsystem:
+def _subsystem(r: ConfigTable) -> Subsystem:
     r.check_keys({"nqn", "namespace", "hosts", "allow_any_host", "serial", "model",
                   "max_namespaces"})
     nqn = _nqn(r, "nqn", r.text("nqn", required=True), (*r.path, "nqn"))
@@ -444,7 +331,7 @@ def _subsystem(r: _Reader) -> Subsystem:
                      allow_any_host=allow_any, serial=serial, model=model, max_namespaces=max_ns)
 
 
-def _namespace(r: _Reader) -> Namespace:
+def _namespace(r: ConfigTable) -> Namespace:
     r.check_keys({"nsid", "backing", "path", "size", "create", "lba", "bdev", "bdev_name",
                   "uuid", "nguid", "buffered_io", "nvme", "ana_group"})
     nsid = r.integer("nsid", required=True, lo=1, hi=0xFFFFFFFE)
@@ -513,7 +400,7 @@ def _namespace(r: _Reader) -> Namespace:
                      ana_group=ana_group)
 
 
-def _listener(r: _Reader, index: int, all_nqns: list[str]) -> Listener:
+def _listener(r: ConfigTable, index: int, all_nqns: list[str]) -> Listener:
     r.check_keys({"id", "transport", "address", "port", "subsystems", "inline_data_size", "ana"})
     lid = r.integer("id", index + 1, lo=0, hi=65535)
     transport = r.choice("transport", TRANSPORTS, "tcp") or "tcp"
