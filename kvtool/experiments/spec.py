@@ -35,12 +35,11 @@ Errors name the file, line and key (exit 2).
 
 from __future__ import annotations
 
-import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvtool.configfile import read_config
 from kvtool.errors import InputError
 
 KINDS = ("multi-turn", "random-prompts", "parallel-read")
@@ -145,42 +144,17 @@ class Experiment:
         raise KeyError(label)
 
 
-def _line_of(text: str, key: str, table: str | None, nth: int = 0) -> int | None:
-    """Best-effort line of ``key`` inside ``[table]``/``[[table]]`` number ``nth``."""
-    current: str | None = None
-    seen: dict[str, int] = {}
-    for n, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        m = re.match(r"^\[\[?\s*([A-Za-z0-9_.\-]+)\s*\]\]?", line)
-        if m:
-            current = m.group(1)
-            seen[current] = seen.get(current, -1) + 1
-            if table is None and current == key:
-                return n
-            continue
-        if (re.match(rf"^{re.escape(key)}\s*=", line)
-                and (table is None or (current == table and seen.get(table, 0) == nth))):
-            return n
-    return None
-
-
 def load_experiment(path: str | Path) -> Experiment:
     """Parse and check one experiment file."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror}", file=path) from None
-    try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        m = re.search(r"line (\d+)", str(exc))
-        raise InputError(f"not valid TOML: {exc}", file=path,
-                         line=int(m.group(1)) if m else None) from None
+    config = read_config(path, kind="toml")
+    doc = config.data
+    arrays = ("config", "figure")
 
     def bad(message: str, key: str, table: str | None = None, nth: int = 0) -> InputError:
-        name = f"{table}.{key}" if table else key
-        return InputError(message, file=path, line=_line_of(text, key, table, nth), field=name)
+        where: tuple[str | int, ...] = (
+            (key,) if table is None else (table, nth, key) if table in arrays else (table, key))
+        return config.error(message, where)
 
     for key in doc:
         if key not in _TOP_KEYS:

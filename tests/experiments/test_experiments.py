@@ -90,7 +90,7 @@ def test_bad_experiment_file_is_one_line_exit_2(tmp_path: Path, old: str, new: s
     bad.write_text(body)
     result = run("experiment", "run", str(bad), "--simulate", "--out", str(tmp_path / "o"))
     assert result.exit_code == 2
-    assert str(bad) in result.stderr and f"figure.{where}" in result.stderr
+    assert str(bad) in result.stderr and f"figure[0].{where}" in result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
