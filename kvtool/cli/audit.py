@@ -13,7 +13,8 @@ from kvtool.align.probe import probe_device
 from kvtool.cli.options import block_size_options
 from kvtool.cli.output import emit, json_option
 from kvtool.errors import CheckFailed, UsageError
-from kvtool.geometry import KVGeometry, Layout, ObjectSize, custom, from_toml, lookup
+from kvtool.geometry import Layout, ObjectSize
+from kvtool.geometry.blocksize import resolve_geometry
 from kvtool.units import format_size, parse_size
 
 if TYPE_CHECKING:
@@ -57,7 +58,7 @@ def _positive_size(text: str, field: str) -> int:
 @click.option("--kv-heads", type=int, help="Custom MHA/GQA model: KV heads.")
 @click.option("--head-dim", type=int, help="Custom MHA/GQA model: head dimension.")
 @click.option("--kv-lora-rank", type=int, help="Custom MLA model: latent (kv_lora_rank) dim.")
-@click.option("--rope-dim", type=int, help="Custom MLA model: qk_rope_head_dim.")
+@click.option("--rope-dim", "qk_rope_head_dim", type=int, help="Custom MLA model: qk_rope_head_dim.")
 @click.option("--lba", "lbas", multiple=True, metavar="SIZE",
               help="LBA size to audit against (repeatable). Default: 512 and 4096, or the "
                    "device's when --device is given.")
@@ -74,7 +75,7 @@ def _positive_size(text: str, field: str) -> int:
 def command(model: str | None, dtype: str | None, tp: int | None, block_bytes: int | None,
             block_tokens: int, geometry_file: Path | None, layers: int | None,
             kv_heads: int | None, head_dim: int | None, kv_lora_rank: int | None,
-            rope_dim: int | None, lbas: tuple[str, ...], mem_align: str | None,
+            qk_rope_head_dim: int | None, lbas: tuple[str, ...], mem_align: str | None,
             device: Path | None, layouts: tuple[str, ...], strict: bool) -> None:
     """Audit KV object sizes and placements against 512 B / 4 KiB alignment.
 
@@ -99,45 +100,17 @@ def command(model: str | None, dtype: str | None, tp: int | None, block_bytes: i
         else:
             extent_lists.append((s, read_extents(s)))
 
-    custom_given = any(v is not None for v in (layers, kv_heads, head_dim, kv_lora_rank, rope_dim))
-    given = [name for name, v in (("--model", model), ("--block-bytes", block_bytes),
-                                  ("--geometry", geometry_file)) if v is not None]
-    if custom_given:
-        given.append("--layers/--kv-heads/...")
-    if len(given) > 1:
-        raise UsageError(f"give only one of {', '.join(given)}", field=given[1].split("/")[0])
-    if block_bytes is not None and (dtype is not None or tp is not None or block_tokens != 256):
-        raise UsageError("--dtype, --tp and --block-tokens describe a model; --block-bytes "
-                         "is already a size", field="--block-bytes")
-    if not given and not custom_given and (dtype is not None or tp is not None):
-        raise UsageError("--dtype and --tp describe a model: give --model, --geometry or "
-                         "--layers/...", field="--dtype" if dtype is not None else "--tp")
-
     if block_bytes is not None and object_layout == "layer":
         raise UsageError("--layout layer splits a model's block into per-layer objects; give "
                          "--model or --geometry, not --block-bytes", field="--layout")
-    geometry: KVGeometry | None = None
-    objects: list[ObjectSize] = []
-    if block_bytes is not None:
-        objects = [ObjectSize("object", block_bytes, 1)]
-        object_layout_out: str | None = None
-    else:
-        if model is not None:
-            spec_ = lookup(model)
-        elif geometry_file is not None:
-            spec_ = from_toml(geometry_file)
-        elif custom_given:
-            if layers is None:
-                raise UsageError("a custom model needs --layers", field="--layers")
-            spec_ = custom(layers=layers, kv_heads=kv_heads, head_dim=head_dim,
-                           kv_lora_rank=kv_lora_rank, qk_rope_head_dim=rope_dim, dtype=dtype)
-        else:
-            spec_ = None
-        if spec_ is not None:
-            geometry = spec_.geometry(dtype=dtype, block_tokens=block_tokens,
-                                      tp=1 if tp is None else tp)
-            objects = list(geometry.object_sizes(object_layout))
-        object_layout_out = object_layout if geometry is not None else None
+    geometry = resolve_geometry(
+        model=model, geometry_file=geometry_file, layers=layers, kv_heads=kv_heads,
+        head_dim=head_dim, kv_lora_rank=kv_lora_rank, qk_rope_head_dim=qk_rope_head_dim,
+        dtype=dtype, tp=tp, block_tokens=block_tokens, block_bytes=block_bytes)
+    objects: list[ObjectSize] = (
+        [ObjectSize("object", block_bytes, 1)] if block_bytes is not None
+        else list(geometry.object_sizes(object_layout)) if geometry is not None else [])
+    object_layout_out = object_layout if geometry is not None else None
 
     if not objects and device is None and not rules and not extent_lists:
         raise UsageError("nothing to audit: give --model, --block-bytes, --geometry, "

@@ -13,9 +13,13 @@ ranks holding each byte (the capacity formula's per-rank duplication).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from kvtool.errors import UsageError
+from kvtool.errors import UsageError, param
+
+if TYPE_CHECKING:
+    from kvtool.geometry.model import KVGeometry
 
 
 @dataclass(frozen=True)
@@ -81,3 +85,53 @@ def block_size(model: str | None = None, *, dtype: str | None = None, tp: int | 
     g = resolve(model, dtype=dtype, block_tokens=block_tokens, tp=1 if tp is None else tp)
     return BlockSize(g.block_bytes, g.copy_block_bytes, g.tp, g.per_rank_duplication,
                      block_tokens, g.model, g.dtype)
+
+
+def resolve_geometry(*, model: str | None = None, geometry_file: str | Path | None = None,
+                     layers: int | None = None, kv_heads: int | None = None,
+                     head_dim: int | None = None, kv_lora_rank: int | None = None,
+                     qk_rope_head_dim: int | None = None, dtype: str | None = None,
+                     tp: int | None = None, block_tokens: int = 256,
+                     block_bytes: int | None = None) -> KVGeometry | None:
+    """The KV geometry one of four sources describes: a preset ``model``, a
+    ``geometry_file`` (TOML, docs/geometry.md), custom numbers (``layers`` with
+    ``kv_heads``/``head_dim`` or ``kv_lora_rank``/``qk_rope_head_dim``), or none when
+    ``block_bytes`` (a size, no geometry) or nothing is given.
+
+    Invariant: at most one source; ``dtype``, ``tp`` and a non-default ``block_tokens``
+    describe a model, so they are an error with ``block_bytes`` or without any source.
+    Errors name the parameters (:func:`~kvtool.errors.param`).
+    """
+    custom_given = any(v is not None
+                       for v in (layers, kv_heads, head_dim, kv_lora_rank, qk_rope_head_dim))
+    given = [name for name, v in (("model", model), ("block_bytes", block_bytes),
+                                  ("geometry_file", geometry_file)) if v is not None]
+    names = [param(n) for n in given]
+    if custom_given:
+        given.append("layers")
+        names.append(f"{param('layers')}/{param('kv_heads')}/...")
+    if len(given) > 1:
+        raise UsageError(f"give only one of {', '.join(names)}", field=given[1])
+    if block_bytes is not None and (dtype is not None or tp is not None or block_tokens != 256):
+        raise UsageError(f"{param('dtype')}, {param('tp')} and {param('block_tokens')} "
+                         f"describe a model; {param('block_bytes')} is already a size",
+                         field="block_bytes")
+    if not given and (dtype is not None or tp is not None):
+        raise UsageError(f"{param('dtype')} and {param('tp')} describe a model: give "
+                         f"{param('model')}, {param('geometry_file')} or {param('layers')}/...",
+                         field="dtype" if dtype is not None else "tp")
+    if model is not None:
+        from kvtool.geometry.presets import lookup
+        spec = lookup(model)
+    elif geometry_file is not None:
+        from kvtool.geometry.custom import from_toml
+        spec = from_toml(geometry_file)
+    elif custom_given:
+        if layers is None:
+            raise UsageError("a custom model needs the number of layers", field="layers")
+        from kvtool.geometry.custom import custom
+        spec = custom(layers=layers, kv_heads=kv_heads, head_dim=head_dim,
+                      kv_lora_rank=kv_lora_rank, qk_rope_head_dim=qk_rope_head_dim, dtype=dtype)
+    else:
+        return None
+    return spec.geometry(dtype=dtype, block_tokens=block_tokens, tp=1 if tp is None else tp)

@@ -60,27 +60,23 @@ _BYTES_TO_DTYPE = {1: "fp8", 2: "bf16", 4: "fp32"}
 def custom(*, layers: int, name: str = "custom", kv_heads: int | None = None,
            head_dim: int | None = None, kv_lora_rank: int | None = None,
            qk_rope_head_dim: int | None = None, dtype: str | None = None,
-           dtype_bytes: int | None = None, source: str = "user-supplied numbers",
-           field_prefix: str = "--") -> ModelSpec:
+           dtype_bytes: int | None = None, source: str = "user-supplied numbers") -> ModelSpec:
     """A model from explicit numbers: MHA/GQA (``kv_heads``, ``head_dim``) or MLA
-    (``kv_lora_rank`` + ``qk_rope_head_dim``). Errors name the CLI option."""
+    (``kv_lora_rank`` + ``qk_rope_head_dim``). Errors name the parameter (``field``)."""
 
-    def opt(key: str) -> str:
-        return f"{field_prefix}{key.replace('_', '-')}" if field_prefix == "--" else key
-
-    _positive(layers, opt("layers"))
-    default_dtype = _pick_dtype(dtype, dtype_bytes, opt)
+    _positive(layers, "layers")
+    default_dtype = _pick_dtype(dtype, dtype_bytes)
     mha = kv_heads is not None or head_dim is not None
     mla = kv_lora_rank is not None or qk_rope_head_dim is not None
     if mha and mla:
         raise UsageError("give either kv_heads/head_dim (MHA/GQA) or kv_lora_rank/"
-                         "qk_rope_head_dim (MLA), not both", field=opt("kv_lora_rank"))
+                         "qk_rope_head_dim (MLA), not both", field="kv_lora_rank")
     if mha:
         if kv_heads is None or head_dim is None:
             missing = "kv_heads" if kv_heads is None else "head_dim"
-            raise UsageError("MHA/GQA needs both kv_heads and head_dim", field=opt(missing))
-        _positive(kv_heads, opt("kv_heads"))
-        _positive(head_dim, opt("head_dim"))
+            raise UsageError("MHA/GQA needs both kv_heads and head_dim", field=missing)
+        _positive(kv_heads, "kv_heads")
+        _positive(head_dim, "head_dim")
         return ModelSpec(
             name=name, source=source, attention="mha", layers=layers, default_dtype=default_dtype,
             components=(ComponentSpec("kv", "kv", layers, elements=2 * kv_heads * head_dim),),
@@ -88,15 +84,15 @@ def custom(*, layers: int, name: str = "custom", kv_heads: int | None = None,
     if mla:
         rank = kv_lora_rank or 0
         rope = qk_rope_head_dim or 0
-        _positive(rank, opt("kv_lora_rank"))
+        _positive(rank, "kv_lora_rank")
         if rope < 0:
-            raise UsageError(f"must not be negative, got {rope}", field=opt("qk_rope_head_dim"))
+            raise UsageError(f"must not be negative, got {rope}", field="qk_rope_head_dim")
         return ModelSpec(
             name=name, source=source, attention="mla", layers=layers, default_dtype=default_dtype,
             components=(ComponentSpec("latent", "latent", layers, elements=rank + rope),),
             kv_lora_rank=rank, qk_rope_head_dim=rope)
     raise UsageError("a custom geometry needs kv_heads and head_dim (MHA/GQA) or kv_lora_rank "
-                     "and qk_rope_head_dim (MLA)", field=opt("kv_heads"))
+                     "and qk_rope_head_dim (MLA)", field="kv_heads")
 
 
 def from_toml(path: str | Path) -> ModelSpec:
@@ -138,8 +134,7 @@ def _from_doc(doc: ConfigDocument) -> ModelSpec:
                 head_dim=_opt_int(data, "head_dim", fail),
                 kv_lora_rank=_opt_int(data, "kv_lora_rank", fail),
                 qk_rope_head_dim=_opt_int(data, "qk_rope_head_dim", fail),
-                dtype=data.get("dtype"), dtype_bytes=_opt_int(data, "dtype_bytes", fail),
-                field_prefix="")
+                dtype=data.get("dtype"), dtype_bytes=_opt_int(data, "dtype_bytes", fail))
         else:
             spec = _with_components(data, name, str(source), layers, comps, fail)
         if any(key in data for key in _ARCH_KEYS):
@@ -181,7 +176,7 @@ def _with_components(doc: dict[str, Any], name: str, source: str, layers: int, c
             pad_to=_int(c, "pad_to", fail, default=1, within=("components", i))))
     if sum(s.layers for s in specs if s.kind != "indexer") > layers:
         raise fail("layers", "components cover more layers than the model has")
-    dtype = _pick_dtype(doc.get("dtype"), _opt_int(doc, "dtype_bytes", fail), lambda k: k)
+    dtype = _pick_dtype(doc.get("dtype"), _opt_int(doc, "dtype_bytes", fail))
     return ModelSpec(name=name, source=source, attention="mla", layers=layers,
                      components=tuple(specs), default_dtype=dtype)
 
@@ -247,19 +242,19 @@ def _architecture(data: dict[str, Any], spec: ModelSpec, source: str, fail: Fail
             str(data["expert_weight_dtype"]), field="expert_weight_dtype"))
 
 
-def _pick_dtype(dtype: str | None, dtype_bytes: int | None, opt: Any) -> str:
+def _pick_dtype(dtype: str | None, dtype_bytes: int | None) -> str:
     if dtype is not None and dtype_bytes is not None:
-        raise UsageError("give dtype or dtype_bytes, not both", field=opt("dtype_bytes"))
+        raise UsageError("give dtype or dtype_bytes, not both", field="dtype_bytes")
     if dtype_bytes is not None:
         if dtype_bytes not in _BYTES_TO_DTYPE:
-            raise UsageError(f"must be 1, 2 or 4, got {dtype_bytes}", field=opt("dtype_bytes"))
+            raise UsageError(f"must be 1, 2 or 4, got {dtype_bytes}", field="dtype_bytes")
         return _BYTES_TO_DTYPE[dtype_bytes]
     if dtype is None:
         return "bf16"
-    canon = canonical_dtype(str(dtype), field=opt("dtype"))
+    canon = canonical_dtype(str(dtype), field="dtype")
     if canon not in DTYPE_BYTES:
         raise UsageError(f"{canon} needs a model-specific record size; use [[components]] with "
-                         "entry_bytes", field=opt("dtype"))
+                         "entry_bytes", field="dtype")
     return canon
 
 

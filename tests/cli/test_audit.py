@@ -128,6 +128,12 @@ def test_custom_flags() -> None:
     (["--object-bytes", "4096", "--layout", "layer"], "--layout"),
     (["--object-bytes", "4096", "--layout", "/nonexistent/extents.csv"], "--layout"),
     ([], "--model"),
+    (["--model", "llama-3-8b", "--layers", "4"], "--layers"),
+    (["--object-bytes", "4096", "--dtype", "fp8"], "--block-bytes"),
+    (["--tp", "2"], "--tp"),
+    (["--kv-heads", "8", "--head-dim", "128"], "--layers"),
+    (["--layers", "4", "--kv-heads", "8", "--head-dim", "128", "--rope-dim", "64"],
+     "--kv-lora-rank"),
 ])
 def test_bad_input_one_line_exit_2(args: list[str], field: str) -> None:
     result = run("audit", *args)

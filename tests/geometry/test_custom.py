@@ -32,13 +32,13 @@ def test_custom_mla_from_numbers() -> None:
 
 
 @pytest.mark.parametrize(("kw", "field"), [
-    ({"layers": 0, "kv_heads": 8, "head_dim": 128}, "--layers"),
-    ({"layers": 4, "kv_heads": 8}, "--head-dim"),
-    ({"layers": 4}, "--kv-heads"),
-    ({"layers": 4, "kv_heads": 8, "head_dim": 128, "kv_lora_rank": 512}, "--kv-lora-rank"),
-    ({"layers": 4, "kv_heads": 8, "head_dim": 128, "dtype_bytes": 3}, "--dtype-bytes"),
+    ({"layers": 0, "kv_heads": 8, "head_dim": 128}, "layers"),
+    ({"layers": 4, "kv_heads": 8}, "head_dim"),
+    ({"layers": 4}, "kv_heads"),
+    ({"layers": 4, "kv_heads": 8, "head_dim": 128, "kv_lora_rank": 512}, "kv_lora_rank"),
+    ({"layers": 4, "kv_heads": 8, "head_dim": 128, "dtype_bytes": 3}, "dtype_bytes"),
 ])
-def test_custom_errors_name_the_option(kw: dict[str, int], field: str) -> None:
+def test_custom_errors_name_the_parameter(kw: dict[str, int], field: str) -> None:
     with pytest.raises(UsageError) as err:
         custom(**kw)  # type: ignore[arg-type]
     assert err.value.field == field
