@@ -4,23 +4,55 @@ Data flows one way: requests (:mod:`kvtool.trace`) → :class:`TierHierarchy` (t
 :class:`Tier` with an :class:`EvictionPolicy`) → :class:`RoundStats` → a report dict.
 Definitions are in docs/definitions.md; engine semantics are in docs/replay.md.
 Block hashing is not here: keys come from :mod:`kvtool.trace.hashing` or the trace.
+Names are exported lazily (:mod:`kvtool.lazy`), so :mod:`kvtool.cache.names` stays cheap.
 """
 
-from kvtool.cache.engine import CacheConfig, Replay, RequestOutcome, TierSpec, replay
-from kvtool.cache.hierarchy import WRITE_POLICIES, TierHierarchy
-from kvtool.cache.policies import (
-    POLICIES,
-    EvictionPolicy,
-    LruPolicy,
-    LruTailFirstPolicy,
-    OraclePolicy,
-    PrefixFairPolicy,
-    RadixPolicy,
-    make_policy,
-)
-from kvtool.cache.stats import RoundStats
-from kvtool.cache.tier import TIER_NAMES, NullBackend, Tier, TierBackend, Watermark
-from kvtool.cache.timemodel import TimeModel
+from typing import TYPE_CHECKING
+
+from kvtool.lazy import exports
+
+if TYPE_CHECKING:
+    from kvtool.cache.engine import CacheConfig, Replay, RequestOutcome, TierSpec, replay
+    from kvtool.cache.hierarchy import TierHierarchy
+    from kvtool.cache.names import WRITE_POLICIES
+    from kvtool.cache.policies import (
+        POLICIES,
+        EvictionPolicy,
+        LruPolicy,
+        LruTailFirstPolicy,
+        OraclePolicy,
+        PrefixFairPolicy,
+        RadixPolicy,
+        make_policy,
+    )
+    from kvtool.cache.stats import RoundStats
+    from kvtool.cache.tier import TIER_NAMES, NullBackend, Tier, TierBackend, Watermark
+    from kvtool.cache.timemodel import TimeModel
+
+__getattr__, __dir__ = exports(__name__, {
+    "CacheConfig": "engine",
+    "Replay": "engine",
+    "RequestOutcome": "engine",
+    "TierSpec": "engine",
+    "replay": "engine",
+    "WRITE_POLICIES": "names",
+    "TierHierarchy": "hierarchy",
+    "POLICIES": "policies",
+    "EvictionPolicy": "policies",
+    "LruPolicy": "policies",
+    "LruTailFirstPolicy": "policies",
+    "OraclePolicy": "policies",
+    "PrefixFairPolicy": "policies",
+    "RadixPolicy": "policies",
+    "make_policy": "policies",
+    "RoundStats": "stats",
+    "TIER_NAMES": "tier",
+    "NullBackend": "tier",
+    "Tier": "tier",
+    "TierBackend": "tier",
+    "Watermark": "tier",
+    "TimeModel": "timemodel",
+})
 
 __all__ = [
     "POLICIES",

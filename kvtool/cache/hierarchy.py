@@ -33,12 +33,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
+from kvtool.cache.names import WRITE_POLICIES
 from kvtool.cache.policies import LruPolicy, VllmPolicy
 from kvtool.cache.stats import RoundStats
 from kvtool.cache.tier import Tier
 
 WritePolicy = Literal["write-through", "write-back"]
-WRITE_POLICIES: tuple[str, ...] = ("write-through", "write-back")
 
 
 class TierHierarchy:

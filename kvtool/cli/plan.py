@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import click
 
+from kvtool.cache.names import WRITE_POLICIES
 from kvtool.cli.options import block_size_from, block_size_options
 from kvtool.cli.output import emit, json_option, progress
 from kvtool.errors import UsageError, param
@@ -74,7 +75,7 @@ TRACE_ONLY = ("fmt", "plot_path", "policy", "sweep", "sample_limit", "skip_bad")
               show_default=True,
               help="Formula. stored: an answer's KV is written in its own round (vLLM offload, "
                    "LMCache); next-round: when the next round re-sends it (kvtool replay).")
-@click.option("--write-policy", type=click.Choice(["write-through", "write-back"]),
+@click.option("--write-policy", type=click.Choice(WRITE_POLICIES),
               default="write-through", show_default=True,
               help="Formula. write-through: the largest tier bounds the hierarchy; write-back: "
                    "the sum.")

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from kvtool.cache.names import POLICY_NAMES, WRITE_POLICIES
 from kvtool.cli.hostopts import host_options
 from kvtool.cli.options import block_size_options
 from kvtool.cli.output import emit, json_option, note, progress, settings, want_json
@@ -19,8 +20,6 @@ from kvtool.units import format_size
 if TYPE_CHECKING:
     from kvtool.nvme.hostauth import HostCredentials
 
-POLICY_NAMES = ("lru", "lru-tail-first", "radix", "prefix-fair", "oracle", "mooncake", "vllm",
-                "arc", "s3fifo", "lfu", "vllm-lru", "vllm-arc")
 
 EPILOG = """
 \b
@@ -95,7 +94,7 @@ def _fraction(_ctx: click.Context, param: click.Parameter, value: float | None) 
                    "size is then vLLM's num_gpu_blocks; lru elsewhere].")
 @click.option("--tiers", "tiers_file", type=click.Path(dir_okay=False), default=None,
               help="TOML file: per-tier capacity/policy/watermark and [time] (docs/replay.md).")
-@click.option("--write-policy", type=click.Choice(["write-through", "write-back"]), default=None,
+@click.option("--write-policy", type=click.Choice(WRITE_POLICIES), default=None,
               help="write-through: computed blocks go to every tier; write-back: down on "
                    "eviction [default: write-through].")
 @click.option("--watermark", type=float, default=None, callback=_fraction,

@@ -133,7 +133,12 @@ def test_admission_in_a_lower_tier_only_counts_what_reaches_it() -> None:
 
 
 def test_every_policy_is_a_replay_choice() -> None:
-    from kvtool.cache import POLICIES
-    from kvtool.cli.replay import POLICY_NAMES
+    import click
 
-    assert set(POLICIES) <= set(POLICY_NAMES)
+    from kvtool.cache import POLICIES
+    from kvtool.cache.names import POLICY_NAMES
+    from kvtool.cli.replay import command
+
+    assert tuple(POLICIES) == POLICY_NAMES
+    [opt] = [p for p in command.params if p.name == "policy"]
+    assert isinstance(opt.type, click.Choice) and tuple(opt.type.choices) == POLICY_NAMES
