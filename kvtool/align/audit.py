@@ -102,7 +102,7 @@ def audit(objects: Sequence[ObjectSize], *, lbas: Sequence[int] | None = None,
     and ``extent_lists`` (``(name, extents)``)."""
     sources: dict[int, str] = {}
     for a in lbas or ():
-        sources[check_alignment(a, field="lba")] = "--lba"
+        sources[check_alignment(a, field="lba")] = "given"
     if device is not None:
         sources.setdefault(device.dio_offset_align, "device")
     if not sources:

@@ -161,10 +161,10 @@ def up(name: str = "default", *, rpc_port: int = DEFAULT_RPC_PORT,
         return {**current, "changed": False}
     if current["url"] is not None:  # a stale record: clean up what is left of it
         down(name)
-    for port, flag in ((rpc_port, "--rpc-port"), (metadata_port, "--metadata-port"),
-                       (metrics_port, "--metrics-port")):
+    for port, key in ((rpc_port, "rpc_port"), (metadata_port, "metadata_port"),
+                      (metrics_port, "metrics_port")):
         if not _port_free(port):
-            raise UsageError(f"127.0.0.1:{port} is in use", field=flag)
+            raise UsageError(f"127.0.0.1:{port} is in use", field=key)
     if len({rpc_port, metadata_port, metrics_port}) != 3:
         raise UsageError("the three ports must differ", field="rpc_port")
     master, meta = _binary("mooncake_master"), _binary("mooncake_http_metadata_server")

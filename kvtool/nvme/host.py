@@ -181,12 +181,12 @@ class Controller:
             if self._ctrl_secret is not None:
                 raise AuthenticationError("controller", f"DH-HMAC-CHAP: the target at {where} "
                                           "did not ask for authentication, so the controller "
-                                          "cannot be verified (--dhchap-ctrl-secret given)")
+                                          "cannot be verified (dhchap_ctrl_secret given)")
             return
         if self._secret is None:
             raise AuthenticationError("host", f"DH-HMAC-CHAP: the target at {where} requires "
                                       f"authentication of host {self.hostnqn}, but no "
-                                      "--dhchap-secret was given")
+                                      "dhchap_secret was given")
         self._tid = (self._tid + 1) & 0xFFFF
         authenticate(q, hostnqn=self.hostnqn, subnqn=self.subnqn, secret=self._secret,
                      ctrl_secret=self._ctrl_secret, tid=self._tid, where=where)

@@ -227,7 +227,7 @@ def parse_compare(spec: str, *, policy: str | None, write_policy: str | None,
             raise UsageError(f"{part!r} in {spec!r} is not key=value "
                              "(example: dram=53.7GB,nvme=46.09TB)", field="compare")
         if key in TIER_NAMES:
-            caps[key] = TierOption.parse(value, tier=key, field=f"--compare {key}")
+            caps[key] = TierOption.parse(value, tier=key, field="compare")
         elif key.endswith("-policy") and key[:-7] in TIER_NAMES:
             tier_policies[key[:-7]] = value
         elif key in {"policy", "write-policy", "watermark", "evict-ratio", "label"}:

@@ -497,13 +497,13 @@ def open_tiers(cfg: CacheConfig, block_bytes: int, work_blocks: int, s: ReplaySe
                         raise UsageError(
                             f"{place} holds {tier.slots} blocks of {block_bytes:,} B, not "
                             f"more than the {head} one request needs in flight; use a bigger "
-                            "place or --simulate", field="nvme")
+                            f"place or {param('simulate')}", field="nvme")
                     spec = replace(spec, capacity=Capacity(tier.slots - head, "blocks"))
                 elif tier.slots < int(want) + head:
                     raise UsageError(
                         f"{place} holds {tier.slots} blocks of {block_bytes:,} B; "
                         f"{spec.capacity} is {int(want)} blocks (+{head} in flight): use a "
-                        "smaller --nvme size, a bigger place, or --simulate", field="nvme")
+                        f"smaller {param('nvme')} size, a bigger place, or {param('simulate')}", field="nvme")
             specs.append(spec)
     except BaseException:
         for t in tiers.values():

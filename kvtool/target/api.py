@@ -109,13 +109,13 @@ def up(cfg: TargetConfig, opts: Options | None = None, *, dry_run: bool = False,
        on_step: Callable[[int, Step], None] | None = None) -> Result:
     """Bring the target to ``cfg``; a no-op when it already matches."""
     engine = engine_of(cfg)
-    for value, what, flag in ((cfg.metrics_port, "metrics port", "--metrics-port"),
-                              (cfg.busy_poll_us, "busy-poll setting", "--busy-poll")):
+    for value, what, key in ((cfg.metrics_port, "metrics port", "metrics_port"),
+                             (cfg.busy_poll_us, "busy-poll setting", "busy_poll_us")):
         if value is not None and engine != "userspace":
             raise UsageError(f"a {what} applies to the emulator's userspace engine only; this "
                              f"target runs on {cfg.backend}"
                              + (f" ({engine} engine)" if engine else "")
-                             + f": use --engine userspace, or no {what}", field=flag)
+                             + f": use {param('engine')} userspace, or no {what}", field=key)
     notes = sweep(cfg.name)
     record = st.load(cfg.name)
     _check_ports(cfg)

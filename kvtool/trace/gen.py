@@ -43,7 +43,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from kvtool.errors import UsageError
+from kvtool.errors import UsageError, param
 
 Form = Literal["tokens", "hash_ids"]
 VOCAB = 32_000
@@ -208,7 +208,7 @@ def _check_common(spec: Spec) -> None:
                          field="interval_ms")
     if spec.request_rate is not None:
         if spec.interval_ms is not None:
-            raise UsageError("give --interval-ms or --request-rate, not both",
+            raise UsageError(f"give {param('interval_ms')} or {param('request_rate')}, not both",
                              field="request_rate")
         if not spec.request_rate > 0:
             raise UsageError(f"must be a positive number of requests per second or inf, got "
@@ -217,7 +217,7 @@ def _check_common(spec: Spec) -> None:
         raise UsageError(f"must be positive (1: Poisson arrivals) or inf, got "
                          f"{spec.burstiness}", field="burstiness")
     if spec.burstiness != 1.0 and spec.request_rate is None:
-        raise UsageError("needs --request-rate", field="burstiness")
+        raise UsageError(f"needs {param('request_rate')}", field="burstiness")
 
 
 def arrival_times_ms(n: int, spec: Spec) -> list[float] | None:

@@ -45,7 +45,7 @@ from typing import Annotated, Any, NamedTuple, cast
 
 import msgspec
 
-from kvtool.errors import InputError
+from kvtool.errors import InputError, param
 from kvtool.trace.hashing import TOKEN_MAX, chain_hashes
 from kvtool.trace.schema import (
     AZURE_COLUMNS,
@@ -331,7 +331,7 @@ class TraceReader:
         if line in self._bad_seen:
             return
         if len(self.bad_lines) >= self.skip_bad:
-            hint = "" if self.skip_bad == 0 else f" (more than --skip-bad {self.skip_bad} bad lines)"
+            hint = "" if self.skip_bad == 0 else f" (more than {param('skip_bad')} {self.skip_bad} bad lines)"
             raise InputError(bad.message + hint, file=self.path, line=line, field=bad.field)
         self._bad_seen.add(line)
         self.bad_lines.append((line, f"field '{bad.field}': {bad.message}" if bad.field

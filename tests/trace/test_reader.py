@@ -222,7 +222,7 @@ def test_skip_bad_skips_records_and_then_fails(tmp_path: Path) -> None:
     assert "field 'input_length'" in reader.bad_lines[1][1]
     with pytest.raises(InputError) as err:
         read_trace(path, skip_bad=2)
-    assert err.value.line == 5 and "more than --skip-bad 2" in err.value.message
+    assert err.value.line == 5 and "more than skip_bad 2" in err.value.message
     with pytest.raises(InputError) as err:
         read_trace(path)
     assert err.value.line == 2
