@@ -30,7 +30,7 @@ from typing import Any
 
 from kvtool.errors import InputError, UsageError
 from kvtool.mooncake.url import MooncakeUrl
-from kvtool.target.state import state_dir
+from kvtool.target.state import pid_alive, state_dir
 
 LOOPBACK = "127.0.0.1"
 DEFAULT_RPC_PORT = 50051
@@ -83,21 +83,6 @@ def _write_record(rec: PoolRecord) -> None:
     os.replace(tmp, path)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child of this process still answers kill(0): reap it if it is ours.
-    with contextlib.suppress(ChildProcessError):
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return False
-    return True
-
-
 def _listening(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.5)
@@ -140,7 +125,7 @@ def status(name: str = "default") -> dict[str, Any]:
         return {**_not_up(name), "changed": None}
     procs = {"master": (rec.master_pid, rec.rpc_port), "metadata": (rec.metadata_pid,
                                                                     rec.metadata_port)}
-    parts = {k: {"pid": pid, "port": port, "alive": _alive(pid), "listening": _listening(port)}
+    parts = {k: {"pid": pid, "port": port, "alive": pid_alive(pid), "listening": _listening(port)}
              for k, (pid, port) in procs.items()}
     running = all(p["alive"] and p["listening"] and _is_mooncake(p["pid"])
                   for p in parts.values())
@@ -223,9 +208,9 @@ def _stop_pid(pid: int, timeout: float = 10.0) -> None:
     except ProcessLookupError:
         return
     deadline = time.monotonic() + timeout
-    while _alive(pid) and time.monotonic() < deadline:
+    while pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    if _alive(pid):
+    if pid_alive(pid):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
 

@@ -113,6 +113,8 @@ def names() -> list[str]:
 
 
 def pid_alive(pid: int | None) -> bool:
+    """Whether process ``pid`` runs. A zombie (exited, not yet reaped by its parent) counts
+    as gone; when it is this process's child it is reaped here, so it does not linger."""
     if not pid:
         return False
     try:
@@ -121,9 +123,12 @@ def pid_alive(pid: int | None) -> bool:
         return False
     except PermissionError:
         return True
-    # A zombie (exited, not yet reaped by its parent) counts as gone.
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+            zombie = f.read().rsplit(")", 1)[-1].split()[0] == "Z"
     except OSError:
         return True
+    if zombie:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+    return not zombie
