@@ -21,7 +21,7 @@ import tomllib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, NoReturn, Protocol
+from typing import Any, Literal, NoReturn, Protocol, overload
 
 from kvtool.errors import InputError
 from kvtool.units import parse_size
@@ -295,7 +295,18 @@ class ConfigTable:
     def has(self, key: str) -> bool:
         return key in self.data
 
+    @overload
+    def text(self, key: str, default: str, *, required: bool = False) -> str: ...
+
+    @overload
+    def text(self, key: str, default: None = None, *, required: Literal[True]) -> str: ...
+
+    @overload
+    def text(self, key: str, default: str | None = None, *,
+             required: bool = False) -> str | None: ...
+
     def text(self, key: str, default: str | None = None, *, required: bool = False) -> str | None:
+        """The string at ``key``; ``default`` when absent (an error when ``required``)."""
         if key not in self.data:
             if required:
                 self.fail(f"missing required key {key!r}", (*self.path, key))
@@ -318,8 +329,22 @@ class ConfigTable:
             self.fail(f"expected true or false, got {show_value(v)}", (*self.path, key))
         return v
 
+    @overload
+    def integer(self, key: str, default: int, *, lo: int | None = None, hi: int | None = None,
+                required: bool = False) -> int: ...
+
+    @overload
+    def integer(self, key: str, default: None = None, *, lo: int | None = None,
+                hi: int | None = None, required: Literal[True]) -> int: ...
+
+    @overload
+    def integer(self, key: str, default: int | None = None, *, lo: int | None = None,
+                hi: int | None = None, required: bool = False) -> int | None: ...
+
     def integer(self, key: str, default: int | None = None, *, lo: int | None = None,
                 hi: int | None = None, required: bool = False) -> int | None:
+        """The integer at ``key`` (not a bool) within ``lo..hi``; ``default`` when absent
+        (an error when ``required``)."""
         if key not in self.data:
             if required:
                 self.fail(f"missing required key {key!r}", (*self.path, key))

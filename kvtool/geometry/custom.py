@@ -32,15 +32,14 @@ and the key; unknown keys are rejected so typos do not silently fall back to def
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import cast
 
-from kvtool.configfile import ConfigDocument, read_config
-from kvtool.errors import InputError, UsageError
+from kvtool.configfile import ConfigDocument, ConfigTable, read_config
+from kvtool.errors import UsageError
 from kvtool.geometry.dtypes import DTYPE_BYTES, canonical_dtype
-from kvtool.geometry.model import ComponentSpec, ModelSpec
+from kvtool.geometry.model import ComponentKind, ComponentSpec, ModelSpec
 from kvtool.geometry.params import Architecture, decoder_params, weight_dtype
 
 _ARCH_INTS = ("hidden_size", "q_heads", "vocab_size", "intermediate_size", "total_params",
@@ -97,111 +96,68 @@ def custom(*, layers: int, name: str = "custom", kv_heads: int | None = None,
 
 def from_toml(path: str | Path) -> ModelSpec:
     """Read a custom geometry from TOML (see the module docstring for the keys)."""
-    doc = read_config(path, kind="toml")
-    if not isinstance(doc.data, dict):
-        raise doc.error("expected a table")
-    return _from_doc(doc)
-
-
-Fail = Callable[..., InputError]
-"""``fail(key, message, *within)``: an error naming ``key`` inside the table ``within``."""
+    return _from_doc(read_config(path, kind="toml"))
 
 
 def _from_doc(doc: ConfigDocument) -> ModelSpec:
-    data: dict[str, Any] = doc.data
-    p = Path(doc.source or "geometry")
-
-    def fail(key: str, message: str, *within: str | int) -> InputError:
-        return doc.error(message, (*within, key) if key else within)
-
-    for key in data:
-        if key not in _TOP_KEYS:
-            raise fail(key, f"unknown key (known: {', '.join(sorted(_TOP_KEYS))})")
-    for key in ("name", "layers"):
-        if key not in data:
-            raise InputError("required key is missing", file=doc.source, field=key)
-    name = data["name"]
-    if not isinstance(name, str) or not name.strip():
-        raise fail("name", "must be a non-empty string")
-    source = data.get("source", f"custom geometry from {p.name}")
-    layers = _int(data, "layers", fail)
-    comps = data.get("components")
+    t = doc.table()
+    t.check_keys(_TOP_KEYS)
+    name = t.text("name", required=True)
+    if not name.strip():
+        t.fail("must be a non-empty string", t.at("name"))
+    source = t.text("source", f"custom geometry from {Path(doc.source or 'geometry').name}")
+    layers = t.integer("layers", lo=1, required=True)
     try:
-        if comps is None:
+        if not t.has("components"):
             spec = custom(
-                layers=layers, name=name, source=str(source),
-                kv_heads=_opt_int(data, "kv_heads", fail),
-                head_dim=_opt_int(data, "head_dim", fail),
-                kv_lora_rank=_opt_int(data, "kv_lora_rank", fail),
-                qk_rope_head_dim=_opt_int(data, "qk_rope_head_dim", fail),
-                dtype=data.get("dtype"), dtype_bytes=_opt_int(data, "dtype_bytes", fail))
+                layers=layers, name=name, source=source,
+                kv_heads=t.integer("kv_heads", lo=1), head_dim=t.integer("head_dim", lo=1),
+                kv_lora_rank=t.integer("kv_lora_rank", lo=1),
+                qk_rope_head_dim=t.integer("qk_rope_head_dim", lo=1),
+                dtype=t.text("dtype"), dtype_bytes=t.integer("dtype_bytes"))
         else:
-            spec = _with_components(data, name, str(source), layers, comps, fail)
-        if any(key in data for key in _ARCH_KEYS):
-            spec = replace(spec, arch=_architecture(data, spec, str(source), fail))
+            spec = _with_components(t, name, source, layers)
+        if any(t.has(key) for key in _ARCH_KEYS):
+            spec = replace(spec, arch=_architecture(t, spec, source))
     except UsageError as exc:
-        raise fail(exc.field or "", exc.message) from None
-    if "attention" in data and data["attention"] not in ("mha", "gqa", "mla"):
-        raise fail("attention", f"must be mha, gqa or mla, got {data['attention']!r}")
+        t.fail(exc.message, t.at(exc.field) if exc.field else None)
+    t.choice("attention", ("mha", "gqa", "mla"))
     return spec
 
 
-def _with_components(doc: dict[str, Any], name: str, source: str, layers: int, comps: Any,
-                     fail: Any) -> ModelSpec:
-    if not isinstance(comps, list) or not comps:
-        raise fail("components", "must be a non-empty array of tables ([[components]])")
+def _with_components(t: ConfigTable, name: str, source: str, layers: int) -> ModelSpec:
+    tables = t.tables("components")
+    if not tables:
+        t.fail("must be a non-empty array of tables ([[components]])", t.at("components"))
     for key in ("kv_heads", "head_dim", "kv_lora_rank", "qk_rope_head_dim"):
-        if key in doc:
-            raise fail(key, "give either [[components]] or the head/latent numbers, not both")
+        if t.has(key):
+            t.fail("give either [[components]] or the head/latent numbers, not both", t.at(key))
     specs = []
-    for i, c in enumerate(comps):
-        if not isinstance(c, dict):
-            raise fail("", "must be a table", "components", i)
-        for key in c:
-            if key not in _COMPONENT_KEYS:
-                raise fail(key, f"unknown key (known: {', '.join(sorted(_COMPONENT_KEYS))})",
-                           "components", i)
-        for key in ("layers", "entry_bytes"):
-            if key not in c:
-                raise fail("", f"lacks '{key}'", "components", i)
-        kind = c.get("kind", "latent")
-        if kind not in ("kv", "latent", "indexer"):
-            raise fail("kind", f"must be kv, latent or indexer, got {kind!r}", "components", i)
+    for i, c in enumerate(tables):
+        c.check_keys(_COMPONENT_KEYS)
         specs.append(ComponentSpec(
-            name=str(c.get("name", f"component{i + 1}")), kind=kind,
-            layers=_int(c, "layers", fail, within=("components", i)),
-            fixed_bytes=_int(c, "entry_bytes", fail, within=("components", i)),
-            tokens_per_entry=_int(c, "tokens_per_entry", fail, default=1,
-                                  within=("components", i)),
-            pad_to=_int(c, "pad_to", fail, default=1, within=("components", i))))
+            name=c.text("name", f"component{i + 1}"),
+            kind=cast(ComponentKind, c.choice("kind", ("kv", "latent", "indexer"), "latent")),
+            layers=c.integer("layers", lo=1, required=True),
+            fixed_bytes=c.integer("entry_bytes", lo=1, required=True),
+            tokens_per_entry=c.integer("tokens_per_entry", 1, lo=1),
+            pad_to=c.integer("pad_to", 1, lo=1)))
     if sum(s.layers for s in specs if s.kind != "indexer") > layers:
-        raise fail("layers", "components cover more layers than the model has")
-    dtype = _pick_dtype(doc.get("dtype"), _opt_int(doc, "dtype_bytes", fail))
+        t.fail("components cover more layers than the model has", t.at("layers"))
+    dtype = _pick_dtype(t.text("dtype"), t.integer("dtype_bytes"))
     return ModelSpec(name=name, source=source, attention="mla", layers=layers,
                      components=tuple(specs), default_dtype=dtype)
 
 
-def _architecture(data: dict[str, Any], spec: ModelSpec, source: str, fail: Fail) -> Architecture:
+def _architecture(t: ConfigTable, spec: ModelSpec, source: str) -> Architecture:
     """The weights/attention part of a custom model (docs/geometry.md, "Parameters")."""
-    ints = {k: _int(data, k, fail) for k in _ARCH_INTS if k in data and k != "experts"}
-    if "experts" in data:
-        experts = data["experts"]
-        if isinstance(experts, bool) or not isinstance(experts, int) or experts < 0:
-            raise fail("experts", f"must be a non-negative integer, got {experts!r}")
-        ints["experts"] = experts
-    flags: dict[str, bool] = {}
-    for key in _ARCH_BOOLS:
-        if key in data:
-            if not isinstance(data[key], bool):
-                raise fail(key, f"must be true or false, got {data[key]!r}")
-            flags[key] = data[key]
-    for key in _ARCH_STRS:
-        if key in data and not isinstance(data[key], str):
-            raise fail(key, f"must be a string, got {data[key]!r}")
+    ints = {k: t.integer(k, lo=1, required=True) for k in _ARCH_INTS
+            if t.has(k) and k != "experts"}
+    experts = t.integer("experts", 0, lo=0)
+    flags = {key: t.flag(key) for key in _ARCH_BOOLS}
     for key in ("hidden_size", "q_heads", "vocab_size"):
         if key not in ints:
-            raise fail(key, "required when any weight/attention figure is given")
-    experts = ints.get("experts", 0)
+            t.fail("required when any weight/attention figure is given", t.at(key))
     if "attn_head_dim" in ints:
         head_dim = ints["attn_head_dim"]
     elif spec.attention == "mha" and spec.head_dim:
@@ -210,24 +166,25 @@ def _architecture(data: dict[str, Any], spec: ModelSpec, source: str, fail: Fail
         head_dim = ints["qk_nope_head_dim"] + spec.qk_rope_head_dim
     else:
         missing = "qk_nope_head_dim" if spec.kv_lora_rank else "attn_head_dim"
-        raise fail(missing, "required: the query/key head dimension attention multiplies with")
+        t.fail("required: the query/key head dimension attention multiplies with", t.at(missing))
     moe_layers = ints.get("moe_layers", spec.layers if experts else 0)
     total, active = ints.get("total_params"), ints.get("active_params")
     if total is None:
         countable = spec.attention == "mha" and spec.kv_heads and spec.head_dim and (
             "moe_intermediate_size" in ints if experts else "intermediate_size" in ints)
         if not countable:
-            raise fail("total_params", "required unless an MHA/GQA model gives "
-                       "intermediate_size (or its MoE sizes) to count them from")
+            t.fail("required unless an MHA/GQA model gives intermediate_size (or its MoE "
+                   "sizes) to count them from", t.at("total_params"))
         total, counted_active = decoder_params(
             layers=spec.layers, hidden_size=ints["hidden_size"], q_heads=ints["q_heads"],
             kv_heads=spec.kv_heads or 0, head_dim=spec.head_dim or 0,
             vocab_size=ints["vocab_size"], intermediate_size=ints.get("intermediate_size"),
             experts=experts, experts_per_token=ints.get("experts_per_token", 0),
             moe_intermediate_size=ints.get("moe_intermediate_size"),
-            tie_word_embeddings=flags.get("tie_word_embeddings", False),
-            qkv_bias=flags.get("qkv_bias", False), qk_norm=flags.get("qk_norm", False))
+            tie_word_embeddings=flags["tie_word_embeddings"],
+            qkv_bias=flags["qkv_bias"], qk_norm=flags["qk_norm"])
         active = active or counted_active
+    expert_dtype = t.text("expert_weight_dtype")
     return Architecture(
         hidden_size=ints["hidden_size"], q_heads=ints["q_heads"], head_dim=head_dim,
         vocab_size=ints["vocab_size"], total_params=total,
@@ -237,9 +194,9 @@ def _architecture(data: dict[str, Any], spec: ModelSpec, source: str, fail: Fail
         shared_experts=ints.get("shared_experts", 0),
         moe_intermediate_size=ints.get("moe_intermediate_size"), moe_layers=moe_layers,
         q_lora_rank=ints.get("q_lora_rank"),
-        weight_dtype=weight_dtype(str(data.get("weight_dtype", "bf16"))),
-        expert_weight_dtype=None if "expert_weight_dtype" not in data else weight_dtype(
-            str(data["expert_weight_dtype"]), field="expert_weight_dtype"))
+        weight_dtype=weight_dtype(t.text("weight_dtype", "bf16")),
+        expert_weight_dtype=None if expert_dtype is None else weight_dtype(
+            expert_dtype, field="expert_weight_dtype"))
 
 
 def _pick_dtype(dtype: str | None, dtype_bytes: int | None) -> str:
@@ -261,15 +218,3 @@ def _pick_dtype(dtype: str | None, dtype_bytes: int | None) -> str:
 def _positive(value: int, field: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise UsageError(f"must be a positive integer, got {value!r}", field=field)
-
-
-def _int(d: dict[str, Any], key: str, fail: Fail, default: int | None = None,
-         within: tuple[str | int, ...] = ()) -> int:
-    value = d.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise fail(key, f"must be a positive integer, got {value!r}", *within)
-    return value
-
-
-def _opt_int(d: dict[str, Any], key: str, fail: Fail) -> int | None:
-    return None if key not in d else _int(d, key, fail)

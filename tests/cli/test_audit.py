@@ -150,15 +150,10 @@ def test_bad_toml_names_file_and_line(tmp_path: Path) -> None:
     p.write_text('name = "m"\nlayers = 4\nkv_heads = 8\nhead_dimm = 64\n')
     result = run("audit", "--geometry", str(p))
     assert result.exit_code == 2
-    assert result.stderr.strip() == (f"kvtool: error: {p}:4: field 'head_dimm': unknown key "
-                                     "(known: active_params, aliases, attention, attn_head_dim, "
-                                     "components, dtype, dtype_bytes, expert_weight_dtype, "
-                                     "experts, experts_per_token, head_dim, hidden_size, "
-                                     "intermediate_size, kv_heads, kv_lora_rank, layers, "
-                                     "moe_intermediate_size, moe_layers, name, notes, q_heads, "
-                                     "q_lora_rank, qk_nope_head_dim, qk_norm, qk_rope_head_dim, "
-                                     "qkv_bias, shared_experts, source, tie_word_embeddings, "
-                                     "total_params, v_head_dim, vocab_size, weight_dtype)")
+    line = result.stderr.strip()
+    assert line.startswith(f"kvtool: error: {p}:4: field 'head_dimm': unknown key 'head_dimm' "
+                           "(allowed here: active_params, aliases, attention, "), line
+    assert line.endswith(", vocab_size, weight_dtype)") and "\n" not in line
 
 
 def test_regular_file_device(tmp_path: Path) -> None:
