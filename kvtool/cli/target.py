@@ -140,11 +140,7 @@ def up(config: str | None, backend: str | None, engine: str | None, configfs_roo
     opts = api.Options(configfs_root=configfs_root, spdk_socket=spdk_socket)
     result = api.up(cfg, opts, dry_run=dry_run, on_plan=_show_plan(cfg.name),
                     on_step=_progress)
-    doc = {"schema": "kvtool.target.up/1", "name": cfg.name, "backend": cfg.backend,
-           "engine": api.engine_of(cfg),
-           **result.to_json()}
-    if not dry_run:
-        doc["status"] = api.status(cfg, result.record, opts)
+    doc = api.up_document(cfg, result, opts)
     emit(doc, lambda con: _after_up(con, doc))
 
 
@@ -179,8 +175,7 @@ def down(config: str | None, backend: str | None, engine: str | None, configfs_r
     opts = api.Options(configfs_root=configfs_root, spdk_socket=spdk_socket)
     result = api.down(cfg, record, opts, dry_run=dry_run, on_plan=_show_plan(cfg.name),
                       on_step=_progress)
-    doc = {"schema": "kvtool.target.down/1", "name": cfg.name, "backend": cfg.backend,
-           **result.to_json()}
+    doc = api.down_document(cfg, result)
 
     def human(con: Console) -> None:
         if dry_run:
@@ -211,8 +206,8 @@ def status(config: str | None, backend: str | None, engine: str | None,
         return
     cfg, record = api.resolve(config, name, backend=backend, engine=engine, allow_remote=True,
                               check_paths=False)
-    doc = api.status(cfg, record, api.Options(configfs_root=configfs_root,
-                                              spdk_socket=spdk_socket))
+    doc = api.status_document(cfg, record, api.Options(configfs_root=configfs_root,
+                                                       spdk_socket=spdk_socket))
     if url_only:
         urls = [r["url"] for r in doc["registrations"] if r["url"].startswith("nvme+tcp://")]
         if not urls:
@@ -220,7 +215,6 @@ def status(config: str | None, backend: str | None, engine: str | None,
                              field="--url")
         click.echo(urls[0])
         return
-    doc = {"schema": "kvtool.target.status/1", **doc}
     emit(doc, lambda con: _status_tables(con, doc))
 
 
@@ -238,8 +232,7 @@ def _nothing_up(operation: str) -> bool:
 
     if state.names():
         return False
-    doc = {"schema": f"kvtool.target.{operation}/1", "state": "nothing up",
-           "state_dir": str(state.targets_dir())}
+    doc = api.nothing_up_document(operation)
     emit(doc, lambda con: con.print(f"nothing is up (no target recorded in "
                                     f"{doc['state_dir']})"))
     return True
@@ -300,9 +293,8 @@ Example:
 def discover(address: str, hostnqn: str | None, timeout: float) -> None:
     """Print the discovery log page of any NVMe/TCP target at ADDRESS[:PORT]."""
     host, port = _split_addr(address)
-    entries = api.discover(host, port, hostnqn=hostnqn, timeout=timeout)
-    doc = {"schema": "kvtool.target.discover/1", "address": host, "port": port,
-           "entries": entries}
+    doc = api.discover_document(host, port, hostnqn=hostnqn, timeout=timeout)
+    entries = doc["entries"]
 
     def human(con: Console) -> None:
         from kvtool.cli.output import Column, print_table
@@ -338,9 +330,8 @@ def ana(config: str | None, backend: str | None, engine: str | None, configfs_ro
     native multipath)."""
     cfg, record = api.resolve(config, name, backend=backend, engine=engine, allow_remote=True,
                               check_paths=False)
-    doc = {"schema": "kvtool.target.ana/1",
-           **api.ana(cfg, record, listener, group, state,
-                     api.Options(configfs_root=configfs_root, spdk_socket=spdk_socket))}
+    doc = api.ana(cfg, record, listener, group, state,
+                  api.Options(configfs_root=configfs_root, spdk_socket=spdk_socket))
     emit(doc, lambda con: con.print(f"{doc['name']}: {doc['listener']} group {doc['group']}: "
                                     f"{doc['previous']} -> [bold]{doc['state']}[/]"))
 

@@ -23,7 +23,7 @@ from kvtool.trace.gen import (
 )
 from kvtool.trace.reader import TraceReader, read_trace
 from kvtool.trace.schema import DEFAULT_BLOCK_TOKENS, DEFAULT_WINDOW_MS, FORMATS, WRITABLE
-from kvtool.trace.stats import trace_stats
+from kvtool.trace.stats import bad_lines, stats_document
 from kvtool.trace.writer import write_records
 from kvtool.units import format_size
 
@@ -106,13 +106,8 @@ def stats_cmd(trace: str, fmt: str, block_tokens: int | None, skip_bad: int, win
     """
     with _open(trace, fmt, block_tokens, skip_bad, window_ms) as reader:
         size = block_size_from(model, dtype, tp, block_bytes, reader.block_tokens)
-        result = trace_stats(reader, reuse=not no_reuse,
-                             block_bytes=size.block_bytes if size else None)
-        result = {"schema": "kvtool.trace.stats/1", "trace": str(trace),
-                  "format": reader.format, "timed": reader.timed,
-                  "window_ms": reader.window_ms,
-                  "block_size": size.to_dict() if size else None,
-                  **result, "bad_lines": [{"line": n, "message": m} for n, m in reader.bad_lines]}
+        result = stats_document(reader, path=str(trace), reuse=not no_reuse,
+                                block_size=size.to_dict() if size else None)
         _report_bad(reader)
     emit(result, lambda con: _render_stats(con, result))
 
@@ -396,7 +391,7 @@ def convert_cmd(trace: str, output: str, to: str, fmt: str, block_tokens: int | 
     with _open(trace, fmt, block_tokens, skip_bad, window_ms) as reader:
         res = convert_trace(reader, output, to=to, interval_ms=interval_ms)
         _report_bad(reader)
-        bad = [{"line": n, "message": m} for n, m in reader.bad_lines]
+        bad = bad_lines(reader)
     if res.timestamps_added:
         note(f"the trace is untimed: wrote timestamps {interval_ms:g} ms apart in serve order")
     if res.read_back_block_tokens is not None:
@@ -404,11 +399,7 @@ def convert_cmd(trace: str, output: str, to: str, fmt: str, block_tokens: int | 
              f"assume {DEFAULT_BLOCK_TOKENS[to]})")
     if res.dropped:
         note(f"{to} cannot carry {', '.join(res.dropped)}: dropped")
-    result = {"schema": "kvtool.trace.convert/1", "input": trace, "output": output, "to": to,
-              "requests": res.requests,
-              "block_tokens": res.block_tokens, "timestamps_added": res.timestamps_added,
-              "read_back_block_tokens": res.read_back_block_tokens,
-              "dropped": list(res.dropped), "bad_lines": bad}
+    result = res.to_document(trace, output, bad)
     if output == "-":
         return
     emit(result, lambda con: con.print(f"wrote {res.requests:,} requests ({to}) to {output}"))

@@ -98,6 +98,44 @@ class Result:
                 "state_file": str(self.record.path) if self.record else None}
 
 
+# -- the JSON documents of kvtool target (docs/json.md) ------------------------------------
+
+def up_document(cfg: TargetConfig, result: Result, opts: Options | None = None
+                ) -> dict[str, Any]:
+    """``kvtool target up``'s document: the plan and what was applied, then (unless a dry
+    run) the target's :func:`status`."""
+    doc = {"schema": "kvtool.target.up/1", "name": cfg.name, "backend": cfg.backend,
+           "engine": engine_of(cfg), **result.to_json()}
+    if not result.dry_run:
+        doc["status"] = status(cfg, result.record, opts)
+    return doc
+
+
+def down_document(cfg: TargetConfig, result: Result) -> dict[str, Any]:
+    """``kvtool target down``'s document."""
+    return {"schema": "kvtool.target.down/1", "name": cfg.name, "backend": cfg.backend,
+            **result.to_json()}
+
+
+def status_document(cfg: TargetConfig, record: st.TargetState | None = None,
+                    opts: Options | None = None) -> dict[str, Any]:
+    """``kvtool target status``'s document: :func:`status` with its schema."""
+    return {"schema": "kvtool.target.status/1", **status(cfg, record, opts)}
+
+
+def nothing_up_document(operation: str) -> dict[str, Any]:
+    """The document of ``operation`` (status, down) when no target is recorded at all."""
+    return {"schema": f"kvtool.target.{operation}/1", "state": "nothing up",
+            "state_dir": str(st.targets_dir())}
+
+
+def discover_document(address: str, port: int = 4420, hostnqn: str | None = None,
+                      timeout: float = 10.0) -> dict[str, Any]:
+    """``kvtool target discover``'s document: :func:`discover`'s entries and where from."""
+    return {"schema": "kvtool.target.discover/1", "address": address, "port": port,
+            "entries": discover(address, port, hostnqn=hostnqn, timeout=timeout)}
+
+
 def plan_up(cfg: TargetConfig, opts: Options | None = None) -> Plan:
     record = st.load(cfg.name)
     prev = previous_config(record) if record and record.backend == cfg.backend else None
@@ -456,8 +494,8 @@ def ana(cfg: TargetConfig, record: st.TargetState | None, listener: str, group: 
     record.extra = {**record.extra, **getattr(backend, "extra", {})}
     record.extra.setdefault("ana", {}).setdefault(key, {})[str(group)] = state
     st.save(record)
-    return {"name": cfg.name, "listener": key, "group": group, "state": state,
-            "previous": previous}
+    return {"schema": "kvtool.target.ana/1", "name": cfg.name, "listener": key,
+            "group": group, "state": state, "previous": previous}
 
 
 def _addr(address: str, port: int) -> str:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvtool.errors import UsageError
 from kvtool.trace.reader import TraceReader
@@ -42,6 +43,15 @@ class ConvertResult:
     """``--block-tokens`` needed to read the output back (None: the format's default)."""
     dropped: tuple[str, ...] = field(default=())
     """What the source has and the output format cannot carry (``hash_ids``, ``session``)."""
+
+    def to_document(self, source: str, output: str,
+                    bad_lines: list[dict[str, Any]]) -> dict[str, Any]:
+        """``kvtool trace convert``'s document (docs/json.md)."""
+        return {"schema": "kvtool.trace.convert/1", "input": source, "output": output,
+                "to": self.to, "requests": self.requests, "block_tokens": self.block_tokens,
+                "timestamps_added": self.timestamps_added,
+                "read_back_block_tokens": self.read_back_block_tokens,
+                "dropped": list(self.dropped), "bad_lines": bad_lines}
 
 
 def convert_trace(reader: TraceReader, out: str | os.PathLike[str], *, to: str,

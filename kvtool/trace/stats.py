@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from kvtool.trace.reader import TraceReader
 from kvtool.trace.schema import Request
 
 
@@ -225,3 +226,21 @@ def trace_stats(
         cache.add(req)
     return {**tally.to_dict(), **cache.to_dict(block_bytes),
             "reuse_distance": distances.to_dict() if distances is not None else None}
+
+
+def stats_document(reader: TraceReader, *, path: str, reuse: bool = True,
+                   block_size: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``kvtool trace stats``'s document (docs/json.md) for the trace ``reader`` reads from
+    ``path``: :func:`trace_stats` (bytes from ``block_size``, the
+    :meth:`~kvtool.geometry.BlockSize.to_dict` of the block size, when given), how the trace
+    was read, and the bad lines skipped."""
+    result = trace_stats(reader, reuse=reuse,
+                         block_bytes=block_size["block_bytes"] if block_size else None)
+    return {"schema": "kvtool.trace.stats/1", "trace": path, "format": reader.format,
+            "timed": reader.timed, "window_ms": reader.window_ms, "block_size": block_size,
+            **result, "bad_lines": bad_lines(reader)}
+
+
+def bad_lines(reader: TraceReader) -> list[dict[str, Any]]:
+    """The lines ``reader`` skipped, as documents list them."""
+    return [{"line": n, "message": m} for n, m in reader.bad_lines]
