@@ -53,12 +53,10 @@ def command() -> None:
 def list_cmd() -> None:
     """List the experiments in fixtures/experiments/."""
     from kvtool.experiments import list_experiments
+    from kvtool.experiments.spec import list_document
 
     exps = list_experiments()
-    doc = {"schema": "kvtool.experiment-list/1",
-           "experiments": [{"name": e.name, "title": e.title, "source": e.source,
-                            "claim": e.claim, "kind": e.kind, "scale": e.scale}
-                           for e in exps]}
+    doc = list_document(exps)
 
     def human(con: Any) -> None:
         from kvtool.cli.output import Column, print_table

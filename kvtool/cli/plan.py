@@ -163,7 +163,13 @@ def _plan_trace(trace: str, *, fmt: str, block_tokens: int | None, model: str | 
     from pathlib import Path
 
     from kvtool.cache.report import check_output_paths
-    from kvtool.plan.curve import DEFAULT_MAX_TRACKED, lru_curve, policy_sweep, sweep_capacities
+    from kvtool.plan.curve import (
+        DEFAULT_MAX_TRACKED,
+        lru_curve,
+        policy_sweep,
+        sweep_capacities,
+        trace_document,
+    )
     from kvtool.trace.reader import read_trace
 
     check_output_paths(plot=plot_path)
@@ -176,9 +182,7 @@ def _plan_trace(trace: str, *, fmt: str, block_tokens: int | None, model: str | 
                           max_tracked=sample_limit or DEFAULT_MAX_TRACKED)
     bt = curve.block_tokens or reader.block_tokens
     size = block_size_from(model, dtype, tp, block_bytes, bt)
-    bb = size.block_bytes if size else None
-    doc: dict[str, Any] = {"schema": "kvtool.plan-trace/1", "trace": trace,
-                           "format": reader.format, "block_size": size.to_dict() if size else None}
+    swept = None
     if sweep is not None:
         caps = sweep_capacities(curve.unique_blocks, sweep)
         with progress(f"plan: {policy} at {len(caps)} sizes", unit="requests") as bar:
@@ -187,12 +191,8 @@ def _plan_trace(trace: str, *, fmt: str, block_tokens: int | None, model: str | 
                                      skip_bad=skip_bad), bar),
                 policy, caps, block_tokens=bt, input_tokens=curve.input_tokens,
                 max_hit_tokens=round(curve.max_hit_tokens), unique_blocks=curve.unique_blocks)
-        doc.update(swept.to_dict(bb))
-        doc["one_pass"] = curve.to_dict(bb) if policy == "lru" else None
-    else:
-        doc.update(curve.to_dict(bb))
-        doc["one_pass"] = None
-    doc["bad_lines"] = [{"line": line, "message": msg} for line, msg in reader.bad_lines]
+    doc = trace_document(trace, reader.format, curve, swept,
+                         size.to_dict() if size else None, reader.bad_lines)
     if plot_path:
         from kvtool.plan.curve import write_curve_plot
 

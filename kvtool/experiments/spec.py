@@ -352,6 +352,14 @@ def list_experiments(directory: Path | None = None) -> list[Experiment]:
     return [load_experiment(p) for p in sorted(d.glob("*.toml"))]
 
 
+def list_document(experiments: list[Experiment]) -> dict[str, Any]:
+    """``kvtool experiment list``'s document (docs/json.md)."""
+    return {"schema": "kvtool.experiment-list/1",
+            "experiments": [{"name": e.name, "title": e.title, "source": e.source,
+                             "claim": e.claim, "kind": e.kind, "scale": e.scale}
+                            for e in experiments]}
+
+
 def find_experiment(name: str, directory: Path | None = None) -> Experiment:
     """An experiment by name, or a path to an experiment file."""
     if name.endswith(".toml") or "/" in name:

@@ -306,3 +306,23 @@ def write_curve_plot(doc: dict[str, Any], path: str, *, title: str = "") -> None
     ax.set_title(title or "kvtool plan", fontsize=10)
     fig.tight_layout()
     save(fig, path)
+
+
+def trace_document(trace: str, fmt: str, curve: Curve, swept: SweepCurve | None,
+                   block_size: dict[str, Any] | None,
+                   bad_lines: list[tuple[int, str]]) -> dict[str, Any]:
+    """``kvtool plan TRACE``'s document (docs/json.md): the one-pass LRU ``curve``, or the
+    policy ``swept`` at several capacities (with the one-pass curve beside it when the
+    policy is LRU); bytes from ``block_size`` (a :meth:`~kvtool.geometry.BlockSize.to_dict`)
+    when given."""
+    bb = block_size["block_bytes"] if block_size else None
+    doc: dict[str, Any] = {"schema": "kvtool.plan-trace/1", "trace": trace, "format": fmt,
+                           "block_size": block_size}
+    if swept is not None:
+        doc.update(swept.to_dict(bb))
+        doc["one_pass"] = curve.to_dict(bb) if swept.policy == "lru" else None
+    else:
+        doc.update(curve.to_dict(bb))
+        doc["one_pass"] = None
+    doc["bad_lines"] = [{"line": line, "message": msg} for line, msg in bad_lines]
+    return doc
