@@ -14,9 +14,11 @@ from kvtool.errors import UsageError
 from kvtool.trace.convert import convert_trace
 from kvtool.trace.gen import (
     Form,
+    GenSpec,
     MultiTurn,
     PrefixRepetition,
     RandomPrompts,
+    gen_document,
     multi_turn,
     prefix_repetition,
     random_prompts,
@@ -271,7 +273,7 @@ def gen_cmd(output: str, sessions: int | None, rounds: int | None, input_tokens:
     dataset, requests sharing one of a few prefixes, shuffled. Untimed unless
     --interval-ms or --request-rate. Deterministic for a given --seed.
     """
-    workload: dict[str, Any]
+    spec: GenSpec
     arrivals: dict[str, Any] = {"interval_ms": interval_ms, "request_rate": request_rate,
                                 "burstiness": burstiness if burstiness is not None else 1.0}
     repetition = {"--prefix-repetition-num-prefixes": rep_prefixes,
@@ -297,11 +299,8 @@ def gen_cmd(output: str, sessions: int | None, rounds: int | None, input_tokens:
             rep_prefixes if rep_prefixes is not None else 10,
             output_tokens if output_tokens is not None else 128, not disable_shuffle,
             block_tokens, seed, cast(Form, form), **arrivals)
+        spec = pspec
         n = write_records(prefix_repetition(pspec), output)
-        workload = {"kind": "prefix-repetition", "num_prompts": pspec.num_prompts,
-                    "num_prefixes": pspec.num_prefixes, "prefix_len": pspec.prefix_tokens,
-                    "suffix_len": pspec.suffix_tokens, "output_tokens": pspec.output_tokens,
-                    "shuffle": pspec.shuffle}
     elif random_lens is not None:
         for name, value in (("--sessions", sessions), ("--rounds", rounds),
                             ("--input-tokens", input_tokens)):
@@ -312,10 +311,8 @@ def gen_cmd(output: str, sessions: int | None, rounds: int | None, input_tokens:
                               output_tokens if output_tokens is not None else 128,
                               system_prompt_tokens, block_tokens, seed, cast(Form, form),
                               **arrivals, range_ratio=range_ratio or 0.0)
+        spec = rspec
         n = write_records(random_prompts(rspec), output)
-        workload = {"kind": "random", "input_lengths": list(rspec.input_lengths),
-                    "num_prompts": rspec.num_prompts, "iterations": rspec.iterations,
-                    "output_tokens": rspec.output_tokens, "range_ratio": rspec.range_ratio}
     else:
         for name, value in (("--num-prompts", num_prompts), ("--iterations", iterations),
                             ("--random-range-ratio", range_ratio)):
@@ -332,25 +329,13 @@ def gen_cmd(output: str, sessions: int | None, rounds: int | None, input_tokens:
         mspec = MultiTurn(sessions, rounds, input_tokens, output_tokens, system_prompt_tokens,
                           block_tokens, seed, cast(Form, form),
                           **arrivals)
+        spec = mspec
         n = write_records(multi_turn(mspec), output)
-        workload = {"kind": "multi-turn", "sessions": sessions, "rounds": rounds,
-                    "input_tokens": input_tokens, "output_tokens": output_tokens}
-    result = {"schema": "kvtool.trace.gen/1", "output": output, "requests": n, "form": form,
-              "block_tokens": block_tokens,
-              "system_prompt_tokens": system_prompt_tokens, "seed": seed,
-              "timed": interval_ms is not None or request_rate is not None,
-              "arrivals": {"interval_ms": interval_ms,
-                           "request_rate": (None if request_rate is None else
-                                            "inf" if request_rate == float("inf")
-                                            else request_rate),
-                           "burstiness": None if request_rate is None else
-                           ("inf" if arrivals["burstiness"] == float("inf")
-                            else arrivals["burstiness"])},
-              "workload": workload}
+    result = gen_document(spec, output, n)
     if output == "-":
         return
     emit(result, lambda con: con.print(
-        f"wrote {n:,} requests ({workload['kind']}, {form}, {block_tokens} tokens/block) "
+        f"wrote {n:,} requests ({result['workload']['kind']}, {form}, {block_tokens} tokens/block) "
         f"to {output}"))
 
 

@@ -403,3 +403,42 @@ def prefix_repetition(spec: PrefixRepetition) -> Iterator[dict[str, Any]]:
                 next_id += 1
             rec["hash_ids"] = keys
         yield rec
+
+
+GenSpec = MultiTurn | RandomPrompts | PrefixRepetition
+"""What ``kvtool trace gen`` writes a trace of."""
+
+
+def workload_of(spec: GenSpec) -> dict[str, Any]:
+    """The ``workload`` member of ``kvtool trace gen``'s document: ``spec``'s own numbers."""
+    if isinstance(spec, MultiTurn):
+        return {"kind": "multi-turn", "sessions": spec.sessions, "rounds": spec.rounds,
+                "input_tokens": spec.input_tokens, "output_tokens": spec.output_tokens}
+    if isinstance(spec, RandomPrompts):
+        return {"kind": "random", "input_lengths": list(spec.input_lengths),
+                "num_prompts": spec.num_prompts, "iterations": spec.iterations,
+                "output_tokens": spec.output_tokens, "range_ratio": spec.range_ratio}
+    return {"kind": "prefix-repetition", "num_prompts": spec.num_prompts,
+            "num_prefixes": spec.num_prefixes, "prefix_len": spec.prefix_tokens,
+            "suffix_len": spec.suffix_tokens, "output_tokens": spec.output_tokens,
+            "shuffle": spec.shuffle}
+
+
+def gen_document(spec: GenSpec, output: str, requests: int) -> dict[str, Any]:
+    """``kvtool trace gen``'s document (docs/json.md): ``requests`` written to ``output``
+    from ``spec``. Infinite rates are the string ``"inf"`` (JSON has no infinity)."""
+
+    def finite(x: float) -> float | str:
+        return "inf" if x == math.inf else x
+
+    timed = spec.interval_ms is not None or spec.request_rate is not None
+    return {"schema": "kvtool.trace.gen/1", "output": output, "requests": requests,
+            "form": spec.form, "block_tokens": spec.block_tokens,
+            "system_prompt_tokens": getattr(spec, "system_prompt_tokens", 0), "seed": spec.seed,
+            "timed": timed,
+            "arrivals": {"interval_ms": spec.interval_ms,
+                         "request_rate": None if spec.request_rate is None
+                         else finite(spec.request_rate),
+                         "burstiness": None if spec.request_rate is None
+                         else finite(spec.burstiness)},
+            "workload": workload_of(spec)}
