@@ -255,12 +255,7 @@ class Replay:
             for j, n in enumerate(per_tier):
                 if n:
                     ttft += n * self._spb[j]
-        out = req.output_length
-        st.requests += 1
-        st.input_tokens += inp
-        st.output_tokens += out
-        st.ttft_s.append(ttft)
-        st.latency_s += ttft + out * self._tpot
+        st.count_request(inp, req.output_length, ttft, self._tpot)
 
     def _serve(self, req: RequestLike, st: RoundStats) -> float:
         B = self.block_tokens
@@ -273,11 +268,7 @@ class Replay:
         for j, n in enumerate(per_tier):
             if n:
                 ttft += n * self._spb[j]
-        st.requests += 1
-        st.input_tokens += inp
-        st.output_tokens += req.output_length
-        st.ttft_s.append(ttft)
-        st.latency_s += ttft + req.output_length * self._tpot
+        st.count_request(inp, req.output_length, ttft, self._tpot)
         return ttft
 
     def _feed_recorded(self, req: RequestLike, r: int, st: RoundStats) -> None:

@@ -42,6 +42,16 @@ class RoundStats:
         self.ttft_s: list[float] = []
         self.latency_s = 0.0
 
+    def count_request(self, input_tokens: int, output_tokens: int, ttft_s: float,
+                      tpot_s: float) -> None:
+        """One served request: its tokens, its time to first token, and its latency (the
+        TTFT plus ``tpot_s`` per output token)."""
+        self.requests += 1
+        self.input_tokens += input_tokens
+        self.output_tokens += output_tokens
+        self.ttft_s.append(ttft_s)
+        self.latency_s += ttft_s + output_tokens * tpot_s
+
     def add(self, other: RoundStats) -> None:
         self.requests += other.requests
         self.input_tokens += other.input_tokens

@@ -316,11 +316,7 @@ class DataReplay(Replay):
         hit = sum(per_tier) * B
         hit = min(hit, inp)
         ttft = load_s + (inp - hit) / self._prefill
-        st.requests += 1
-        st.input_tokens += inp
-        st.output_tokens += req.output_length
-        st.ttft_s.append(ttft)
-        st.latency_s += ttft + req.output_length * self._tpot
+        st.count_request(inp, req.output_length, ttft, self._tpot)
         round_st.add(st)
         if self.on_request is not None:
             corrupt: dict[str, int] = {}
