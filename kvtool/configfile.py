@@ -357,6 +357,18 @@ class ConfigTable:
             self.fail(f"{v} is out of range {bounds}", (*self.path, key))
         return v
 
+    def number(self, key: str, default: float, *, lo: float | None = None) -> float:
+        """The number (an integer or a float, not a bool) at ``key``, at least ``lo``;
+        ``default`` when absent."""
+        if key not in self.data:
+            return default
+        v = self.data[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
+            self.fail(f"expected a number, got {show_value(v)}", (*self.path, key))
+        if lo is not None and v < lo:
+            self.fail(f"must be at least {lo}, got {v}", (*self.path, key))
+        return float(v)
+
     def size(self, key: str) -> int | None:
         if key not in self.data:
             return None

@@ -9,11 +9,11 @@ exits 2.
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import MISSING, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
-from kvtool.configfile import read_config
+from kvtool.configfile import ConfigDocument, ConfigTable, read_config
 from kvtool.errors import InputError
 from kvtool.nvme.dhchap import dhgroup_id, hash_id
 from kvtool.nvme.spec import ANA_STATES, DISCOVERY_NQN, is_loopback, nqn_problem
@@ -195,20 +195,49 @@ class TargetConfig:
 
     @classmethod
     def from_dict(cls, doc: Any, *, file: str | None = None) -> TargetConfig:
-        """Build from the JSON document; unknown keys and wrong types are errors."""
-        top = _fields(doc, "", cls, file)
-        keys = [HostKeyConfig(**_fields(kdoc, f"host_keys[{i}]", HostKeyConfig, file))
-                for i, kdoc in enumerate(_list(top.pop("host_keys", []), "host_keys", file))]
-        subs = []
-        for i, sdoc in enumerate(_list(top.pop("subsystems", []), "subsystems", file)):
-            sfields = _fields(sdoc, f"subsystems[{i}]", SubsystemConfig, file)
-            nss = []
-            for j, ndoc in enumerate(_list(sfields.pop("namespaces", []),
-                                           f"subsystems[{i}].namespaces", file)):
-                nss.append(NamespaceConfig(**_fields(
-                    ndoc, f"subsystems[{i}].namespaces[{j}]", NamespaceConfig, file)))
-            subs.append(SubsystemConfig(namespaces=nss, **sfields))
-        return cls(subsystems=subs, host_keys=keys, **top).validate(file=file)
+        """Build from the JSON document; unknown keys and wrong types are errors naming the
+        key (and ``file``)."""
+        return cls.from_document(ConfigDocument(doc, file, "json", None))
+
+    @classmethod
+    def from_document(cls, doc: ConfigDocument) -> TargetConfig:
+        """Build from a read document (:mod:`kvtool.configfile`: its typed reader checks
+        every key), then :meth:`validate`."""
+        top = doc.table()
+        top.check_keys(_keys(cls))
+        keys = [HostKeyConfig(
+            nqn=t.text("nqn", required=True),
+            dhchap_key_file=t.text("dhchap_key_file", required=True),
+            dhchap_ctrl_key_file=_optional_text(t, "dhchap_ctrl_key_file"),
+            dhchap_hashes=t.str_list("dhchap_hashes"),
+            dhchap_dhgroups=t.str_list("dhchap_dhgroups"))
+            for t in _checked(top.tables("host_keys"), HostKeyConfig)]
+        subs = [SubsystemConfig(
+            nqn=t.text("nqn", required=True),
+            namespaces=[NamespaceConfig(
+                nsid=n.integer("nsid", required=True), backing=n.text("backing", required=True),
+                size=_size_text(n), lba_size=n.integer("lba_size", 512),
+                anagrpid=n.integer("anagrpid", 1))
+                for n in _checked(t.tables("namespaces"), NamespaceConfig)],
+            hosts=t.str_list("hosts"), allow_any_host=t.flag("allow_any_host"),
+            serial=t.text("serial", ""), model=t.text("model", "kvtool emulator"))
+            for t in _checked(top.tables("subsystems"), SubsystemConfig)]
+        defaults = cls()
+        ana = top.table("ana")
+        cfg = cls(
+            subsystems=subs, host_keys=keys,
+            listen=top.str_list("listen") if top.has("listen") else defaults.listen,
+            allow_remote=top.flag("allow_remote"),
+            port_id=top.integer("port_id", defaults.port_id),
+            mdts=top.integer("mdts", defaults.mdts),
+            max_queue_size=top.integer("max_queue_size", defaults.max_queue_size),
+            max_io_queues=top.integer("max_io_queues", defaults.max_io_queues),
+            in_capsule_data_size=top.integer("in_capsule_data_size",
+                                             defaults.in_capsule_data_size),
+            maxh2cdata=top.integer("maxh2cdata", defaults.maxh2cdata),
+            kato_grace_s=top.number("kato_grace_s", defaults.kato_grace_s),
+            ana=ana.data if ana is not None else {}, closed=top.str_list("closed"))
+        return cfg.validate(file=doc.source)
 
     @classmethod
     def load(cls, path: str | Path) -> TargetConfig:
@@ -216,59 +245,35 @@ class TargetConfig:
         (kvtool.configfile, the reader every kvtool config file goes through)."""
         doc = read_config(path, kind="json")
         try:
-            return cls.from_dict(doc.data, file=doc.source)
+            return cls.from_document(doc)
         except InputError as exc:
             raise doc.locate(exc) from None
 
 
-_TYPES: dict[str, tuple[type, ...]] = {
-    "nsid": (int,), "backing": (str,), "size": (str, int, type(None)), "lba_size": (int,),
-    "nqn": (str,), "hosts": (list,), "allow_any_host": (bool,), "serial": (str,),
-    "model": (str,), "listen": (list,), "allow_remote": (bool,), "port_id": (int,),
-    "mdts": (int,), "max_queue_size": (int,), "max_io_queues": (int,),
-    "in_capsule_data_size": (int,), "maxh2cdata": (int,), "kato_grace_s": (int, float),
-    "subsystems": (list,), "namespaces": (list,), "host_keys": (list,),
-    "dhchap_key_file": (str,), "dhchap_ctrl_key_file": (str, type(None)),
-    "dhchap_hashes": (list,), "dhchap_dhgroups": (list,), "anagrpid": (int,), "ana": (dict,),
-    "closed": (list,),
-}
+def _keys(cls: type) -> list[str]:
+    return list(cls.__dataclass_fields__)  # type: ignore[attr-defined]
 
 
-def _fields(doc: Any, where: str, cls: type, file: str | None) -> dict[str, Any]:
-    if not isinstance(doc, dict):
-        raise InputError("expected a JSON object", file=file, field=where or "(top level)")
-    allowed = set(cls.__dataclass_fields__)  # type: ignore[attr-defined]
-    out: dict[str, Any] = {}
-    for key, value in doc.items():
-        fld = f"{where}.{key}" if where else key
-        if key not in allowed:
-            raise InputError(f"unknown key (allowed: {', '.join(sorted(allowed))})",
-                             file=file, field=fld)
-        types = _TYPES[key]
-        if isinstance(value, bool) and bool not in types:
-            raise InputError(f"expected {types[0].__name__}, got a boolean", file=file,
-                             field=fld)
-        if not isinstance(value, types):
-            raise InputError(f"expected {types[0].__name__}, got {type(value).__name__}",
-                             file=file, field=fld)
-        lists = ("hosts", "listen", "dhchap_hashes", "dhchap_dhgroups", "closed")
-        if key in lists and not all(isinstance(v, str) for v in cast("list[Any]", value)):
-            raise InputError("expected a list of strings", file=file, field=fld)
-        if key == "size" and isinstance(value, int):
-            value = str(value)
-        out[key] = value
-    missing = [f for f, d in cls.__dataclass_fields__.items()  # type: ignore[attr-defined]
-               if d.default is d.default_factory is MISSING and f not in out]
-    if missing:
-        fld = f"{where}.{missing[0]}" if where else missing[0]
-        raise InputError("required key is missing", file=file, field=fld)
-    return out
+def _checked(tables: list[ConfigTable], cls: type) -> list[ConfigTable]:
+    """``tables``, each checked for keys ``cls`` does not have."""
+    for t in tables:
+        t.check_keys(_keys(cls))
+    return tables
 
 
-def _list(value: Any, where: str, file: str | None) -> list[Any]:
-    if not isinstance(value, list):
-        raise InputError("expected a list", file=file, field=where)
-    return value
+def _optional_text(t: ConfigTable, key: str) -> str | None:
+    """A string, or None when absent or JSON null."""
+    return None if t.data.get(key) is None else t.text(key)
+
+
+def _size_text(t: ConfigTable) -> str | None:
+    """``size``: a size such as "64MiB", or a byte count; kept as text for validate()."""
+    value = t.data.get("size")
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return t.text("size")
 
 
 def check_nqn(nqn: str, *, field: str, file: str | None = None) -> None:
