@@ -37,11 +37,11 @@ from pathlib import Path
 from typing import Any
 
 from kvtool.cache.engine import CacheConfig, TierSpec
-from kvtool.cache.hierarchy import WRITE_POLICIES
+from kvtool.cache.names import POLICY_NAMES, WRITE_POLICIES
 from kvtool.cache.policies import POLICIES, WATERMARK_DEFAULTS
 from kvtool.cache.tier import TIER_NAMES, Watermark
 from kvtool.cache.timemodel import DEFAULT_READ_GBPS, TimeModel
-from kvtool.configfile import read_config
+from kvtool.configfile import ConfigTable, read_config
 from kvtool.errors import InputError, UsageError, param
 from kvtool.tiers.option import TierOption
 from kvtool.units import Capacity
@@ -84,55 +84,53 @@ def load_tiers_file(path: str | Path) -> TiersFile:
     def bad(message: str, key: str, table: str | None = None) -> InputError:
         return doc.error(message, (*table.split("."), key) if table else (key,))
 
-    out = TiersFile()
-    if not isinstance(doc.data, dict):
-        raise doc.error("expected a table")
-    for key, value in doc.data.items():
-        if key not in _TOP_KEYS:
-            raise bad(f"unknown key (use {', '.join(sorted(_TOP_KEYS))})", key)
-        if key == "write_policy":
-            if value not in WRITE_POLICIES:
-                raise bad(f"{value!r} is not a write policy (use {', '.join(WRITE_POLICIES)})",
-                          key)
-            out.write_policy = value
-        elif key == "time":
-            for gone in ("prefill_tokens_per_s", "tpot_ms"):
-                if isinstance(value, dict) and gone in value:
-                    raise bad("a replay's times come from the serving model's one-engine case "
-                              f"now ({param('engine_gpu')}, {param('model')}; docs/replay.md): "
-                              "remove it", gone, "time")
-            out.time = time_table(value, bad)
-        else:
-            out.tiers[key] = _tier_table(key, value, bad)
+    top = doc.table()
+    top.check_keys(_TOP_KEYS)
+    out = TiersFile(write_policy=top.choice("write_policy", WRITE_POLICIES))
+    if top.has("time"):
+        value = top.data["time"]
+        for gone in ("prefill_tokens_per_s", "tpot_ms"):
+            if isinstance(value, dict) and gone in value:
+                raise bad("a replay's times come from the serving model's one-engine case "
+                          f"now ({param('engine_gpu')}, {param('model')}; docs/replay.md): "
+                          "remove it", gone, "time")
+        out.time = time_table(value, bad)
+    for name in TIER_NAMES:
+        table = top.table(name)
+        if table is not None:
+            out.tiers[name] = _tier_table(table)
     return out
 
 
-def _tier_table(name: str, table: Any, bad: Any) -> TierOptions:
-    if not isinstance(table, dict):
-        raise bad("must be a table", name)
-    opts = TierOptions()
-    for key, value in table.items():
-        if key not in _TIER_KEYS:
-            raise bad(f"unknown key (use {', '.join(sorted(_TIER_KEYS))})", key, name)
-        if key == "capacity":
-            try:
-                opts.capacity = TierOption.parse(
-                    str(value) if isinstance(value, str | int) else "?", tier=name)
-            except UsageError as exc:
-                raise bad(exc.message, key, name) from None
-        elif key == "policy":
-            if value not in POLICIES:
-                raise bad(f"{value!r} is not a policy (use {', '.join(POLICIES)})", key, name)
-            opts.policy = value
-        elif key in ("window", "admit_after", "admit_ttl"):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise bad(f"must be a whole number ≥ 1, got {value!r}", key, name)
-            setattr(opts, key, value)
-        else:
-            if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value <= 1:
-                raise bad(f"must be a fraction in (0, 1], got {value!r}", key, name)
-            setattr(opts, key, float(value))
+def _tier_table(t: ConfigTable) -> TierOptions:
+    t.check_keys(_TIER_KEYS)
+    name = str(t.path[-1])
+    opts = TierOptions(policy=t.choice("policy", POLICY_NAMES), window=_count(t, "window"),
+                       admit_after=_count(t, "admit_after"), admit_ttl=_count(t, "admit_ttl"),
+                       watermark=_fraction(t, "watermark"),
+                       evict_ratio=_fraction(t, "evict_ratio"))
+    if t.has("capacity"):
+        value = t.data["capacity"]
+        try:
+            opts.capacity = TierOption.parse(
+                str(value) if isinstance(value, str | int) else "?", tier=name)
+        except UsageError as exc:
+            t.fail(exc.message, t.at("capacity"))
     return opts
+
+
+def _count(t: ConfigTable, key: str) -> int | None:
+    return t.integer(key, lo=1)
+
+
+def _fraction(t: ConfigTable, key: str) -> float | None:
+    """A fraction in (0, 1] (NaN fails too)."""
+    if not t.has(key):
+        return None
+    value = t.number(key, 0.0)
+    if not 0 < value <= 1:
+        t.fail(f"must be a fraction in (0, 1], got {t.data[key]!r}", t.at(key))
+    return value
 
 
 def time_table(table: Any, bad: Any) -> dict[str, Any]:
