@@ -141,8 +141,9 @@ def command(ctx: click.Context, trace: str | None, sessions: int | None,
                          "kvtool plan TRACE", field=missing[0])
     assert sessions is not None and input_tokens is not None and output_tokens is not None
     block_tokens = 256 if block_tokens is None else block_tokens
-    workload = Workload(sessions, input_tokens, output_tokens, system_prompt_tokens, rounds,
-                        block_tokens, cast(AnswerKV, answer_kv))
+    workload = Workload(sessions=sessions, rounds=rounds, input_tokens=input_tokens,
+                        output_tokens=output_tokens, system_prompt_tokens=system_prompt_tokens,
+                        block_tokens=block_tokens, answer_kv=cast(AnswerKV, answer_kv))
     size = block_size_from(model, dtype, tp, block_bytes, block_tokens)
     storage = Storage(size.block_bytes if size else None, replicas, _watermark(watermark),
                       cast(WritePolicy, write_policy), size)

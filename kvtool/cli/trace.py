@@ -14,10 +14,10 @@ from kvtool.errors import UsageError
 from kvtool.trace.convert import convert_trace
 from kvtool.trace.gen import (
     Form,
-    GenSpec,
     MultiTurn,
     PrefixRepetition,
     RandomPrompts,
+    Spec,
     gen_document,
     multi_turn,
     prefix_repetition,
@@ -273,7 +273,7 @@ def gen_cmd(output: str, sessions: int | None, rounds: int | None, input_tokens:
     dataset, requests sharing one of a few prefixes, shuffled. Untimed unless
     --interval-ms or --request-rate. Deterministic for a given --seed.
     """
-    spec: GenSpec
+    spec: Spec
     arrivals: dict[str, Any] = {"interval_ms": interval_ms, "request_rate": request_rate,
                                 "burstiness": burstiness if burstiness is not None else 1.0}
     repetition = {"--prefix-repetition-num-prefixes": rep_prefixes,

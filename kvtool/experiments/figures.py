@@ -156,9 +156,9 @@ def _plan_collapse(run: RunData, a: dict[str, Any]) -> Value:
     dram = next((t.capacity for t in cfg.tiers if t.name == "dram"), None)
     if dram is None:
         raise FigureUnavailable("the configuration has no DRAM tier")
-    p = plan(Workload(w["sessions"], w["input_tokens"], w["output_tokens"],
-                      w.get("system_prompt_tokens", 0), w["rounds"], w.get("block_tokens", 256),
-                      "next-round"),
+    p = plan(Workload(sessions=w["sessions"], rounds=w["rounds"], input_tokens=w["input_tokens"],
+                      output_tokens=w["output_tokens"], system_prompt_tokens=w.get("system_prompt_tokens", 0),
+                      block_tokens=w.get("block_tokens", 256), answer_kv="next-round"),
              Storage(run.block_bytes), dram=dram)
     c = p.as_given.collapse_round
     return Value(c, "none" if c is None else f"{c:.2f}", "modelled")

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from kvtool.collapse import collapse_round
 from kvtool.errors import UsageError, param
+from kvtool.trace.sessions import Sessions
 from kvtool.units import Capacity
 
 if TYPE_CHECKING:
@@ -60,26 +61,15 @@ MAX_PLANNED_ROUNDS = 100_000
 
 
 @dataclass(frozen=True)
-class Workload:
-    """C sessions × rounds with N new input and M answer tokens per round."""
+class Workload(Sessions):
+    """The :class:`~kvtool.trace.sessions.Sessions` shape (C sessions × R rounds with N new input
+    and M answer tokens per round) as the capacity formula models it, with ``answer_kv``:
+    whether a round's answer KV is stored with it or only recomputed in the next round."""
 
-    sessions: int
-    input_tokens: int
-    output_tokens: int
-    system_prompt_tokens: int = 0
-    rounds: int = 20
-    block_tokens: int = 256
     answer_kv: AnswerKV = "stored"
 
     def __post_init__(self) -> None:
-        for name, value, low in (("sessions", self.sessions, 1), ("rounds", self.rounds, 1),
-                                 ("block_tokens", self.block_tokens, 1),
-                                 ("input_tokens", self.input_tokens, 0),
-                                 ("output_tokens", self.output_tokens, 0),
-                                 ("system_prompt_tokens", self.system_prompt_tokens, 0)):
-            if value < low:
-                raise UsageError(f"must be {'positive' if low else 'non-negative'}, got {value}",
-                                 field=name)
+        super().__post_init__()
         if self.rounds > MAX_PLANNED_ROUNDS:
             raise UsageError(f"at most {MAX_PLANNED_ROUNDS} rounds, got {self.rounds}",
                              field="rounds")
@@ -89,15 +79,6 @@ class Workload:
         if self.input_tokens + self.output_tokens == 0:
             raise UsageError("sessions must add tokens each round (N + M > 0)",
                              field="input_tokens")
-
-    @property
-    def delta(self) -> int:
-        """Δ: new tokens per session per round."""
-        return self.input_tokens + self.output_tokens
-
-    def input_length(self, r: int) -> int:
-        """Input tokens of a round-r request: the whole history plus N new tokens."""
-        return self.system_prompt_tokens + (r - 1) * self.delta + self.input_tokens
 
     def stored_tokens(self, r: int) -> int:
         """L_r: tokens of a session whose KV is stored after round r (0 for r = 0)."""

@@ -44,6 +44,7 @@ from typing import Any, Literal
 import numpy as np
 
 from kvtool.errors import UsageError, param
+from kvtool.trace.sessions import Sessions, not_negative, positive
 
 Form = Literal["tokens", "hash_ids"]
 VOCAB = 32_000
@@ -53,15 +54,10 @@ MAX_REQUEST_TOKENS = 100_000_000
 
 
 @dataclass(frozen=True)
-class MultiTurn:
-    """Parameters of a multi-turn workload (see the module docstring)."""
+class MultiTurn(Sessions):
+    """Parameters of a multi-turn workload (see the module docstring): the
+    :class:`Sessions` shape plus how the trace is written."""
 
-    sessions: int
-    rounds: int
-    input_tokens: int
-    output_tokens: int
-    system_prompt_tokens: int = 0
-    block_tokens: int = 256
     seed: int = 0
     form: Form = "tokens"
     interval_ms: float | None = None
@@ -69,17 +65,9 @@ class MultiTurn:
     burstiness: float = 1.0
 
     def __post_init__(self) -> None:
-        _positive(self.sessions, "sessions")
-        _positive(self.rounds, "rounds")
-        _not_negative(self.input_tokens, "input_tokens")
-        _not_negative(self.system_prompt_tokens, "system_prompt_tokens")
+        super().__post_init__()
         _check_common(self)
         _request_limit(self.input_length(self.rounds), "input_tokens")
-
-    def input_length(self, round_: int) -> int:
-        """Input tokens of every session's round-``round_`` request (1-based)."""
-        return (self.system_prompt_tokens + round_ * self.input_tokens
-                + (round_ - 1) * self.output_tokens)
 
 
 @dataclass(frozen=True)
@@ -109,10 +97,10 @@ class RandomPrompts:
         if not self.input_lengths:
             raise UsageError("give at least one length", field="random_input_len")
         for n in self.input_lengths:
-            _positive(n, "random_input_len")
-        _positive(self.num_prompts, "num_prompts")
-        _positive(self.iterations, "iterations")
-        _not_negative(self.system_prompt_tokens, "system_prompt_tokens")
+            positive(n, "random_input_len")
+        positive(self.num_prompts, "num_prompts")
+        positive(self.iterations, "iterations")
+        not_negative(self.system_prompt_tokens, "system_prompt_tokens")
         if not 0 <= self.range_ratio < 1:
             raise UsageError(f"must be in [0, 1), got {self.range_ratio}",
                              field="random_range_ratio")
@@ -163,10 +151,10 @@ class PrefixRepetition:
     burstiness: float = 1.0
 
     def __post_init__(self) -> None:
-        _positive(self.num_prompts, "num_prompts")
-        _positive(self.num_prefixes, "prefix_repetition_num_prefixes")
-        _not_negative(self.prefix_tokens, "prefix_repetition_prefix_len")
-        _not_negative(self.suffix_tokens, "prefix_repetition_suffix_len")
+        positive(self.num_prompts, "num_prompts")
+        positive(self.num_prefixes, "prefix_repetition_num_prefixes")
+        not_negative(self.prefix_tokens, "prefix_repetition_prefix_len")
+        not_negative(self.suffix_tokens, "prefix_repetition_suffix_len")
         if self.num_prompts < self.num_prefixes:
             raise UsageError(f"{self.num_prompts} requests cannot cover "
                              f"{self.num_prefixes} prefixes (give at least one per prefix)",
@@ -186,21 +174,11 @@ class PrefixRepetition:
 Spec = MultiTurn | RandomPrompts | PrefixRepetition
 
 
-def _positive(value: int, field: str) -> None:
-    if value <= 0:
-        raise UsageError(f"must be positive, got {value}", field=field)
-
-
-def _not_negative(value: int, field: str) -> None:
-    if value < 0:
-        raise UsageError(f"must not be negative, got {value}", field=field)
-
-
 def _check_common(spec: Spec) -> None:
     """Check the parameters both workloads share."""
-    _positive(spec.block_tokens, "block_tokens")
-    _not_negative(spec.output_tokens, "output_tokens")
-    _not_negative(spec.seed, "seed")
+    positive(spec.block_tokens, "block_tokens")
+    not_negative(spec.output_tokens, "output_tokens")
+    not_negative(spec.seed, "seed")
     if spec.form not in ("tokens", "hash_ids"):
         raise UsageError(f"unknown form {spec.form!r} (use tokens or hash_ids)", field="format")
     if spec.interval_ms is not None and not 0 <= spec.interval_ms < math.inf:
@@ -249,7 +227,7 @@ def rate_arrivals_ms(n: int, request_rate: float, burstiness: float = 1.0,
     if not burstiness > 0:
         raise UsageError(f"must be positive (1: Poisson arrivals) or inf, got {burstiness}",
                          field="burstiness")
-    _not_negative(seed, "seed")
+    not_negative(seed, "seed")
     if request_rate == math.inf:
         return [0.0] * n
     if burstiness == math.inf:
@@ -405,11 +383,9 @@ def prefix_repetition(spec: PrefixRepetition) -> Iterator[dict[str, Any]]:
         yield rec
 
 
-GenSpec = MultiTurn | RandomPrompts | PrefixRepetition
-"""What ``kvtool trace gen`` writes a trace of."""
 
 
-def workload_of(spec: GenSpec) -> dict[str, Any]:
+def workload_of(spec: Spec) -> dict[str, Any]:
     """The ``workload`` member of ``kvtool trace gen``'s document: ``spec``'s own numbers."""
     if isinstance(spec, MultiTurn):
         return {"kind": "multi-turn", "sessions": spec.sessions, "rounds": spec.rounds,
@@ -424,7 +400,7 @@ def workload_of(spec: GenSpec) -> dict[str, Any]:
             "shuffle": spec.shuffle}
 
 
-def gen_document(spec: GenSpec, output: str, requests: int) -> dict[str, Any]:
+def gen_document(spec: Spec, output: str, requests: int) -> dict[str, Any]:
     """``kvtool trace gen``'s document (docs/json.md): ``requests`` written to ``output``
     from ``spec``. Infinite rates are the string ``"inf"`` (JSON has no infinity)."""
 

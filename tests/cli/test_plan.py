@@ -25,7 +25,8 @@ def test_report_case_json() -> None:
     # Same as the library with the same inputs.
     size = block_size("deepseek-v4-flash", dtype="fp8")
     assert size is not None
-    lib = plan(Workload(112, 109030, 5000), Storage(1_002_240, size=size),
+    lib = plan(Workload(sessions=112, rounds=20, input_tokens=109030, output_tokens=5000), Storage(1_002_240,
+                        size=size),
                dram=Capacity.parse("429.5GB")).to_dict()
     assert doc == lib
 

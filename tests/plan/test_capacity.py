@@ -22,7 +22,8 @@ GB = Capacity.parse
 def test_hand_computed_small_case() -> None:
     # C=4 sessions, Δ = 192 + 64 = 256 tokens = one block per session per round, s = 1000 B:
     # F_r = 4000·r bytes; M = 10 000 B → crosses during round 3, at 2 + 2000/4000 = 2.5.
-    p = plan(Workload(4, 192, 64, rounds=5), Storage(1000), dram=GB("10000"))
+    p = plan(Workload(sessions=4, rounds=5, input_tokens=192, output_tokens=64), Storage(1000),
+                      dram=GB("10000"))
     d = p.to_dict()
     assert [row["footprint_bytes"] for row in d["rounds"]] == [4000, 8000, 12000, 16000, 20000]
     assert d["formula"]["R"] == pytest.approx(2.5)
@@ -48,7 +49,7 @@ def test_hand_computed_small_case() -> None:
 def test_system_prompt_is_stored_once_and_rounded_to_blocks() -> None:
     # S = 600 tokens at B = 256: 2 shared full blocks; the block holding the boundary is
     # per session. L_r = 600 + 256·r → U_r = 2 + 4·(⌊L_r/256⌋ − 2).
-    w = Workload(4, 200, 56, system_prompt_tokens=600, rounds=3)
+    w = Workload(sessions=4, rounds=3, input_tokens=200, output_tokens=56, system_prompt_tokens=600)
     assert [w.unique_blocks(r) for r in (1, 2, 3)] == [2 + 4 * 1, 2 + 4 * 2, 2 + 4 * 3]
     d = plan(w, Storage(1000), dram=GB("9000")).to_dict()
     # F = 6000, 10000, …: crosses 9000 in round 2 at 1 + 3000/4000.
@@ -64,7 +65,8 @@ def test_system_prompt_is_stored_once_and_rounded_to_blocks() -> None:
 @pytest.mark.parametrize(("h", "rho", "expected"), [(1.0, 1, 2.5), (0.9, 1, 2.25),
                                                     (1.0, 2, 1.25), (0.8, 2, 1.0)])
 def test_watermark_and_replicas(h: float, rho: int, expected: float) -> None:
-    d = plan(Workload(4, 192, 64), Storage(1000, rho, h), dram=GB("10000")).to_dict()
+    d = plan(Workload(sessions=4, rounds=20, input_tokens=192, output_tokens=64), Storage(1000, rho, h),
+                      dram=GB("10000")).to_dict()
     assert d["formula"]["R"] == pytest.approx(expected)
     assert d["collapse_round"] == pytest.approx(expected)
     terms = d["formula"]["terms"]
@@ -83,7 +85,7 @@ def test_sizes_are_per_rank(model: str, tp: int, s: int | None, t: int) -> None:
     assert size.per_rank_duplication == t and (s is None or size.block_bytes == s)
     one = block_size(model)
     assert one is not None and size.copy_bytes == one.copy_bytes
-    w = Workload(4, 192, 64)
+    w = Workload(sessions=4, rounds=20, input_tokens=192, output_tokens=64)
     d = plan(w, Storage(size.block_bytes, size=size), dram=GB("10GB")).to_dict()
     d1 = plan(w, Storage(one.block_bytes, size=one), dram=GB("10GB")).to_dict()
     assert d["formula"]["R"] == pytest.approx(d1["formula"]["R"] * tp / t)
@@ -92,7 +94,7 @@ def test_sizes_are_per_rank(model: str, tp: int, s: int | None, t: int) -> None:
 
 
 def test_write_policy_sets_the_hierarchy_capacity() -> None:
-    w = Workload(4, 192, 64)
+    w = Workload(sessions=4, rounds=20, input_tokens=192, output_tokens=64)
     through = plan(w, Storage(1000), gpu=GB("4000"), dram=GB("10000"), nvme=GB("30000"))
     back = plan(w, Storage(1000, write_policy="write-back"), gpu=GB("4000"), dram=GB("10000"),
                 nvme=GB("30000"))
@@ -105,7 +107,8 @@ def test_write_policy_sets_the_hierarchy_capacity() -> None:
 
 
 def test_nvme_sized_to_need_keeps_the_no_eviction_ratio() -> None:
-    d = plan(Workload(4, 192, 64, rounds=10), Storage(1000), dram=GB("10000")).to_dict()
+    d = plan(Workload(sessions=4, rounds=10, input_tokens=192, output_tokens=64), Storage(1000),
+                      dram=GB("10000")).to_dict()
     nv = d["scenarios"]["with_nvme"]
     assert nv["nvme_sized_to_need"] is True
     assert nv["tiers"]["nvme"]["bytes"] == d["capacity_needed"]["bytes"] == 40000
@@ -117,20 +120,23 @@ def test_nvme_sized_to_need_keeps_the_no_eviction_ratio() -> None:
 
 
 def test_unbounded_dram_never_collapses() -> None:
-    d = plan(Workload(4, 192, 64), Storage(1000), dram=GB("inf")).to_dict()
+    d = plan(Workload(sessions=4, rounds=20, input_tokens=192, output_tokens=64), Storage(1000),
+                      dram=GB("inf")).to_dict()
     assert d["collapse_round"] is None and d["eviction_round"] is None
     assert d["cliff_round"] is None and d["formula"]["R"] is None
 
 
 def test_capacities_in_blocks_without_geometry() -> None:
-    d = plan(Workload(16, 2000, 500), Storage(None), dram=GB("2000blk")).to_dict()
+    d = plan(Workload(sessions=16, rounds=20, input_tokens=2000, output_tokens=500), Storage(None),
+                      dram=GB("2000blk")).to_dict()
     # Δ = 2500 tokens; U_r = 16·⌊2500 r/256⌋: U_12 = 16·117 = 1872, U_13 = 16·126 = 2016.
     assert d["eviction_round"] == 13
     assert d["collapse_round"] == pytest.approx(12 + 128 / 144)
     assert d["rounds"][0]["footprint_bytes"] is None
     assert d["rounds"][0]["footprint_blocks"] == 16 * 9
     with pytest.raises(UsageError) as err:
-        plan(Workload(16, 2000, 500), Storage(None), dram=GB("1GB"))
+        plan(Workload(sessions=16, rounds=20, input_tokens=2000, output_tokens=500), Storage(None),
+                      dram=GB("1GB"))
     assert err.value.field == "dram"
 
 
@@ -138,7 +144,7 @@ def test_report_sanity_check() -> None:
     """docs/plan.md, the report's case: 429.5 GB, 3915 B/token, C = 112, Δ ≈ 114 030 → R = 8.59."""
     geo = resolve("deepseek-v4-flash", dtype="fp8")
     assert (geo.copy_block_bytes, geo.bytes_per_token) == (1_002_240, 3915.0)
-    w = Workload(112, 109_030, 5_000, rounds=20)
+    w = Workload(sessions=112, rounds=20, input_tokens=109_030, output_tokens=5_000)
     d = plan(w, Storage(geo.copy_block_bytes), dram=GB("429.5GB")).to_dict()
     assert d["formula"]["R"] == pytest.approx(429.5e9 / (112 * 3915 * 114_030))
     assert round(d["formula"]["R"], 2) == 8.59
@@ -161,7 +167,8 @@ def test_no_eviction_curve_matches_trace_stats_of_the_generated_workload(
     write_records(multi_turn(MultiTurn(c, rounds, n, m, s, b, form="hash_ids")),
                   tmp_path / "t.jsonl")
     stats = trace_stats(read_trace(tmp_path / "t.jsonl"))
-    d = plan(Workload(c, n, m, s, rounds, b, answer_kv="next-round"), Storage(None),
+    d = plan(Workload(sessions=c, rounds=rounds, input_tokens=n, output_tokens=m, system_prompt_tokens=s,
+                      block_tokens=b, answer_kv="next-round"), Storage(None),
              dram=GB("inf")).to_dict()
     measured = [row["max_token_hit_ratio"] for row in stats["per_round"]]
     predicted = [row["hit_ratio"]["no_eviction"] for row in d["rounds"]]
@@ -172,16 +179,18 @@ def test_no_eviction_curve_matches_trace_stats_of_the_generated_workload(
 
 
 @pytest.mark.parametrize(("make", "field"), [
-    (lambda: Workload(0, 1, 1), "sessions"),
-    (lambda: Workload(1, -1, 1), "input_tokens"),
-    (lambda: Workload(1, 0, 0), "input_tokens"),
-    (lambda: Workload(1, 1, 1, rounds=0), "rounds"),
-    (lambda: Workload(1, 1, 1, rounds=100_001), "rounds"),
-    (lambda: Workload(1, 1, 1, answer_kv="never"), "answer_kv"),
+    (lambda: Workload(sessions=0, rounds=20, input_tokens=1, output_tokens=1), "sessions"),
+    (lambda: Workload(sessions=1, rounds=20, input_tokens=-1, output_tokens=1), "input_tokens"),
+    (lambda: Workload(sessions=1, rounds=20, input_tokens=0, output_tokens=0), "input_tokens"),
+    (lambda: Workload(sessions=1, rounds=0, input_tokens=1, output_tokens=1), "rounds"),
+    (lambda: Workload(sessions=1, rounds=100_001, input_tokens=1, output_tokens=1), "rounds"),
+    (lambda: Workload(sessions=1, rounds=20, input_tokens=1, output_tokens=1, answer_kv="never"),
+                      "answer_kv"),
     (lambda: Storage(0), "block_bytes"),
     (lambda: Storage(1, replicas=0), "replicas"),
     (lambda: Storage(1, watermark=1.5), "watermark"),
-    (lambda: plan(Workload(1, 1, 1), Storage(1), dram=GB("0")), "dram"),
+    (lambda: plan(Workload(sessions=1, rounds=20, input_tokens=1, output_tokens=1), Storage(1), dram=GB("0")),
+                           "dram"),
 ])
 def test_bad_values_name_the_option(make: object, field: str) -> None:
     with pytest.raises(UsageError) as err:
@@ -191,7 +200,8 @@ def test_bad_values_name_the_option(make: object, field: str) -> None:
 
 def test_onset_search_finds_far_rounds() -> None:
     # R ≈ 195.9 (docs/plan.md, Δ = 5 000 output tokens only).
-    d = plan(Workload(112, 0, 5000, rounds=3), Storage(1_002_240), dram=GB("429.5GB")).to_dict()
+    d = plan(Workload(sessions=112, rounds=3, input_tokens=0, output_tokens=5000), Storage(1_002_240),
+                      dram=GB("429.5GB")).to_dict()
     assert d["formula"]["R"] == pytest.approx(195.9, abs=0.05)
     assert math.ceil(d["collapse_round"]) == d["eviction_round"]
     assert abs(d["collapse_round"] - d["formula"]["R"]) < 1
