@@ -1,10 +1,12 @@
 """Imports in kvtool/ and emulator/ go down the layer table, and never in a cycle
 (docs/architecture.md, "Layers").
 
-Every import counts, at module level or inside a function (a lazy import is still a
-dependency), except those under ``if TYPE_CHECKING:``. A cycle means a module is both a
-leaf and the hub that wires things together: split the leaf out (as kvtool/store/io.py is
-split from the engine factory in kvtool/store/engine.py).
+Every import counts: at module level, inside a function (a lazy import is still a
+dependency) and under ``if TYPE_CHECKING:`` (a type-only import is a dependency of the
+design: when a lower module needs a higher one's type, give it a Protocol of what it uses,
+as emulator/nvmetcp/queue.py does for the command handlers). A cycle means a module is
+both a leaf and the hub that wires things together: split the leaf out (as
+kvtool/store/io.py is split from the engine factory in kvtool/store/engine.py).
 """
 
 from __future__ import annotations
@@ -47,15 +49,6 @@ def _imports(path: Path, name: str, known: set[str]) -> set[str]:
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
 
     class Visitor(ast.NodeVisitor):
-        def visit_If(self, node: ast.If) -> None:
-            test = node.test
-            if (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-                    isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"):
-                for n in node.orelse:
-                    self.visit(n)
-                return
-            self.generic_visit(node)
-
         def visit_Import(self, node: ast.Import) -> None:
             found.update(a.name for a in node.names)
 

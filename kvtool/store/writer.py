@@ -6,19 +6,31 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from kvtool.store.bounce import as_bytes_view, stage_for_write
 from kvtool.store.checksum import crc32c
-from kvtool.store.io import AlignedBuffer
-from kvtool.store.layout import ORDINAL_NONE, Written
+from kvtool.store.io import AlignedBuffer, IOEngine
+from kvtool.store.layout import ORDINAL_NONE, Superblock, Written
 
-if TYPE_CHECKING:
-    from kvtool.store.objectstore import ObjectStore
+
+class CommittingStore(Protocol):
+    """What the writer uses of its :class:`~kvtool.store.objectstore.ObjectStore`: the
+    layout, the engine, slot allocation and the public commit protocol."""
+
+    engine: IOEngine
+    sb: Superblock
+
+    @property
+    def retiring(self) -> bool: ...
+
+    def allocate(self) -> int: ...
+
+    def commit(self, records: Sequence[Written]) -> None: ...
 
 
 def cpu_workers() -> int:
@@ -40,7 +52,7 @@ class BatchWriter:
     remainder; errors surface there or from the next ``put``.
     """
 
-    def __init__(self, store: ObjectStore, *, qd: int, batch_objects: int,
+    def __init__(self, store: CommittingStore, *, qd: int, batch_objects: int,
                  on_commit: Callable[[list[tuple[int, int]]], None] | None) -> None:
         self.store = store
         self.qd = qd

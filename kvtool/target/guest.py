@@ -65,7 +65,7 @@ def kvtool_in_guest(args: str) -> str:
     return f"chroot /hostroot /usr/bin/env {env} {sys.executable} -m kvtool.cli.target_alone {args}"
 
 
-def _json_tail(text: str) -> Any:
+def json_tail(text: str) -> Any:
     """The JSON document at the end of mixed output (kvtool prints it last on stdout)."""
     start = text.find("{")
     while start != -1:
@@ -185,7 +185,7 @@ class QemuEngine(BackgroundEngine):
                  "allow_any_host": False} for s in cfg.subsystems]}
         _rc, out = guest_exec(int(self.extra["control_port"]),
                              kvtool_in_guest(f"--json status --name {cfg.name}"))
-        doc = _json_tail(out)
+        doc = json_tail(out)
         forwards = {int(k): int(v) for k, v in self.extra.get("forwards", {}).items()}
         for sub in doc["subsystems"]:
             for lst in sub["listeners"]:
@@ -244,7 +244,7 @@ def _supervise(spec_path: str, ready_path: str) -> int:
         if rc != 0:
             report({"error": out.strip().splitlines()[-1] if out.strip() else f"exit {rc}"})
             return 1
-        result = _json_tail(out)
+        result = json_tail(out)
         report({"pid": os.getpid(), "control_port": guest.control_port,
                 "forwards": {str(g): guest.host_port(g) for g in forwards},
                 "boot_seconds": guest.boot_seconds, "plan": result.get("plan")})

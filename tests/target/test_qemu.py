@@ -19,7 +19,7 @@ import pytest
 
 from kvtool.nvme import host as nvme_host
 from kvtool.target import state
-from kvtool.target.guest import GUEST_DIR, _json_tail, guest_exec, kvtool_in_guest
+from kvtool.target.guest import GUEST_DIR, guest_exec, json_tail, kvtool_in_guest
 from tests.conftest import free_port, run, run_json
 
 pytestmark = [pytest.mark.qemu, pytest.mark.integration, pytest.mark.slow]
@@ -69,7 +69,7 @@ port = {port}
         rc, out = guest_exec(control, kvtool_in_guest(
             f"--json up {GUEST_DIR}/target.json --backend nvmet --allow-remote"), timeout=300)
         assert rc == 0, out
-        assert _json_tail(out)["applied"] == 0
+        assert json_tail(out)["applied"] == 0
 
         # the real kernel refuses what the simulated one refuses (docs/target.md)
         root = "/sys/kernel/config/nvmet"
