@@ -8,9 +8,14 @@ errors; the locators scan the text once, respecting tables and arrays of tables 
 and nested objects and arrays (JSON). A path that is not found falls back to its longest
 known prefix (the enclosing table).
 
+``ConfigDocument.table(path)`` gives typed access to one table (:class:`ConfigTable`:
+``text``, ``integer``, ``number``, ``size``, ``choice``, ``flag``, ``str_list``,
+``tables``, ``check_keys``), each wrong key or value an error naming file, line and key.
+
 Used by ``kvtool target`` configs (kvtool/target/loader.py), ``kvtool replay --tiers``
-(kvtool/replay/config.py), custom model geometries (kvtool/geometry/custom.py) and the
-emulator's JSON config (emulator/nvmetcp/config.py).
+(kvtool/replay/config.py), custom model geometries (kvtool/geometry/custom.py),
+experiments (kvtool/experiments/spec.py) and the emulator's JSON config
+(emulator/nvmetcp/config.py).
 """
 
 from __future__ import annotations
