@@ -276,7 +276,7 @@ def _excess_recompute(run: RunData, a: dict[str, Any]) -> Value:
 def _errors(run: RunData, a: dict[str, Any]) -> Value:
     res = run.results[a["config"]]
     if run.mode != "data":
-        raise FigureUnavailable("no bytes move in --simulate")
+        raise FigureUnavailable("no bytes move in a simulated run")
     n = int(res.get("corrupt_blocks", 0) or 0) + int(res.get("lost_blocks", 0) or 0)
     return Value(float(n), f"{n}", "counted")
 
@@ -285,7 +285,7 @@ def _load_link(run: RunData, config: str, link: str | None) -> dict[str, Any]:
     res = run.results[config]
     links = (res.get("measured") or {}).get("links")
     if run.mode != "data" or not links:
-        raise FigureUnavailable("no bytes move in --simulate")
+        raise FigureUnavailable("no bytes move in a simulated run")
     name = link or f"gpu<-{res['tiers'][-1]['name']}"
     got = links.get(name)
     if not got or not got.get("gbps"):

@@ -67,7 +67,7 @@ def _compatible(store: ObjectStore, spec: LoadSpec, payload: Payload, lba: int) 
     if sb.object_bytes != spec.object_bytes:
         return f"its objects are {sb.object_bytes} B, not {spec.object_bytes} B"
     if sb.seed != spec.seed:
-        return f"it was loaded with --seed {sb.seed}, not {spec.seed}"
+        return f"it was loaded with {param('seed')} {sb.seed}, not {spec.seed}"
     if sb.payload_kind != payload.kind or sb.payload_crc != payload.source_crc:
         return "it was loaded from a different payload source"
     if sb.lba_size != lba:
