@@ -282,7 +282,7 @@ def check_nqn(nqn: str, *, field: str, file: str | None = None) -> None:
         raise InputError(problem, file=file, field=field)
 
 
-def parse_listen(addr: str, *, field: str = "--listen",
+def parse_listen(addr: str, *, field: str = "listen",
                  file: str | None = None) -> tuple[str, int]:
     """``HOST:PORT`` or ``[V6]:PORT`` → (host, port); port 0 picks a free port."""
     host, sep, port = addr.rpartition(":")
