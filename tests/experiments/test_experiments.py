@@ -33,9 +33,9 @@ def test_cliff_collapse_round_equals_plan_within_one_round() -> None:
     dram_only = next(c for c in doc["configs"] if c["label"] == "DRAM only")
     tiered = next(c for c in doc["configs"] if c["label"] == "DRAM/8 + NVMe")
     w = exp.workload
-    predicted = plan(Workload(w["sessions"], w["input_tokens"], w["output_tokens"],
-                              rounds=w["rounds"], block_tokens=w["block_tokens"],
-                              answer_kv="next-round"),
+    predicted = plan(Workload(sessions=w["sessions"], rounds=w["rounds"],
+                              input_tokens=w["input_tokens"], output_tokens=w["output_tokens"],
+                              block_tokens=w["block_tokens"], answer_kv="next-round"),
                      Storage(None), dram=Capacity.parse("1090blk")).as_given.collapse_round
     # The plan is computed here independently of the experiment's own plan row.
     assert predicted is not None and dram_only["cliff_round"] is not None
