@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import io
-from collections.abc import Callable
 import sys
+from collections.abc import Callable
 
 import pytest
 from rich.console import Console
