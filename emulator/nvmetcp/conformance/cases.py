@@ -391,10 +391,10 @@ def _feat_hostid(t: Target) -> Outcome:
         return outcome(r, hostid=r.data == HOSTID if r.cqe.ok else "-")
 
 
-@case("Features", "Get unsupported FID 02h (power management)")
+@case("Features", "Get unsupported FID 10h (host controlled thermal management)")
 def _feat_unknown(t: Target) -> Outcome:
     with Session(t) as s:
-        return outcome(_features(s, False, 0x02))
+        return outcome(_features(s, False, 0x10))
 
 
 # Keep Alive, unknown opcodes

@@ -36,3 +36,10 @@ REASONS: dict[str, str] = {
         "Linux drops the connection",
 }
 
+
+
+# The sweep (docs/nvme-tcp.md, "The sweep"): probe label -> why kvtool answers differently
+# from at least one of Linux nvmet 6.1, Linux nvmet 6.12 and SPDK. Exactly the probes where
+# it does (tests/emulator/test_sweep.py checks both directions).
+SWEEP_REASONS: dict[str, str] = {
+}
