@@ -221,7 +221,10 @@ def set_features(conn: QueueConnection, ctrl: Controller, sqe: P.Sqe,
         ctrl.arm_keep_alive(conn.state.loop, conn.state.config.kato_grace_s)
         conn.complete(sqe.cid)
     elif fid == spec.FID_ASYNC_EVENT_CONFIG:
-        supported = 0 if discovery else (spec.AEN_CFG_NS_ATTR | spec.AEN_CFG_ANA_CHANGE)
+        # The SMART critical warnings are accepted (as Linux and SPDK) and never raised:
+        # nothing here wears out, heats up or loses its backup power.
+        supported = 0 if discovery else (spec.AEN_CFG_SMART_WARNINGS | spec.AEN_CFG_NS_ATTR
+                                         | spec.AEN_CFG_ANA_CHANGE)
         if sqe.cdw11 & ~supported:
             conn.complete(sqe.cid, invalid)
             return
@@ -258,27 +261,34 @@ def get_features(conn: QueueConnection, ctrl: Controller, sqe: P.Sqe,
         if expect_len(conn, sqe, data, 16):
             conn.send_data(sqe.cid, ctrl.hostid[:16].ljust(16, b"\0"))
         return
+    discovery = ctrl.subsys.is_discovery
+    if fid not in (_DISCOVERY_FEATURES if discovery else _FEATURES):
+        # An unknown FID is Invalid Field whatever the data length (spec and SPDK; Linux
+        # checks the length first): there is no data structure to be too long for.
+        conn.complete(sqe.cid, status(spec.SC_INVALID_FIELD))
+        return
     if not expect_len(conn, sqe, data, 0):
         return
     nq = conn.state.config.max_io_queues - 1
-    discovery = ctrl.subsys.is_discovery
-    if fid == spec.FID_NUMBER_OF_QUEUES and not discovery:
+    if fid == spec.FID_NUMBER_OF_QUEUES:
         conn.complete(sqe.cid, 0, (nq << 16) | nq)
     elif fid == spec.FID_KEEP_ALIVE_TIMER:
         conn.complete(sqe.cid, 0, ctrl.kato_ms)
     elif fid == spec.FID_ASYNC_EVENT_CONFIG:
         conn.complete(sqe.cid, 0, ctrl.aec)
-    elif discovery:
-        conn.complete(sqe.cid, status(spec.SC_INVALID_FIELD))
     elif fid in _PLAIN_FEATURES:
         conn.complete(sqe.cid, 0, ctrl.features.get(fid, 0))
     elif fid == spec.FID_TEMPERATURE_THRESHOLD:
         ok = _temperature_selector_ok(sqe.cdw11)  # no sensor: every threshold reads 0
         conn.complete(sqe.cid, 0 if ok else status(spec.SC_INVALID_FIELD))
-    elif fid == spec.FID_VOLATILE_WRITE_CACHE:
+    else:  # Volatile Write Cache
         conn.complete(sqe.cid, 0, 1)  # WCE: present and enabled (VWC is 1)
-    else:
-        conn.complete(sqe.cid, status(spec.SC_INVALID_FIELD))
+
+
+# The FIDs Get Features answers (Host Identifier is answered before the length check).
+_DISCOVERY_FEATURES = {spec.FID_KEEP_ALIVE_TIMER, spec.FID_ASYNC_EVENT_CONFIG}
+_FEATURES = {*_DISCOVERY_FEATURES, *_PLAIN_FEATURES, spec.FID_NUMBER_OF_QUEUES,
+             spec.FID_TEMPERATURE_THRESHOLD, spec.FID_VOLATILE_WRITE_CACHE}
 
 
 _ADMIN = {

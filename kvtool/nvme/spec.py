@@ -108,6 +108,7 @@ DLFEAT_READS_ZERO = 0x1  # deallocated blocks read as zeros
 DLFEAT_WZ_DEALLOCATE = 1 << 3
 
 # Asynchronous events
+AEN_CFG_SMART_WARNINGS = 0x1F  # Async Event Configuration: SMART critical warnings 4:0
 AEN_CFG_NS_ATTR = 1 << 8  # Async Event Configuration / OAES: Namespace Attribute Notices
 AER_TYPE_NOTICE = 0x2
 AER_NOTICE_NS_CHANGED = 0x00
