@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -108,6 +110,19 @@ def test_recorded_table_follows_the_rule_and_is_in_the_docs() -> None:
     doc = text[text.index(BEGIN) + len(BEGIN): text.index(END)].strip()
     want = markdown(table, SWEEP_REASONS)
     assert doc == want, "docs/nvme-tcp.md's sweep table is stale; paste:\n" + want
+
+
+@pytest.mark.integration
+def test_cli_sweeps_one_target_and_refuses_bad_input(kvtool_target: KvtoolTarget) -> None:
+    cmd = [sys.executable, "-m", "emulator.nvmetcp.conformance.sweep"]
+    done = subprocess.run([*cmd, f"127.0.0.1:{kvtool_target.port}", NQN, "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["results"]["Get Features 01h Arbitration"] == {
+        "status": "SUCCESS", "facts": {"dw0": "0x0"}}
+    bad = subprocess.run([*cmd, "nowhere", NQN], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "HOST:PORT" in bad.stderr
 
 
 def test_the_mandatory_features_answer() -> None:

@@ -15,7 +15,8 @@ cases write to it) and answer on a data subsystem ``NQN``.
 
 The package: :mod:`.host` (the scripted host and its outcomes), :mod:`.cases` (the cases),
 :mod:`.reasons` (why kvtool differs from Linux where it does), :mod:`.run` (running,
-tables, the command line).
+tables, the command line), :mod:`.sweep` (the generated sweep of every feature, Identify
+CNS and log page, against kvtool, Linux nvmet 6.1/6.12 and SPDK).
 """
 
 from emulator.nvmetcp.conformance.cases import CASES, Case, case
