@@ -178,6 +178,23 @@ def _log_page(conn: Queue, ctrl: Controller, sqe: P.Sqe, lid: int) -> bytes | No
 
 # --- Features ----------------------------------------------------------------------------
 
+# The features a host sets and reads back as plain values (Arbitration, Power Management,
+# Error Recovery, Write Atomicity Normal): the bits this controller keeps, and each one's
+# value on a new controller (SPDK's and the specification's: all zero). The mandatory
+# features of docs/nvme-tcp.md's sweep table; ``Controller.features`` holds what was set.
+_PLAIN_FEATURES = {
+    spec.FID_ARBITRATION: 0xFFFF_FF07,  # AB, LPW, MPW, HPW (bits 7:3 reserved)
+    spec.FID_POWER_MANAGEMENT: 0xFF,  # PS (only 0: NPSS is 0), WH
+    spec.FID_ERROR_RECOVERY: 0xFFFF,  # TLER (DULBE unsupported: setting it is refused)
+    spec.FID_WRITE_ATOMICITY: 0x1,  # DN
+}
+
+
+def _temperature_selector_ok(cdw11: int) -> bool:
+    """TMPSEL 0–8 or 15 (all sensors), THSEL 0 (over) or 1 (under): Temperature Threshold."""
+    tmpsel, thsel = (cdw11 >> 16) & 0xF, (cdw11 >> 20) & 0x3
+    return (tmpsel <= 8 or tmpsel == 15) and thsel <= 1
+
 
 def set_features(conn: Queue, ctrl: Controller, sqe: P.Sqe,
                  data: bytes | memoryview) -> None:
@@ -188,9 +205,11 @@ def set_features(conn: Queue, ctrl: Controller, sqe: P.Sqe,
     if not expect_len(conn, sqe, data, 0):
         return
     nq = conn.state.config.max_io_queues - 1
-    if fid == spec.FID_NUMBER_OF_QUEUES and not ctrl.subsys.is_discovery:
+    discovery = ctrl.subsys.is_discovery
+    invalid = status(spec.SC_INVALID_FIELD)
+    if fid == spec.FID_NUMBER_OF_QUEUES and not discovery:
         if sqe.cdw11 & 0xFFFF == 0xFFFF or sqe.cdw11 >> 16 == 0xFFFF:
-            conn.complete(sqe.cid, status(spec.SC_INVALID_FIELD))
+            conn.complete(sqe.cid, invalid)
             return
         conn.complete(sqe.cid, 0, (nq << 16) | nq)
     elif fid == spec.FID_KEEP_ALIVE_TIMER:
@@ -198,15 +217,34 @@ def set_features(conn: Queue, ctrl: Controller, sqe: P.Sqe,
         ctrl.arm_keep_alive(conn.state.loop, conn.state.config.kato_grace_s)
         conn.complete(sqe.cid)
     elif fid == spec.FID_ASYNC_EVENT_CONFIG:
-        supported = 0 if ctrl.subsys.is_discovery else (spec.AEN_CFG_NS_ATTR
-                                                         | spec.AEN_CFG_ANA_CHANGE)
+        # The SMART critical warnings are accepted (as Linux and SPDK) and never raised:
+        # nothing here wears out, heats up or loses its backup power.
+        supported = 0 if discovery else (spec.AEN_CFG_SMART_WARNINGS | spec.AEN_CFG_NS_ATTR
+                                         | spec.AEN_CFG_ANA_CHANGE)
         if sqe.cdw11 & ~supported:
-            conn.complete(sqe.cid, status(spec.SC_INVALID_FIELD))
+            conn.complete(sqe.cid, invalid)
             return
         ctrl.aec = sqe.cdw11
         conn.complete(sqe.cid)
+    elif discovery:
+        conn.complete(sqe.cid, invalid)
+    elif fid in _PLAIN_FEATURES:
+        refused = {spec.FID_POWER_MANAGEMENT: sqe.cdw11 & 0x1F,  # a power state but 0
+                   spec.FID_ERROR_RECOVERY: sqe.cdw11 & (1 << 16)}.get(fid, 0)  # DULBE
+        if refused:
+            conn.complete(sqe.cid, invalid)
+            return
+        ctrl.features[fid] = sqe.cdw11 & _PLAIN_FEATURES[fid]
+        conn.complete(sqe.cid)
+    elif fid == spec.FID_TEMPERATURE_THRESHOLD:
+        # No sensor: a valid threshold is accepted and has nothing to act on (as SPDK).
+        conn.complete(sqe.cid, 0 if _temperature_selector_ok(sqe.cdw11) else invalid)
+    elif fid == spec.FID_VOLATILE_WRITE_CACHE:
+        # The cache is the page cache (or process memory): it cannot be turned off.
+        conn.complete(sqe.cid, 0 if sqe.cdw11 & 1 else status(
+            spec.SC_FEATURE_NOT_CHANGEABLE, spec.SCT_COMMAND_SPECIFIC))
     else:
-        conn.complete(sqe.cid, status(spec.SC_INVALID_FIELD))
+        conn.complete(sqe.cid, invalid)
 
 
 def get_features(conn: Queue, ctrl: Controller, sqe: P.Sqe,
@@ -219,17 +257,34 @@ def get_features(conn: Queue, ctrl: Controller, sqe: P.Sqe,
         if expect_len(conn, sqe, data, 16):
             conn.send_data(sqe.cid, ctrl.hostid[:16].ljust(16, b"\0"))
         return
+    discovery = ctrl.subsys.is_discovery
+    if fid not in (_DISCOVERY_FEATURES if discovery else _FEATURES):
+        # An unknown FID is Invalid Field whatever the data length (spec and SPDK; Linux
+        # checks the length first): there is no data structure to be too long for.
+        conn.complete(sqe.cid, status(spec.SC_INVALID_FIELD))
+        return
     if not expect_len(conn, sqe, data, 0):
         return
     nq = conn.state.config.max_io_queues - 1
-    if fid == spec.FID_NUMBER_OF_QUEUES and not ctrl.subsys.is_discovery:
+    if fid == spec.FID_NUMBER_OF_QUEUES:
         conn.complete(sqe.cid, 0, (nq << 16) | nq)
     elif fid == spec.FID_KEEP_ALIVE_TIMER:
         conn.complete(sqe.cid, 0, ctrl.kato_ms)
     elif fid == spec.FID_ASYNC_EVENT_CONFIG:
         conn.complete(sqe.cid, 0, ctrl.aec)
-    else:
-        conn.complete(sqe.cid, status(spec.SC_INVALID_FIELD))
+    elif fid in _PLAIN_FEATURES:
+        conn.complete(sqe.cid, 0, ctrl.features.get(fid, 0))
+    elif fid == spec.FID_TEMPERATURE_THRESHOLD:
+        ok = _temperature_selector_ok(sqe.cdw11)  # no sensor: every threshold reads 0
+        conn.complete(sqe.cid, 0 if ok else status(spec.SC_INVALID_FIELD))
+    else:  # Volatile Write Cache
+        conn.complete(sqe.cid, 0, 1)  # WCE: present and enabled (VWC is 1)
+
+
+# The FIDs Get Features answers (Host Identifier is answered before the length check).
+_DISCOVERY_FEATURES = {spec.FID_KEEP_ALIVE_TIMER, spec.FID_ASYNC_EVENT_CONFIG}
+_FEATURES = {*_DISCOVERY_FEATURES, *_PLAIN_FEATURES, spec.FID_NUMBER_OF_QUEUES,
+             spec.FID_TEMPERATURE_THRESHOLD, spec.FID_VOLATILE_WRITE_CACHE}
 
 
 _ADMIN = {

@@ -71,7 +71,11 @@ class Controller:
         self.kato_ms = kato_ms
         self.cc = 0
         self.csts = 0
-        self.aec = 0
+        # Every notice this target raises is enabled until the host says otherwise, as
+        # Linux nvmet and SPDK do (docs/nvme-tcp.md, the sweep); a discovery controller
+        # raises none.
+        self.aec = 0 if subsys.is_discovery else spec.AEN_CFG_NS_ATTR | spec.AEN_CFG_ANA_CHANGE
+        self.features: dict[int, int] = {}  # Set Features values of the plain features (admin)
         self.queues: dict[int, Closable] = {}
         self.errors: list[ErrorEntry] = []  # the newest ERROR_LOG_SLOTS failed commands
         self.error_count = 0

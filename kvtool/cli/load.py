@@ -137,7 +137,7 @@ def render(c: Console, r: dict[str, Any]) -> None:
     sb = r["store"]
     t = Table(box=box.SIMPLE, show_header=False)
     t.add_column(style="bold")
-    t.add_column()
+    t.add_column(overflow="fold")  # a deep path is folded, never cut
     t.add_row("target", f"{shown_path(r['target'])} ({r['engine']['kind']}, {r['engine']['lba_size']} B LBA)")
     t.add_row("store", f"{sb['uuid']}" + (" (new)" if r["formatted"] else " (resumed)"))
     t.add_row("object", f"{sb['object_bytes']:,} B → slot {sb['slot_bytes']:,} B "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import sys
+from collections.abc import Callable
 
 import pytest
 from rich.console import Console
@@ -46,8 +47,9 @@ def test_width_problems_finds_cut_and_broken_cells() -> None:
     def squeezed(con: Console) -> None:
         t = Table()
         t.add_column("footprint", no_wrap=True)
-        t.add_column("x" * 90, overflow="fold")
-        t.add_row("149.97 GB", "y" * 90)
+        for i in range(3):  # words of 35 fit a line, but not three side by side
+            t.add_column(str(i), overflow="fold")
+        t.add_row("149.97 GB", "x" * 35, "y" * 35, "z" * 35)
         con.print(t)
 
     def fitted(con: Console) -> None:
@@ -55,6 +57,25 @@ def test_width_problems_finds_cut_and_broken_cells() -> None:
 
     assert width_problems(squeezed)
     assert not width_problems(fitted)
+
+
+def test_a_path_too_long_for_the_line_may_be_folded_but_not_cut() -> None:
+    from rich.table import Table
+
+    deep = "/" + "/".join(["deep-directory"] * 7) + "/ns.img"  # 111 characters
+
+    def table(overflow: str) -> Callable[[Console], None]:
+        def human(con: Console) -> None:
+            t = Table(show_header=False)
+            t.add_column()
+            t.add_column(overflow=overflow)  # type: ignore[arg-type]
+            t.add_row("target", f"{deep} (file)")
+            t.add_row("short", "word " * 30)
+            con.print(t)
+        return human
+
+    assert not width_problems(table("fold"))
+    assert any("cut cell" in p for p in width_problems(table("ellipsis")))
 
 
 def test_one_stderr_console_under_a_live_display(monkeypatch: pytest.MonkeyPatch) -> None:

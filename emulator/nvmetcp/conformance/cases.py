@@ -1,319 +1,36 @@
-"""Differential conformance harness: scripted host behaviours against an NVMe/TCP target.
-
-``python -m emulator.nvmetcp.conformance HOST:PORT NQN [--against HOST:PORT NQN]``
-
-Each case opens its own connection(s) with :class:`RawHost` — a host that sends exactly
-the bytes a case asks for, SGL forms, digests and mistakes included — and reduces what the
-target answered to an :class:`Outcome`: the CQE status (SCT, SC, DNR), the result fields
-that matter and the data fields that matter, or how the connection ended. Against two
-targets (``--against``) the outcomes are compared case by case; ``--markdown`` prints the
-table that docs/nvme-tcp.md carries. The reference target is Linux nvmet (the QEMU guest:
-``python -m emulator.qemu run``); tests/emulator/test_conformance.py runs both in one go.
-
-The target must let this host's NQN connect, serve namespace 1 (≥ 1 MiB, writable: the
-cases write to it) and answer on a data subsystem ``NQN``.
-"""
+"""The scripted cases: each plays one host behaviour against a :class:`Target` and reduces
+the answer to an :class:`Outcome`. ``CASES`` lists them in order (group, name, function);
+the label ``"group: name"`` is the key of docs/nvme-tcp.md's table and of ``REASONS``."""
 
 from __future__ import annotations
 
-import argparse
-import json
-import socket
 import struct
-import sys
 import time
-import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
+from emulator.nvmetcp.conformance.host import (
+    HOSTID,
+    NO_SGL,
+    Closed,
+    Outcome,
+    RawHost,
+    Reply,
+    Session,
+    Target,
+    admin_cmd,
+    closed,
+    connect_data,
+    fabrics_connect,
+    get_log,
+    identify,
+    outcome,
+    prop_get,
+    prop_set,
+    rw,
+    status_text,
+)
 from kvtool.nvme import pdu as P
 from kvtool.nvme import spec
-
-HOSTNQN = "nqn.2014-08.org.nvmexpress:uuid:6b767463-6f6e-666f-726d-616e63650001"
-HOSTID = uuid.UUID("6b767463-6f6e-666f-726d-616e63650001").bytes
-_TIMEOUT = 5.0
-_NO_SGL = P.SglDescriptor(0, 0, 0)  # an all-zero Data Block descriptor (sub-type Address)
-
-
-# --- a scripted host ------------------------------------------------------------------------
-
-
-class Closed(Exception):
-    """The target ended the connection; ``term`` is its C2HTermReq, if it sent one."""
-
-    def __init__(self, term: P.TermReq | None) -> None:
-        super().__init__("connection closed" + (f" after C2HTermReq FES {term.fes:#x}"
-                                                if term else ""))
-        self.term = term
-
-
-@dataclass
-class Reply:
-    """What came back for one command."""
-
-    cqe: P.Cqe
-    data: bytes = b""
-    r2ts: int = 0
-
-
-class RawHost:
-    """One NVMe/TCP connection driven PDU by PDU (blocking, single command at a time)."""
-
-    def __init__(self, addr: tuple[str, int], *, timeout: float = _TIMEOUT) -> None:
-        self.sock = socket.create_connection(addr, timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.parser = P.PduParser(max_data=16 << 20)
-        self.hdgst = self.ddgst = False
-        self.cpda = 0
-        self.next_cid = 1
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def __enter__(self) -> RawHost:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def send_raw(self, raw: bytes) -> None:
-        self.sock.sendall(raw)
-
-    def send(self, pdu: P.Pdu) -> None:
-        self.send_raw(P.encode(pdu, hdgst=self.hdgst, ddgst=self.ddgst))
-
-    def recv(self) -> P.Pdu:
-        while True:
-            try:
-                pdu = self.parser.next_pdu()
-            except P.DataDigestError as exc:
-                pdu = exc.pdu
-            if pdu is not None:
-                if isinstance(pdu, P.TermReq):
-                    raise Closed(pdu)
-                return pdu
-            try:
-                chunk = self.sock.recv(1 << 20)
-            except (ConnectionResetError, BrokenPipeError):
-                chunk = b""
-            if not chunk:
-                raise Closed(None)
-            self.parser.feed(chunk)
-
-    def icreq(self, *, hdgst: bool = False, ddgst: bool = False, hpda: int = 0) -> P.ICResp:
-        self.send(P.ICReq(pfv=0, hpda=hpda, hdgst=hdgst, ddgst=ddgst, maxr2t=0))
-        resp = self.recv()
-        if not isinstance(resp, P.ICResp):
-            raise ProtocolViolation(f"expected ICResp, got {type(resp).__name__}")
-        self.hdgst, self.ddgst, self.cpda = resp.hdgst, resp.ddgst, resp.cpda
-        self.parser.hdgst, self.parser.ddgst = resp.hdgst, resp.ddgst
-        return resp
-
-    def command(self, sqe: P.Sqe, *, data: bytes = b"", read: int = 0,
-                write: bytes = b"", sgl: P.SglDescriptor | None = None) -> Reply:
-        """Send ``sqe``: ``data`` in-capsule, or ``write`` after the target's R2Ts, or
-        ``read`` bytes expected in C2HData. ``sgl`` overrides the descriptor the host
-        would build (Transport Data Block for ``read``/``write``, else the in-capsule one)."""
-        sqe.cid = self.next_cid
-        self.next_cid = self.next_cid % 0xFFF0 + 1
-        if sgl is None:
-            if data:
-                sgl = P.SglDescriptor.in_capsule(len(data))
-            else:
-                sgl = P.SglDescriptor.transport(read or len(write))
-        sqe.sgl = sgl
-        self.send(P.CapsuleCmd(sqe, data))
-        got = bytearray()
-        r2ts = 0
-        while True:
-            pdu = self.recv()
-            if isinstance(pdu, P.CapsuleResp):
-                return Reply(pdu.cqe, bytes(got), r2ts)
-            if isinstance(pdu, P.C2HData):
-                if pdu.datao != len(got):
-                    raise ProtocolViolation(f"C2HData DATAO {pdu.datao}, expected {len(got)}")
-                got += pdu.data
-                if pdu.success:
-                    return Reply(P.Cqe(sqe.cid, 0), bytes(got), r2ts)
-            elif isinstance(pdu, P.R2T):
-                r2ts += 1
-                chunk = write[pdu.r2to: pdu.r2to + pdu.r2tl]
-                self.send(P.H2CData(sqe.cid, pdu.ttag, pdu.r2to, chunk, last=True))
-            else:
-                raise ProtocolViolation(f"unexpected {type(pdu).__name__}")
-
-
-class ProtocolViolation(Exception):
-    """The target sent something a host cannot accept."""
-
-
-# --- outcomes --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """The comparable result of a case: ``kind`` is ``status`` or ``closed``; ``status``
-    is "SUCCESS" or "SCT/SC name (DNR)"; ``facts`` are the fields compared; ``note`` is
-    shown but not compared (e.g. whether a TermReq came before the close)."""
-
-    kind: str
-    status: str = ""
-    facts: tuple[tuple[str, str], ...] = ()
-    note: str = ""
-
-    def key(self) -> tuple[str, str, tuple[tuple[str, str], ...]]:
-        return (self.kind, self.status, self.facts)
-
-    def text(self) -> str:
-        if self.kind == "error":
-            return f"harness error: {self.note}"
-        if self.kind == "no answer":
-            return f"no answer in {_TIMEOUT:g} s"
-        if self.kind == "closed":
-            return "connection closed" + (f" ({self.note})" if self.note else "")
-        out = self.status
-        if self.facts:
-            out += "; " + ", ".join(f"{k}={v}" for k, v in self.facts)
-        return out
-
-
-def status_text(cqe: P.Cqe) -> str:
-    if cqe.ok:
-        return "SUCCESS"
-    return f"{spec.status_name(cqe.sct, cqe.sc)}{' (DNR)' if cqe.dnr else ''}"
-
-
-def outcome(reply: Reply, **facts: object) -> Outcome:
-    return Outcome("status", status_text(reply.cqe),
-                   tuple((k, str(v)) for k, v in facts.items()))
-
-
-def closed(exc: Closed) -> Outcome:
-    note = f"after C2HTermReq FES {exc.term.fes:#x}" if exc.term else "no C2HTermReq"
-    return Outcome("closed", note=note)
-
-
-# --- the target under test -------------------------------------------------------------------
-
-
-@dataclass
-class Target:
-    host: str
-    port: int
-    nqn: str
-    nsze: int = 0
-    lba: int = 512
-    mqes: int = 0
-    facts: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def addr(self) -> tuple[str, int]:
-        return (self.host, self.port)
-
-
-def connect_data(subnqn: str, cntlid: int = 0xFFFF, hostnqn: str = HOSTNQN) -> bytes:
-    return spec.ConnectData(HOSTID, cntlid, subnqn, hostnqn).encode()
-
-
-def fabrics_connect(h: RawHost, subnqn: str, *, qid: int = 0, sqsize: int = 31,
-                    cntlid: int = 0xFFFF, kato: int = 30000) -> Reply:
-    sqe = P.Sqe(spec.OPC_FABRICS, nsid=spec.FCTYPE_CONNECT, cdw10=qid << 16, cdw11=sqsize,
-                cdw12=kato if qid == 0 else 0)
-    return h.command(sqe, data=connect_data(subnqn, cntlid))
-
-
-def prop_get(h: RawHost, offset: int, *, eight: bool = False,
-             sgl: P.SglDescriptor | None = None) -> Reply:
-    return h.command(P.Sqe(spec.OPC_FABRICS, nsid=spec.FCTYPE_PROPERTY_GET,
-                           cdw10=1 if eight else 0, cdw11=offset), sgl=sgl)
-
-
-def prop_set(h: RawHost, offset: int, value: int, *,
-             sgl: P.SglDescriptor | None = None) -> Reply:
-    return h.command(P.Sqe(spec.OPC_FABRICS, nsid=spec.FCTYPE_PROPERTY_SET, cdw11=offset,
-                           cdw12=value), sgl=sgl)
-
-
-class Session:
-    """An admin queue (and optionally one I/O queue) brought up the Linux host's way."""
-
-    def __init__(self, t: Target, *, enable: bool = True, io: bool = False,
-                 hdgst: bool = False, ddgst: bool = False) -> None:
-        self.t = t
-        self.admin = RawHost(t.addr)
-        self.io: RawHost | None = None
-        try:
-            self.admin.icreq()
-            r = fabrics_connect(self.admin, t.nqn)
-            if not r.cqe.ok:
-                raise ProtocolViolation(f"admin Connect failed: {status_text(r.cqe)}")
-            self.cntlid = r.cqe.dw0 & 0xFFFF
-            if enable:
-                self.enable()
-            if io:
-                self.io = self.open_io(1, hdgst=hdgst, ddgst=ddgst)
-        except BaseException:
-            self.close()
-            raise
-
-    def enable(self) -> None:
-        prop_set(self.admin, spec.PROP_CC, spec.CC_DEFAULT_ENABLE)
-        deadline = time.monotonic() + _TIMEOUT
-        while not prop_get(self.admin, spec.PROP_CSTS).cqe.dw0 & spec.CSTS_RDY:
-            if time.monotonic() > deadline:
-                raise ProtocolViolation("CSTS.RDY never became 1")
-            time.sleep(0.01)
-
-    def open_io(self, qid: int, *, hdgst: bool = False, ddgst: bool = False,
-                sqsize: int = 31) -> RawHost:
-        h = RawHost(self.t.addr)
-        try:
-            h.icreq(hdgst=hdgst, ddgst=ddgst)
-            r = fabrics_connect(h, self.t.nqn, qid=qid, sqsize=sqsize, cntlid=self.cntlid)
-            if not r.cqe.ok:
-                raise ProtocolViolation(f"I/O Connect failed: {status_text(r.cqe)}")
-        except BaseException:
-            h.close()
-            raise
-        return h
-
-    def close(self) -> None:
-        if self.io is not None:
-            self.io.close()
-        self.admin.close()
-
-    def __enter__(self) -> Session:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def admin_cmd(s: Session, opc: int, *, nsid: int = 0, cdw10: int = 0, cdw11: int = 0,
-              cdw12: int = 0, read: int = 0, sgl: P.SglDescriptor | None = None) -> Reply:
-    return s.admin.command(P.Sqe(opc, nsid=nsid, cdw10=cdw10, cdw11=cdw11, cdw12=cdw12),
-                           read=read, sgl=sgl)
-
-
-def identify(s: Session, cns: int, nsid: int = 0, cdw11: int = 0, length: int = 4096) -> Reply:
-    return admin_cmd(s, spec.ADMIN_IDENTIFY, nsid=nsid, cdw10=cns, cdw11=cdw11, read=length)
-
-
-def get_log(s: Session, lid: int, length: int, *, nsid: int = 0, offset: int = 0,
-            rae: bool = False) -> Reply:
-    numd = length // 4 - 1
-    return s.admin.command(P.Sqe(spec.ADMIN_GET_LOG_PAGE, nsid=nsid,
-                                 cdw10=lid | ((numd & 0xFFFF) << 16) | (1 << 15 if rae else 0),
-                                 cdw11=numd >> 16, cdw12=offset), read=length)
-
-
-def rw(h: RawHost, opc: int, slba: int, nlb: int, *, data: bytes = b"", read: int = 0,
-       write: bytes = b"", sgl: P.SglDescriptor | None = None, nsid: int = 1,
-       cdw12_extra: int = 0) -> Reply:
-    return h.command(P.Sqe(opc, nsid=nsid, cdw10=slba & 0xFFFFFFFF, cdw11=slba >> 32,
-                           cdw12=((nlb - 1) & 0xFFFF) | cdw12_extra),
-                     data=data, read=read, write=write, sgl=sgl)
-
 
 # --- cases -----------------------------------------------------------------------------------
 
@@ -335,7 +52,7 @@ def _sgl_zero_prop_get(t: Target) -> Outcome:
     with RawHost(t.addr) as h:
         h.icreq()
         fabrics_connect(h, t.nqn)
-        r = prop_get(h, spec.PROP_CAP, eight=True, sgl=_NO_SGL)
+        r = prop_get(h, spec.PROP_CAP, eight=True, sgl=NO_SGL)
         return outcome(r, mqes_ok=(r.cqe.result64 & 0xFFFF) > 0 if r.cqe.ok else "-")
 
 
@@ -344,16 +61,16 @@ def _sgl_zero_enable(t: Target) -> Outcome:
     with RawHost(t.addr) as h:
         h.icreq()
         fabrics_connect(h, t.nqn)
-        r = prop_set(h, spec.PROP_CC, spec.CC_DEFAULT_ENABLE, sgl=_NO_SGL)
+        r = prop_set(h, spec.PROP_CC, spec.CC_DEFAULT_ENABLE, sgl=NO_SGL)
         if not r.cqe.ok:
             return outcome(r)
         for _ in range(200):
-            csts = prop_get(h, spec.PROP_CSTS, sgl=_NO_SGL)
+            csts = prop_get(h, spec.PROP_CSTS, sgl=NO_SGL)
             if csts.cqe.dw0 & spec.CSTS_RDY:
                 break
             time.sleep(0.01)
         idr = h.command(P.Sqe(spec.ADMIN_IDENTIFY, cdw10=spec.CNS_CONTROLLER), read=4096)
-        ka = h.command(P.Sqe(spec.ADMIN_KEEP_ALIVE), sgl=_NO_SGL)
+        ka = h.command(P.Sqe(spec.ADMIN_KEEP_ALIVE), sgl=NO_SGL)
         return outcome(r, csts_rdy=csts.cqe.dw0 & 1, identify=status_text(idr.cqe),
                        keep_alive=status_text(ka.cqe))
 
@@ -674,10 +391,10 @@ def _feat_hostid(t: Target) -> Outcome:
         return outcome(r, hostid=r.data == HOSTID if r.cqe.ok else "-")
 
 
-@case("Features", "Get unsupported FID 02h (power management)")
+@case("Features", "Get unsupported FID 10h (host controlled thermal management)")
 def _feat_unknown(t: Target) -> Outcome:
     with Session(t) as s:
-        return outcome(_features(s, False, 0x02))
+        return outcome(_features(s, False, 0x10))
 
 
 # Keep Alive, unknown opcodes
@@ -973,7 +690,7 @@ def _io_flush(t: Target) -> Outcome:
 def _io_flush_zero_sgl(t: Target) -> Outcome:
     with Session(t, io=True) as s:
         assert s.io is not None
-        return outcome(s.io.command(P.Sqe(spec.IO_FLUSH, nsid=1), sgl=_NO_SGL))
+        return outcome(s.io.command(P.Sqe(spec.IO_FLUSH, nsid=1), sgl=NO_SGL))
 
 
 @case("I/O", "Write Zeroes 8 blocks, read back")
@@ -1081,125 +798,3 @@ def _tr_no_icreq(t: Target) -> Outcome:
             return closed(exc)
         return Outcome("status", "answered")
 
-
-# --- where kvtool's target deliberately differs from Linux nvmet 6.1 --------------------------
-
-REASONS: dict[str, str] = {
-    "SGL: Identify with a Keyed Data Block SGL (RDMA's form)":
-        "spec: TCP has no keyed SGLs (SGL Descriptor Type Invalid); Linux treats any "
-        "descriptor as transport data, SPDK ends the connection",
-    "Identify: CNS 00h namespace 1":
-        "DLFEAT: deallocated blocks do read as zeros here, so it says so; Linux leaves 0",
-    "Identify: CNS 02h from NSID FFFFFFFEh":
-        "spec and SPDK: Invalid Namespace or Format for NSID ≥ FFFFFFFEh",
-    "Log page: SMART / Health: Data Units Written after 1000+1 blocks":
-        "Linux copies block-layer statistics, and the guest's brd device keeps none (file "
-        "namespaces report zeros too); kvtool counts every Read and Write",
-    "Log page: SMART / Health with a dword-aligned offset (LPO 4)":
-        "spec: LPA bit 2, which Linux advertises too, allows an offset and a partial page; "
-        "Linux 6.1 answers any SMART read that is not exactly 512 bytes with Internal Error",
-    "Log page: Firmware Slot Information":
-        "spec and SPDK: AFI names the active slot (1); Linux returns an all-zero page",
-    "Log page: Discovery log (70h) on a data NQN":
-        "spec and SPDK: Invalid Log Page (SCT 1); Linux: Invalid Field",
-    "Log page: unknown LID C0h":
-        "spec and SPDK: Invalid Log Page (SCT 1); Linux: Invalid Field",
-    "I/O: Write 8 KiB with a Transport SGL (fits the in-capsule size)":
-        "Linux waits for in-capsule data whenever a write fits its inline size, whatever "
-        "the SGL says, and the command hangs; kvtool sends the R2T the SGL asks for",
-    "I/O: Read past the end (last LBA + 1 block)":
-        "spec: LBA Out of Range; Linux passes the block layer's EIO on as Internal Error",
-    "I/O: Write past the end": "as above",
-    "I/O: Write Zeroes past the end": "as above",
-    "Transport: wrong data digest on an in-capsule write":
-        "spec and SPDK: a data digest error fails the command (Transient Transport Error); "
-        "Linux drops the connection",
-}
-
-
-# --- running ----------------------------------------------------------------------------------
-
-
-def run_case(t: Target, fn: Case) -> Outcome:
-    try:
-        return fn(t)
-    except Closed as exc:
-        return closed(exc)
-    except TimeoutError:
-        return Outcome("no answer")
-    except (ProtocolViolation, OSError, AssertionError, ValueError, struct.error) as exc:
-        return Outcome("error", note=f"{type(exc).__name__}: {exc}")
-
-
-def run_all(t: Target, only: str | None = None) -> dict[str, Outcome]:
-    results: dict[str, Outcome] = {}
-    for group, name, fn in CASES:
-        label = f"{group}: {name}"
-        if only and only.lower() not in label.lower():
-            continue
-        results[label] = run_case(t, fn)
-    return results
-
-
-def markdown(results: dict[str, Outcome], ref: dict[str, Outcome] | None) -> str:
-    if ref is None:
-        lines = ["| case | result |", "|---|---|"]
-        lines += [f"| {k} | {v.text()} |" for k, v in results.items()]
-        return "\n".join(lines)
-    lines = ["| case | Linux nvmet 6.1 | kvtool | why they differ |", "|---|---|---|---|"]
-    for k, v in results.items():
-        r = ref.get(k)
-        same = r is not None and r.key() == v.key()
-        mark = "same" if same else REASONS.get(k, "**differs**")
-        lines.append(f"| {k} | {r.text() if r else '-'} | {v.text()} | {mark} |")
-    return "\n".join(lines)
-
-
-def parse_addr(text: str) -> tuple[str, int]:
-    host, _, port = text.rpartition(":")
-    if not host or not port.isdigit():
-        raise ValueError(f"{text!r} is not HOST:PORT")
-    return host.strip("[]"), int(port)
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m emulator.nvmetcp.conformance",
-                                 description=__doc__.split("\n\n")[0])
-    ap.add_argument("addr", metavar="HOST:PORT")
-    ap.add_argument("nqn", metavar="NQN")
-    ap.add_argument("--against", nargs=2, metavar=("HOST:PORT", "NQN"),
-                    help="a reference target (Linux nvmet) to compare with")
-    ap.add_argument("--only", help="run the cases whose name contains this text")
-    ap.add_argument("--json", action="store_true", help="one JSON document on stdout")
-    ap.add_argument("--markdown", action="store_true", help="a Markdown table")
-    args = ap.parse_args(argv)
-    try:
-        host, port = parse_addr(args.addr)
-        ref_t = None
-        if args.against:
-            rh, rp = parse_addr(args.against[0])
-            ref_t = Target(rh, rp, args.against[1])
-    except ValueError as exc:
-        print(f"conformance: {exc}", file=sys.stderr)
-        return 2
-    results = run_all(Target(host, port, args.nqn), args.only)
-    ref = run_all(ref_t, args.only) if ref_t is not None else None
-    differs = [k for k, v in results.items() if ref is not None and ref[k].key() != v.key()]
-    if args.json:
-        doc = {"schema": "kvtool.conformance/1", "cases": [
-            {"case": k, "kvtool": v.text(), "kind": v.kind,
-             **({"reference": ref[k].text(), "same": k not in differs} if ref else {})}
-            for k, v in results.items()]}
-        print(json.dumps(doc, indent=2))
-    elif args.markdown or ref is not None:
-        print(markdown(results, ref))
-    else:
-        for k, v in results.items():
-            print(f"{k}: {v.text()}")
-    errors = [k for k, v in results.items() if v.kind == "error"]
-    unexplained = [k for k in differs if k not in REASONS]
-    return 1 if errors or unexplained else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
