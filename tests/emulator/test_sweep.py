@@ -43,7 +43,9 @@ from emulator.nvmetcp.conformance.sweep import (
 )
 from emulator.qemu.build import BuildError, ensure_built
 from emulator.qemu.guest import DEFAULT_NQN, Guest
-from emulator.spdk import SpdkApp, SpdkInstall, tools
+from emulator.spdk import tools
+from kvtool.target.spdk.app import SpdkApp
+from kvtool.target.spdk.install import SpdkInstall
 from tests.conftest import free_port
 from tests.helpers.guest_nvme import host_tool_runs
 from tests.helpers.qemu_guest import start_guest
