@@ -9,9 +9,9 @@ the few places where this target follows the specification instead.
 from __future__ import annotations
 
 from emulator.nvmetcp import logpages
-from emulator.nvmetcp.model import Controller
 from emulator.nvmetcp.queue import Queue
 from emulator.nvmetcp.sgl import expect_len
+from emulator.nvmetcp.subsystem import Controller
 from kvtool import __version__
 from kvtool.nvme import pdu as P
 from kvtool.nvme import spec

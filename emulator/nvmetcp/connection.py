@@ -25,8 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from emulator.nvmetcp import commands
-from emulator.nvmetcp.model import Controller, Subsystem
 from emulator.nvmetcp.queue import Shared
+from emulator.nvmetcp.subsystem import Controller, Subsystem
 from kvtool.nvme import dhchap, spec
 from kvtool.nvme import pdu as P
 from kvtool.nvme.spec import status

@@ -30,7 +30,7 @@ from typing import Any
 from emulator.nvmetcp.auth import load_host_keys
 from emulator.nvmetcp.config import HostKeyConfig, simple_config
 from emulator.nvmetcp.connection import QueueConnection
-from emulator.nvmetcp.model import build_subsystems
+from emulator.nvmetcp.subsystem import build_subsystems
 from emulator.nvmetcp.target import TargetState
 from kvtool.nvme import dhchap, spec
 from kvtool.nvme import pdu as P

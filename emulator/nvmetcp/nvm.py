@@ -12,9 +12,9 @@ from __future__ import annotations
 import logging
 import struct
 
-from emulator.nvmetcp.model import Controller, Namespace
 from emulator.nvmetcp.queue import Queue
 from emulator.nvmetcp.sgl import expect_len, transfer_len
+from emulator.nvmetcp.subsystem import Controller, Namespace
 from kvtool.nvme import pdu as P
 from kvtool.nvme import spec
 from kvtool.nvme.spec import status

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from emulator.nvmetcp.config import TargetConfig
-from emulator.nvmetcp.model import Controller, Subsystem
+from emulator.nvmetcp.subsystem import Controller, Subsystem
 from kvtool.nvme import dhchap
 
 

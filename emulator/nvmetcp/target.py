@@ -25,14 +25,14 @@ from emulator.nvmetcp.config import ANAGRPMAX, TargetConfig, parse_listen
 from emulator.nvmetcp.connection import QueueConnection
 from emulator.nvmetcp.logpages import ERROR_LOG_SLOTS
 from emulator.nvmetcp.metrics import TargetMetrics
-from emulator.nvmetcp.model import (
+from emulator.nvmetcp.queue import Queue
+from emulator.nvmetcp.subsystem import (
     Controller,
     Namespace,
     Subsystem,
     build_subsystems,
     discovery_subsystem,
 )
-from emulator.nvmetcp.queue import Queue
 from emulator.nvmetcp.transport import Listener
 from kvtool import __version__
 from kvtool.nvme import spec

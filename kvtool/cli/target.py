@@ -16,7 +16,7 @@ from rich.console import Console
 from kvtool.cli.output import dump_json, emit, json_option, note, want_json
 from kvtool.errors import UsageError
 from kvtool.target import api
-from kvtool.target.model import ANA_STATES, BACKENDS, ENGINES, MAX_BUSY_POLL_US
+from kvtool.target.config import ANA_STATES, BACKENDS, ENGINES, MAX_BUSY_POLL_US
 from kvtool.target.plan import Plan, Step
 
 EXAMPLES_UP = """

@@ -18,9 +18,9 @@ from typing import Any, Protocol
 from kvtool.errors import InputError, UsageError, param
 from kvtool.target import procs
 from kvtool.target import state as st
+from kvtool.target.config import TargetConfig
 from kvtool.target.document import config_document
 from kvtool.target.loader import load_config, parse_config
-from kvtool.target.model import TargetConfig
 from kvtool.target.plan import ApplyFailed, Plan, Step, TargetError, apply
 
 
@@ -467,7 +467,7 @@ def ana(cfg: TargetConfig, record: st.TargetState | None, listener: str, group: 
     """Change the ANA state of ``group`` on ``listener`` (``ADDR:PORT``) of the running
     target, at once (hosts connected there get the ANA Change notice); the record keeps
     it (``extra.ana``). Backends without run-time ANA changes raise UsageError."""
-    from kvtool.target.model import ANA_GROUP_MAX, ANA_STATES
+    from kvtool.target.config import ANA_GROUP_MAX, ANA_STATES
     if state not in ANA_STATES:
         raise UsageError(f"ANA state must be one of {', '.join(ANA_STATES)}", field="state")
     if not 1 <= group <= ANA_GROUP_MAX:

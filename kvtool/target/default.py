@@ -9,8 +9,8 @@ README's quick-start trace: 16 sessions of 20 rounds, 3,125 DeepSeek-V4-Flash FP
 
 from __future__ import annotations
 
+from kvtool.target.config import TargetConfig
 from kvtool.target.loader import parse_config
-from kvtool.target.model import TargetConfig
 
 NAME = "kvtool"
 NQN = "nqn.2026-01.io.kvtool:default"

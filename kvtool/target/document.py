@@ -1,4 +1,4 @@
-"""A :class:`~kvtool.target.model.TargetConfig` as the document
+"""A :class:`~kvtool.target.config.TargetConfig` as the document
 :func:`kvtool.target.loader.parse_config` reads back to an equal config (the resolved config
 kept in the state record, the QEMU guest's config, ``target export --format kvtool``)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvtool.target.model import TargetConfig
+from kvtool.target.config import TargetConfig
 
 
 def config_document(cfg: TargetConfig) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from kvtool.errors import InputError
 from kvtool.nvme.spec import is_loopback
 from kvtool.target import procs
 from kvtool.target import state as st
-from kvtool.target.model import Listener, Namespace, TargetConfig
+from kvtool.target.config import Listener, Namespace, TargetConfig
 from kvtool.target.plan import Plan, TargetError
 from kvtool.target.probe import listener_ana
 

@@ -31,9 +31,9 @@ from typing import Any
 
 from kvtool.target import procs
 from kvtool.target import state as st
+from kvtool.target.config import TargetConfig
 from kvtool.target.document import config_document
 from kvtool.target.emulator import BackgroundEngine, config_json, memory_as_files, stop_pid
-from kvtool.target.model import TargetConfig
 from kvtool.target.plan import Plan, TargetError
 
 BOOT_TIMEOUT = 300.0  # TCG boot + Python start in the guest on a loaded 2-core machine

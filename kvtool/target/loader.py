@@ -44,7 +44,7 @@ from kvtool.configfile import (
 from kvtool.errors import InputError, param
 from kvtool.nvme import dhchap
 from kvtool.nvme.spec import DISCOVERY_NQN, is_loopback, nqn_problem
-from kvtool.target.model import (
+from kvtool.target.config import (
     ANA_GROUP_MAX,
     ANA_STATES,
     BACKENDS,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvtool.target.model import Host, Listener, TargetConfig
+from kvtool.target.config import Host, Listener, TargetConfig
 
 
 def _secrets(host: Host | None) -> tuple[Any, Any]:

@@ -19,8 +19,8 @@ import pytest
 # return it, with the fake os): import what the emulator engines need before any fake file
 # system is up.
 import kvtool.target.emulator  # noqa: F401
+from kvtool.target.config import TargetConfig
 from kvtool.target.loader import parse_config
-from kvtool.target.model import TargetConfig
 from kvtool.target.nvmet import nvmetcli
 from kvtool.target.nvmet.backend import NvmetBackend
 from kvtool.target.nvmet.configfs import ConfigfsError

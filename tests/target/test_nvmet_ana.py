@@ -13,8 +13,8 @@ import pytest
 
 # imported before pyfakefs is up (see tests/target/test_nvmet.py)
 import kvtool.target.emulator  # noqa: F401
+from kvtool.target.config import TargetConfig
 from kvtool.target.loader import parse_config
-from kvtool.target.model import TargetConfig
 from kvtool.target.nvmet.backend import NvmetBackend
 from kvtool.target.plan import apply
 from tests.helpers.fake_nvmet import ROOT, FakeNvmetKernel, snapshot

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from kvtool.errors import InputError
+from kvtool.target.config import TargetConfig
 from kvtool.target.loader import load_config, parse_config
-from kvtool.target.model import TargetConfig
 from kvtool.target.plan import ApplyFailed, apply
 from kvtool.target.spdk.backend import SpdkBackend, spdk_config
 from kvtool.target.spdk.rpc import SpdkError, SpdkRpc

@@ -1,4 +1,4 @@
-"""The kernel nvmet backend: diff a :class:`~kvtool.target.model.TargetConfig` against
+"""The kernel nvmet backend: diff a :class:`~kvtool.target.config.TargetConfig` against
 configfs and plan the changes in the order the kernel requires (docs/target.md; Linux
 drivers/nvme/target/configfs.c).
 
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtool.errors import InputError
-from kvtool.target.model import Listener, Namespace, Subsystem, TargetConfig
+from kvtool.target.config import Listener, Namespace, Subsystem, TargetConfig
 from kvtool.target.nvmet.configfs import DEFAULT_ROOT, ConfigFS, Port, Root
 from kvtool.target.plan import Plan, TargetError
 

@@ -13,7 +13,7 @@ import os
 import stat
 from typing import Any
 
-from kvtool.target.model import TargetConfig
+from kvtool.target.config import TargetConfig
 from kvtool.target.nvmet.configfs import Root
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from kvtool.errors import InputError
 from kvtool.nvme.spec import DISCOVERY_NQN
-from kvtool.target.model import Namespace, Subsystem, TargetConfig
+from kvtool.target.config import Namespace, Subsystem, TargetConfig
 from kvtool.target.nvmet.backend import create_file
 from kvtool.target.plan import Plan, TargetError
 from kvtool.target.spdk.rpc import DEFAULT_SOCKET, SpdkRpc

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from kvtool.errors import InputError
+from kvtool.target.config import TargetConfig
 from kvtool.target.emulator import BackgroundEngine, config_json, stop_pid
-from kvtool.target.model import TargetConfig
 from kvtool.target.plan import Plan, TargetError
 from kvtool.target.spdk.backend import SpdkBackend, spdk_config
 from kvtool.target.spdk.rpc import SpdkRpc, require_client

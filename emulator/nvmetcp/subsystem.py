@@ -1,4 +1,4 @@
-"""The target's object model: subsystems, namespaces, controllers (event-loop confined).
+"""The target's subsystems, their namespaces and controllers (event-loop confined).
 
 Mirrors the kernel's nvmet: a subsystem has namespaces and an allowed-host list; a host's
 admin-queue Connect creates a controller (dynamic CNTLID) which owns the I/O queues
