@@ -124,6 +124,7 @@ class ClusterState:
     bridge: str | None = None
     nodes: list[NodeState] = field(default_factory=list)
     ray_address: str | None = None  # head GCS "ip:port"
+    ray_token_file: str | None = None  # Ray's auth token (mode 0600): RAY_AUTH_TOKEN_PATH
     engines: list[EngineState] = field(default_factory=list)
     targets: list[ClusterTarget] = field(default_factory=list)
     mooncake: MooncakeState | None = None
@@ -149,6 +150,17 @@ class ClusterState:
 
     def storage_nodes(self) -> list[NodeState]:
         return [n for n in self.nodes if "storage" in n.roles]
+
+    def ray_env(self) -> dict[str, str]:
+        """Environment a Ray process of this cluster needs (token auth, no usage stats).
+
+        A Ray driver must run on a node (in the head's namespace for a ``netns``
+        cluster: :func:`kvtool.cluster.driver.run_on_head`); Ray refuses a driver on a
+        machine without a raylet of the cluster."""
+        env = {"RAY_USAGE_STATS_ENABLED": "0"}
+        if self.ray_token_file:
+            env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=self.ray_token_file)
+        return env
 
     @property
     def files_dir(self) -> Path:
