@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -119,7 +120,7 @@ node = "s"
 """
 
 
-def test_down_after_an_up_killed_half_way(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_down_after_an_up_killed_half_way(tmp_path: Path) -> None:
     """``up`` SIGKILLed once Ray runs on a node: status says so, down removes everything."""
     why = skip_reason()
     if why:
@@ -156,7 +157,7 @@ def test_down_after_an_up_killed_half_way(tmp_path) -> None:  # type: ignore[no-
     assert c.json("cluster", "status")["phase"] == "down"
 
 
-def test_down_after_a_target_that_fails_to_start(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_down_after_a_target_that_fails_to_start(tmp_path: Path) -> None:
     """A target that cannot start (its namespace bigger than memory) fails ``up`` with
     exit 1, naming it; the record says failed; down removes the rest."""
     why = skip_reason()
