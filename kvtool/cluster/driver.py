@@ -1,11 +1,11 @@
-"""Run a Ray driver of a cluster where Ray accepts one: on the head node.
+"""Run a Ray driver of a cluster on its head node (where the router runs).
 
-Ray attaches a driver to the raylet of the machine it runs on, so a driver outside every
-node (the root namespace of a ``netns`` cluster) is refused. :func:`run_on_head` runs a
-job in a fresh Python inside the head's namespace and hands back its JSON result;
-inside, :func:`connect` joins the cluster with its token. A job is a function
-``name(state, payload) -> dict`` in :data:`JOBS` (module path and function name), so the
-protocol is JSON in on stdin, one JSON document out on stdout.
+A driver in the root namespace can join a netns cluster too (``connect`` with the
+cluster's token), but its traffic then bypasses every shaped link; :func:`run_on_head`
+runs a job in a fresh Python inside the head's namespace, so the driver's traffic goes
+over the head's link like a real head's, and hands back its JSON result. A job is a
+function ``name(state, payload) -> dict`` in :data:`JOBS` (module path and function name):
+JSON in on stdin, one JSON document out on stdout.
 """
 
 from __future__ import annotations

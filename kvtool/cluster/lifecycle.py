@@ -157,7 +157,7 @@ class _Builder:
             if node.storage:
                 roles.append("storage")
             if spec.mooncake is not None and (master or spec.nodes[0].name) == node.name:
-                roles.append("mooncake-master")
+                roles.append("mooncake")
             ns, veth = N.netns_name(s.name, node.name), N.veth_name(s.name, i)
             rate = self.placement.link_rate_mbit(node)
             s.nodes.append(NodeState(node.name, ns, str(hosts[i + 1]), roles, rate, veth))
@@ -275,7 +275,7 @@ class _Builder:
             return
         from kvtool.mooncake.pool import mooncake_binary
 
-        master = next(n for n in s.nodes if "mooncake-master" in n.roles)
+        master = next(n for n in s.nodes if "mooncake" in n.roles)
         meta_url = f"http://{master.address}:{MOONCAKE_METADATA_PORT}/metadata"
         s.mooncake = MooncakeState(f"{master.address}:{MOONCAKE_RPC_PORT}", meta_url)
         self.step(f"Mooncake master on {master.name}: {s.mooncake.master}")
@@ -289,9 +289,9 @@ class _Builder:
                                    f"--rpc_address={master.address}",
                                    f"--rpc_port={MOONCAKE_RPC_PORT}",
                                    f"--metrics_host={master.address}"],
-                          "mooncake master", "mooncake-master.log")
+                          "mooncake master", "mooncake.log")
         self.wait_listening(proc, master, MOONCAKE_RPC_PORT, "mooncake master",
-                            "mooncake-master.log")
+                            "mooncake.log")
         size = spec.mooncake.segment
         for node in s.nodes:
             self.step(f"Mooncake segment on {node.name}: {size >> 20} MiB")

@@ -44,8 +44,8 @@ def clusters_dir() -> Path:
 class NodeState:
     """One node: its namespace (``None`` for a real host), address and roles.
 
-    Roles: ``head`` (Ray head, router, Mooncake master), ``engine`` (runs engines: a client
-    node), ``storage`` (runs NVMe/TCP targets).
+    Roles: ``head`` (Ray head, router), ``engine`` (runs engines: a client node),
+    ``storage`` (runs NVMe/TCP targets), ``mooncake`` (runs the Mooncake master).
     """
 
     name: str
@@ -154,9 +154,8 @@ class ClusterState:
     def ray_env(self) -> dict[str, str]:
         """Environment a Ray process of this cluster needs (token auth, no usage stats).
 
-        A Ray driver must run on a node (in the head's namespace for a ``netns``
-        cluster: :func:`kvtool.cluster.driver.run_on_head`); Ray refuses a driver on a
-        machine without a raylet of the cluster."""
+        A driver joins with ``ray.init(address=ray_address)`` under this environment;
+        :func:`kvtool.cluster.driver.run_on_head` runs one on the head node."""
         env = {"RAY_USAGE_STATS_ENABLED": "0"}
         if self.ray_token_file:
             env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=self.ray_token_file)

@@ -26,7 +26,7 @@ def test_status_tells_every_node_target_and_pool(mini: Cluster) -> None:
     assert doc["phase"] == "up" and doc["healthy"], doc
     nodes = {n["name"]: n for n in doc["nodes"]}
     assert set(nodes) == {"cx81", "cx82", "array"}
-    assert nodes["cx81"]["roles"][0] == "head" and "mooncake-master" in nodes["cx81"]["roles"]
+    assert nodes["cx81"]["roles"][0] == "head" and "mooncake" in nodes["cx81"]["roles"]
     assert nodes["array"]["roles"] == ["storage"]
     # tbf as the file says: 25 GB/s x 0.001 = 200 Mb/s; the array's 75 GB/s = 600 Mb/s
     assert nodes["cx82"]["link_mbit_now"] == pytest.approx(200)
