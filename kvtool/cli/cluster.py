@@ -53,8 +53,7 @@ def status_cmd(file: str | None) -> None:
         recorded = names()
         if len(recorded) != 1:
             if not recorded:
-                emit({"schema": "kvtool.cluster.status/1", "name": None, "phase": "down",
-                      "healthy": False},
+                emit(lifecycle.not_up(None),
                      lambda con: con.print("no cluster is recorded (kvtool cluster up FILE)"))
                 return
             raise UsageError(f"{len(recorded)} clusters are recorded ({', '.join(recorded)}): "
@@ -62,8 +61,7 @@ def status_cmd(file: str | None) -> None:
         file = recorded[0]
     state = load_state(file)
     if state is None:
-        emit({"schema": "kvtool.cluster.status/1", "name": file, "phase": "down",
-              "healthy": False}, lambda con: con.print(f"{file}: not up"))
+        emit(lifecycle.not_up(file), lambda con: con.print(f"{file}: not up"))
         return
     doc = lifecycle.status(state)
     emit(doc, lambda con: _render(con, doc))

@@ -404,6 +404,14 @@ def status(state: ClusterState) -> dict[str, Any]:
             "state_file": str(state.path)}
 
 
+def not_up(name: str | None) -> dict[str, Any]:
+    """:func:`status`'s document for a cluster with no record (same keys)."""
+    return {"schema": "kvtool.cluster.status/1", "name": name, "file": None, "kind": None,
+            "phase": "down", "error": None, "healthy": False, "subnet": None, "bridge": None,
+            "ray_address": None, "nodes": [], "engines": [], "targets": [], "mooncake": None,
+            "resources": [], "state_file": None}
+
+
 # -- down -------------------------------------------------------------------------------------
 
 

@@ -22,8 +22,11 @@ pytestmark = pytest.mark.slow
 
 
 def test_status_tells_every_node_target_and_pool(mini: Cluster) -> None:
+    from kvtool.cluster.lifecycle import not_up
+
     doc = mini.json("cluster", "status", str(mini.file))
     assert doc["phase"] == "up" and doc["healthy"], doc
+    assert set(doc) == set(not_up(None))  # one shape, up or not
     nodes = {n["name"]: n for n in doc["nodes"]}
     assert set(nodes) == {"cx81", "cx82", "array"}
     assert nodes["cx81"]["roles"][0] == "head" and "mooncake" in nodes["cx81"]["roles"]

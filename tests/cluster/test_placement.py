@@ -10,7 +10,7 @@ import pytest
 
 from kvtool.errors import InputError
 from kvtool.serving.cluster import load_cluster, parse_cluster
-from tests.conftest import FIXTURES, run
+from tests.conftest import FIXTURES, run, run_json
 
 BASE = """\
 name = "p"
@@ -112,3 +112,15 @@ def test_up_needs_a_placement(tmp_path: Path) -> None:
     result = run("cluster", "up", str(f))
     assert result.exit_code == 2 and "[placement]" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_status_and_down_of_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvtool.cluster.lifecycle import not_up
+
+    monkeypatch.setenv("KVTOOL_STATE_DIR", str(tmp_path))
+    doc = run_json("cluster", "status")
+    assert doc == not_up(None)
+    f = FIXTURES / "clusters" / "gp7000-mini.toml"
+    assert run_json("cluster", "status", str(f))["phase"] == "down"
+    assert run_json("cluster", "down", str(f)) == {"schema": "kvtool.cluster.down/1",
+                                                   "name": str(f), "removed": []}
