@@ -98,6 +98,11 @@ def up(file: str | os.PathLike[str], *, step: Step = _no_step) -> ClusterState:
         raise UsageError(f"cluster {spec.name} is recorded ({old.phase}, "
                          f"{'failed: ' + old.error if old.error else 'not healthy'}): take it "
                          f"down first (kvtool cluster down {path})", field="FILE")
+    user = N.subnet_user(spec.placement.subnet)
+    if user is not None:
+        raise UsageError(f"subnet {spec.placement.subnet} overlaps the addresses of {user} "
+                         "(another cluster, or a network of this machine): choose another "
+                         "[placement] subnet", field="FILE")
     state = ClusterState(name=spec.name, file=str(path.resolve()), kind=spec.placement.kind,
                          subnet=spec.placement.subnet)
     try:

@@ -65,6 +65,20 @@ def available() -> str | None:
     return None
 
 
+def subnet_user(subnet: str) -> str | None:
+    """The interface of the root namespace with an address in ``subnet`` (``None``: free)."""
+    import ipaddress
+
+    net = ipaddress.IPv4Network(subnet)
+    for line in _run([IP, "-o", "-4", "addr", "show"]).stdout.splitlines():
+        words = line.split()
+        if "inet" in words:
+            iface = ipaddress.IPv4Interface(words[words.index("inet") + 1])
+            if iface.network.overlaps(net):
+                return words[1]
+    return None
+
+
 def namespaces() -> list[str]:
     out = _run([IP, "netns", "list"]).stdout
     return [line.split()[0] for line in out.splitlines() if line.strip()]

@@ -181,3 +181,54 @@ def test_down_after_a_target_that_fails_to_start(tmp_path: Path) -> None:
     assert not left and N.bridge_name(c.name) not in subprocess.run(
         ["ip", "-o", "link"], capture_output=True, text=True).stdout
 
+
+
+def test_up_again_leaves_a_healthy_cluster_alone(mini: Cluster) -> None:
+    before = mini.json("cluster", "status", str(mini.file))
+    again = mini.json("cluster", "up", str(mini.file))
+    assert again["healthy"] and again["resources"] == before["resources"]
+
+
+def test_a_second_cluster_on_the_same_subnet_is_refused(mini: Cluster, tmp_path: Path) -> None:
+    text = mini.file.read_text().replace(f'name = "{mini.name}"', 'name = "other"')
+    f = tmp_path / "other.toml"
+    f.write_text(text)
+    proc = mini.kvtool("cluster", "up", str(f))
+    assert proc.returncode == 2 and "overlaps" in proc.stderr, proc.stderr
+    assert not any(ns.startswith("kvtool-other-") for ns in N.namespaces())
+
+
+def test_down_that_cannot_remove_something_says_so(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mount inside the cluster's folder keeps it there: down names it and fails; once
+    the mount is gone, down finishes."""
+    why = skip_reason()
+    if why:
+        pytest.skip(why)
+    from kvtool.cluster import lifecycle
+    from kvtool.cluster.errors import ClusterError
+    from kvtool.cluster.state import ClusterState, Resource, load_state
+
+    monkeypatch.setenv("KVTOOL_STATE_DIR", str(tmp_path / "state"))
+    name = f"t{os.getpid()}"
+    state = ClusterState(name=name, file=str(tmp_path / "x.toml"))
+    files = state.files_dir
+    state.add(Resource("dir", str(files)))
+    (files / "busy").mkdir(parents=True)
+    ns = N.netns_name(name, "a")
+    state.add(Resource("netns", ns))
+    N.add_netns(ns)
+    subprocess.run(["mount", "-t", "tmpfs", "none", str(files / "busy")], check=True)
+    try:
+        with pytest.raises(ClusterError, match=f"dir {files} is still there"):
+            lifecycle.down(state)
+        assert not N.netns_exists(ns)  # what could go, went
+        left = load_state(name)
+        assert left is not None and left.phase == "failed"
+        assert [r.kind for r in left.resources] == ["dir"]
+    finally:
+        subprocess.run(["umount", str(files / "busy")], check=False)
+    left = load_state(name)
+    assert left is not None
+    assert lifecycle.down(left)["removed"] == [f"dir {files}"]
+    assert load_state(name) is None and not files.exists()
