@@ -13,6 +13,7 @@ EPILOG = """
 \b
 Examples:
   kvtool cluster up fixtures/clusters/gp7000-mini.toml
+  kvtool cluster up fixtures/clusters/gp7000-mini.toml --engine spdk
   kvtool cluster status --json
   kvtool bench --cluster fixtures/clusters/gp7000-mini.toml --block-bytes 1MiB
   kvtool cluster down fixtures/clusters/gp7000-mini.toml
@@ -29,12 +30,15 @@ def command() -> None:
 
 @command.command("up", epilog=EPILOG)
 @click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--engine", type=click.Choice(["userspace", "spdk"]), default="userspace",
+              show_default=True, help="The storage nodes' NVMe/TCP targets: kvtool's "
+              "userspace target or SPDK's nvmf_tgt (as kvtool target up --engine).")
 @json_option
-def up_cmd(file: str) -> None:
+def up_cmd(file: str, engine: str) -> None:
     """Make the nodes of FILE's [placement] and start everything on them."""
     from kvtool.cluster import lifecycle
 
-    state = lifecycle.up(file, step=note)
+    state = lifecycle.up(file, engine=engine, step=note)
     doc = lifecycle.status(state)
     emit(doc, lambda con: _render(con, doc))
 
@@ -112,7 +116,7 @@ def _render(con: Any, doc: dict[str, Any]) -> None:
                       Column("engines", justify="left", wrap=True, rank=1)],
                 rows, box=box.SIMPLE_HEAD, more="--json has them")
     for t in doc["targets"]:
-        con.print(f"  target {t['name']} ({t['node']}): {_mark(t['running'])}")
+        con.print(f"  target {t['name']} ({t['node']}, {t['engine']}): {_mark(t['running'])}")
         con.print(f"  {t['url']}")
     if doc["mooncake"] is not None:
         m = doc["mooncake"]

@@ -37,7 +37,7 @@ def run_on_head(state: ClusterState, job: str, payload: dict[str, Any], *,
     """
     if job not in JOBS:
         raise ClusterError(f"unknown cluster job {job!r}")
-    env = {**os.environ, **state.ray_env(), "PYTHONPATH": _pythonpath()}
+    env = {**os.environ, **state.ray_env(), "PYTHONPATH": kvtool_pythonpath()}
     argv = exec_argv(state.head.netns, [sys.executable, "-m", "kvtool.cluster.driver",
                                         str(state.path), job])
     try:
@@ -58,7 +58,7 @@ def run_on_head(state: ClusterState, job: str, payload: dict[str, Any], *,
                        f"without a result: {' | '.join(tail)}")
 
 
-def _pythonpath() -> str:
+def kvtool_pythonpath() -> str:
     """kvtool's own import root first, so the head runs this very kvtool."""
     import kvtool
 

@@ -8,8 +8,9 @@
    per node, tbf on each shaped link (:mod:`kvtool.cluster.netns`);
 2. Ray: the head on the first node, a worker on every other node, token authentication
    with a token of this cluster's own;
-3. per storage node a DH-HMAC-CHAP key pair, and its targets: kvtool's userspace NVMe/TCP
-   target (``python -m emulator.nvmetcp``) on the node's address, requiring the key;
+3. per storage node a DH-HMAC-CHAP key pair, and its targets (``kvtool target up`` of a
+   generated config, in the node's namespace: kvtool's userspace NVMe/TCP target or
+   SPDK's nvmf_tgt) on the node's address, requiring the key;
 4. Mooncake: the HTTP metadata server and the master on the master node, and a segment
    (``mooncake_client``) on every node.
 
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtool.cluster import netns as N
+from kvtool.cluster.driver import kvtool_pythonpath
 from kvtool.cluster.errors import ClusterError
 from kvtool.cluster.state import (
     ClusterState,
@@ -76,14 +78,23 @@ def _no_step(_: str) -> None:
 # -- up ---------------------------------------------------------------------------------------
 
 
-def up(file: str | os.PathLike[str], *, step: Step = _no_step) -> ClusterState:
+TARGET_ENGINES = ("userspace", "spdk")
+
+
+def up(file: str | os.PathLike[str], *, engine: str = "userspace",
+       step: Step = _no_step) -> ClusterState:
     """Bring the cluster of ``file`` up; its record (phase ``up``).
 
-    A cluster already up is left as it is. A record of another phase (an ``up`` that failed
-    or was killed) must be taken down first. On failure the record keeps phase ``failed``
-    and everything made so far, for :func:`down`.
+    ``engine``: the storage nodes' targets, kvtool's userspace NVMe/TCP target or SPDK's
+    nvmf_tgt (``kvtool target up --engine``). A cluster already up is left as it is. A
+    record of another phase (an ``up`` that failed or was killed) must be taken down
+    first. On failure the record keeps phase ``failed`` and everything made so far, for
+    :func:`down`.
     """
     path = Path(file)
+    if engine not in TARGET_ENGINES:
+        raise UsageError(f"unknown target engine {engine!r} ({', '.join(TARGET_ENGINES)})",
+                         field="engine")
     spec = load_cluster(path)
     if spec.placement is None:
         raise UsageError(f"{path} has no [placement] table: it says nothing about where its "
@@ -106,7 +117,7 @@ def up(file: str | os.PathLike[str], *, step: Step = _no_step) -> ClusterState:
     state = ClusterState(name=spec.name, file=str(path.resolve()), kind=spec.placement.kind,
                          subnet=spec.placement.subnet)
     try:
-        _Builder(spec, state, step).build()
+        _Builder(spec, state, step, engine).build()
     except BaseException as exc:
         state.phase = "failed"
         state.error = str(exc) or type(exc).__name__
@@ -123,8 +134,9 @@ def up(file: str | os.PathLike[str], *, step: Step = _no_step) -> ClusterState:
 class _Builder:
     """The steps of ``up``, each recording before it creates."""
 
-    def __init__(self, spec: ClusterSpec, state: ClusterState, step: Step) -> None:
+    def __init__(self, spec: ClusterSpec, state: ClusterState, step: Step, engine: str) -> None:
         self.spec = spec
+        self.engine = engine
         self.state = state
         self.step = step
         assert spec.placement is not None
@@ -238,6 +250,9 @@ class _Builder:
                                    f"({log}: {_last_line(log)})")
 
     def targets(self) -> None:
+        """Each target through ``kvtool target up`` in its node's namespace: a generated
+        config (one memory namespace of ``size``, the node's address, only the cluster's
+        host NQN, with its keys) and the engine asked for (userspace or SPDK)."""
         s, spec = self.state, self.spec
         if spec.nvme is None:
             return
@@ -246,6 +261,8 @@ class _Builder:
         hostnqn = f"{HOST_NQN_PREFIX}:{s.name}"
         keys: dict[str, tuple[str, str]] = {}
         ports: dict[str, int] = {}
+        env = {**self.env, "KVTOOL_STATE_DIR": str(s.files_dir / "target-state"),
+               "PYTHONPATH": kvtool_pythonpath()}
         for t in spec.nvme.targets:
             assert t.node is not None  # the reader checked placement
             node = s.node(t.node)
@@ -260,19 +277,32 @@ class _Builder:
             ports[node.name] = port + 1
             subnqn = f"{SUB_NQN_PREFIX}:{s.name}:{t.name}"
             host_key_file, ctrl_key_file = keys[node.name]
-            log = f"target-{t.name}.log"
-            self.step(f"target {t.name} on {node.name}: {node.address}:{port}")
-            argv = [sys.executable, "-m", "emulator.nvmetcp", "--listen",
-                    f"{node.address}:{port}", "--allow-remote", "--nqn", subnqn,
-                    "--backing", str(t.size), "--host", hostnqn,
-                    "--dhchap-key", f"{hostnqn}={host_key_file}",
-                    "--dhchap-ctrl-key", f"{hostnqn}={ctrl_key_file}"]
-            proc = self.spawn(node, argv, f"target {t.name}", log)
+            config = s.files_dir / f"target-{t.name}.toml"
+            config.write_text(_target_config(f"{s.name}-{t.name}", self.engine, subnqn,
+                                             t.size, hostnqn, host_key_file, ctrl_key_file,
+                                             node.address, port))
+            self.step(f"target {t.name} on {node.name} ({self.engine}): {node.address}:{port}")
+            res = s.add(Resource("target", t.name, netns=node.netns, what=str(config)))
+            log = s.files_dir / f"target-{t.name}.log"
+            with open(log, "ab") as err:
+                proc = subprocess.run(
+                    N.exec_argv(node.netns, [sys.executable, "-m", "kvtool", "--json", "target",
+                                             "up", str(config), "--allow-remote"]),
+                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, env=env,
+                    timeout=START_TIMEOUT_S * 3)
+            if proc.returncode != 0:
+                raise ClusterError(f"target {t.name} on {node.name} did not start (exit "
+                                   f"{proc.returncode}: {_last_line(log)})")
+            pid = json.loads(proc.stdout)["status"].get("pid")
+            res.pid, res.start = pid, start_time(pid) if pid else None
             url = f"nvme+tcp://{node.address}:{port}/{subnqn}"
             s.targets.append(ClusterTarget(t.name, node.name, url, subnqn, hostnqn,
-                                           host_key_file, ctrl_key_file, t.size, proc.pid))
+                                           host_key_file, ctrl_key_file, t.size, pid,
+                                           self.engine))
             s.save()
-            self.wait_listening(proc, node, port, f"target {t.name}", log)
+            if not _listening(node.address, port):
+                raise ClusterError(f"target {t.name} on {node.name} is up but nothing listens "
+                                   f"on {node.address}:{port}")
 
     def mooncake(self) -> None:
         s, spec = self.state, self.spec
@@ -310,6 +340,19 @@ class _Builder:
             s.mooncake.segments.append(SegmentState(node.name, node.address, size))
             s.save()
             self.wait_listening(seg, node, MOONCAKE_CLIENT_PORT, "mooncake segment", log)
+
+
+def _target_config(name: str, engine: str, subnqn: str, size: int, hostnqn: str,
+                   key_file: str, ctrl_key_file: str, address: str, port: int) -> str:
+    """A kvtool target config (docs/target.md) for one cluster target."""
+    return "\n".join([
+        "# Made by kvtool cluster up: one target of the cluster, on its node's address.",
+        'backend = "emulator"', f'name = "{name}"', "[emulator]", f'engine = "{engine}"',
+        "[[subsystem]]", f'nqn = "{subnqn}"', f'hosts = ["{hostnqn}"]',
+        "  [[subsystem.namespace]]", "  nsid = 1", f"  size = {size}",
+        "[[host]]", f'nqn = "{hostnqn}"', f'dhchap_key_file = "{key_file}"',
+        f'dhchap_ctrl_key_file = "{ctrl_key_file}"',
+        "[[listener]]", 'transport = "tcp"', f'address = "{address}"', f"port = {port}", ""])
 
 
 def _listening(host: str, port: int) -> bool:
@@ -361,7 +404,7 @@ def resource_present(r: Resource) -> bool:
         return N.netns_exists(r.name)
     if r.kind in ("bridge", "veth"):
         return N.link_exists(r.name)
-    if r.kind == "process":
+    if r.kind in ("process", "target"):
         return _process_alive(r)
     if r.kind == "ray":
         return bool(_ray_pids(r.netns))
@@ -388,8 +431,9 @@ def status(state: ClusterState) -> dict[str, Any]:
     targets = []
     for t in state.targets:
         alive = any(r["present"] for r in resources
-                    if r["kind"] == "process" and r["pid"] == t.pid)
-        targets.append({"name": t.name, "node": t.node, "url": t.url, "hostnqn": t.hostnqn,
+                    if r["kind"] == "target" and r["name"] == t.name)
+        targets.append({"name": t.name, "node": t.node, "engine": t.engine, "url": t.url,
+                        "hostnqn": t.hostnqn,
                         "dhchap_key_file": t.dhchap_key_file,
                         "dhchap_ctrl_key_file": t.dhchap_ctrl_key_file, "running": alive})
     pool = None
@@ -420,6 +464,18 @@ def not_up(name: str | None) -> dict[str, Any]:
 # -- down -------------------------------------------------------------------------------------
 
 
+def _target_down(state: ClusterState, r: Resource) -> None:
+    """``kvtool target down`` of a cluster target (its own cleanup: SPDK's files); what
+    it leaves, the process sweep that follows stops."""
+    env = {**os.environ, "KVTOOL_STATE_DIR": str(state.files_dir / "target-state"),
+           "PYTHONPATH": kvtool_pythonpath()}
+    with contextlib.suppress(subprocess.TimeoutExpired, OSError):
+        subprocess.run(N.exec_argv(r.netns, [sys.executable, "-m", "kvtool", "-q", "target",
+                                             "down", r.what]),
+                       stdin=subprocess.DEVNULL, capture_output=True, env=env,
+                       timeout=STOP_TIMEOUT_S * 3)
+
+
 def _tagged_pids(name: str) -> list[int]:
     """Processes carrying ``KVTOOL_CLUSTER=<name>`` (started by ``up``, and their children)."""
     mark = f"{ENV_TAG}={name}".encode()
@@ -441,7 +497,7 @@ def _cluster_pids(state: ClusterState) -> list[int]:
     for r in state.resources:
         if r.kind == "netns" and N.netns_exists(r.name):
             pids.update(N.netns_pids(r.name))
-        if r.kind == "process" and _process_alive(r) and r.pid:
+        if r.kind in ("process", "target") and _process_alive(r) and r.pid:
             pids.add(r.pid)
     pids.discard(os.getpid())
     return sorted(p for p in pids if pid_alive(p))
@@ -472,6 +528,10 @@ def down(state: ClusterState, *, step: Step = _no_step) -> dict[str, Any]:
     """
     state.phase = "stopping"
     state.save()
+    for r in reversed(state.resources):
+        if r.kind == "target" and r.netns and N.netns_exists(r.netns) and os.path.exists(r.what):
+            step(f"kvtool target down {r.name}")
+            _target_down(state, r)
     step("stopping processes")
     left = _stop_processes(state)
     removed: list[str] = []
@@ -495,7 +555,7 @@ def down(state: ClusterState, *, step: Step = _no_step) -> dict[str, Any]:
             failed.append(str(exc))
         if resource_present(r) or (r.kind == "ray" and os.path.exists(r.what)):
             keep.append(r)
-            if r.kind not in ("process", "ray"):
+            if r.kind not in ("process", "target", "ray"):
                 failed.append(f"{r.kind} {r.name} is still there")
         else:
             removed.append(f"{r.kind} {r.name}")

@@ -75,6 +75,7 @@ class ClusterTarget:
     dhchap_ctrl_key_file: str | None = None
     size: int = 0  # bytes of its namespace
     pid: int | None = None
+    engine: str = "userspace"  # "userspace" (kvtool's emulator) | "spdk" (nvmf_tgt)
 
 
 @dataclass

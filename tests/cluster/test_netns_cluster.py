@@ -232,3 +232,36 @@ def test_down_that_cannot_remove_something_says_so(tmp_path: Path,
     assert left is not None
     assert lifecycle.down(left)["removed"] == [f"dir {files}"]
     assert load_state(name) is None and not files.exists()
+
+
+def test_spdk_targets(tmp_path: Path, spdk: object) -> None:
+    """--engine spdk: SPDK's nvmf_tgt on the storage node, requiring the key; down stops it."""
+    why = skip_reason()
+    if why:
+        pytest.skip(why)
+    from kvtool.errors import AuthenticationFailed, UsageError
+    from kvtool.nvme.dhchap import load_secret_file
+    from kvtool.nvme.hostauth import HostCredentials
+    from kvtool.store.engine import open_engine
+
+    c = make_cluster(tmp_path, SMALL, 216)
+    up = c.kvtool("cluster", "up", str(c.file), "--engine", "spdk")
+    try:
+        assert up.returncode == 0, up.stderr[-2000:]
+        doc = c.json("cluster", "status", str(c.file))
+        [t] = doc["targets"]
+        assert doc["healthy"] and t["engine"] == "spdk" and t["running"]
+        pid = next(r["pid"] for r in doc["resources"] if r["kind"] == "target")
+        assert "nvmf_tgt" in Path(f"/proc/{pid}/cmdline").read_bytes().decode()
+        creds = HostCredentials(t["hostnqn"], load_secret_file(t["dhchap_key_file"], field="k"),
+                                load_secret_file(t["dhchap_ctrl_key_file"], field="k"))
+        engine = open_engine(t["url"], write=False, credentials=creds)
+        assert engine.size == 64 << 20
+        engine.close()
+        with pytest.raises((AuthenticationFailed, UsageError)):
+            open_engine(t["url"], write=False, credentials=HostCredentials(t["hostnqn"])).close()
+    finally:
+        down = c.kvtool("cluster", "down", str(c.file))
+        left = c.leftovers()
+    assert down.returncode == 0, down.stderr[-2000:]
+    assert not left and not Path(f"/proc/{pid}").exists()
