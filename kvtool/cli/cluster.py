@@ -40,7 +40,7 @@ def up_cmd(file: str, engine: str) -> None:
 
     state = lifecycle.up(file, engine=engine, step=note)
     doc = lifecycle.status(state)
-    emit(doc, lambda con: _render(con, doc))
+    emit(doc, lambda con: render(con, doc))
 
 
 @command.command("status", epilog=EPILOG)
@@ -68,7 +68,7 @@ def status_cmd(file: str | None) -> None:
         emit(lifecycle.not_up(file), lambda con: con.print(f"{file}: not up"))
         return
     doc = lifecycle.status(state)
-    emit(doc, lambda con: _render(con, doc))
+    emit(doc, lambda con: render(con, doc))
 
 
 @command.command("down", epilog=EPILOG)
@@ -94,7 +94,7 @@ def _mark(ok: bool) -> str:
     return "[green]ok[/]" if ok else "[red]missing[/]"
 
 
-def _render(con: Any, doc: dict[str, Any]) -> None:
+def render(con: Any, doc: dict[str, Any]) -> None:
     from rich import box
 
     from kvtool.cli.output import Column, print_table

@@ -124,3 +124,39 @@ def test_status_and_down_of_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert run_json("cluster", "status", str(f))["phase"] == "down"
     assert run_json("cluster", "down", str(f)) == {"schema": "kvtool.cluster.down/1",
                                                    "name": str(f), "removed": []}
+
+
+def _status_doc() -> dict[str, object]:
+    from kvtool.cluster.lifecycle import not_up
+
+    doc = not_up("gp7000-mini")
+    doc.update(phase="up", healthy=True, subnet="10.200.0.0/24", bridge="kvbe36472",
+               ray_address="10.200.0.2:6379")
+    doc["nodes"] = [
+        {"name": n, "netns": f"kvtool-gp7000-mini-{n}", "address": f"10.200.0.{i + 2}",
+         "roles": roles, "link_mbit": 200.0, "link_mbit_now": 200.0, "present": True,
+         "ray": True, "engines": engines}
+        for i, (n, roles, engines) in enumerate([
+            ("cx81", ["head", "engine", "mooncake"], ["cx81-0", "cx81-1"]),
+            ("cx82", ["engine"], ["cx82-0", "cx82-1"]), ("array", ["storage"], [])])]
+    doc["targets"] = [{"name": "array-t0", "node": "array", "engine": "userspace",
+                       "url": "nvme+tcp://10.200.0.4:4420/nqn.2026-01.io.kvtool:cluster:"
+                              "gp7000-mini:array-t0", "running": True}]
+    doc["mooncake"] = {"url": "mooncake://10.200.0.2:50051?metadata=10.200.0.2:8080",
+                       "segments": [{"node": "cx81"}, {"node": "cx82"}, {"node": "array"}]}
+    return doc
+
+
+def test_human_output_fits_80_columns() -> None:
+    from kvtool.cli.bench import render_cluster
+    from kvtool.cli.cluster import render
+    from tests.helpers.widths import width_problems
+
+    doc = _status_doc()
+    assert not width_problems(lambda con: render(con, doc))
+    row = {"gb_per_s": 0.0239, "iops": 22.8, "lat_us": {"p50": 350977.0}, "link_mbit": 200.0}
+    bench = {"cluster": "gp7000-mini", "clients": 2, "object_bytes": 1 << 20, "seconds": 3.0,
+             "cases": [{"pattern": "rand-read", "qd": 8,
+                        "nodes": [{"node": "cx81", **row}, {"node": "cx82", **row}],
+                        "aggregate": {"gb_per_s": 0.0462, "iops": 44.1, "late": ["cx82"]}}]}
+    assert not width_problems(lambda con: render_cluster(con, bench))
