@@ -72,11 +72,10 @@ def run_job(state: ClusterState, payload: dict[str, Any]) -> dict[str, Any]:
                 refs = []
                 for i, node in enumerate(nodes):
                     t = state.targets[i % len(state.targets)]
-                    region = min(payload["region_bytes"] or t.size, t.size)
                     refs.append(task.options(resources=node_resource(node.address)).remote(
                         node.name, t.url, t.hostnqn, t.dhchap_key_file,
                         t.dhchap_ctrl_key_file, pattern, qd, payload["object_bytes"],
-                        payload["seconds"], region, start_at, i))
+                        payload["seconds"], payload["region_bytes"], start_at, i))
                 try:
                     rows = ray.get(refs)
                 except ray.exceptions.RayError as exc:
@@ -105,9 +104,10 @@ def aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def drive(node: str, url: str, hostnqn: str, key_file: str, ctrl_key_file: str | None,
-          pattern: str, qd: int, object_bytes: int, seconds: float, region_bytes: int,
+          pattern: str, qd: int, object_bytes: int, seconds: float, region_bytes: int | None,
           start_at: float, seed: int) -> dict[str, Any]:
-    """One client node's part (a Ray task on that node): connect, wait, run one case."""
+    """One client node's part (a Ray task on that node): connect, wait, run one case over
+    the first ``region_bytes`` of the namespace (``None``: all of it)."""
     from kvtool.nvme.dhchap import load_secret_file
     from kvtool.nvme.hostauth import HostCredentials
     from kvtool.store.bench import Case, run_case
@@ -122,8 +122,9 @@ def drive(node: str, url: str, hostnqn: str, key_file: str, ctrl_key_file: str |
         if late < 0:
             time.sleep(-late)
         t_start = time.time()
+        region = min(region_bytes or engine.size, engine.size)
         row = run_case(engine, Case(pattern, qd, "aligned", object_bytes),
-                       region_bytes=region_bytes, seconds=seconds, seed=seed)
+                       region_bytes=region, seconds=seconds, seed=seed)
         t_end = time.time()
     finally:
         engine.close()

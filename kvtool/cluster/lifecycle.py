@@ -35,6 +35,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,9 @@ from kvtool.cluster.state import (
 )
 from kvtool.errors import UsageError
 from kvtool.serving.cluster import ClusterSpec, load_cluster
+from kvtool.target.document import config_document
+from kvtool.target.loader import load_config
+from kvtool.target.model import Host, Listener, Namespace, Subsystem, TargetConfig
 from kvtool.target.procs import start_time
 from kvtool.target.state import pid_alive
 
@@ -275,13 +279,15 @@ class _Builder:
                 keys[node.name] = (str(host_key), str(ctrl_key))
             port = ports.get(node.name, TARGET_PORT)
             ports[node.name] = port + 1
-            subnqn = f"{SUB_NQN_PREFIX}:{s.name}:{t.name}"
             host_key_file, ctrl_key_file = keys[node.name]
-            config = s.files_dir / f"target-{t.name}.toml"
-            config.write_text(_target_config(f"{s.name}-{t.name}", self.engine, subnqn,
-                                             t.size, hostnqn, host_key_file, ctrl_key_file,
-                                             node.address, port))
-            self.step(f"target {t.name} on {node.name} ({self.engine}): {node.address}:{port}")
+            cfg = _target_config(f"{s.name}-{t.name}", self.engine,
+                                 f"{SUB_NQN_PREFIX}:{s.name}:{t.name}", t.size, t.config,
+                                 Host(hostnqn, host_key_file, ctrl_key_file), node.address,
+                                 port)
+            subnqn = cfg.subsystems[0].nqn
+            config = s.files_dir / f"target-{t.name}.json"
+            config.write_text(json.dumps(config_document(cfg), indent=2))
+            self.step(f"target {t.name} on {node.name} ({cfg.engine}): {node.address}:{port}")
             res = s.add(Resource("target", t.name, netns=node.netns, what=str(config)))
             log = s.files_dir / f"target-{t.name}.log"
             with open(log, "ab") as err:
@@ -296,9 +302,10 @@ class _Builder:
             pid = json.loads(proc.stdout)["status"].get("pid")
             res.pid, res.start = pid, start_time(pid) if pid else None
             url = f"nvme+tcp://{node.address}:{port}/{subnqn}"
+            size = sum(n.size or 0 for n in cfg.subsystems[0].namespaces[:1])
             s.targets.append(ClusterTarget(t.name, node.name, url, subnqn, hostnqn,
-                                           host_key_file, ctrl_key_file, t.size, pid,
-                                           self.engine))
+                                           host_key_file, ctrl_key_file, size, pid,
+                                           cfg.engine))
             s.save()
             if not _listening(node.address, port):
                 raise ClusterError(f"target {t.name} on {node.name} is up but nothing listens "
@@ -342,17 +349,24 @@ class _Builder:
             self.wait_listening(seg, node, MOONCAKE_CLIENT_PORT, "mooncake segment", log)
 
 
-def _target_config(name: str, engine: str, subnqn: str, size: int, hostnqn: str,
-                   key_file: str, ctrl_key_file: str, address: str, port: int) -> str:
-    """A kvtool target config (docs/target.md) for one cluster target."""
-    return "\n".join([
-        "# Made by kvtool cluster up: one target of the cluster, on its node's address.",
-        'backend = "emulator"', f'name = "{name}"', "[emulator]", f'engine = "{engine}"',
-        "[[subsystem]]", f'nqn = "{subnqn}"', f'hosts = ["{hostnqn}"]',
-        "  [[subsystem.namespace]]", "  nsid = 1", f"  size = {size}",
-        "[[host]]", f'nqn = "{hostnqn}"', f'dhchap_key_file = "{key_file}"',
-        f'dhchap_ctrl_key_file = "{ctrl_key_file}"',
-        "[[listener]]", 'transport = "tcp"', f'address = "{address}"', f"port = {port}", ""])
+def _target_config(name: str, engine: str, subnqn: str, size: int, config: str | None,
+                   host: Host, address: str, port: int) -> TargetConfig:
+    """One cluster target: ``config``'s subsystems (or one subsystem ``subnqn`` with a
+    memory namespace of ``size``), listening on ``address:port`` only, allowing only
+    ``host``, with its keys."""
+    if config is None:
+        subsystems: tuple[Subsystem, ...] = (
+            Subsystem(subnqn, (Namespace(1, "memory", size=size),)),)
+    else:
+        own = load_config(config, allow_remote=True)
+        subsystems = own.subsystems
+        engine = own.engine if own.engine in ("userspace", "spdk") else engine
+    subsystems = tuple(replace(sub, hosts=(host.nqn,), allow_any_host=False)
+                       for sub in subsystems)
+    listener = Listener(1, "tcp", address, port, "ipv4", tuple(sub.nqn for sub in subsystems))
+    return TargetConfig(name=name, backend="emulator", subsystems=subsystems,
+                        listeners=(listener,), hosts=(host,),
+                        engine=engine)  # type: ignore[arg-type]
 
 
 def _listening(host: str, port: int) -> bool:

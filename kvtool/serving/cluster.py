@@ -69,7 +69,7 @@ _ENGINE_KEYS = {"name", "node", "count", "gpu", "model", "tp", "dtype", "kv_dtyp
                 "gpu_memory_utilization", "enable_prefix_caching"}
 _MOONCAKE_KEYS = {"capacity", "policy", "gbps", "master", "segment"}
 _NVME_KEYS = {"capacity", "policy", "target"}
-_TARGET_KEYS = {"name", "read_gbps", "write_gbps", "node", "size"}
+_TARGET_KEYS = {"name", "read_gbps", "write_gbps", "node", "size", "config"}
 _PLACEMENT_KEYS = {"kind", "subnet", "link_scale", "link_mbit"}
 PLACEMENT_KINDS = ("netns",)
 DEFAULT_SUBNET = "10.200.0.0/24"
@@ -224,7 +224,10 @@ class TargetSpec:
     node: str | None = None
     """The storage node it runs on (placement; ``None``: not placed)."""
     size: int = DEFAULT_TARGET_BYTES
-    """Bytes of its namespace when ``cluster up`` runs it."""
+    """Bytes of its namespace when ``cluster up`` runs it (without ``config``)."""
+    config: str | None = None
+    """A kvtool target config (absolute path) whose subsystems and namespaces ``cluster up``
+    serves instead of one memory namespace of ``size``; it sets listeners and hosts."""
 
 
 @dataclass(frozen=True)
@@ -741,14 +744,40 @@ class _Reader:
             assert name is not None
             if any(x.name == name for x in targets):
                 raise self.fail(f"target {name!r} is defined twice", (*tpath, "name"))
+            if "config" in tt and "size" in tt:
+                raise self.fail("give size or config, not both (the config's namespaces "
+                                "have their sizes)", (*tpath, "size"))
             targets.append(TargetSpec(name, self.gbps(tt, "read_gbps", tpath),
                                       self.gbps(tt, "write_gbps", tpath),
                                       node=self.name(tt, "node", tpath),
-                                      size=self.size(tt, "size", tpath, DEFAULT_TARGET_BYTES)))
+                                      size=self.size(tt, "size", tpath, DEFAULT_TARGET_BYTES),
+                                      config=self.target_config(tt, tpath)))
         if not targets:
             raise self.fail("the NVMe-oF pool needs at least one [[nvme.target]] "
                             "(name, read_gbps, write_gbps)", path)
         return NvmeSpec(cap, tuple(targets), self.policy(t, "policy", path))
+
+    def target_config(self, t: Mapping[str, Any], path: Path_) -> str | None:
+        """A target's ``config``: a kvtool target config of the emulator backend (its own
+        errors name its own file and line)."""
+        text = self.text(t, "config", path)
+        if text is None:
+            return None
+        p = Path(text)
+        if not p.is_absolute() and self.base_dir is not None:
+            p = self.base_dir / p
+        if not p.is_file():
+            raise self.fail(f"no such target config: {p}", (*path, "config"))
+        from kvtool.target.loader import load_config
+
+        cfg = load_config(p, allow_remote=True)
+        if cfg.backend != "emulator" or cfg.engine not in ("auto", "userspace", "spdk"):
+            raise self.fail(f"{p}: a cluster target runs kvtool's emulator (backend "
+                            f"\"emulator\", engine userspace or spdk), got backend "
+                            f"{cfg.backend!r}, engine {cfg.engine!r}", (*path, "config"))
+        if not any(sub.namespaces for sub in cfg.subsystems):
+            raise self.fail(f"{p} has no namespace to serve", (*path, "config"))
+        return str(p.resolve())
 
     def check_bytes_capacities(self, data: Mapping[str, Any], spec: ClusterSpec) -> None:
         sizes = {e.block_bytes for e in spec.engines}

@@ -265,3 +265,56 @@ def test_spdk_targets(tmp_path: Path, spdk: object) -> None:
         left = c.leftovers()
     assert down.returncode == 0, down.stderr[-2000:]
     assert not left and not Path(f"/proc/{pid}").exists()
+
+
+def test_a_target_config_is_served_and_still_requires_the_key(tmp_path: Path) -> None:
+    """A storage node serving the user's target config (a file namespace, allow_any_host):
+    cluster up keeps its namespaces, listens on the node's address and requires the key."""
+    why = skip_reason()
+    if why:
+        pytest.skip(why)
+    from kvtool.errors import AuthenticationFailed, UsageError
+    from kvtool.nvme.dhchap import load_secret_file
+    from kvtool.nvme.hostauth import HostCredentials
+    from kvtool.store.engine import open_engine
+
+    (tmp_path / "mine.toml").write_text(f"""
+backend = "emulator"
+name = "mine"
+[emulator]
+engine = "userspace"
+[[subsystem]]
+nqn = "nqn.2026-01.io.example:mine"
+allow_any_host = true
+  [[subsystem.namespace]]
+  nsid = 1
+  backing = "file"
+  path = "{tmp_path / 'ns1.img'}"
+  create = true
+  size = "24MiB"
+  lba = 4096
+[[listener]]
+address = "127.0.0.1"
+port = 4420
+""")
+    c = make_cluster(tmp_path, SMALL.replace('node = "s"\n', 'node = "s"\nconfig = "mine.toml"\n'),
+                     217)
+    up = c.kvtool("cluster", "up", str(c.file))
+    try:
+        assert up.returncode == 0, up.stderr[-2000:]
+        [t] = c.json("cluster", "status", str(c.file))["targets"]
+        assert t["running"] and t["url"].endswith(":4420/nqn.2026-01.io.example:mine")
+        assert not t["url"].startswith("nvme+tcp://127.0.0.1")
+        creds = HostCredentials(t["hostnqn"], load_secret_file(t["dhchap_key_file"], field="k"),
+                                load_secret_file(t["dhchap_ctrl_key_file"], field="k"))
+        engine = open_engine(t["url"], write=False, credentials=creds)
+        assert (engine.size, engine.lba_size) == (24 << 20, 4096)
+        engine.close()
+        assert (tmp_path / "ns1.img").stat().st_size == 24 << 20
+        for other in (None, HostCredentials(t["hostnqn"])):
+            with pytest.raises((AuthenticationFailed, UsageError)):
+                open_engine(t["url"], write=False, credentials=other).close()
+    finally:
+        down = c.kvtool("cluster", "down", str(c.file))
+        left = c.leftovers()
+    assert down.returncode == 0 and not left, (down.stderr[-2000:], left)

@@ -160,3 +160,25 @@ def test_human_output_fits_80_columns() -> None:
                         "nodes": [{"node": "cx81", **row}, {"node": "cx82", **row}],
                         "aggregate": {"gb_per_s": 0.0462, "iops": 44.1, "late": ["cx82"]}}]}
     assert not width_problems(lambda con: render_cluster(con, bench))
+
+
+def test_target_config(tmp_path: Path) -> None:
+    target = tmp_path / "t.toml"
+    demo = (FIXTURES / "targets" / "demo.toml").read_text()
+    target.write_text(demo)
+    assert 'engine = "userspace"' in demo
+    (tmp_path / "qemu.toml").write_text(demo.replace('engine = "userspace"', 'engine = "qemu"'))
+    text = BASE.replace('size = "48MiB"', 'config = "t.toml"')
+    f = tmp_path / "p.toml"
+    f.write_text(text)
+    spec = load_cluster(f)
+    assert spec.nvme is not None and spec.nvme.targets[0].config == str(target.resolve())
+    for old, new, words in [
+            ('config = "t.toml"', 'config = "t.toml"\nsize = "48MiB"', "not both"),
+            ('config = "t.toml"', 'config = "missing.toml"', "no such target config"),
+            ('config = "t.toml"', 'config = "qemu.toml"', "runs kvtool's emulator")]:
+        f.write_text(text.replace(old, new))
+        result = run("cluster", "up", str(f))
+        assert result.exit_code == 2 and words in result.stderr, result.stderr
+        [line] = result.stderr.strip().splitlines()
+        assert "field 'nvme.target[0]." in line
