@@ -366,7 +366,7 @@ def _target_config(name: str, engine: str, subnqn: str, size: int, config: str |
     listener = Listener(1, "tcp", address, port, "ipv4", tuple(sub.nqn for sub in subsystems))
     return TargetConfig(name=name, backend="emulator", subsystems=subsystems,
                         listeners=(listener,), hosts=(host,),
-                        engine=engine)  # type: ignore[arg-type]
+                        engine="spdk" if engine == "spdk" else "userspace")
 
 
 def _listening(host: str, port: int) -> bool:
