@@ -32,6 +32,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("kvtool.target",),
     ("kvtool.mooncake", "emulator.spdk"),
     ("kvtool.tiers",),
+    ("kvtool.cluster",),
     ("kvtool.replay",),
     ("kvtool.experiments",),
     ("kvtool.cli",),

@@ -57,7 +57,7 @@ from kvtool.errors import UsageError
 from kvtool.serving.cluster import ClusterSpec, load_cluster
 from kvtool.target.document import config_document
 from kvtool.target.loader import load_config
-from kvtool.target.model import Host, Listener, Namespace, Subsystem, TargetConfig
+from kvtool.target.config import Host, Listener, Namespace, Subsystem, TargetConfig
 from kvtool.target.procs import start_time
 from kvtool.target.state import pid_alive
 
@@ -85,6 +85,19 @@ def _no_step(_: str) -> None:
 TARGET_ENGINES = ("userspace", "spdk")
 
 
+def check_target_config(path: Path) -> str | None:
+    """Why the kvtool target config at ``path`` cannot serve as a cluster target (``None``:
+    it can): a cluster target runs kvtool's emulator backend and serves a namespace."""
+    cfg = load_config(path, allow_remote=True)
+    if cfg.backend != "emulator" or cfg.engine not in ("auto", "userspace", "spdk"):
+        return (f"{path}: a cluster target runs kvtool's emulator (backend \"emulator\", "
+                f"engine userspace or spdk), got backend {cfg.backend!r}, engine "
+                f"{cfg.engine!r}")
+    if not any(sub.namespaces for sub in cfg.subsystems):
+        return f"{path} has no namespace to serve"
+    return None
+
+
 def up(file: str | os.PathLike[str], *, engine: str = "userspace",
        step: Step = _no_step) -> ClusterState:
     """Bring the cluster of ``file`` up; its record (phase ``up``).
@@ -99,7 +112,7 @@ def up(file: str | os.PathLike[str], *, engine: str = "userspace",
     if engine not in TARGET_ENGINES:
         raise UsageError(f"unknown target engine {engine!r} ({', '.join(TARGET_ENGINES)})",
                          field="engine")
-    spec = load_cluster(path)
+    spec = load_cluster(path, target_check=check_target_config)
     if spec.placement is None:
         raise UsageError(f"{path} has no [placement] table: it says nothing about where its "
                          "nodes run (docs/cluster.md)", field="FILE")

@@ -36,7 +36,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -316,14 +316,24 @@ class ClusterSpec:
 # -- reading ------------------------------------------------------------------------------------
 
 
-def load_cluster(path: str | Path, *, default_block_tokens: int | None = None) -> ClusterSpec:
+TargetCheck = Callable[[Path], "str | None"]
+"""Checks a ``[[nvme.target]]``'s ``config`` file: a message saying why it cannot serve as
+a cluster target, or ``None``. The layer that runs targets (:mod:`kvtool.cluster`) passes
+one; this module does not read target configs itself (it sits below :mod:`kvtool.target`)."""
+
+
+def load_cluster(path: str | Path, *, default_block_tokens: int | None = None,
+                 target_check: TargetCheck | None = None) -> ClusterSpec:
     """Read and validate a cluster file (TOML, or JSON with the same structure).
 
     ``default_block_tokens``: the block size when the file gives none (the replay passes
-    its trace's; otherwise vLLM's default, :data:`DEFAULT_BLOCK_TOKENS`)."""
+    its trace's; otherwise vLLM's default, :data:`DEFAULT_BLOCK_TOKENS`).
+    ``target_check``: also check each target's ``config`` file (its error names this
+    file's line and key)."""
     p = Path(path)
     return cluster_from_document(read_config(p), default_name=p.stem, base_dir=p.parent,
-                                 default_block_tokens=default_block_tokens)
+                                 default_block_tokens=default_block_tokens,
+                                 target_check=target_check)
 
 
 def parse_cluster(text: str, *, source: str | None = None, name: str = "cluster",
@@ -335,9 +345,10 @@ def parse_cluster(text: str, *, source: str | None = None, name: str = "cluster"
 
 def cluster_from_document(doc: ConfigDocument, *, default_name: str = "cluster",
                           base_dir: Path | None = None,
-                          default_block_tokens: int | None = None) -> ClusterSpec:
+                          default_block_tokens: int | None = None,
+                          target_check: TargetCheck | None = None) -> ClusterSpec:
     """Validate a parsed cluster file (errors name file, line and key)."""
-    return _Reader(doc, base_dir).cluster(default_name, default_block_tokens)
+    return _Reader(doc, base_dir, target_check).cluster(default_name, default_block_tokens)
 
 
 def _show(v: Any) -> str:
@@ -347,9 +358,11 @@ def _show(v: Any) -> str:
 class _Reader:
     """One pass over the document, with errors that name file, line and key."""
 
-    def __init__(self, doc: ConfigDocument, base_dir: Path | None) -> None:
+    def __init__(self, doc: ConfigDocument, base_dir: Path | None,
+                 target_check: TargetCheck | None = None) -> None:
         self.doc = doc
         self.base_dir = base_dir
+        self.target_check = target_check
 
     # -- typed access ------------------------------------------------------------------------
 
@@ -758,8 +771,8 @@ class _Reader:
         return NvmeSpec(cap, tuple(targets), self.policy(t, "policy", path))
 
     def target_config(self, t: Mapping[str, Any], path: Path_) -> str | None:
-        """A target's ``config``: a kvtool target config of the emulator backend (its own
-        errors name its own file and line)."""
+        """A target's ``config`` file, resolved; checked by :attr:`target_check` when one
+        is given (the target config's own errors name its own file and line)."""
         text = self.text(t, "config", path)
         if text is None:
             return None
@@ -768,15 +781,9 @@ class _Reader:
             p = self.base_dir / p
         if not p.is_file():
             raise self.fail(f"no such target config: {p}", (*path, "config"))
-        from kvtool.target.loader import load_config
-
-        cfg = load_config(p, allow_remote=True)
-        if cfg.backend != "emulator" or cfg.engine not in ("auto", "userspace", "spdk"):
-            raise self.fail(f"{p}: a cluster target runs kvtool's emulator (backend "
-                            f"\"emulator\", engine userspace or spdk), got backend "
-                            f"{cfg.backend!r}, engine {cfg.engine!r}", (*path, "config"))
-        if not any(sub.namespaces for sub in cfg.subsystems):
-            raise self.fail(f"{p} has no namespace to serve", (*path, "config"))
+        why = None if self.target_check is None else self.target_check(p)
+        if why is not None:
+            raise self.fail(why, (*path, "config"))
         return str(p.resolve())
 
     def check_bytes_capacities(self, data: Mapping[str, Any], spec: ClusterSpec) -> None:
