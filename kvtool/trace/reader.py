@@ -30,7 +30,6 @@ first N bad lines (in file order) are skipped and listed in
 
 from __future__ import annotations
 
-import csv
 import datetime as dt
 import json
 import math
@@ -457,9 +456,11 @@ class TraceReader:
     def __iter__(self) -> Iterator[Request]:
         buf = self._buf
         parse = self._parser()
-        period = self._period
         fresh = self.format == "azure"
         next_key = 0
+        # a timed request without a round is filed under its window (inline: this loop
+        # runs once per request of every replay)
+        timed, t0, window, floor = self.timed, self._t0, self.window_ms, math.floor
         for e in self._entries:
             req = e.parsed
             if req is None:
@@ -473,13 +474,11 @@ class TraceReader:
                 n = -(-req.input_length // self.block_tokens)
                 keys = list(range(next_key, next_key + n))
                 next_key += n
+            rnd = e.round
             yield Request(e.timestamp, req.input_length, req.output_length, keys,
-                          req.block_tokens, e.session, e.round, e.line, period(e))
-
-    def _period(self, e: _Entry) -> int | None:
-        if e.round is not None or not self.timed:
-            return None
-        return math.floor((e.timestamp - self._t0) / self.window_ms) + 1
+                          req.block_tokens, e.session, rnd, e.line,
+                          None if rnd is not None or not timed
+                          else floor((e.timestamp - t0) / window) + 1)
 
     def _check_hash_ids(self, ids: list[int], input_length: int) -> None:
         allowed = -(-input_length // self.block_tokens)
@@ -519,6 +518,8 @@ class TraceReader:
     def _parse_azure(self, raw: bytes, *, keys: bool) -> _Parsed:
         assert self._azure_columns is not None
         ts_col, in_col, out_col, ncols = self._azure_columns
+        import csv  # Azure traces only (start-up time of the JSONL formats)
+
         try:
             text = raw.decode("utf-8")
             row = next(csv.reader([text])) if '"' in text else text.split(",")
@@ -580,6 +581,10 @@ class TraceReader:
 
 def _azure_header(raw: bytes) -> tuple[int, int, int, int] | None:
     """Column indices of TIMESTAMP, ContextTokens, GeneratedTokens and the column count."""
+    if raw.lstrip().startswith(b"{"):  # a JSON object, not a CSV header: skip the csv import
+        return None
+    import csv
+
     try:
         names = [n.strip() for n in next(csv.reader([raw.decode("utf-8").lstrip("\ufeff")]))]
     except (UnicodeDecodeError, csv.Error, StopIteration):
