@@ -240,9 +240,12 @@ class Replay:
             return
         # _serve, inlined: this runs once per request of every replay.
         session = req.session
-        sid = self._sessions.get(session) if session is not None else None
-        if sid is None:
-            sid = self._session_id(session)
+        if session is None:  # _session_id, inlined for the session-less traces
+            self._anonymous += 1
+            sid = (1 << 40) + self._anonymous
+        else:
+            known = self._sessions.get(session)
+            sid = self._session_id(session) if known is None else known
         inp = req.input_length
         B = self.block_tokens
         per_tier = self.cache.serve(req.block_keys, inp, B, sid, st)

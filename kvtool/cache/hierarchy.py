@@ -464,9 +464,14 @@ class TierHierarchy:
             stats.blocks_read[0] += k
         stats.recompute_tokens += input_length - hit_tokens
         tier = self.tiers[0]
-        stats.blocks_written[0] += tier.policy.access(keys, session)
-        if len(index) > tier.capacity or tier.watermark is not None:
+        policy = tier.policy
+        stats.blocks_written[0] += policy.access(keys, session)
+        if tier.watermark is not None:
             stats.evictions[0] += len(tier.evict_to_capacity())
+        elif len(index) > tier.capacity:
+            # Tier.evict_to_capacity without a watermark or a backend (this path has
+            # neither): evict the overflow, in the policy's order.
+            stats.evictions[0] += len(policy.evict(len(index) - int(tier.capacity)))
         return [k]
 
     def _count_hits(self, src: list[int], input_length: int, block_tokens: int,

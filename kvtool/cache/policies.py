@@ -203,12 +203,16 @@ class LruPolicy(EvictionPolicy):
         pop = self.order.popleft
         add = out.append
         get = index.get
-        while len(out) < n and index:
+        # Every cached key has a last reference in `order`, so n ≤ len(index) keys are
+        # found before it runs dry.
+        need = min(n, len(index))
+        while need:
             key = pop()
             c = get(key)
             if c == 1:
                 del index[key]
                 add(key)
+                need -= 1
             elif c is not None:     # None: a key removed from the index by hand
                 index[key] = c - 1
         return out
