@@ -41,7 +41,6 @@ from kvtool.cache.hierarchy import WRITE_POLICIES
 from kvtool.cache.policies import POLICIES, WATERMARK_DEFAULTS
 from kvtool.cache.tier import TIER_NAMES, Watermark
 from kvtool.cache.timemodel import DEFAULT_READ_GBPS, TimeModel
-from kvtool.configfile import read_config
 from kvtool.errors import InputError, UsageError, param
 from kvtool.tiers.option import TierOption
 from kvtool.units import Capacity
@@ -79,6 +78,8 @@ class TiersFile:
 
 def load_tiers_file(path: str | Path) -> TiersFile:
     """Parse and check a tiers file; errors name the file, line and field."""
+    from kvtool.configfile import read_config  # only with --tiers (start-up time)
+
     doc = read_config(path, kind="toml")
 
     def bad(message: str, key: str, table: str | None = None) -> InputError:
