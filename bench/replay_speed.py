@@ -47,10 +47,14 @@ print(res["token_hit_ratio"])
 
 
 def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, float, str]:
-    """Wall seconds, CPU seconds (user+sys of the child) and stdout of one run."""
+    """Wall seconds, CPU seconds (user+sys of the child) and stdout of one run. With
+    ``env`` (a baseline tree on PYTHONPATH) the child runs in that tree: ``python -m``
+    puts the working directory first on sys.path, which would shadow it otherwise."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
+    cwd = env["PYTHONPATH"] if env else None
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env,
+                         cwd=cwd).stdout
     wall = time.perf_counter() - t
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -94,7 +98,7 @@ def main() -> None:
                     help="also time the 1-tier CLI run from this source tree (before/after)")
     args = ap.parse_args()
     py = sys.executable
-    trace = args.trace
+    trace = str(Path(args.trace).resolve())  # absolute: a baseline run has another cwd
     if args.times > 1:
         import tempfile
 

@@ -30,7 +30,7 @@ it counts every block it caches as written, a recomputed copy of a cached block 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 from kvtool.cache.policies import LruPolicy, VllmPolicy
@@ -122,6 +122,13 @@ class TierHierarchy:
             else:
                 break
         return src
+
+    def server(self) -> Callable[[list[int], int, int, int, RoundStats], list[int]]:
+        """:meth:`serve`, or for a single tier without a backend or a pooled policy the
+        path it dispatches to (a call less per request for callers that serve many)."""
+        if self._pooled is None and not self._general and len(self.tiers) == 1:
+            return self._serve_one
+        return self.serve
 
     def serve(self, keys: list[int], input_length: int, block_tokens: int, session: int,
               stats: RoundStats) -> list[int]:

@@ -61,7 +61,7 @@ PosInt = Annotated[int, msgspec.Meta(ge=1)]
 TokenId = Annotated[int, msgspec.Meta(ge=0, le=TOKEN_MAX)]
 
 
-class _Line(msgspec.Struct):
+class _Line(msgspec.Struct, gc=False):
     """A whole kvtool line; presence rules are checked by hand for clear errors."""
 
     timestamp: float | None = None
@@ -74,14 +74,14 @@ class _Line(msgspec.Struct):
     block_tokens: PosInt | None = None
 
 
-class _MooncakeLine(msgspec.Struct):
+class _MooncakeLine(msgspec.Struct, gc=False):
     timestamp: float | None = None
     input_length: NonNegInt | None = None
     output_length: NonNegInt | None = None
     hash_ids: list[int] | None = None
 
 
-class _BailianLine(msgspec.Struct):
+class _BailianLine(msgspec.Struct, gc=False):
     """A Qwen-Bailian line (its README's schema); ``type`` is checked, then ignored."""
 
     chat_id: int | str | None = None
@@ -117,7 +117,9 @@ class _BadLine(Exception):
 
 # _Parsed and _Entry are built once per line: msgspec Structs, whose construction runs in
 # C (a NamedTuple's or a dataclass's runs Python code), for the reader's start-up time.
-class _Parsed(msgspec.Struct, frozen=True):
+# gc=False (here, on the line Structs and on Request): they hold numbers, strings and lists
+# of ints, never a reference cycle, so the cyclic collector need not traverse them.
+class _Parsed(msgspec.Struct, frozen=True, gc=False):
     """A validated line before serve-order fields (round inference, period) are known."""
 
     timestamp: float | None
@@ -131,7 +133,7 @@ class _Parsed(msgspec.Struct, frozen=True):
     """Qwen-Bailian: ``parent_chat_id`` (None for a root); ``session`` holds ``chat_id``."""
 
 
-class _Entry(msgspec.Struct):
+class _Entry(msgspec.Struct, gc=False):
     """One good line after pass 1."""
 
     line: int

@@ -231,7 +231,8 @@ class MaxHitRatio:
         hit = k * block_tokens
         self.hit_tokens += hit if hit < input_length else input_length
         self.input_tokens += input_length
-        seen.update(keys)
+        if k < len(keys):  # the prefix is in `seen` already
+            seen.update(keys[k:] if k else keys)
 
     @property
     def ratio(self) -> float:
