@@ -99,6 +99,7 @@ def main() -> None:
     args = ap.parse_args()
     py = sys.executable
     trace = str(Path(args.trace).resolve())  # absolute: a baseline run has another cwd
+    tmp: Path | None = None
     if args.times > 1:
         import tempfile
 
@@ -126,7 +127,13 @@ def main() -> None:
     if args.baseline is not None:
         cmds["base1"] = kv + one
         envs["base1"] = {**os.environ, "PYTHONPATH": str(args.baseline.resolve())}
-    m = measure(cmds, args.repeat, envs)
+    try:
+        m = measure(cmds, args.repeat, envs)
+    finally:
+        if tmp is not None:
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
     ref_wall, ref_cpu, ref_out = m["minimal"]
     ref_ratio = float(ref_out)
     cli_ratio = json.loads(m["cli1"][2])["token_hit_ratio"]
