@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import re
-import tomllib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -424,6 +423,8 @@ def parse_config_text(text: str, *, source: str | None = None, kind: Kind = "tom
         except json.JSONDecodeError as exc:
             raise InputError(f"invalid JSON: {exc.msg}", file=source, line=exc.lineno) from None
         return ConfigDocument(data, source, kind, JsonLocator(text))
+    import tomllib  # here, not at the top: commands that read no TOML skip its import
+
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

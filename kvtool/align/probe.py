@@ -15,7 +15,6 @@ A ``dio_source`` of ``statx`` means the kernel itself reported the limits.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import fcntl
 import os
@@ -98,7 +97,8 @@ def statx_dioalign(path: str | os.PathLike[str]) -> DioAlign | None:
 
 def _call_statx(raw: bytes, buf: ctypes.Array[ctypes.c_char]) -> int | None:
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        # the interpreter's own C library (dlopen(NULL)); find_library would run ldconfig
+        libc = ctypes.CDLL(None, use_errno=True)
     except OSError:
         return None
     fn = getattr(libc, "statx", None)

@@ -205,6 +205,7 @@ class Replay:
 
     def __post_init__(self) -> None:
         self.cache = self.config.build(self.block_bytes, self.block_tokens, self.backends)
+        self._serve_request = self.cache.server()
         self.names = self.cache.names
         self.rounds: dict[int, RoundStats] = {}
         self.real_rounds = False
@@ -240,12 +241,15 @@ class Replay:
             return
         # _serve, inlined: this runs once per request of every replay.
         session = req.session
-        sid = self._sessions.get(session) if session is not None else None
-        if sid is None:
-            sid = self._session_id(session)
+        if session is None:  # _session_id, inlined for the session-less traces
+            self._anonymous += 1
+            sid = (1 << 40) + self._anonymous
+        else:
+            known = self._sessions.get(session)
+            sid = self._session_id(session) if known is None else known
         inp = req.input_length
         B = self.block_tokens
-        per_tier = self.cache.serve(req.block_keys, inp, B, sid, st)
+        per_tier = self._serve_request(req.block_keys, inp, B, sid, st)
         k = per_tier[0] if len(per_tier) == 1 else sum(per_tier)
         hit = k * B
         if hit > inp:

@@ -30,7 +30,7 @@ it counts every block it caches as written, a recomputed copy of a cached block 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 from kvtool.cache.names import WRITE_POLICIES
@@ -122,6 +122,13 @@ class TierHierarchy:
             else:
                 break
         return src
+
+    def server(self) -> Callable[[list[int], int, int, int, RoundStats], list[int]]:
+        """:meth:`serve`, or for a single tier without a backend or a pooled policy the
+        path it dispatches to (a call less per request for callers that serve many)."""
+        if self._pooled is None and not self._general and len(self.tiers) == 1:
+            return self._serve_one
+        return self.serve
 
     def serve(self, keys: list[int], input_length: int, block_tokens: int, session: int,
               stats: RoundStats) -> list[int]:
@@ -464,9 +471,14 @@ class TierHierarchy:
             stats.blocks_read[0] += k
         stats.recompute_tokens += input_length - hit_tokens
         tier = self.tiers[0]
-        stats.blocks_written[0] += tier.policy.access(keys, session)
-        if len(index) > tier.capacity or tier.watermark is not None:
+        policy = tier.policy
+        stats.blocks_written[0] += policy.access(keys, session)
+        if tier.watermark is not None:
             stats.evictions[0] += len(tier.evict_to_capacity())
+        elif len(index) > tier.capacity:
+            # Tier.evict_to_capacity without a watermark or a backend (this path has
+            # neither): evict the overflow, in the policy's order.
+            stats.evictions[0] += len(policy.evict(len(index) - int(tier.capacity)))
         return [k]
 
     def _count_hits(self, src: list[int], input_length: int, block_tokens: int,

@@ -40,9 +40,10 @@ from abc import ABC, abstractmethod
 from collections import OrderedDict, deque
 from collections.abc import Callable, Container
 from itertools import islice
-from typing import Any, ClassVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
-from kvtool.serving.kvpool import KVPool
+if TYPE_CHECKING:
+    from kvtool.serving.kvpool import KVPool
 
 
 class EvictionPolicy(ABC):
@@ -154,13 +155,14 @@ class LruPolicy(EvictionPolicy):
             return len(index) - before
         get, push = index.get, self.order.append
         if admit and skip is None and record is None:
-            # The hot path: a minimal OrderedDict simulator's loop, on a dict and a deque.
-            for key in order:
+            # The hot path: every key gets a reference (one C call for the request) and
+            # one more count; the counts do not depend on the order.
+            self.order.extend(order)
+            for key in keys:
                 if key in index:
                     index[key] += 1
                 else:
                     index[key] = 1
-                push(key)
         elif admit:
             for key in order:
                 c = get(key)
@@ -203,12 +205,16 @@ class LruPolicy(EvictionPolicy):
         pop = self.order.popleft
         add = out.append
         get = index.get
-        while len(out) < n and index:
+        # Every cached key has a last reference in `order`, so n ≤ len(index) keys are
+        # found before it runs dry.
+        need = min(n, len(index))
+        while need:
             key = pop()
             c = get(key)
             if c == 1:
                 del index[key]
                 add(key)
+                need -= 1
             elif c is not None:     # None: a key removed from the index by hand
                 index[key] = c - 1
         return out
@@ -572,6 +578,8 @@ class VllmPolicy(EvictionPolicy):
                              "(vLLM's num_gpu_blocks, the null block included)")
         if self.pool is not None:
             raise ValueError("the vllm policy's pool is already built")
+        from kvtool.serving.kvpool import KVPool  # the vllm policy only (start-up time)
+
         self.pool = KVPool(int(value), self.block_tokens)
         self.index = cast(dict[int, int], self.pool.hash_index)
 

@@ -7,7 +7,6 @@ when a plot is asked for, so replay start-up stays light.
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,8 @@ def write_csv(results: list[dict[str, Any]], path: str | Path) -> None:
         f = open(path, "w", newline="", encoding="utf-8")  # noqa: SIM115 - closed below
     except OSError as exc:
         raise UsageError(f"cannot write {path}: {exc.strerror}", field="csv") from None
+    import csv  # here: a replay without --csv need not import it
+
     with f:
         w = csv.writer(f)
         w.writerow(CSV_COLUMNS)
@@ -76,6 +77,8 @@ class RequestCsv:
             raise UsageError(f"cannot write {path}: {exc.strerror}",
                              field="requests_csv") from None
         self._labels = labels
+        import csv
+
         self._writer = csv.writer(self._file)
         self._writer.writerow(self.COLUMNS)
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import inspect
 import re
-import textwrap
 from typing import Any
 
 import click
@@ -67,6 +66,8 @@ def _wrap_table(line: str, width: int) -> list[str]:
     gap = re.search(r"\S( {2,})\S", line[lead:])
     hang = lead + gap.end(1) if gap and lead + gap.end(1) < width // 2 else lead
     head = line[:hang]
+    import textwrap  # only --help wraps (start-up time)
+
     rest = textwrap.wrap(line[hang:], width - hang, break_long_words=False,
                          break_on_hyphens=False)
     return [head + rest[0]] + [" " * hang + r for r in rest[1:]]
@@ -74,6 +75,8 @@ def _wrap_table(line: str, width: int) -> list[str]:
 
 def _wrap_prose(lines: list[str], width: int) -> list[str]:
     lead = lines[0][:len(lines[0]) - len(lines[0].lstrip())]
+    import textwrap
+
     return textwrap.wrap(" ".join(x.strip() for x in lines), width, initial_indent=lead,
                          subsequent_indent=lead, break_long_words=False, break_on_hyphens=False)
 

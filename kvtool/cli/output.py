@@ -110,7 +110,10 @@ def console() -> Console:
 
     global _stdout
     if _stdout is None or not _same(_stdout.file, sys.stdout):
-        _stdout = Console(file=sys.stdout, highlight=False, soft_wrap=False, width=_width(sys.stdout))
+        # emoji=False: kvtool prints no :emoji: codes (a "name:id:" in a path or NQN must
+        # stay as written), and rich then skips importing its emoji table
+        _stdout = Console(file=sys.stdout, highlight=False, soft_wrap=False, emoji=False,
+                          width=_width(sys.stdout))
     return _stdout
 
 
@@ -119,7 +122,8 @@ def err_console() -> Console:
 
     global _stderr
     if _stderr is None or not _same(_stderr.file, sys.stderr):
-        _stderr = Console(file=sys.stderr, highlight=False, stderr=True, width=_width(sys.stderr))
+        _stderr = Console(file=sys.stderr, highlight=False, stderr=True, emoji=False,
+                          width=_width(sys.stderr))
     return _stderr
 
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -210,9 +209,12 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
         read_gbps=read_gbps, concurrency=concurrency, read_qd=read_qd, seed=seed,
         on_tier_error=on_tier_error, requests_csv=requests_csv, credentials=credentials,
         iolog=iolog, iolog_version=int(iolog_version))
-    if not settings().debug:
+    if not simulate and not settings().debug:
         # A lost target is reported once, as one line naming the tier and its URL; the
-        # host's reconnect attempts would repeat it (--debug shows them).
+        # host's reconnect attempts would repeat it (--debug shows them). (--simulate
+        # reaches no target: it need not import logging.)
+        import logging
+
         logging.getLogger("kvtool.nvme").setLevel(logging.ERROR)
     job = prepare(replay_settings, on_event=lambda m: note(f"[yellow]{m}[/]"))
     if not simulate:
@@ -232,14 +234,6 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
     with progress("replay", job.total, unit="requests") as advance:
         doc = job.run(progress=advance, on_request=sink)
     results = doc.get("configs") or [doc]
-    doc["max_token_hit_ratio"] = None  # "% of max": the trace's unbounded hit ratio
-    if trace != "-" and not doc["interrupted"]:
-        from kvtool.trace.reader import read_trace
-        from kvtool.trace.stats import trace_stats
-
-        doc["max_token_hit_ratio"] = trace_stats(read_trace(
-            trace, fmt=fmt, block_tokens=doc["block_tokens"], skip_bad=skip_bad),
-            reuse=False)["max_token_hit_ratio"]
     if csv_path:
         from kvtool.cache.report import write_csv
 

@@ -55,9 +55,9 @@ from kvtool.cluster.state import (
 )
 from kvtool.errors import UsageError
 from kvtool.serving.cluster import ClusterSpec, load_cluster
+from kvtool.target.config import Host, Listener, Namespace, Subsystem, TargetConfig
 from kvtool.target.document import config_document
 from kvtool.target.loader import load_config
-from kvtool.target.config import Host, Listener, Namespace, Subsystem, TargetConfig
 from kvtool.target.procs import start_time
 from kvtool.target.state import pid_alive
 

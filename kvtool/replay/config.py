@@ -34,17 +34,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvtool.cache.engine import CacheConfig, TierSpec
 from kvtool.cache.names import POLICY_NAMES, WRITE_POLICIES
 from kvtool.cache.policies import POLICIES, WATERMARK_DEFAULTS
 from kvtool.cache.tier import TIER_NAMES, Watermark
 from kvtool.cache.timemodel import DEFAULT_READ_GBPS, TimeModel
-from kvtool.configfile import ConfigTable, read_config
 from kvtool.errors import InputError, UsageError, param
 from kvtool.tiers.option import TierOption
 from kvtool.units import Capacity
+
+if TYPE_CHECKING:
+    from kvtool.configfile import ConfigTable
 
 ON_TIER_ERROR = ("fail", "recompute")
 """What data-mode replay does when a tier's medium fails mid-run (``--on-tier-error``)."""
@@ -79,6 +81,8 @@ class TiersFile:
 
 def load_tiers_file(path: str | Path) -> TiersFile:
     """Parse and check a tiers file; errors name the file, line and field."""
+    from kvtool.configfile import read_config  # only with --tiers (start-up time)
+
     doc = read_config(path, kind="toml")
 
     def bad(message: str, key: str, table: str | None = None) -> InputError:

@@ -36,13 +36,14 @@ from kvtool.replay.config import (
     parse_compare,
     time_model_from,
 )
-from kvtool.replay.timing import ReplayTiming, timing_off
 from kvtool.tiers.option import TierOption
+from kvtool.trace.stats import MaxHitRatio
 from kvtool.units import Capacity, format_size
 
 if TYPE_CHECKING:
     from kvtool.cache.iolog import IologWriter
     from kvtool.nvme.hostauth import HostCredentials
+    from kvtool.replay.timing import ReplayTiming
     from kvtool.tiers.base import DataTier
 
 # Data mode (kvtool.replay.data, kvtool.tiers: numpy, the store) is imported when a data-mode
@@ -161,6 +162,15 @@ def _stamp(log: IologWriter, r: Any) -> Any:
     return r
 
 
+def _measured(requests: Any, maximum: MaxHitRatio) -> Any:
+    """``requests``, each added to ``maximum`` (the trace's unbounded hit ratio) as it
+    passes: the replay's one pass over the trace serves both."""
+    add = maximum.add
+    for r in requests:
+        add(r.block_keys, r.input_length, r.block_tokens)
+        yield r
+
+
 def _check(s: ReplaySettings) -> None:
     if s.concurrency is not None and s.concurrency < 1:
         raise UsageError(f"must be at least 1, got {s.concurrency}", field="concurrency")
@@ -233,11 +243,12 @@ class ReplayJob:
                 for f in sinks:
                     f(i, outcome)
         self._sink = sink
+        maximum = MaxHitRatio()
         try:
             if self.mode == "simulate":
                 log = _open_iolog(self)
                 try:
-                    results = replay(_clocked(self.reader, log), self.configs,
+                    results = replay(_clocked(_measured(self.reader, maximum), log), self.configs,
                                      block_tokens=self.block_tokens,
                                      block_bytes=self.block_bytes, time_model=self.time_model,
                                      progress=progress, on_request=sink,
@@ -256,9 +267,14 @@ class ReplayJob:
             else:
                 results = [self._run_data(i, cfg, progress) for i, cfg in enumerate(self.configs)
                            if not self.interrupted]
+                if not self.interrupted:
+                    for r in self.reader:
+                        maximum.add(r.block_keys, r.input_length, r.block_tokens)
         finally:
             if per_request is not None:
                 per_request.close()
+        from kvtool.replay.timing import timing_off
+
         for i, r in enumerate(results):
             if timing is not None and not self.interrupted:
                 timing.apply(i, r)
@@ -271,9 +287,11 @@ class ReplayJob:
                 "mode": self.mode, "block_tokens": self.block_tokens,
                 "block_bytes": self.block_bytes, "block_size": self.setup["block_size"],
                 "setup": self.setup, "bad_lines": bad, "interrupted": self.interrupted}
+        # "% of max": the trace's hit ratio with unbounded tiers (trace stats)
+        tail = {"max_token_hit_ratio": None if self.interrupted else maximum.ratio}
         if len(results) == 1:
-            return {**head, **results[0]}
-        return {**head, "configs": results}
+            return {**head, **results[0], **tail}
+        return {**head, "configs": results, **tail}
 
     def _timing(self) -> ReplayTiming:
         """Each configuration's times from the serving model's one-engine case

@@ -15,7 +15,6 @@ only that the stored checksum matches what was stored.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +28,9 @@ _M64 = (1 << 64) - 1
 ANALYTIC_CRC_MIN_OBJECTS = 128
 """Below this many objects, checksumming each one is cheaper than the CRC basis."""
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+# The C library the interpreter is linked against (dlopen(NULL)): ctypes.util.find_library
+# would import subprocess and run ldconfig, tens of ms of every command's start-up.
+_libc = ctypes.CDLL(None)
 _memcmp = _libc.memcmp
 _memcmp.restype = ctypes.c_int
 _memcmp.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]

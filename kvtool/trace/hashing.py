@@ -20,7 +20,6 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Iterable, Sequence
-from hashlib import blake2b
 
 TOKEN_MAX = 2**32 - 1
 """Largest token id a key can encode."""
@@ -67,6 +66,8 @@ def chain_hashes_bytes(
 
     For callers that hold tokens as arrays (generators); trailing partial block ignored.
     """
+    from hashlib import blake2b  # here: importing hashlib loads OpenSSL (start-up time)
+
     step = 4 * block_tokens
     n_full = len(data) // step
     tail = len(extra).to_bytes(4, "little") + extra

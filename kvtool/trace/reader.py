@@ -30,7 +30,6 @@ first N bad lines (in file order) are skipped and listed in
 
 from __future__ import annotations
 
-import csv
 import datetime as dt
 import json
 import math
@@ -39,9 +38,8 @@ import os
 import re
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, NamedTuple, cast
+from typing import Annotated, Any, cast
 
 import msgspec
 
@@ -63,7 +61,7 @@ PosInt = Annotated[int, msgspec.Meta(ge=1)]
 TokenId = Annotated[int, msgspec.Meta(ge=0, le=TOKEN_MAX)]
 
 
-class _Line(msgspec.Struct):
+class _Line(msgspec.Struct, gc=False):
     """A whole kvtool line; presence rules are checked by hand for clear errors."""
 
     timestamp: float | None = None
@@ -76,14 +74,14 @@ class _Line(msgspec.Struct):
     block_tokens: PosInt | None = None
 
 
-class _MooncakeLine(msgspec.Struct):
+class _MooncakeLine(msgspec.Struct, gc=False):
     timestamp: float | None = None
     input_length: NonNegInt | None = None
     output_length: NonNegInt | None = None
     hash_ids: list[int] | None = None
 
 
-class _BailianLine(msgspec.Struct):
+class _BailianLine(msgspec.Struct, gc=False):
     """A Qwen-Bailian line (its README's schema); ``type`` is checked, then ignored."""
 
     chat_id: int | str | None = None
@@ -117,7 +115,11 @@ class _BadLine(Exception):
         self.field = field
 
 
-class _Parsed(NamedTuple):
+# _Parsed and _Entry are built once per line: msgspec Structs, whose construction runs in
+# C (a NamedTuple's or a dataclass's runs Python code), for the reader's start-up time.
+# gc=False (here, on the line Structs and on Request): they hold numbers, strings and lists
+# of ints, never a reference cycle, so the cyclic collector need not traverse them.
+class _Parsed(msgspec.Struct, frozen=True, gc=False):
     """A validated line before serve-order fields (round inference, period) are known."""
 
     timestamp: float | None
@@ -131,8 +133,7 @@ class _Parsed(NamedTuple):
     """Qwen-Bailian: ``parent_chat_id`` (None for a root); ``session`` holds ``chat_id``."""
 
 
-@dataclass(slots=True)
-class _Entry:
+class _Entry(msgspec.Struct, gc=False):
     """One good line after pass 1."""
 
     line: int
@@ -196,6 +197,7 @@ def _explain_validation(err: msgspec.ValidationError, raw: bytes) -> _BadLine:
 
 
 def _decode(decoder: msgspec.json.Decoder[Any], raw: bytes) -> Any:
+    """``decoder.decode(raw)``; a bad line raises :class:`_BadLine` in kvtool's words."""
     try:
         return decoder.decode(raw)
     except msgspec.ValidationError as err:
@@ -457,9 +459,11 @@ class TraceReader:
     def __iter__(self) -> Iterator[Request]:
         buf = self._buf
         parse = self._parser()
-        period = self._period
         fresh = self.format == "azure"
         next_key = 0
+        # a timed request without a round is filed under its window (inline: this loop
+        # runs once per request of every replay)
+        timed, t0, window, floor = self.timed, self._t0, self.window_ms, math.floor
         for e in self._entries:
             req = e.parsed
             if req is None:
@@ -473,13 +477,11 @@ class TraceReader:
                 n = -(-req.input_length // self.block_tokens)
                 keys = list(range(next_key, next_key + n))
                 next_key += n
+            rnd = e.round
             yield Request(e.timestamp, req.input_length, req.output_length, keys,
-                          req.block_tokens, e.session, e.round, e.line, period(e))
-
-    def _period(self, e: _Entry) -> int | None:
-        if e.round is not None or not self.timed:
-            return None
-        return math.floor((e.timestamp - self._t0) / self.window_ms) + 1
+                          req.block_tokens, e.session, rnd, e.line,
+                          None if rnd is not None or not timed
+                          else floor((e.timestamp - t0) / window) + 1)
 
     def _check_hash_ids(self, ids: list[int], input_length: int) -> None:
         allowed = -(-input_length // self.block_tokens)
@@ -489,7 +491,10 @@ class TraceReader:
                 f"{allowed} at {self.block_tokens} tokens per block", "hash_ids")
 
     def _parse_mooncake(self, raw: bytes, *, keys: bool) -> _Parsed:
-        rec: _MooncakeLine = _decode(_MOONCAKE_DECODER, raw)
+        try:  # the decoder directly: a call less per line
+            rec: _MooncakeLine = _MOONCAKE_DECODER.decode(raw)
+        except msgspec.MsgspecError:
+            rec = _decode(_MOONCAKE_DECODER, raw)  # raises the line's error in our words
         if (rec.timestamp is None or rec.input_length is None or rec.output_length is None
                 or rec.hash_ids is None):
             for name in ("timestamp", "input_length", "output_length", "hash_ids"):
@@ -502,7 +507,10 @@ class TraceReader:
                        self.block_tokens, None, None)
 
     def _parse_bailian(self, raw: bytes, *, keys: bool) -> _Parsed:
-        rec: _BailianLine = _decode(_BAILIAN_DECODER, raw)
+        try:  # the decoder directly: a call less per line
+            rec: _BailianLine = _BAILIAN_DECODER.decode(raw)
+        except msgspec.MsgspecError:
+            rec = _decode(_BAILIAN_DECODER, raw)  # raises the line's error in our words
         for name in ("chat_id", "timestamp", "input_length", "output_length", "hash_ids"):
             if getattr(rec, name) is None:
                 raise _BadLine("missing (required in Qwen-Bailian traces)", name)
@@ -519,6 +527,8 @@ class TraceReader:
     def _parse_azure(self, raw: bytes, *, keys: bool) -> _Parsed:
         assert self._azure_columns is not None
         ts_col, in_col, out_col, ncols = self._azure_columns
+        import csv  # Azure traces only (start-up time of the JSONL formats)
+
         try:
             text = raw.decode("utf-8")
             row = next(csv.reader([text])) if '"' in text else text.split(",")
@@ -537,7 +547,10 @@ class TraceReader:
                        self.block_tokens, None, None)
 
     def _parse_kvtool(self, raw: bytes, *, keys: bool) -> _Parsed:
-        rec: _Line = _decode(_KVTOOL_DECODER, raw)
+        try:  # the decoder directly: a call less per line
+            rec: _Line = _KVTOOL_DECODER.decode(raw)
+        except msgspec.MsgspecError:
+            rec = _decode(_KVTOOL_DECODER, raw)  # raises the line's error in our words
         bt = self.block_tokens
         if rec.hash_ids is not None and rec.tokens is not None:
             raise _BadLine("give either hash_ids or tokens, not both", "tokens")
@@ -580,6 +593,10 @@ class TraceReader:
 
 def _azure_header(raw: bytes) -> tuple[int, int, int, int] | None:
     """Column indices of TIMESTAMP, ContextTokens, GeneratedTokens and the column count."""
+    if raw.lstrip().startswith(b"{"):  # a JSON object, not a CSV header: skip the csv import
+        return None
+    import csv
+
     try:
         names = [n.strip() for n in next(csv.reader([raw.decode("utf-8").lstrip("\ufeff")]))]
     except (UnicodeDecodeError, csv.Error, StopIteration):

@@ -41,7 +41,7 @@ AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 """The Azure CSV columns kvtool reads; a first line naming them makes ``auto`` pick azure."""
 
 
-class Request(msgspec.Struct, frozen=True):
+class Request(msgspec.Struct, frozen=True, gc=False):
     """One request of a trace, as the cache engine consumes it.
 
     Invariants (checked by the reader):
@@ -61,7 +61,8 @@ class Request(msgspec.Struct, frozen=True):
       ``round`` its 1-based position among its session's requests in serve order;
       ``None`` when the trace says nothing about sessions or rounds;
     * ``period`` is the reporting round the reader assigned (see :attr:`report_round`);
-    * ``line`` is the 1-based source line (0 for requests not read from a file).
+    * ``line`` is the 1-based source line (0 for requests not read from a file);
+    * a request holds no reference cycle (``gc=False``: the cyclic collector skips it).
     """
 
     timestamp: float

@@ -206,6 +206,40 @@ class InfiniteCache:
         }
 
 
+class MaxHitRatio:
+    """The infinite-cache token hit ratio alone (:class:`InfiniteCache`'s
+    ``max_token_hit_ratio``), lean enough to run beside a replay (``kvtool replay``'s
+    "% of max"): a set of seen keys, one membership loop over the prefix and one
+    ``set.update`` per request.
+
+    Invariant: ``seen`` holds every key of every request added; ``hit_tokens`` and
+    ``input_tokens`` are those of :class:`InfiniteCache` over the same requests.
+    """
+
+    __slots__ = ("hit_tokens", "input_tokens", "seen")
+
+    def __init__(self) -> None:
+        self.seen: set[int] = set()
+        self.hit_tokens = self.input_tokens = 0
+
+    def add(self, keys: list[int], input_length: int, block_tokens: int) -> None:
+        seen = self.seen
+        k = 0
+        for key in keys:
+            if key not in seen:
+                break
+            k += 1
+        hit = k * block_tokens
+        self.hit_tokens += hit if hit < input_length else input_length
+        self.input_tokens += input_length
+        if k < len(keys):  # the prefix is in `seen` already
+            seen.update(keys[k:] if k else keys)
+
+    @property
+    def ratio(self) -> float:
+        return self.hit_tokens / self.input_tokens if self.input_tokens else 0.0
+
+
 def trace_stats(
     requests: Iterable[Request],
     *,

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtool.trace import Request, read_trace
-from kvtool.trace.stats import trace_stats
+from kvtool.trace.stats import MaxHitRatio, trace_stats
 
 
 def req(keys: list[int], n: int, b: int = 4, rnd: int | None = None,
@@ -87,6 +87,20 @@ def test_reuse_distance_survives_fenwick_growth() -> None:
     assert s["reuse_distance"]["cold"] == cold
     assert {i: b["count"] for i, b in enumerate(s["reuse_distance"]["buckets"])
             if b["count"]} == hist
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 12), max_size=6), st.integers(0, 30)),
+                max_size=40), st.integers(1, 8))
+def test_max_hit_ratio_alone_equals_the_infinite_cache(reqs: list[tuple[list[int], int]],
+                                                      b: int) -> None:
+    # replay's "% of max" runs MaxHitRatio beside the engine; it must be trace_stats' figure
+    requests = [req(keys, n, b) for keys, n in reqs]
+    lean = MaxHitRatio()
+    for r in requests:
+        lean.add(r.block_keys, r.input_length, r.block_tokens)
+    s = trace_stats(requests, reuse=False)
+    assert (lean.hit_tokens, lean.ratio) == (s["max_hit_tokens"], s["max_token_hit_ratio"])
 
 
 def test_options() -> None:
