@@ -82,7 +82,7 @@ def down_cmd(file: str) -> None:
 
     state = load_state(file)
     if state is None:
-        emit({"schema": "kvtool.cluster.down/1", "name": file, "removed": []},
+        emit(lifecycle.nothing_to_remove(file),
              lambda con: con.print(f"{file}: not up (nothing recorded)"))
         return
     doc = lifecycle.down(state, step=note)

@@ -491,6 +491,11 @@ def not_up(name: str | None) -> dict[str, Any]:
 # -- down -------------------------------------------------------------------------------------
 
 
+def nothing_to_remove(name: str) -> dict[str, Any]:
+    """:func:`down`'s document when no record of ``name`` exists (same keys)."""
+    return {"schema": "kvtool.cluster.down/1", "name": name, "removed": []}
+
+
 def _target_down(state: ClusterState, r: Resource) -> None:
     """``kvtool target down`` of a cluster target (its own cleanup: SPDK's files); what
     it leaves, the process sweep that follows stops."""
