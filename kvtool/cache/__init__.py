@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 from kvtool.lazy import exports
 
 if TYPE_CHECKING:
-    from kvtool.cache.engine import CacheConfig, Replay, RequestOutcome, TierSpec, replay
     from kvtool.cache.hierarchy import TierHierarchy
     from kvtool.cache.names import WRITE_POLICIES
     from kvtool.cache.policies import (
@@ -25,16 +24,17 @@ if TYPE_CHECKING:
         RadixPolicy,
         make_policy,
     )
+    from kvtool.cache.replayer import CacheConfig, Replay, RequestOutcome, TierSpec, replay
     from kvtool.cache.stats import RoundStats
     from kvtool.cache.tier import TIER_NAMES, NullBackend, Tier, TierBackend, Watermark
     from kvtool.cache.timemodel import TimeModel
 
 __getattr__, __dir__ = exports(__name__, {
-    "CacheConfig": "engine",
-    "Replay": "engine",
-    "RequestOutcome": "engine",
-    "TierSpec": "engine",
-    "replay": "engine",
+    "CacheConfig": "replayer",
+    "Replay": "replayer",
+    "RequestOutcome": "replayer",
+    "TierSpec": "replayer",
+    "replay": "replayer",
     "WRITE_POLICIES": "names",
     "TierHierarchy": "hierarchy",
     "POLICIES": "policies",

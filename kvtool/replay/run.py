@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvtool.cache.engine import CacheConfig, RequestOutcome, TierSpec, replay
+from kvtool.cache.replayer import CacheConfig, RequestOutcome, TierSpec, replay
 from kvtool.cache.timemodel import TimeModel
 from kvtool.errors import UsageError, param
 from kvtool.replay.config import (

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvtool.cache.engine import CacheConfig
+from kvtool.cache.replayer import CacheConfig
 from kvtool.cache.timemodel import percentile
 from kvtool.errors import UsageError
 

@@ -66,7 +66,7 @@ def backend_for(cfg: TargetConfig, opts: Options | None = None,
         from kvtool.target.guest import QemuEngine
         return QemuEngine(record)
     if engine == "spdk":
-        from kvtool.target.spdk.engine import SpdkEngine
+        from kvtool.target.spdk.runtime import SpdkEngine
         return SpdkEngine(record)
     from kvtool.target.emulator import KernelEngine
     return KernelEngine(opts.configfs_root)

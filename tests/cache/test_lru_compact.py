@@ -10,8 +10,8 @@ from collections import OrderedDict
 import pytest
 
 from kvtool.cache import CacheConfig, Replay, TierSpec
-from kvtool.cache.engine import RequestOutcome
 from kvtool.cache.policies import LruPolicy, LruTailFirstPolicy
+from kvtool.cache.replayer import RequestOutcome
 from kvtool.units import Capacity
 from tests.helpers.cache import req
 

@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 from kvtool.cache import CacheConfig, Replay, TierSpec
-from kvtool.cache.engine import RequestOutcome
 from kvtool.cache.policies import ArcPolicy, LfuPolicy, S3FifoPolicy
+from kvtool.cache.replayer import RequestOutcome
 from kvtool.cache.tier import Tier
 from kvtool.units import Capacity
 from tests.helpers.cache import req

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from kvtool.cache import CacheConfig, Replay, TierSpec
-from kvtool.cache.engine import RequestOutcome
+from kvtool.cache.replayer import RequestOutcome
 from kvtool.trace import read_trace
 from kvtool.units import Capacity
 from tests.helpers.cache import req
