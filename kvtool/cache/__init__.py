@@ -1,8 +1,8 @@
-"""The tiered prefix-cache engine: tiers, eviction policies, hierarchy, replay, time model.
+"""The tiered prefix cache and its replayer: tiers, eviction policies, hierarchy, time model.
 
 Data flows one way: requests (:mod:`kvtool.trace`) → :class:`TierHierarchy` (tiers, each a
 :class:`Tier` with an :class:`EvictionPolicy`) → :class:`RoundStats` → a report dict.
-Definitions are in docs/definitions.md; engine semantics are in docs/replay.md.
+Definitions are in docs/definitions.md; replay semantics are in docs/replay.md.
 Block hashing is not here: keys come from :mod:`kvtool.trace.hashing` or the trace.
 Names are exported lazily (:mod:`kvtool.lazy`), so :mod:`kvtool.cache.names` stays cheap.
 """
@@ -24,14 +24,14 @@ if TYPE_CHECKING:
         RadixPolicy,
         make_policy,
     )
-    from kvtool.cache.replayer import CacheConfig, Replay, RequestOutcome, TierSpec, replay
+    from kvtool.cache.replayer import CacheConfig, Replayer, RequestOutcome, TierSpec, replay
     from kvtool.cache.stats import RoundStats
     from kvtool.cache.tier import TIER_NAMES, NullBackend, Tier, TierBackend, Watermark
     from kvtool.cache.timemodel import TimeModel
 
 __getattr__, __dir__ = exports(__name__, {
     "CacheConfig": "replayer",
-    "Replay": "replayer",
+    "Replayer": "replayer",
     "RequestOutcome": "replayer",
     "TierSpec": "replayer",
     "replay": "replayer",
@@ -66,7 +66,7 @@ __all__ = [
     "OraclePolicy",
     "PrefixFairPolicy",
     "RadixPolicy",
-    "Replay",
+    "Replayer",
     "RequestOutcome",
     "RoundStats",
     "Tier",
