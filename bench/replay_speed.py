@@ -108,7 +108,7 @@ def main() -> None:
     one = ["--dram", f"{CAP_TOKENS}tok"]
     three = ["--gpu", f"{CAP_TOKENS // 3}tok", "--dram", f"{CAP_TOKENS}tok", "--nvme", "inf",
              "--policy", "lru"]
-    # --no-times: the bars compare the metadata engine with a minimal simulator, which
+    # --no-times: the bars compare the replayer with a minimal simulator, which
     # computes no times (the serving model's timing run is measured by bench/serving.py)
     kv = [py, "-m", "kvtool", "--json", "replay", "--simulate", trace, "--format", "mooncake",
           "--block-tokens", str(BLOCK_TOKENS), "--no-times"]

@@ -1,8 +1,8 @@
-"""The tiered prefix-cache engine: tiers, eviction policies, hierarchy, replay, time model.
+"""The tiered prefix cache and its replayer: tiers, eviction policies, hierarchy, time model.
 
 Data flows one way: requests (:mod:`kvtool.trace`) → :class:`TierHierarchy` (tiers, each a
 :class:`Tier` with an :class:`EvictionPolicy`) → :class:`RoundStats` → a report dict.
-Definitions are in docs/definitions.md; engine semantics are in docs/replay.md.
+Definitions are in docs/definitions.md; replay semantics are in docs/replay.md.
 Block hashing is not here: keys come from :mod:`kvtool.trace.hashing` or the trace.
 Names are exported lazily (:mod:`kvtool.lazy`), so :mod:`kvtool.cache.names` stays cheap.
 """
@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 from kvtool.lazy import exports
 
 if TYPE_CHECKING:
-    from kvtool.cache.engine import CacheConfig, Replay, RequestOutcome, TierSpec, replay
     from kvtool.cache.hierarchy import TierHierarchy
     from kvtool.cache.names import WRITE_POLICIES
     from kvtool.cache.policies import (
@@ -25,16 +24,17 @@ if TYPE_CHECKING:
         RadixPolicy,
         make_policy,
     )
+    from kvtool.cache.replayer import CacheConfig, Replayer, RequestOutcome, TierSpec, replay
     from kvtool.cache.stats import RoundStats
     from kvtool.cache.tier import TIER_NAMES, NullBackend, Tier, TierBackend, Watermark
     from kvtool.cache.timemodel import TimeModel
 
 __getattr__, __dir__ = exports(__name__, {
-    "CacheConfig": "engine",
-    "Replay": "engine",
-    "RequestOutcome": "engine",
-    "TierSpec": "engine",
-    "replay": "engine",
+    "CacheConfig": "replayer",
+    "Replayer": "replayer",
+    "RequestOutcome": "replayer",
+    "TierSpec": "replayer",
+    "replay": "replayer",
     "WRITE_POLICIES": "names",
     "TierHierarchy": "hierarchy",
     "POLICIES": "policies",
@@ -66,7 +66,7 @@ __all__ = [
     "OraclePolicy",
     "PrefixFairPolicy",
     "RadixPolicy",
-    "Replay",
+    "Replayer",
     "RequestOutcome",
     "RoundStats",
     "Tier",

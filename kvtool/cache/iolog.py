@@ -8,11 +8,11 @@ issues the same I/O on real hardware.
 
 Layout (simulated): slot ``s`` is the byte range ``[s·block_bytes, (s+1)·block_bytes)``;
 a stored block takes the most recently freed slot, else the lowest never used one; an
-evicted block's slot is freed (no I/O: a real store overwrites it later). The engine
+evicted block's slot is freed (no I/O: a real store overwrites it later). The replayer
 stores a request's blocks before the tier evicts down to its capacity, so the log
 addresses at most ``(capacity + the longest request's blocks) × block_bytes`` bytes
 (:attr:`IologWriter.device_bytes` says how many). Within a request the tier's
-operations come in the order the engine makes them (loads of hit blocks, then stores).
+operations come in the order the replayer makes them (loads of hit blocks, then stores).
 
 Formats (fio's HOWTO, "I/O replay"): version 2 lines are ``FILE ACTION [OFFSET LENGTH]``;
 version 3 puts a timestamp in milliseconds first, which fio waits for when replaying

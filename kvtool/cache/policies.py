@@ -18,7 +18,7 @@ Keys are plain ints (the chained block keys of :mod:`kvtool.trace.hashing` or a
 Mooncake trace's ``hash_ids``): no per-block objects, so that a tier of ten million
 blocks fits in about 80 bytes per block with ``lru`` (bench/replay_memory.py).
 
-Policies (docs/definitions.md; engine semantics in docs/replay.md):
+Policies (docs/definitions.md; replay semantics in docs/replay.md):
 
 ========================  ===============================================================
 ``lru``                   head-first LRU: insertion-ordered store, touched head → tail

@@ -3,7 +3,7 @@
 A :class:`Tier` is block *metadata* only: which keys it holds (its policy's index) and
 how many it may hold. Moving real bytes is the job of a :class:`TierBackend`, which the
 hierarchy calls after every metadata change; the default does nothing, so the replay
-engine simulates at any scale, and a later DRAM/NVMe backend plugs in without touching
+replayer simulates at any scale, and a later DRAM/NVMe backend plugs in without touching
 eviction logic.
 """
 

@@ -13,7 +13,7 @@ EPILOG = """
 \b
 Examples:
   kvtool cluster up fixtures/clusters/gp7000-mini.toml
-  kvtool cluster up fixtures/clusters/gp7000-mini.toml --engine spdk
+  kvtool cluster up fixtures/clusters/gp7000-mini.toml --runtime spdk
   kvtool cluster status --json
   kvtool bench --cluster fixtures/clusters/gp7000-mini.toml --block-bytes 1MiB
   kvtool cluster down fixtures/clusters/gp7000-mini.toml
@@ -30,15 +30,18 @@ def command() -> None:
 
 @command.command("up", epilog=EPILOG)
 @click.argument("file", type=click.Path(dir_okay=False))
-@click.option("--engine", type=click.Choice(["userspace", "spdk"]), default="userspace",
-              show_default=True, help="The storage nodes' NVMe/TCP targets: kvtool's "
-              "userspace target or SPDK's nvmf_tgt (as kvtool target up --engine).")
+@click.option("--runtime", type=click.Choice(["userspace", "spdk"]), default=None,
+              help="How the storage nodes' NVMe/TCP targets run: kvtool's userspace target "
+              "(default) or SPDK's nvmf_tgt (as kvtool target up --runtime).")
+@click.option("--engine", type=click.Choice(["userspace", "spdk"]), default=None, hidden=True,
+              help="Deprecated name of --runtime.")
 @json_option
-def up_cmd(file: str, engine: str) -> None:
+def up_cmd(file: str, runtime: str | None, engine: str | None) -> None:
     """Make the nodes of FILE's [placement] and start everything on them."""
+    from kvtool.cli.target import runtime_flag
     from kvtool.cluster import lifecycle
 
-    state = lifecycle.up(file, engine=engine, step=note)
+    state = lifecycle.up(file, runtime=runtime_flag(runtime, engine) or "userspace", step=note)
     doc = lifecycle.status(state)
     emit(doc, lambda con: render(con, doc))
 
@@ -116,7 +119,7 @@ def render(con: Any, doc: dict[str, Any]) -> None:
                       Column("engines", justify="left", wrap=True, rank=1)],
                 rows, box=box.SIMPLE_HEAD, more="--json has them")
     for t in doc["targets"]:
-        con.print(f"  target {t['name']} ({t['node']}, {t['engine']}): {_mark(t['running'])}")
+        con.print(f"  target {t['name']} ({t['node']}, {t['runtime']}): {_mark(t['running'])}")
         con.print(f"  {t['url']}")
     if doc["mooncake"] is not None:
         m = doc["mooncake"]

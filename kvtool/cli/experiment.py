@@ -75,7 +75,7 @@ def list_cmd() -> None:
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Directory for JSON, CSV, PNG and the trace [default: out/experiments/NAME].")
 @click.option("--simulate", is_flag=True,
-              help="Replay on the metadata engine (no bytes move; times modelled) instead of "
+              help="Replay metadata only (the replayer: no bytes move; times modelled) instead of "
                    "data mode.")
 @click.option("--dram", "dram", metavar="mooncake://HOST:PORT", default=None,
               help="Data mode: put every configuration's DRAM tier on this Mooncake pool "
@@ -134,7 +134,7 @@ def render(con: Any, doc: dict[str, Any]) -> None:
     if doc["mode"] != "data":  # a data-mode-only clause says nothing about this run
         scale = "; ".join(p for p in scale.split("; ") if not p.startswith("data mode"))
     con.print(f"[dim]scale:[/] {scale}")
-    mode = {"simulate": "simulate (metadata engine: counts exact, no bytes moved, times "
+    mode = {"simulate": "simulate (the replayer: counts exact, no bytes moved, times "
                         "modelled)",
             "data": "data (real bytes through every tier)",
             "measure": "measured on this machine"}.get(doc["mode"], doc["mode"])

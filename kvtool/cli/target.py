@@ -6,6 +6,7 @@ Thin wrappers over :mod:`kvtool.target.api`; JSON schemas are in docs/target.md.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from rich.console import Console
 from kvtool.cli.output import dump_json, emit, json_option, note, want_json
 from kvtool.errors import UsageError
 from kvtool.target import api
-from kvtool.target.config import ANA_STATES, BACKENDS, ENGINES, MAX_BUSY_POLL_US
+from kvtool.target.config import ANA_STATES, BACKENDS, MAX_BUSY_POLL_US, RUNTIMES
 from kvtool.target.plan import Plan, Step
 
 EXAMPLES_UP = """
@@ -29,13 +30,33 @@ Example:
 """
 
 
-def _backend_options(f: Any) -> Any:
+def runtime_flag(runtime: str | None, engine: str | None) -> str | None:
+    """``--runtime``, or ``--engine`` (its deprecated name, kept so that old scripts work)
+    with a one-line note on stderr; both given is bad usage."""
+    if engine is None:
+        return runtime
+    note("kvtool: --engine is deprecated: use --runtime (same values)")
+    if runtime is not None:
+        raise UsageError("give --runtime only (--engine is its deprecated name)",
+                         field="--engine")
+    return engine
+
+
+def _backend_options(cmd: Any) -> Any:
+    @functools.wraps(cmd)
+    def command(*args: Any, runtime: str | None = None, engine: str | None = None,
+                **kwargs: Any) -> Any:
+        return cmd(*args, runtime=runtime_flag(runtime, engine), **kwargs)
+
+    f = click.option("--engine", type=click.Choice(RUNTIMES), hidden=True,
+                     help="Deprecated name of --runtime.")(command)
     f = click.option("--spdk-socket", metavar="PATH",
                      help="SPDK RPC socket (default: config, else /var/tmp/spdk.sock).")(f)
     f = click.option("--configfs-root", metavar="DIR",
                      help="nvmet configfs root (default /sys/kernel/config/nvmet).")(f)
-    f = click.option("--engine", type=click.Choice(ENGINES),
-                     help="Emulator engine (overrides the config).")(f)
+    f = click.option("--runtime", type=click.Choice(RUNTIMES),
+                     help="How the emulator's target runs (overrides the config's "
+                          "[emulator] runtime).")(f)
     f = click.option("--backend", type=click.Choice(BACKENDS),
                      help="Backend (overrides the config's 'backend').")(f)
     return f
@@ -110,13 +131,13 @@ def command() -> None:
 @click.option("--allow-remote", is_flag=True, help="Allow non-loopback listener addresses.")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
               help="Serve the emulator target's Prometheus metrics on 127.0.0.1:PORT (the "
-                   "userspace engine; 0: a free port; overrides [emulator] metrics_port).")
+                   "userspace runtime; 0: a free port; overrides [emulator] metrics_port).")
 @click.option("--busy-poll", "busy_poll_us", metavar="USEC",
               type=click.IntRange(0, MAX_BUSY_POLL_US), default=None,
-              help="The userspace engine polls for the next command this long after each "
+              help="The userspace runtime polls for the next command this long after each "
                    "(0: sleep at once; overrides [emulator] busy_poll_us) [500].")
 @json_option
-def up(config: str | None, backend: str | None, engine: str | None, configfs_root: str | None,
+def up(config: str | None, backend: str | None, runtime: str | None, configfs_root: str | None,
        spdk_socket: str | None, name: str | None, port: int | None, dry_run: bool,
        allow_remote: bool, metrics_port: int | None, busy_poll_us: int | None) -> None:
     """Bring a target up to the config CONFIG (TOML, kvtool JSON or nvmetcli JSON).
@@ -125,14 +146,14 @@ def up(config: str | None, backend: str | None, engine: str | None, configfs_roo
     namespace on 127.0.0.1:4420), where `kvtool replay` puts its NVMe tier.
     """
     if config is None:
-        cfg = api.default_target(port=port, name=name, engine=engine, metrics_port=metrics_port,
+        cfg = api.default_target(port=port, name=name, runtime=runtime, metrics_port=metrics_port,
                                  busy_poll_us=busy_poll_us)
     else:
         if port is not None:
             raise UsageError("--port applies to the built-in default target (no CONFIG); "
                              "set the listener port in CONFIG", field="--port")
-        cfg, _ = api.resolve(config, name, backend=backend, engine=engine,
-                             allow_remote=allow_remote, check_paths=(engine or "") != "qemu")
+        cfg, _ = api.resolve(config, name, backend=backend, runtime=runtime,
+                             allow_remote=allow_remote, check_paths=(runtime or "") != "qemu")
         if metrics_port is not None:
             cfg = replace(cfg, metrics_port=metrics_port)
         if busy_poll_us is not None:
@@ -165,12 +186,12 @@ Example:
 @click.option("--name", help="Target name (when CONFIG is not given, the recorded config is used).")
 @click.option("--dry-run", is_flag=True, help="Print the teardown plan and change nothing.")
 @json_option
-def down(config: str | None, backend: str | None, engine: str | None, configfs_root: str | None,
+def down(config: str | None, backend: str | None, runtime: str | None, configfs_root: str | None,
          spdk_socket: str | None, name: str | None, dry_run: bool) -> None:
     """Tear down what CONFIG (or the recorded target NAME) owns, in teardown order."""
     if config is None and name is None and _nothing_up("down"):
         return
-    cfg, record = api.resolve(config, name, backend=backend, engine=engine, allow_remote=True,
+    cfg, record = api.resolve(config, name, backend=backend, runtime=runtime, allow_remote=True,
                               check_paths=False)
     opts = api.Options(configfs_root=configfs_root, spdk_socket=spdk_socket)
     result = api.down(cfg, record, opts, dry_run=dry_run, on_plan=_show_plan(cfg.name),
@@ -198,13 +219,13 @@ Example:
 @click.option("--url", "url_only", is_flag=True,
               help="Print only the first namespace's nvme+tcp:// URL (for scripts).")
 @json_option
-def status(config: str | None, backend: str | None, engine: str | None,
+def status(config: str | None, backend: str | None, runtime: str | None,
            configfs_root: str | None, spdk_socket: str | None, name: str | None,
            url_only: bool) -> None:
     """Show what is up: namespaces (size, LBA), listeners, URLs, registration records."""
     if config is None and name is None and not url_only and _nothing_up("status"):
         return
-    cfg, record = api.resolve(config, name, backend=backend, engine=engine, allow_remote=True,
+    cfg, record = api.resolve(config, name, backend=backend, runtime=runtime, allow_remote=True,
                               check_paths=False)
     doc = api.status_document(cfg, record, api.Options(configfs_root=configfs_root,
                                                        spdk_socket=spdk_socket))
@@ -241,7 +262,7 @@ def _nothing_up(operation: str) -> bool:
 def _status_tables(con: Console, doc: dict[str, Any]) -> None:
     from kvtool.units import format_size
     state_colour = {"up": "green", "partial": "yellow", "down": "red"}.get(doc["state"], "white")
-    extra = f" engine {doc['engine']}" if doc.get("engine") else ""
+    extra = f" runtime {doc['runtime']}" if doc.get("runtime") else ""
     con.print(f"[bold]{doc['name']}[/]: [{state_colour}]{doc['state']}[/] ({doc['backend']}{extra})")
     from kvtool.cli.output import Column, print_table
 
@@ -322,13 +343,13 @@ Example:
               help="ANA group.")
 @click.option("--state", required=True, type=click.Choice(ANA_STATES), help="New ANA state.")
 @json_option
-def ana(config: str | None, backend: str | None, engine: str | None, configfs_root: str | None,
+def ana(config: str | None, backend: str | None, runtime: str | None, configfs_root: str | None,
         spdk_socket: str | None, name: str | None, listener: str, group: int,
         state: str) -> None:
     """Change the ANA state of GROUP on one listener of a running target, at once: hosts
     connected there get an ANA Change notice and move their I/O (kvtool's host, Linux
     native multipath)."""
-    cfg, record = api.resolve(config, name, backend=backend, engine=engine, allow_remote=True,
+    cfg, record = api.resolve(config, name, backend=backend, runtime=runtime, allow_remote=True,
                               check_paths=False)
     doc = api.ana(cfg, record, listener, group, state,
                   api.Options(configfs_root=configfs_root, spdk_socket=spdk_socket))
@@ -402,10 +423,10 @@ Example:
               help="Export the running target instead of the desired state "
                    "(nvmetcli: the configfs tree; spdk: framework_get_config).")
 @_backend_options
-def export(config: str, fmt: str, live: bool, backend: str | None, engine: str | None,
+def export(config: str, fmt: str, live: bool, backend: str | None, runtime: str | None,
            configfs_root: str | None, spdk_socket: str | None) -> None:
     """Print CONFIG's desired (or, with --live, actual) state as SPDK, nvmetcli or kvtool JSON."""
-    cfg, _ = api.resolve(config, None, backend=backend, engine=engine, allow_remote=True,
+    cfg, _ = api.resolve(config, None, backend=backend, runtime=runtime, allow_remote=True,
                          check_paths=False)
     doc: Any
     if fmt == "spdk":

@@ -82,36 +82,36 @@ def _no_step(_: str) -> None:
 # -- up ---------------------------------------------------------------------------------------
 
 
-TARGET_ENGINES = ("userspace", "spdk")
+TARGET_RUNTIMES = ("userspace", "spdk")
 
 
 def check_target_config(path: Path) -> str | None:
     """Why the kvtool target config at ``path`` cannot serve as a cluster target (``None``:
     it can): a cluster target runs kvtool's emulator backend and serves a namespace."""
     cfg = load_config(path, allow_remote=True)
-    if cfg.backend != "emulator" or cfg.engine not in ("auto", "userspace", "spdk"):
+    if cfg.backend != "emulator" or cfg.runtime not in ("auto", "userspace", "spdk"):
         return (f"{path}: a cluster target runs kvtool's emulator (backend \"emulator\", "
-                f"engine userspace or spdk), got backend {cfg.backend!r}, engine "
-                f"{cfg.engine!r}")
+                f"runtime userspace or spdk), got backend {cfg.backend!r}, runtime "
+                f"{cfg.runtime!r}")
     if not any(sub.namespaces for sub in cfg.subsystems):
         return f"{path} has no namespace to serve"
     return None
 
 
-def up(file: str | os.PathLike[str], *, engine: str = "userspace",
+def up(file: str | os.PathLike[str], *, runtime: str = "userspace",
        step: Step = _no_step) -> ClusterState:
     """Bring the cluster of ``file`` up; its record (phase ``up``).
 
-    ``engine``: the storage nodes' targets, kvtool's userspace NVMe/TCP target or SPDK's
-    nvmf_tgt (``kvtool target up --engine``). A cluster already up is left as it is. A
+    ``runtime``: how the storage nodes' targets run, kvtool's userspace NVMe/TCP target or
+    SPDK's nvmf_tgt (``kvtool target up --runtime``). A cluster already up is left as it is. A
     record of another phase (an ``up`` that failed or was killed) must be taken down
     first. On failure the record keeps phase ``failed`` and everything made so far, for
     :func:`down`.
     """
     path = Path(file)
-    if engine not in TARGET_ENGINES:
-        raise UsageError(f"unknown target engine {engine!r} ({', '.join(TARGET_ENGINES)})",
-                         field="engine")
+    if runtime not in TARGET_RUNTIMES:
+        raise UsageError(f"unknown target runtime {runtime!r} ({', '.join(TARGET_RUNTIMES)})",
+                         field="runtime")
     spec = load_cluster(path, target_check=check_target_config)
     if spec.placement is None:
         raise UsageError(f"{path} has no [placement] table: it says nothing about where its "
@@ -134,7 +134,7 @@ def up(file: str | os.PathLike[str], *, engine: str = "userspace",
     state = ClusterState(name=spec.name, file=str(path.resolve()), kind=spec.placement.kind,
                          subnet=spec.placement.subnet)
     try:
-        _Builder(spec, state, step, engine).build()
+        _Builder(spec, state, step, runtime).build()
     except BaseException as exc:
         state.phase = "failed"
         state.error = str(exc) or type(exc).__name__
@@ -151,9 +151,9 @@ def up(file: str | os.PathLike[str], *, engine: str = "userspace",
 class _Builder:
     """The steps of ``up``, each recording before it creates."""
 
-    def __init__(self, spec: ClusterSpec, state: ClusterState, step: Step, engine: str) -> None:
+    def __init__(self, spec: ClusterSpec, state: ClusterState, step: Step, runtime: str) -> None:
         self.spec = spec
-        self.engine = engine
+        self.runtime = runtime
         self.state = state
         self.step = step
         assert spec.placement is not None
@@ -269,7 +269,7 @@ class _Builder:
     def targets(self) -> None:
         """Each target through ``kvtool target up`` in its node's namespace: a generated
         config (one memory namespace of ``size``, the node's address, only the cluster's
-        host NQN, with its keys) and the engine asked for (userspace or SPDK)."""
+        host NQN, with its keys) and the runtime asked for (userspace or SPDK)."""
         s, spec = self.state, self.spec
         if spec.nvme is None:
             return
@@ -293,14 +293,14 @@ class _Builder:
             port = ports.get(node.name, TARGET_PORT)
             ports[node.name] = port + 1
             host_key_file, ctrl_key_file = keys[node.name]
-            cfg = _target_config(f"{s.name}-{t.name}", self.engine,
+            cfg = _target_config(f"{s.name}-{t.name}", self.runtime,
                                  f"{SUB_NQN_PREFIX}:{s.name}:{t.name}", t.size, t.config,
                                  Host(hostnqn, host_key_file, ctrl_key_file), node.address,
                                  port)
             subnqn = cfg.subsystems[0].nqn
             config = s.files_dir / f"target-{t.name}.json"
             config.write_text(json.dumps(config_document(cfg), indent=2))
-            self.step(f"target {t.name} on {node.name} ({cfg.engine}): {node.address}:{port}")
+            self.step(f"target {t.name} on {node.name} ({cfg.runtime}): {node.address}:{port}")
             res = s.add(Resource("target", t.name, netns=node.netns, what=str(config)))
             log = s.files_dir / f"target-{t.name}.log"
             with open(log, "ab") as err:
@@ -318,7 +318,7 @@ class _Builder:
             size = sum(n.size or 0 for n in cfg.subsystems[0].namespaces[:1])
             s.targets.append(ClusterTarget(t.name, node.name, url, subnqn, hostnqn,
                                            host_key_file, ctrl_key_file, size, pid,
-                                           cfg.engine))
+                                           cfg.runtime))
             s.save()
             if not _listening(node.address, port):
                 raise ClusterError(f"target {t.name} on {node.name} is up but nothing listens "
@@ -362,7 +362,7 @@ class _Builder:
             self.wait_listening(seg, node, MOONCAKE_CLIENT_PORT, "mooncake segment", log)
 
 
-def _target_config(name: str, engine: str, subnqn: str, size: int, config: str | None,
+def _target_config(name: str, runtime: str, subnqn: str, size: int, config: str | None,
                    host: Host, address: str, port: int) -> TargetConfig:
     """One cluster target: ``config``'s subsystems (or one subsystem ``subnqn`` with a
     memory namespace of ``size``), listening on ``address:port`` only, allowing only
@@ -373,13 +373,13 @@ def _target_config(name: str, engine: str, subnqn: str, size: int, config: str |
     else:
         own = load_config(config, allow_remote=True)
         subsystems = own.subsystems
-        engine = own.engine if own.engine in ("userspace", "spdk") else engine
+        runtime = own.runtime if own.runtime in ("userspace", "spdk") else runtime
     subsystems = tuple(replace(sub, hosts=(host.nqn,), allow_any_host=False)
                        for sub in subsystems)
     listener = Listener(1, "tcp", address, port, "ipv4", tuple(sub.nqn for sub in subsystems))
     return TargetConfig(name=name, backend="emulator", subsystems=subsystems,
                         listeners=(listener,), hosts=(host,),
-                        engine="spdk" if engine == "spdk" else "userspace")
+                        runtime="spdk" if runtime == "spdk" else "userspace")
 
 
 def _listening(host: str, port: int) -> bool:
@@ -459,7 +459,7 @@ def status(state: ClusterState) -> dict[str, Any]:
     for t in state.targets:
         alive = any(r["present"] for r in resources
                     if r["kind"] == "target" and r["name"] == t.name)
-        targets.append({"name": t.name, "node": t.node, "engine": t.engine, "url": t.url,
+        targets.append({"name": t.name, "node": t.node, "runtime": t.runtime, "url": t.url,
                         "hostnqn": t.hostnqn,
                         "dhchap_key_file": t.dhchap_key_file,
                         "dhchap_ctrl_key_file": t.dhchap_ctrl_key_file, "running": alive})
@@ -471,7 +471,7 @@ def status(state: ClusterState) -> dict[str, Any]:
                 "segments": [{"node": g.node, "address": g.address, "bytes": g.size}
                              for g in state.mooncake.segments]}
     healthy = state.phase == "up" and all(r["present"] for r in resources)
-    return {"schema": "kvtool.cluster.status/1", "name": state.name, "file": state.file,
+    return {"schema": "kvtool.cluster.status/2", "name": state.name, "file": state.file,
             "kind": state.kind, "phase": state.phase, "error": state.error,
             "healthy": healthy, "subnet": state.subnet, "bridge": state.bridge,
             "ray_address": state.ray_address, "nodes": nodes,
@@ -482,7 +482,7 @@ def status(state: ClusterState) -> dict[str, Any]:
 
 def not_up(name: str | None) -> dict[str, Any]:
     """:func:`status`'s document for a cluster with no record (same keys)."""
-    return {"schema": "kvtool.cluster.status/1", "name": name, "file": None, "kind": None,
+    return {"schema": "kvtool.cluster.status/2", "name": name, "file": None, "kind": None,
             "phase": "down", "error": None, "healthy": False, "subnet": None, "bridge": None,
             "ray_address": None, "nodes": [], "engines": [], "targets": [], "mooncake": None,
             "resources": [], "state_file": None}

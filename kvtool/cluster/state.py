@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtool.errors import InputError
-from kvtool.target.state import state_dir
+from kvtool.target.state import renamed_keys, state_dir
 
 SCHEMA = "kvtool.cluster.state/1"
 
@@ -75,7 +75,7 @@ class ClusterTarget:
     dhchap_ctrl_key_file: str | None = None
     size: int = 0  # bytes of its namespace
     pid: int | None = None
-    engine: str = "userspace"  # "userspace" (kvtool's emulator) | "spdk" (nvmf_tgt)
+    runtime: str = "userspace"  # "userspace" (kvtool's emulator) | "spdk" (nvmf_tgt)
 
 
 @dataclass
@@ -181,7 +181,7 @@ class ClusterState:
         d = dict(data)
         d["nodes"] = [NodeState(**n) for n in d.get("nodes", [])]
         d["engines"] = [EngineState(**e) for e in d.get("engines", [])]
-        d["targets"] = [ClusterTarget(**t) for t in d.get("targets", [])]
+        d["targets"] = [ClusterTarget(**renamed_keys(t)) for t in d.get("targets", [])]
         d["resources"] = [Resource(**r) for r in d.get("resources", [])]
         m = d.get("mooncake")
         if m is not None:

@@ -4,7 +4,7 @@ Each metric reads the finished run (:class:`RunData`: every configuration's repl
 document, per-request times, or the parallel-read measurements) and returns a
 :class:`Value`: the number, how to print it, and its *basis*:
 
-* ``simulated`` — counted by the metadata engine (``--simulate``): exact for the
+* ``simulated`` — counted by the replayer (``--simulate``): exact for the
   workload, but no byte moved;
 * ``counted`` — counted in data mode, where every block really moved and was checked;
 * ``modelled`` — a time from the replay time model (prefill rate, tier read rates, TPOT),
@@ -200,14 +200,14 @@ def _throughput_ratio(run: RunData, a: dict[str, Any]) -> Value:
 def put_blocks(rnd: dict[str, Any], tier: str, tiers: list[str]) -> int:
     """Store puts (computed blocks written) into ``tier`` in one round.
 
-    Uses the engine's own ``put_blocks`` when the report has it. Older reports count
+    Uses the replayer's own ``put_blocks`` when the report has it. Older reports count
     promotions and puts together in ``blocks_written``; there the two are equal only for
     the bottom tier (nothing is promoted into it), so other tiers are refused.
     """
     if "put_blocks" in rnd:
         return int(rnd["put_blocks"][tier] or 0)
     if tier != tiers[-1]:
-        raise FigureUnavailable(f"this engine does not count puts into {tier} apart from "
+        raise FigureUnavailable(f"this report does not count puts into {tier} apart from "
                                 "promotions")
     return int(rnd["blocks_written"][tier] or 0)
 

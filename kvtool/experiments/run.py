@@ -79,7 +79,7 @@ def run_replay_kind(exp: Experiment, trace: Path, *, simulate: bool,
                     on_event: Callable[[str], None] | None = None) -> RunData:
     """Replay the experiment's trace through every configuration.
 
-    ``simulate``: the metadata engine, side by side in one pass. Otherwise data mode
+    ``simulate``: the replayer, side by side in one pass. Otherwise data mode
     (:mod:`kvtool.replay.run`): real bytes in every tier, blocks of the experiment's
     ``[data] block_bytes``; ``dram`` (a ``mooncake://`` URL) and ``nvme`` (a place) put
     every configuration's DRAM / NVMe tier there. Without ``nvme`` each configuration's

@@ -20,7 +20,7 @@ finished, and the cluster's caches and tiers carry over. Each group gets its own
 
 Every time and throughput here is **modelled** (the serving model's clock: roofline step
 times and flows over links); counts (hit ratios, bytes) are **simulated** (exact for the
-workload, no byte moved). Serving experiments always run on the metadata engine.
+workload, no byte moved). Serving experiments never move bytes.
 
 Invariant of :class:`PhasedArrivals`: every request index is released exactly once, never
 before every request of the earlier groups has finished, and at most ``C`` requests of a

@@ -263,8 +263,8 @@ def policy_sweep(requests: Iterable[Request], policy: str, capacities: list[int]
                  block_tokens: int, input_tokens: int, max_hit_tokens: int, unique_blocks: int
                  ) -> SweepCurve:
     """Replay ``requests`` once through one single-tier cache of ``policy`` per capacity,
-    side by side (:func:`kvtool.cache.engine.replay`)."""
-    from kvtool.cache.engine import CacheConfig, TierSpec, replay
+    side by side (:func:`kvtool.cache.replayer.replay`)."""
+    from kvtool.cache.replayer import CacheConfig, TierSpec, replay
     from kvtool.units import Capacity
 
     configs = [CacheConfig([TierSpec("dram", Capacity.parse(f"{c}blk", field="sweep"), policy)])

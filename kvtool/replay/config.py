@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvtool.cache.engine import CacheConfig, TierSpec
 from kvtool.cache.names import POLICY_NAMES, WRITE_POLICIES
 from kvtool.cache.policies import POLICIES, WATERMARK_DEFAULTS
+from kvtool.cache.replayer import CacheConfig, TierSpec
 from kvtool.cache.tier import TIER_NAMES, Watermark
 from kvtool.cache.timemodel import DEFAULT_READ_GBPS, TimeModel
 from kvtool.errors import InputError, UsageError, param

@@ -1,6 +1,6 @@
-"""Data mode: the metadata engine's decisions carried out on tiers that hold real bytes.
+"""Data mode: the replayer's decisions carried out on tiers that hold real bytes.
 
-:class:`DataReplay` is a :class:`~kvtool.cache.engine.Replay` whose hierarchy has a data
+:class:`DataReplayer` is a :class:`~kvtool.cache.replayer.Replayer` whose hierarchy has a data
 mover attached: the same lookup, store/touch, promotion and eviction decide *which*
 blocks live where (so hit tokens per tier equal ``--simulate`` exactly), and this module
 moves the bytes. Per request:
@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from kvtool.cache.engine import CacheConfig, Replay, RequestLike, RequestOutcome, outcome
+from kvtool.cache.replayer import CacheConfig, Replayer, RequestLike, RequestOutcome, outcome
 from kvtool.cache.stats import RoundStats
 from kvtool.cache.timemodel import TimeModel, percentile
 from kvtool.errors import CheckFailed
@@ -123,7 +123,7 @@ class Measured:
         }
 
 
-class DataReplay(Replay):
+class DataReplayer(Replayer):
     """A replay whose tiers hold real bytes (see the module docstring).
 
     ``tiers`` maps ``dram``/``nvme`` to their :class:`~kvtool.tiers.base.DataTier`; the

@@ -13,7 +13,7 @@ Two modes (docs/replay.md):
   NVMe tier on kvtool's object store (:mod:`kvtool.replay.data`). Without tier options it
   uses the default profile (:data:`DEFAULT_PROFILE`) and puts the NVMe tier on the running
   built-in target (``kvtool target up``), else on a store file in the cache directory;
-* **simulate** (``--simulate``): the metadata engine only, for what-ifs no machine holds.
+* **simulate** (``--simulate``): the replayer only, for what-ifs no machine holds.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvtool.cache.engine import CacheConfig, RequestOutcome, TierSpec, replay
+from kvtool.cache.replayer import CacheConfig, RequestOutcome, TierSpec, replay
 from kvtool.cache.timemodel import TimeModel
 from kvtool.errors import UsageError, param
 from kvtool.replay.config import (
@@ -117,7 +117,7 @@ class ReplaySettings:
     """The GPU of the one-engine case that times the replay (kvtool.replay.timing)."""
     times: str = "serving"
     """Where the report's times come from: ``serving`` (the serving model's one-engine
-    case), ``none`` (null), or ``per-request`` (the metadata engine's own per-request
+    case), ``none`` (null), or ``per-request`` (the replayer's own per-request
     model, with ``prefill_tps``/``tpot_ms``: what the capacity experiments state their
     time rows in)."""
     read_qd: int = 16
@@ -336,11 +336,11 @@ class ReplayJob:
                 self.on_event(f"nvme tier: {caps['nvme']:,} blocks "
                               f"({format_size(caps['nvme'] * self.block_bytes)}) on {nv.place}")
             self._fits(caps)
-        from kvtool.replay.data import DataReplay
+        from kvtool.replay.data import DataReplayer
 
         try:
             sink = self._sink
-            eng = DataReplay(cfg, self.block_tokens, self.block_bytes, tiers=tiers,
+            eng = DataReplayer(cfg, self.block_tokens, self.block_bytes, tiers=tiers,
                              work_blocks=self.work_blocks, seed=s.seed,
                              time_model=self.time_model, on_tier_error=s.on_tier_error,
                              on_event=self.on_event,

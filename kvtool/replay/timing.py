@@ -1,6 +1,6 @@
 """The times of a plain ``kvtool replay``: the serving model's one-engine case.
 
-A replay without ``--cluster`` counts hits, puts and evictions with the metadata engine
+A replay without ``--cluster`` counts hits, puts and evictions with the replayer
 (:mod:`kvtool.cache`), and takes its times — TTFT, each round's wall time, requests per
 second — from the serving model (:mod:`kvtool.serving`) run on the same trace with one
 engine whose tiers are the replay's:
@@ -23,7 +23,7 @@ engine whose tiers are the replay's:
   last token.
 
 Every time is **simulated** (roofline step times, flows over links), none measured. The
-hits the report prints stay the metadata engine's (the serving model's own hits are in
+hits the report prints stay the replayer's (the serving model's own hits are in
 ``time_model.serving``: they differ where batching or the GPU pool's sharing changes
 what is cached when).
 """
@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvtool.cache.engine import CacheConfig
+from kvtool.cache.replayer import CacheConfig
 from kvtool.cache.timemodel import percentile
 from kvtool.errors import UsageError
 

@@ -319,10 +319,10 @@ def read_bench_results(path: str) -> list[BenchRun]:
     return [_run_from(doc) for doc in _documents(path)]
 
 
-# ---------------------------------------------------------------- the model side
+# -------------------------------------------------------- the serving model's side
 
 @dataclass
-class _Model:
+class _ServingModel:
     """Runs the serving model on result files' workloads at given scalars."""
 
     cluster: str
@@ -517,10 +517,10 @@ class CalibrationSettings:
     """Evaluations (each runs the model on every file of the fit) per fit."""
 
 
-def _residuals(meas: Sequence[BenchRun], model: Sequence[dict[str, Any]],
+def _residuals(meas: Sequence[BenchRun], modelled: Sequence[dict[str, Any]],
                metrics: Sequence[str]) -> list[float]:
     out = []
-    for run, sv in zip(meas, model, strict=True):
+    for run, sv in zip(meas, modelled, strict=True):
         for m in metrics:
             y = run.metrics.get(m)
             if y is None or y <= 0:
@@ -531,10 +531,10 @@ def _residuals(meas: Sequence[BenchRun], model: Sequence[dict[str, Any]],
 
 
 class _Fitter:
-    def __init__(self, model: _Model, names: Sequence[str], metrics: Sequence[str],
+    def __init__(self, serving: _ServingModel, names: Sequence[str], metrics: Sequence[str],
                  start: dict[str, float], max_evals: int,
                  progress: Callable[[int], None] | None) -> None:
-        self.model = model
+        self.serving = serving
         self.names = list(names)
         self.metrics = metrics
         self.start = start
@@ -546,14 +546,14 @@ class _Fitter:
 
     def fit(self, indexes: Sequence[int]) -> tuple[dict[str, float], float, int]:
         """``(scalars, loss, evaluations)`` of a fit to the runs ``indexes``."""
-        model = self.model
-        runs = [model.runs[i] for i in indexes]
+        serving = self.serving
+        runs = [serving.runs[i] for i in indexes]
         cache: dict[tuple[float, ...], float] = {}
 
         def loss(u: np.ndarray) -> float:
             key = tuple(round(float(x), 12) for x in u)
             if key not in cache:
-                r = _residuals(runs, model.metrics(self.scalars(u), indexes), self.metrics)
+                r = _residuals(runs, serving.metrics(self.scalars(u), indexes), self.metrics)
                 cache[key] = float(np.mean(np.square(r))) if r else 0.0
                 if self.progress is not None:
                     self.progress(1)
@@ -578,10 +578,10 @@ class _Fitter:
         return self.scalars(u), val, evals
 
 
-def _errors(runs: Sequence[BenchRun], model: Sequence[dict[str, Any]],
+def _errors(runs: Sequence[BenchRun], modelled: Sequence[dict[str, Any]],
             metrics: Sequence[str]) -> list[dict[str, Any]]:
     rows = []
-    for run, sv in zip(runs, model, strict=True):
+    for run, sv in zip(runs, modelled, strict=True):
         per: dict[str, Any] = {}
         for m in metrics:
             y = run.metrics.get(m)
@@ -649,15 +649,15 @@ def calibrate(s: CalibrationSettings, *, progress: Callable[[int], None] | None 
     default_c0 = built.setup.engines[0].step.c0_s
     start = {"mfu_prefill": base.mfu_prefill, "mfu_decode": base.mfu_decode,
              "eta": base.eta, "c0_s": base.c0_s if base.c0_s is not None else default_c0}
-    model = _Model(s.cluster, s.block_tokens, dict(s.fixed), runs)
-    fitter = _Fitter(model, names, metrics, start, s.max_evals, progress)
+    serving = _ServingModel(s.cluster, s.block_tokens, dict(s.fixed), runs)
+    fitter = _Fitter(serving, names, metrics, start, s.max_evals, progress)
     everything = list(range(len(runs)))
     fitted, loss, evals = fitter.fit(everything)
-    in_sample = _errors(runs, model.metrics(fitted, everything), metrics)
+    in_sample = _errors(runs, serving.metrics(fitted, everything), metrics)
 
     # sensitivity: the largest metric change when one scalar moves by ±10 %
     sens: dict[str, Any] = {}
-    base_sv = model.metrics(fitted, everything)
+    base_sv = serving.metrics(fitted, everything)
     for n in names:
         worst = 0.0
         for sign in (-1.0, 1.0):
@@ -665,7 +665,7 @@ def calibrate(s: CalibrationSettings, *, progress: Callable[[int], None] | None 
             lo, hi = BOUNDS[n]
             if not lo <= x <= hi:
                 continue
-            moved = model.metrics({**fitted, n: x}, everything)
+            moved = serving.metrics({**fitted, n: x}, everything)
             for a, b in zip(base_sv, moved, strict=True):
                 for m in metrics:
                     if a.get(m):
@@ -678,7 +678,7 @@ def calibrate(s: CalibrationSettings, *, progress: Callable[[int], None] | None 
     for k, held in enumerate(folds):
         train = [i for i in everything if i not in held]
         sc, fl, ev = fitter.fit(train)
-        predicted = model.metrics(sc, held)
+        predicted = serving.metrics(sc, held)
         rows = _errors([runs[i] for i in held], predicted, metrics)
         held_rows.extend(rows)
         fold_docs.append({"fold": k, "held_out": [runs[i].source for i in held],

@@ -1,7 +1,7 @@
-"""Object keys for ``kvtool load``: the cache engine's chained block keys.
+"""Object keys for ``kvtool load``: the cache replayer's chained block keys.
 
 ``kvtool load --seed S`` stores the KV blocks of synthetic conversations, keyed exactly
-as the cache engine keys them (:func:`kvtool.trace.hashing.chain_hashes`): session *s*
+as the cache replayer keys them (:func:`kvtool.trace.hashing.chain_hashes`): session *s*
 is ``SESSION_BLOCKS`` blocks of seeded token ids, and object *i* (its *ordinal*) is block
 ``i % SESSION_BLOCKS`` of session ``i // SESSION_BLOCKS``. So the same seed gives the
 same keys in every run, which lets a re-run resume and ``verify`` regenerate content.

@@ -42,11 +42,11 @@ class Options:
     spdk_socket: str | None = None
 
 
-def engine_of(cfg: TargetConfig) -> str | None:
+def runtime_of(cfg: TargetConfig) -> str | None:
     if cfg.backend != "emulator":
         return None
-    from kvtool.target.emulator import resolve_engine
-    return resolve_engine(cfg.engine, needs_auth=bool(cfg.host_keys()))
+    from kvtool.target.emulator import resolve_runtime
+    return resolve_runtime(cfg.runtime, needs_auth=bool(cfg.host_keys()))
 
 
 def backend_for(cfg: TargetConfig, opts: Options | None = None,
@@ -58,18 +58,18 @@ def backend_for(cfg: TargetConfig, opts: Options | None = None,
     if cfg.backend == "spdk":
         from kvtool.target.spdk.backend import SpdkBackend
         return SpdkBackend(socket_path=opts.spdk_socket or cfg.spdk_socket, timeout=cfg.spdk_timeout)
-    engine = engine_of(cfg)
-    if engine == "userspace":
-        from kvtool.target.emulator import UserspaceEngine
-        return UserspaceEngine(record)
-    if engine == "qemu":
-        from kvtool.target.guest import QemuEngine
-        return QemuEngine(record)
-    if engine == "spdk":
-        from kvtool.target.spdk.engine import SpdkEngine
-        return SpdkEngine(record)
-    from kvtool.target.emulator import KernelEngine
-    return KernelEngine(opts.configfs_root)
+    runtime = runtime_of(cfg)
+    if runtime == "userspace":
+        from kvtool.target.emulator import UserspaceRuntime
+        return UserspaceRuntime(record)
+    if runtime == "qemu":
+        from kvtool.target.guest import QemuRuntime
+        return QemuRuntime(record)
+    if runtime == "spdk":
+        from kvtool.target.spdk.runtime import SpdkRuntime
+        return SpdkRuntime(record)
+    from kvtool.target.emulator import KernelRuntime
+    return KernelRuntime(opts.configfs_root)
 
 
 def previous_config(record: st.TargetState | None) -> TargetConfig | None:
@@ -78,7 +78,7 @@ def previous_config(record: st.TargetState | None) -> TargetConfig | None:
         return None
     try:
         return parse_config(record.config_text, source=record.config_path,
-                            backend=record.backend, engine=record.engine, allow_remote=True,
+                            backend=record.backend, runtime=record.runtime, allow_remote=True,
                             check_paths=False, is_json=record.config_format == "json",
                             default_name=record.name)
     except InputError:
@@ -104,8 +104,8 @@ def up_document(cfg: TargetConfig, result: Result, opts: Options | None = None
                 ) -> dict[str, Any]:
     """``kvtool target up``'s document: the plan and what was applied, then (unless a dry
     run) the target's :func:`status`."""
-    doc = {"schema": "kvtool.target.up/1", "name": cfg.name, "backend": cfg.backend,
-           "engine": engine_of(cfg), **result.to_json()}
+    doc = {"schema": "kvtool.target.up/2", "name": cfg.name, "backend": cfg.backend,
+           "runtime": runtime_of(cfg), **result.to_json()}
     if not result.dry_run:
         doc["status"] = status(cfg, result.record, opts)
     return doc
@@ -120,7 +120,7 @@ def down_document(cfg: TargetConfig, result: Result) -> dict[str, Any]:
 def status_document(cfg: TargetConfig, record: st.TargetState | None = None,
                     opts: Options | None = None) -> dict[str, Any]:
     """``kvtool target status``'s document: :func:`status` with its schema."""
-    return {"schema": "kvtool.target.status/1", **status(cfg, record, opts)}
+    return {"schema": "kvtool.target.status/2", **status(cfg, record, opts)}
 
 
 def nothing_up_document(operation: str) -> dict[str, Any]:
@@ -146,19 +146,19 @@ def up(cfg: TargetConfig, opts: Options | None = None, *, dry_run: bool = False,
        on_plan: Callable[[Plan], None] | None = None,
        on_step: Callable[[int, Step], None] | None = None) -> Result:
     """Bring the target to ``cfg``; a no-op when it already matches."""
-    engine = engine_of(cfg)
+    runtime = runtime_of(cfg)
     for value, what, key in ((cfg.metrics_port, "metrics port", "metrics_port"),
                              (cfg.busy_poll_us, "busy-poll setting", "busy_poll_us")):
-        if value is not None and engine != "userspace":
-            raise UsageError(f"a {what} applies to the emulator's userspace engine only; this "
+        if value is not None and runtime != "userspace":
+            raise UsageError(f"a {what} applies to the emulator's userspace runtime only; this "
                              f"target runs on {cfg.backend}"
-                             + (f" ({engine} engine)" if engine else "")
-                             + f": use {param('engine')} userspace, or no {what}", field=key)
+                             + (f" ({runtime} runtime)" if runtime else "")
+                             + f": use {param('runtime')} userspace, or no {what}", field=key)
     notes = sweep(cfg.name)
     record = st.load(cfg.name)
     _check_ports(cfg)
-    if record is not None and (record.backend, record.engine) != (cfg.backend, engine_of(cfg)):
-        was = record.backend + (f" ({record.engine} engine)" if record.engine else "")
+    if record is not None and (record.backend, record.runtime) != (cfg.backend, runtime_of(cfg)):
+        was = record.backend + (f" ({record.runtime} runtime)" if record.runtime else "")
         raise TargetError(f"target {cfg.name!r} is recorded as up on {was}; take it down first "
                           f"(kvtool target down --name {cfg.name}) or choose another name")
     prev = previous_config(record) if record is not None else None
@@ -198,7 +198,7 @@ def _record(cfg: TargetConfig, backend: Any, old: st.TargetState | None,
     if opts.spdk_socket:
         extra["spdk_socket"] = opts.spdk_socket
     return st.TargetState(
-        name=cfg.name, backend=cfg.backend, engine=engine_of(cfg),
+        name=cfg.name, backend=cfg.backend, runtime=runtime_of(cfg),
         config_path=str(Path(cfg.source).resolve()) if cfg.source else None,
         config_text=text, config_format=fmt, digest=cfg.digest(),
         created=old.created if old is not None and old.digest == cfg.digest() else time.time(),
@@ -215,11 +215,11 @@ def _config_text(cfg: TargetConfig) -> tuple[str, str]:
 
 
 def resolve(config: str | None, name: str | None, *, backend: str | None = None,
-            engine: str | None = None, allow_remote: bool = False,
+            runtime: str | None = None, allow_remote: bool = False,
             check_paths: bool = True) -> tuple[TargetConfig, st.TargetState | None]:
     """The config to act on: a file, or the one recorded for ``name`` (or the only target up)."""
     if config is not None:
-        cfg = load_config(config, backend=backend, engine=engine, allow_remote=allow_remote,
+        cfg = load_config(config, backend=backend, runtime=runtime, allow_remote=allow_remote,
                           check_paths=check_paths)
         if name is not None:
             cfg = replace(cfg, name=name)
@@ -233,18 +233,18 @@ def resolve(config: str | None, name: str | None, *, backend: str | None = None,
 
 
 def default_target(port: int | None = None, name: str | None = None,
-                   engine: str | None = None, metrics_port: int | None = None,
+                   runtime: str | None = None, metrics_port: int | None = None,
                    busy_poll_us: int | None = None) -> TargetConfig:
     """The built-in default target (:mod:`kvtool.target.default`); ``metrics_port``: the
-    userspace engine's Prometheus port (0: a free one); ``busy_poll_us``: how long its
-    event loop polls after activity (0: never; None: the engine's default, 500)."""
+    userspace runtime's Prometheus port (0: a free one); ``busy_poll_us``: how long its
+    event loop polls after activity (0: never; None: the runtime's default, 500)."""
     from kvtool.target import default
 
     cfg = default.config(port or default.PORT)
     if name is not None:
         cfg = replace(cfg, name=name)
-    if engine is not None:
-        cfg = replace(cfg, engine=engine)  # type: ignore[arg-type]
+    if runtime is not None:
+        cfg = replace(cfg, runtime=runtime)  # type: ignore[arg-type]
     if metrics_port is not None:
         cfg = replace(cfg, metrics_port=metrics_port)
     if busy_poll_us is not None:
@@ -291,7 +291,7 @@ def _orphan_record(name: str) -> st.TargetState | None:
     enough for ``status`` and ``down`` to find and stop them."""
     for rec in procs.records(name):
         if rec.config_text:
-            return st.TargetState(name=name, backend=rec.backend, engine=rec.engine,
+            return st.TargetState(name=name, backend=rec.backend, runtime=rec.runtime,
                                   config_path=None, config_text=rec.config_text,
                                   config_format="json", digest="", pid=None,
                                   extra={"interrupted": True})
@@ -304,37 +304,37 @@ def sweep(name: str | None = None) -> list[str]:
     notes = procs.sweep(name)
     for target in [name] if name is not None else st.names():
         record = st.load(target)
-        if record is None or record.pid is None or record.engine not in BACKGROUND_ENGINES:
+        if record is None or record.pid is None or record.runtime not in BACKGROUND_RUNTIMES:
             continue
         from kvtool.target.emulator import recorded_pid_alive
         if not recorded_pid_alive(record.pid, record.pid_start):
             why = ("is gone: the pid now belongs to another process" if st.pid_alive(record.pid)
                    else "is no longer running")
-            notes.append(f"target {target!r}: its {record.engine} process (pid {record.pid}) "
+            notes.append(f"target {target!r}: its {record.runtime} process (pid {record.pid}) "
                          f"{why}; its record was removed")
             st.remove(target)
     return notes
 
 
-BACKGROUND_ENGINES = ("userspace", "spdk", "qemu")
+BACKGROUND_RUNTIMES = ("userspace", "spdk", "qemu")
 
 
 def acting_config(cfg: TargetConfig, record: st.TargetState | None) -> tuple[TargetConfig, str]:
     """The config that ``down``/``status`` act on: ``cfg``, unless the target is recorded as
-    up on another backend or engine, then the recorded config (with a note saying so)."""
-    if record is None or (record.backend, record.engine) == (cfg.backend, engine_of(cfg)):
+    up on another backend or runtime, then the recorded config (with a note saying so)."""
+    if record is None or (record.backend, record.runtime) == (cfg.backend, runtime_of(cfg)):
         return cfg, ""
     recorded = previous_config(record)
     if recorded is None:
         raise InputError(f"target {record.name!r} is recorded as up on {_on(record)}, but its "
                          "recorded config no longer parses", file=str(record.path))
-    asked = cfg.backend + (f" ({engine_of(cfg)} engine)" if engine_of(cfg) else "")
+    asked = cfg.backend + (f" ({runtime_of(cfg)} runtime)" if runtime_of(cfg) else "")
     return recorded, (f"target {cfg.name!r} is recorded as up on {_on(record)}: acting on the "
                       f"record, not on {asked}")
 
 
 def _on(record: st.TargetState) -> str:
-    return record.backend + (f" ({record.engine} engine)" if record.engine else "")
+    return record.backend + (f" ({record.runtime} runtime)" if record.runtime else "")
 
 
 def _check_ports(cfg: TargetConfig) -> None:
@@ -369,7 +369,7 @@ def down(cfg: TargetConfig, record: st.TargetState | None = None, opts: Options 
          on_step: Callable[[int, Step], None] | None = None) -> Result:
     """Remove what ``cfg`` owns; forget the state record.
 
-    The target's record decides how: a target recorded as up on another backend or engine
+    The target's record decides how: a target recorded as up on another backend or runtime
     than ``cfg`` names is taken down as recorded, and every process recorded for it
     (:mod:`kvtool.target.procs`, including one left by an interrupted ``up``) is stopped.
     A process that cannot be stopped fails the ``down`` (``ApplyFailed``) and every record
@@ -408,7 +408,7 @@ def status(cfg: TargetConfig, record: st.TargetState | None = None,
            opts: Options | None = None) -> dict[str, Any]:
     """What of ``cfg`` is up, with URLs and per-namespace registration records.
 
-    Schema (docs/target.md): name, backend, engine, state ("up" | "partial" | "down"),
+    Schema (docs/target.md): name, backend, runtime, state ("up" | "partial" | "down"),
     config, state_file, pid, processes[] (:func:`kvtool.target.procs.summary`), notes[],
     subsystems[] (nqn, state, allow_any_host, hosts,
     listeners[], namespaces[] with nsid, size, block_size, backing, urls),
@@ -447,7 +447,7 @@ def status(cfg: TargetConfig, record: st.TargetState | None = None,
     overall = "up" if states == {"up"} else ("down" if states <= {"absent"} else "partial")
     if overall == "down" and any(p["running"] for p in processes):
         overall = "partial"
-    return {"name": cfg.name, "backend": cfg.backend, "engine": engine_of(cfg), "state": overall,
+    return {"name": cfg.name, "backend": cfg.backend, "runtime": runtime_of(cfg), "state": overall,
             "config": record.config_path if record else cfg.source,
             "state_file": str(record.path) if record else None,
             "digest_matches": record.digest == cfg.digest() if record else None,
@@ -485,9 +485,9 @@ def ana(cfg: TargetConfig, record: st.TargetState | None, listener: str, group: 
     backend = backend_for(cfg, _opts_from_record(opts, record), record)
     set_ana = getattr(backend, "set_ana", None)
     if set_ana is None:
-        on = cfg.backend + (f" ({engine_of(cfg)} engine)" if engine_of(cfg) else "")
+        on = cfg.backend + (f" ({runtime_of(cfg)} runtime)" if runtime_of(cfg) else "")
         raise UsageError(f"ANA states cannot be changed at run time on {on}; use the "
-                         "emulator's userspace engine", field="listener")
+                         "emulator's userspace runtime", field="listener")
     key = _addr(lst.address, lst.port)
     previous = record.extra.get("ana", {}).get(key, {}).get(str(group), lst.ana_state(group))
     set_ana(cfg, lst, group, state)

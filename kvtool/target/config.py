@@ -4,7 +4,7 @@ One :class:`TargetConfig` describes subsystems (each with namespaces and allowed
 listeners (transport, address, port and the subsystems reachable there), optional per-host
 secrets and optional transport tuning. Backends translate it into their own objects
 (configfs directories for ``nvmet``, JSON-RPC calls for ``spdk``, a process for the
-emulator's userspace engine).
+emulator's userspace runtime).
 
 Invariants (enforced by :mod:`kvtool.target.loader`, relied on by every backend):
 
@@ -23,11 +23,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 BackendName = Literal["nvmet", "spdk", "emulator"]
-Engine = Literal["auto", "kernel", "qemu", "userspace", "spdk"]
+Runtime = Literal["auto", "kernel", "qemu", "userspace", "spdk"]
 Backing = Literal["memory", "file", "block", "nvme"]
 
 BACKENDS: tuple[str, ...] = ("nvmet", "spdk", "emulator")
-ENGINES: tuple[str, ...] = ("auto", "kernel", "qemu", "userspace", "spdk")
+RUNTIMES: tuple[str, ...] = ("auto", "kernel", "qemu", "userspace", "spdk")
 BACKINGS: tuple[str, ...] = ("memory", "file", "block", "nvme")
 TRANSPORTS: tuple[str, ...] = ("tcp", "rdma")
 DEFAULT_PORT = 4420
@@ -141,9 +141,9 @@ class TargetConfig:
     listeners: tuple[Listener, ...]
     hosts: tuple[Host, ...] = ()
     transports: tuple[Transport, ...] = ()
-    engine: Engine = "auto"
-    metrics_port: int | None = None  # the userspace engine's Prometheus port (0: any free)
-    busy_poll_us: int | None = None  # the userspace engine's event-loop polling (None: its own)
+    runtime: Runtime = "auto"
+    metrics_port: int | None = None  # the userspace runtime's Prometheus port (0: any free)
+    busy_poll_us: int | None = None  # the userspace runtime's event-loop polling (None: its own)
     nvmet_root: str | None = None
     spdk_socket: str | None = None
     spdk_timeout: float = 60.0

@@ -23,7 +23,7 @@ backend = "emulator"
 name = "{name}"
 
 [emulator]
-engine = "userspace"
+runtime = "userspace"
 
 [[subsystem]]
 nqn = "{nqn}"

@@ -13,7 +13,7 @@ def config_document(cfg: TargetConfig) -> dict[str, Any]:
     """``cfg`` as a document :func:`parse_config` reads back to an equal config."""
     doc: dict[str, Any] = {"backend": cfg.backend, "name": cfg.name}
     if cfg.backend == "emulator":
-        doc["emulator"] = {"engine": cfg.engine}
+        doc["emulator"] = {"runtime": cfg.runtime}
         if cfg.metrics_port is not None:
             doc["emulator"]["metrics_port"] = cfg.metrics_port
         if cfg.busy_poll_us is not None:

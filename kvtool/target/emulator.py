@@ -1,6 +1,6 @@
 """The ``emulator`` backend: an NVMe/TCP target on 127.0.0.1 without NVMe-oF hardware.
 
-Engines (``[emulator] engine`` or ``--engine``):
+Runtimes (``[emulator] runtime`` or ``--runtime``):
 
 * ``kernel`` — the host's own nvmet (configfs), when the host kernel has it: the
   :class:`~kvtool.target.nvmet.backend.NvmetBackend` on ``/sys/kernel/config/nvmet``.
@@ -10,7 +10,7 @@ Engines (``[emulator] engine`` or ``--engine``):
   background process: the fastest start, no kernel support needed.
 * ``auto`` — kernel when the host has nvmet, else qemu when QEMU is installed, else userspace.
 
-The userspace engine's process outlives ``kvtool target up``; its pid, config and log are
+The userspace runtime's process outlives ``kvtool target up``; its pid, config and log are
 in the target's state record (:mod:`kvtool.target.state`), which ``status``/``down`` read.
 """
 
@@ -58,11 +58,11 @@ def host_has_nvmet_auth() -> bool:
     return any(mod_dir.glob("nvme-auth.ko*"))
 
 
-def resolve_engine(engine: str, *, needs_auth: bool = False) -> str:
+def resolve_runtime(runtime: str, *, needs_auth: bool = False) -> str:
     """``auto``: kernel, else qemu, else userspace; with ``needs_auth`` (a host has
     DH-HMAC-CHAP keys) the host kernel only when its nvmet can authenticate."""
-    if engine != "auto":
-        return engine
+    if runtime != "auto":
+        return runtime
     if host_has_nvmet() and (not needs_auth or host_has_nvmet_auth()):
         return "kernel"
     if shutil.which("qemu-system-x86_64"):
@@ -118,7 +118,7 @@ def listen_address(lst: Any) -> str:
     return f"[{lst.address}]:{lst.port}" if lst.family == "ipv6" else f"{lst.address}:{lst.port}"
 
 
-def memory_as_files(cfg: TargetConfig, directory: str, engine: str) -> TargetConfig:
+def memory_as_files(cfg: TargetConfig, directory: str, runtime: str) -> TargetConfig:
     """Memory namespaces as sparse files in ``directory`` (tmpfs), served with buffered_io.
 
     The kernel target has no RAM namespace of its own; a file on tmpfs is the same thing.
@@ -131,9 +131,9 @@ def memory_as_files(cfg: TargetConfig, directory: str, engine: str) -> TargetCon
             if ns.backing == "memory":
                 if ns.lba not in (None, 4096):
                     file, line = cfg.where("subsystem", si, "namespace", ni, "lba")
-                    raise InputError(f"the {engine} engine serves memory namespaces from a tmpfs "
+                    raise InputError(f"the {runtime} runtime serves memory namespaces from a tmpfs "
                                      "file, whose LBA size is 4096; use lba = 4096 (or the "
-                                     "userspace engine for 512)", file=file, line=line,
+                                     "userspace runtime for 512)", file=file, line=line,
                                      field=f"subsystem[{si}].namespace[{ni}].lba")
                 ns = Namespace(nsid=ns.nsid, backing="file", size=ns.size, create=True,
                                path=f"{directory}/{cfg.name}-s{si}n{ns.nsid}.img",
@@ -144,11 +144,11 @@ def memory_as_files(cfg: TargetConfig, directory: str, engine: str) -> TargetCon
     return replace(cfg, subsystems=tuple(subs))
 
 
-class BackgroundEngine:
-    """An emulator engine whose target runs as a background process recorded in the state file."""
+class BackgroundRuntime:
+    """An emulator runtime whose target runs as a background process recorded in the state file."""
 
     name = "emulator"
-    engine = ""
+    runtime = ""
 
     def __init__(self, record: st.TargetState | None) -> None:
         self.record = record
@@ -156,34 +156,34 @@ class BackgroundEngine:
         self.extra: dict[str, Any] = dict(record.extra) if record is not None else {}
 
     def _running(self) -> bool:
-        return (self.record is not None and self.record.engine == self.engine
+        return (self.record is not None and self.record.runtime == self.runtime
                 and recorded_pid_alive(self.record.pid, self.record.pid_start))
 
     def _process_record(self, name: str, role: str, ports: list[int],
                         config_text: str | None = None) -> procs.ProcessRecord:
-        """The record of a process this engine is about to start (saved by the caller
+        """The record of a process this runtime is about to start (saved by the caller
         before the start)."""
-        return procs.ProcessRecord(target=name, backend=self.name, engine=self.engine, role=role,
+        return procs.ProcessRecord(target=name, backend=self.name, runtime=self.runtime, role=role,
                                    ports=sorted(set(ports)), config_text=config_text)
 
 
-class UserspaceEngine(BackgroundEngine):
+class UserspaceRuntime(BackgroundRuntime):
     """Runs kvtool's userspace NVMe/TCP target as a background process."""
 
-    engine = "userspace"
+    runtime = "userspace"
 
     def plan_up(self, cfg: TargetConfig, previous: TargetConfig | None = None) -> Plan:
         plan = Plan(self.name, "up")
         listeners = ", ".join(f"{lst.address}:{lst.port}" for lst in cfg.listeners)
         sets = {lst.subsystems for lst in cfg.listeners}
         if len(sets) > 1:
-            plan.notes.append("the userspace engine serves every subsystem on every listener")
+            plan.notes.append("the userspace runtime serves every subsystem on every listener")
         if self._running():
             assert self.record is not None
             if self.record.digest == cfg.digest():
                 return plan  # already serving exactly this config
             old_pid = self.record.pid
-            old_cfg = json.loads(self.record.extra.get("engine_config", "{}"))
+            old_cfg = json.loads(self.record.extra.get("runtime_config", "{}"))
             old_port = self.record.extra.get("metrics_port")
             old_poll = self.record.extra.get("busy_poll_us")
             plan.add("stop", "process", f"pid {old_pid}", "userspace target with the old config",
@@ -206,7 +206,7 @@ class UserspaceEngine(BackgroundEngine):
         if self._running():
             assert self.record is not None
             pid = self.record.pid
-            old_cfg = json.loads(self.record.extra.get("engine_config", "{}"))
+            old_cfg = json.loads(self.record.extra.get("runtime_config", "{}"))
             old_port = self.record.extra.get("metrics_port")
             old_poll = self.record.extra.get("busy_poll_us")
             plan.add("stop", "process", f"pid {pid}", "SIGTERM, clean shutdown (flushes backing files)",
@@ -216,7 +216,7 @@ class UserspaceEngine(BackgroundEngine):
             plan.notes.append("no userspace target is running for this config")
         return plan
 
-    def _start(self, name: str, engine_cfg: dict[str, Any],
+    def _start(self, name: str, runtime_cfg: dict[str, Any],
                metrics_port: int | None = None, busy_poll_us: int | None = None,
                config_text: str | None = None) -> None:
         d = st.run_dir()
@@ -224,7 +224,7 @@ class UserspaceEngine(BackgroundEngine):
         cfg_path = d / f"{name}.userspace.json"
         ready = d / f"{name}.ready"
         log_path = d / f"{name}.log"
-        cfg_path.write_text(json.dumps(engine_cfg, indent=2))
+        cfg_path.write_text(json.dumps(runtime_cfg, indent=2))
         with contextlib.suppress(FileNotFoundError):
             ready.unlink()
         argv = [sys.executable, "-m", "emulator.nvmetcp", "--config", str(cfg_path),
@@ -233,7 +233,7 @@ class UserspaceEngine(BackgroundEngine):
             argv += ["--metrics-port", str(metrics_port)]
         if busy_poll_us is not None:
             argv += ["--busy-poll", str(busy_poll_us)]
-        rec = self._process_record(name, "userspace target", _listen_ports(engine_cfg),
+        rec = self._process_record(name, "userspace target", _listen_ports(runtime_cfg),
                                    config_text)
         rec.argv, rec.log = argv, str(log_path)
         rec.save()  # before the start: a kvtool killed from here on leaves a record
@@ -264,7 +264,7 @@ class UserspaceEngine(BackgroundEngine):
         self.pid = proc.pid
         rec.ready()
         text = ready.read_text().strip()
-        self.extra = {"engine_config": json.dumps(engine_cfg), "log": str(log_path),
+        self.extra = {"runtime_config": json.dumps(runtime_cfg), "log": str(log_path),
                       "ready": text}
         if metrics_port is not None:
             # the URL names the port the target bound (a free one when asked for 0)
@@ -286,23 +286,23 @@ class UserspaceEngine(BackgroundEngine):
     def _reconfigure(self, cfg: TargetConfig, changes: dict[str, Any]) -> dict[str, Any]:
         """Rewrite the running target's config file with ``changes`` and SIGHUP it."""
         if not self._running() or self.record is None:
-            raise TargetError(f"target {cfg.name!r} is not running (userspace engine)")
-        engine_cfg = {**json.loads(self.record.extra.get("engine_config", "{}")), **changes}
+            raise TargetError(f"target {cfg.name!r} is not running (userspace runtime)")
+        runtime_cfg = {**json.loads(self.record.extra.get("runtime_config", "{}")), **changes}
         path = st.run_dir() / f"{cfg.name}.userspace.json"
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(engine_cfg, indent=2))
+        tmp.write_text(json.dumps(runtime_cfg, indent=2))
         os.replace(tmp, path)
-        self.extra["engine_config"] = json.dumps(engine_cfg)
-        self.record.extra["engine_config"] = self.extra["engine_config"]
+        self.extra["runtime_config"] = json.dumps(runtime_cfg)
+        self.record.extra["runtime_config"] = self.extra["runtime_config"]
         os.kill(self.record.pid or 0, signal.SIGHUP)
-        return engine_cfg
+        return runtime_cfg
 
     def set_ana(self, cfg: TargetConfig, lst: Listener, group: int, state: str) -> None:
         """Change one (listener, group) ANA state of the running target: rewrite its config
         file's ``ana`` and SIGHUP it, then read the state back through the listener."""
         if self.record is None:
-            raise TargetError(f"target {cfg.name!r} is not running (userspace engine)")
-        ana = json.loads(self.record.extra.get("engine_config", "{}")).get("ana", {})
+            raise TargetError(f"target {cfg.name!r} is not running (userspace runtime)")
+        ana = json.loads(self.record.extra.get("runtime_config", "{}")).get("ana", {})
         ana.setdefault(listen_address(lst), {})[str(group)] = state
         self._reconfigure(cfg, {"ana": ana})
         deadline = time.monotonic() + 10.0
@@ -345,7 +345,7 @@ class UserspaceEngine(BackgroundEngine):
                                "allow_any_host": s.allow_any_host, "hosts": list(s.hosts),
                                "namespaces": namespaces if running else [],
                                "listeners": listeners if running else []})
-        return {"backend": self.name, "engine": self.engine,
+        return {"backend": self.name, "runtime": self.runtime,
                 "pid": self.record.pid if running and self.record else None,
                 "log": self.extra.get("log"),
                 "metrics": self.extra.get("metrics") if running else None,
@@ -367,11 +367,11 @@ def _probe(cfg: TargetConfig, listeners: Any, sub: Any) -> dict[int, tuple[int, 
         return {}
 
 
-class KernelEngine:
+class KernelRuntime:
     """The host's own nvmet (configfs) on 127.0.0.1; memory namespaces live on /dev/shm."""
 
     name = "emulator"
-    engine = "kernel"
+    runtime = "kernel"
     SHM = "/dev/shm/kvtool"
 
     def __init__(self, root: str | None = None, *, backend: Any = None) -> None:
@@ -397,7 +397,7 @@ class KernelEngine:
 
     def status(self, cfg: TargetConfig) -> dict[str, Any]:
         return {**self.nvmet.status(self.host_config(cfg)), "backend": self.name,
-                "engine": self.engine}
+                "runtime": self.runtime}
 
 
 def recorded_pid_alive(pid: int | None, start: int | None = None) -> bool:
@@ -423,7 +423,7 @@ def stop_pid(pid: int | None, timeout: float = STOP_TIMEOUT) -> None:
     if not pid or not st.pid_alive(pid):
         procs.reap(pid)
         return
-    legacy = procs.ProcessRecord(target="?", backend="emulator", engine=None,
+    legacy = procs.ProcessRecord(target="?", backend="emulator", runtime=None,
                                  role="process", pid=pid, start_time=procs.start_time(pid))
     procs.stop(legacy, timeout)
 
@@ -434,8 +434,8 @@ def config_json(cfg: TargetConfig) -> str:
     return json.dumps(config_document(cfg), indent=2)
 
 
-def _listen_ports(engine_cfg: dict[str, Any]) -> list[int]:
-    return [int(str(a).rsplit(":", 1)[1]) for a in engine_cfg.get("listen", [])]
+def _listen_ports(runtime_cfg: dict[str, Any]) -> list[int]:
+    return [int(str(a).rsplit(":", 1)[1]) for a in runtime_cfg.get("listen", [])]
 
 
 def _tail(path: Path, lines: int = 5) -> str:

@@ -1,4 +1,4 @@
-"""The emulator's ``qemu`` engine: the real Linux nvmet in a QEMU guest, on 127.0.0.1.
+"""The emulator's ``qemu`` runtime: the real Linux nvmet in a QEMU guest, on 127.0.0.1.
 
 For hosts whose kernel lacks nvmet. A supervisor process (``python -m
 kvtool.target.guest``) boots the guest (:class:`emulator.qemu.guest.Guest`: TCG,
@@ -33,7 +33,7 @@ from kvtool.target import procs
 from kvtool.target import state as st
 from kvtool.target.config import TargetConfig
 from kvtool.target.document import config_document
-from kvtool.target.emulator import BackgroundEngine, config_json, memory_as_files, stop_pid
+from kvtool.target.emulator import BackgroundRuntime, config_json, memory_as_files, stop_pid
 from kvtool.target.plan import Plan, TargetError
 
 BOOT_TIMEOUT = 300.0  # TCG boot + Python start in the guest on a loaded 2-core machine
@@ -46,7 +46,7 @@ def guest_config(cfg: TargetConfig) -> TargetConfig:
     files = memory_as_files(cfg, GUEST_DIR, "qemu")
     listeners = tuple(replace(lst, address="0.0.0.0" if lst.family == "ipv4" else "::")
                       for lst in cfg.listeners)
-    return replace(files, backend="nvmet", engine="auto", listeners=listeners, source=None,
+    return replace(files, backend="nvmet", runtime="auto", listeners=listeners, source=None,
                    locator=None)
 
 
@@ -76,10 +76,10 @@ def json_tail(text: str) -> Any:
     raise TargetError(f"no JSON in the guest's output: {text[-500:]}")
 
 
-class QemuEngine(BackgroundEngine):
-    """Host side of the qemu engine: starts/stops the supervisor, asks the guest for status."""
+class QemuRuntime(BackgroundRuntime):
+    """Host side of the qemu runtime: starts/stops the supervisor, asks the guest for status."""
 
-    engine = "qemu"
+    runtime = "qemu"
 
     def plan_up(self, cfg: TargetConfig, previous: TargetConfig | None = None) -> Plan:
         plan = Plan(self.name, "up")
@@ -180,7 +180,7 @@ class QemuEngine(BackgroundEngine):
     def status(self, cfg: TargetConfig) -> dict[str, Any]:
         running = self._running()
         if not running:
-            return {"backend": self.name, "engine": self.engine, "pid": None, "subsystems": [
+            return {"backend": self.name, "runtime": self.runtime, "pid": None, "subsystems": [
                 {"nqn": s.nqn, "state": "absent", "namespaces": [], "listeners": [], "hosts": [],
                  "allow_any_host": False} for s in cfg.subsystems]}
         _rc, out = guest_exec(int(self.extra["control_port"]),
@@ -193,7 +193,8 @@ class QemuEngine(BackgroundEngine):
                 lst["address"] = "127.0.0.1"
                 lst["port"] = forwards.get(int(lst["port"]), lst["port"])
                 lst["family"] = "ipv4"
-        return {"backend": self.name, "engine": self.engine, "pid": self.record.pid if self.record else None,
+        return {"backend": self.name, "runtime": self.runtime,
+                "pid": self.record.pid if self.record else None,
                 "log": self.extra.get("log"), "guest_configfs": "/sys/kernel/config/nvmet (guest)",
                 "subsystems": doc["subsystems"]}
 
@@ -269,7 +270,7 @@ def _supervise(spec_path: str, ready_path: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m kvtool.target.guest",
                                 description="Supervisor of the emulator's QEMU guest "
-                                            "(started by kvtool target up --engine qemu).")
+                                            "(started by kvtool target up --runtime qemu).")
     p.add_argument("spec")
     p.add_argument("ready")
     a = p.parse_args(argv)

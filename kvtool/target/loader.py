@@ -9,9 +9,9 @@ File format (docs/target.md has the full reference)::
     backend = "emulator"            # nvmet | spdk | emulator
     name = "demo"                   # state name (default: the file's stem)
     [emulator]
-    engine = "userspace"            # auto | kernel | qemu | userspace | spdk
-    metrics_port = 9464             # userspace engine: Prometheus metrics (0: any free port)
-    busy_poll_us = 500              # userspace engine: poll for events this long (0: never)
+    runtime = "userspace"           # auto | kernel | qemu | userspace | spdk
+    metrics_port = 9464             # userspace runtime: Prometheus metrics (0: any free port)
+    busy_poll_us = 500              # userspace runtime: poll for events this long (0: never)
     [[subsystem]]
     nqn = "nqn.2026-01.io.kvtool:demo"
     hosts = ["nqn.2014-08.org.nvmexpress:uuid:..."]
@@ -50,8 +50,8 @@ from kvtool.target.config import (
     BACKENDS,
     BACKINGS,
     DEFAULT_PORT,
-    ENGINES,
     MAX_BUSY_POLL_US,
+    RUNTIMES,
     TRANSPORTS,
     Host,
     Listener,
@@ -84,29 +84,29 @@ def local_hostnqn() -> str:
     return default_hostnqn()
 
 
-def load_config(path: str | Path, *, backend: str | None = None, engine: str | None = None,
+def load_config(path: str | Path, *, backend: str | None = None, runtime: str | None = None,
                 allow_remote: bool = False, check_paths: bool = True) -> TargetConfig:
     """Read, parse and validate a config file (``.toml``, or ``.json`` with the same keys).
 
-    ``backend``/``engine`` override the file's. ``check_paths`` checks backing files and
+    ``backend``/``runtime`` override the file's. ``check_paths`` checks backing files and
     devices on this machine (off when they live elsewhere, e.g. inside a QEMU guest).
     """
     p = Path(path)
     doc = read_config(p)
-    return _from_document(doc, backend=backend, engine=engine, allow_remote=allow_remote,
+    return _from_document(doc, backend=backend, runtime=runtime, allow_remote=allow_remote,
                           check_paths=check_paths, default_name=p.stem)
 
 
 def parse_config(text: str, *, source: str | None = None, backend: str | None = None,
-                 engine: str | None = None, allow_remote: bool = False, check_paths: bool = True,
+                 runtime: str | None = None, allow_remote: bool = False, check_paths: bool = True,
                  is_json: bool = False, default_name: str = "target") -> TargetConfig:
     """Parse and validate config text; see :func:`load_config`."""
     doc = parse_config_text(text, source=source, kind="json" if is_json else "toml")
-    return _from_document(doc, backend=backend, engine=engine, allow_remote=allow_remote,
+    return _from_document(doc, backend=backend, runtime=runtime, allow_remote=allow_remote,
                           check_paths=check_paths, default_name=default_name)
 
 
-def _from_document(doc: ConfigDocument, *, backend: str | None, engine: str | None,
+def _from_document(doc: ConfigDocument, *, backend: str | None, runtime: str | None,
                    allow_remote: bool, check_paths: bool, default_name: str) -> TargetConfig:
     source = doc.source
     data: Any = doc.data
@@ -116,7 +116,7 @@ def _from_document(doc: ConfigDocument, *, backend: str | None, engine: str | No
         data = nvmetcli_to_config(data)
         locator = None  # nvmetcli's layout: its lines do not map onto kvtool's keys
     root = ConfigDocument(data, source, doc.kind, locator).table()
-    cfg = _build(root, backend_override=backend, engine_override=engine,
+    cfg = _build(root, backend_override=backend, runtime_override=runtime,
                  default_name=default_name)
     cfg = _with_source(cfg, source, locator)
     validate(cfg, allow_remote=allow_remote, check_paths=check_paths)
@@ -128,7 +128,7 @@ def _with_source(cfg: TargetConfig, source: str | None, locator: Locator | None)
     return replace(cfg, source=source, locator=locator)
 
 
-def _build(root: ConfigTable, *, backend_override: str | None, engine_override: str | None,
+def _build(root: ConfigTable, *, backend_override: str | None, runtime_override: str | None,
            default_name: str) -> TargetConfig:
     root.check_keys(TOP_KEYS)
     backend = root.choice("backend", BACKENDS, "emulator")
@@ -138,25 +138,25 @@ def _build(root: ConfigTable, *, backend_override: str | None, engine_override: 
     if not _NAME_RE.match(name):
         root.fail(f"name must be 1-64 of A-Z a-z 0-9 _ . -, got {name!r}", ("name",))
 
-    engine = "auto"
+    runtime = "auto"
     metrics_port = None
     busy_poll_us = None
     emu = root.table("emulator")
     if emu is not None:
-        emu.check_keys({"engine", "metrics_port", "busy_poll_us"})
-        engine = emu.choice("engine", ENGINES, "auto") or "auto"
+        emu.check_keys({"runtime", DEPRECATED_RUNTIME_KEY, "metrics_port", "busy_poll_us"})
+        runtime = _runtime(emu)
         metrics_port = emu.integer("metrics_port", None, lo=0, hi=65535)
         busy_poll_us = emu.integer("busy_poll_us", None, lo=0, hi=MAX_BUSY_POLL_US)
-    if engine_override is not None:
-        engine = engine_override
-    userspace = backend == "emulator" and engine in ("auto", "userspace")
+    if runtime_override is not None:
+        runtime = runtime_override
+    userspace = backend == "emulator" and runtime in ("auto", "userspace")
     if metrics_port is not None and not userspace:
         assert emu is not None
-        emu.fail("metrics_port applies to the emulator's userspace engine only (the kernel, "
+        emu.fail("metrics_port applies to the emulator's userspace runtime only (the kernel, "
                  "QEMU and SPDK targets have no kvtool metrics)", ("emulator", "metrics_port"))
     if busy_poll_us is not None and not userspace:
         assert emu is not None
-        emu.fail("busy_poll_us applies to the emulator's userspace engine only (the kernel's "
+        emu.fail("busy_poll_us applies to the emulator's userspace runtime only (the kernel's "
                  "and SPDK's targets poll as they do)", ("emulator", "busy_poll_us"))
 
     nvmet_root = None
@@ -196,12 +196,35 @@ def _build(root: ConfigTable, *, backend_override: str | None, engine_override: 
             if nqn not in all_nqns:
                 root.fail(f"no [[subsystem]] has nqn {nqn!r}", ("listener", i, "subsystems", j))
     return TargetConfig(
-        name=name, backend=backend, engine=engine,  # type: ignore[arg-type]
+        name=name, backend=backend, runtime=runtime,  # type: ignore[arg-type]
         metrics_port=metrics_port, busy_poll_us=busy_poll_us, subsystems=tuple(subsystems),
         listeners=tuple(listeners),
         hosts=tuple(hosts),
         transports=tuple(transports), nvmet_root=nvmet_root, spdk_socket=spdk_socket,
         spdk_timeout=spdk_timeout)
+
+
+DEPRECATED_RUNTIME_KEY = "engine"
+"""``[emulator] engine``: the old name of ``[emulator] runtime``, still read (with a note)."""
+
+
+def _runtime(emu: ConfigTable) -> str:
+    """``[emulator] runtime``, or its deprecated name ``engine`` with a one-line warning on
+    the ``kvtool.target`` logger (stderr when nothing configures logging)."""
+    import logging
+
+    key = "runtime"
+    if emu.has(DEPRECATED_RUNTIME_KEY):
+        if emu.has("runtime"):
+            emu.fail("give runtime only (engine is its deprecated name)",
+                     emu.at(DEPRECATED_RUNTIME_KEY))
+        key = DEPRECATED_RUNTIME_KEY
+        doc = emu.doc
+        where = ":".join(str(x) for x in (doc.source, doc.line(emu.at(key))) if x is not None)
+        logging.getLogger("kvtool.target").warning(
+            "%s[emulator] engine is deprecated: call it runtime (same values)",
+            f"{where}: " if where else "")
+    return emu.choice(key, RUNTIMES, "auto") or "auto"
 
 
 def _check_unique(root: ConfigTable, values: list[Any], table: tuple[str, ...], key: str,

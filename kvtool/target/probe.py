@@ -1,4 +1,4 @@
-"""Ask a live NVMe/TCP target what it serves (used by the emulator engines' status)."""
+"""Ask a live NVMe/TCP target what it serves (used by the emulator runtimes' status)."""
 
 from __future__ import annotations
 

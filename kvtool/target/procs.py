@@ -4,7 +4,7 @@ A background target (the userspace target, SPDK's ``nvmf_tgt``, the QEMU guest's
 supervisor) outlives the ``kvtool`` that started it. Its record lives in
 ``<state dir>/processes/<token>.json`` (:func:`kvtool.target.state.state_dir`) and holds
 what finds and identifies it again: the pid and the process's start time (so a reused pid is
-never mistaken for it), the target, backend and engine it serves, the TCP ports it listens
+never mistaken for it), the target, backend and runtime it serves, the TCP ports it listens
 on, its Unix sockets, work directory and log.
 
 Invariants:
@@ -71,7 +71,7 @@ class ProcessRecord:
 
     target: str
     backend: str
-    engine: str | None
+    runtime: str | None
     role: str  # what it is, for people: "userspace target", "nvmf_tgt", "QEMU supervisor"
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
     pid: int | None = None
@@ -96,7 +96,7 @@ class ProcessRecord:
         return env
 
     def describe(self) -> str:
-        what = self.backend + (f" {self.engine} engine" if self.engine else "")
+        what = self.backend + (f" {self.runtime} runtime" if self.runtime else "")
         pid = f"pid {self.pid}" if self.pid else "pid not yet recorded"
         return f"{self.role} {pid} of target {self.target!r} ({what})"
 
@@ -140,7 +140,7 @@ def records(target: str | None = None) -> list[ProcessRecord]:
     for path in d.glob("*.json"):
         try:
             data = json.loads(path.read_text())
-            rec = ProcessRecord(**data)
+            rec = ProcessRecord(**st.renamed_keys(data))
         except FileNotFoundError:
             continue
         except (OSError, json.JSONDecodeError, TypeError) as exc:
@@ -274,6 +274,6 @@ def port_holder(port: int, *, except_target: str | None = None) -> ProcessRecord
 def summary(rec: ProcessRecord) -> dict[str, Any]:
     """The record as ``status`` reports it."""
     return {"pid": rec.pid, "start_time": rec.start_time, "role": rec.role,
-            "backend": rec.backend, "engine": rec.engine, "phase": rec.phase,
+            "backend": rec.backend, "runtime": rec.runtime, "phase": rec.phase,
             "ports": list(rec.ports), "sockets": list(rec.sockets), "log": rec.log,
             "record": str(rec.path), "running": alive(rec)}

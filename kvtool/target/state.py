@@ -4,7 +4,7 @@ One JSON file per target name under the state directory:
 ``$KVTOOL_STATE_DIR``, else ``/var/lib/kvtool`` when running as root, else
 ``$XDG_STATE_HOME/kvtool`` (``~/.local/state/kvtool``); files live in ``targets/``.
 
-A record holds the backend and engine, the config's path, text and digest (the digest of
+A record holds the backend and runtime, the config's path, text and digest (the digest of
 the desired state: equal digests mean ``up`` has nothing to do), the background process
 (pid) when there is one, and the addresses hosts use (``nvme+tcp://`` URLs). Writes are
 atomic (temp file, fsync, rename), so a crash never leaves half a record.
@@ -39,7 +39,7 @@ def targets_dir() -> Path:
 
 
 def run_dir() -> Path:
-    """Engine files: generated configs, ready files, logs of background processes."""
+    """Files of running targets: generated configs, ready files, logs of background processes."""
     return state_dir() / "run"
 
 
@@ -47,7 +47,7 @@ def run_dir() -> Path:
 class TargetState:
     name: str
     backend: str
-    engine: str | None
+    runtime: str | None
     config_path: str | None
     config_text: str  # the config as applied (re-parsed to find what the target owns)
     config_format: str  # "toml" | "json"
@@ -56,7 +56,7 @@ class TargetState:
     pid: int | None = None  # background process (userspace target, QEMU supervisor)
     pid_start: int | None = None  # its start time (kvtool.target.procs.start_time): reuse check
     endpoints: list[dict[str, Any]] = field(default_factory=list)  # per subsystem/namespace
-    extra: dict[str, Any] = field(default_factory=dict)  # engine details (control port, logs)
+    extra: dict[str, Any] = field(default_factory=dict)  # runtime details (control port, logs)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -95,9 +95,22 @@ def load(name: str) -> TargetState | None:
     except (OSError, json.JSONDecodeError) as exc:
         raise InputError(f"unreadable target state: {exc}", file=str(path)) from None
     try:
-        return TargetState(**data)
+        return TargetState(**renamed_keys(data))
     except TypeError as exc:
         raise InputError(f"target state has an unexpected shape: {exc}", file=str(path)) from None
+
+
+def renamed_keys(data: dict[str, Any]) -> dict[str, Any]:
+    """A target or process record as written before ``engine`` was renamed ``runtime``
+    (and ``extra.engine_config`` ``extra.runtime_config``), in today's keys: records of
+    targets started by an older kvtool stay readable, so ``down`` still finds them."""
+    if "engine" in data and "runtime" not in data:
+        data = {("runtime" if k == "engine" else k): v for k, v in data.items()}
+    extra = data.get("extra")
+    if isinstance(extra, dict) and "engine_config" in extra and "runtime_config" not in extra:
+        data = {**data, "extra": {("runtime_config" if k == "engine_config" else k): v
+                                  for k, v in extra.items()}}
+    return data
 
 
 def remove(name: str) -> None:

@@ -11,7 +11,7 @@
 * :mod:`kvtool.tiers.option` — the ``--dram 1GiB`` / ``--nvme 2GiB@/var/tmp/kv.img``
   option syntax.
 
-Which blocks a tier holds, and which it evicts, is decided by the metadata engine
+Which blocks a tier holds, and which it evicts, is decided by the replayer
 (:mod:`kvtool.cache`); a data tier moves bytes and frees space when told.
 """
 

@@ -14,7 +14,7 @@ numpy array ``(num_blocks, block_bytes)``:
   block, the block joins the free queue's tail.
 
 Which cached block is evicted when is the tier's eviction policy (vLLM's own order is
-the ``lru-tail-first`` policy), decided by the metadata engine; the pool carries it out.
+the ``lru-tail-first`` policy), decided by the replayer; the pool carries it out.
 The pool holds the tier's capacity plus the working blocks of the longest request, as
 vLLM's pool must hold a running request's blocks besides the cached ones.
 """

@@ -42,7 +42,7 @@ AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
 
 class Request(msgspec.Struct, frozen=True, gc=False):
-    """One request of a trace, as the cache engine consumes it.
+    """One request of a trace, as the cache replayer consumes it.
 
     Invariants (checked by the reader):
 

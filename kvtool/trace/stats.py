@@ -1,7 +1,7 @@
 """Statistics of a trace, including its theoretical maximum prefix hit ratio.
 
 This module is deliberately written from the definitions (docs/definitions.md) and shares no code
-with the cache engine: ``kvtool replay`` with unbounded tiers must reproduce
+with the cache replayer: ``kvtool replay`` with unbounded tiers must reproduce
 :func:`trace_stats`'s ``max_token_hit_ratio`` exactly, so it is the engine's independent
 reference.
 

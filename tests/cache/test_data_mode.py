@@ -102,13 +102,13 @@ def _corrupt_every_slot(tier: Any) -> int:
 
 
 def _engine(job: Any) -> Any:
-    from kvtool.replay.data import DataReplay
+    from kvtool.replay.data import DataReplayer
     from kvtool.replay.run import open_tiers
 
     cfg = job.configs[0]
     tiers, _media, cfg = open_tiers(cfg, job.block_bytes, job.work_blocks, job.settings,
                                     job.setup, job.create)
-    return DataReplay(cfg, job.block_tokens, job.block_bytes, tiers=tiers,
+    return DataReplayer(cfg, job.block_tokens, job.block_bytes, tiers=tiers,
                       work_blocks=job.work_blocks, on_tier_error=job.settings.on_tier_error)
 
 

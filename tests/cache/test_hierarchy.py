@@ -7,7 +7,7 @@ import pytest
 from kvtool.cache import (
     CacheConfig,
     LruPolicy,
-    Replay,
+    Replayer,
     RoundStats,
     Tier,
     TierHierarchy,
@@ -125,14 +125,14 @@ def test_backend_hook_sees_every_metadata_change() -> None:
     rec = Recorder()
     cfg = CacheConfig([TierSpec("gpu", Capacity.parse("2blk")),
                        TierSpec("dram", Capacity.parse("10blk"))], "write-back")
-    r = Replay(cfg, B, backends={"gpu": rec, "dram": rec})
+    r = Replayer(cfg, B, backends={"gpu": rec, "dram": rec})
     r.feed(req([1, 2, 3], session="a"))
     r.feed(req([1, 2, 3], session="a"))
     assert rec.calls[:3] == [("write", "gpu", [1, 2, 3]), ("evict", "gpu", [1]),
                              ("write", "dram", [1])]
     assert ("read", "dram", [1]) in rec.calls and ("read", "gpu", [2, 3]) in rec.calls
     # same accounting as without backends
-    plain = Replay(cfg, B)
+    plain = Replayer(cfg, B)
     plain.feed(req([1, 2, 3], session="a"))
     plain.feed(req([1, 2, 3], session="a"))
     assert plain.result()["blocks_written"] == r.result()["blocks_written"]
@@ -165,7 +165,7 @@ def test_general_path_counts_like_the_fast_paths(caps: tuple[str, ...],
     chains = [[1, 2, 3], [1, 2, 3, 4], [5, 6], [1, 2, 3, 4, 7], [5, 6, 8], [1, 2], [9, 10, 11]]
     results = []
     for backends in (None, {n: Silent() for n in names}):
-        r = Replay(cfg, B, backends=backends)  # type: ignore[arg-type]
+        r = Replayer(cfg, B, backends=backends)  # type: ignore[arg-type]
         for _ in range(2):
             for i, keys in enumerate(chains):
                 r.feed(req(keys, session=i % 3, input_length=len(keys) * B - 100))
@@ -192,7 +192,7 @@ def test_per_round_accounting_and_modelled_times() -> None:
 
     cfg = CacheConfig([TierSpec("dram", Capacity.parse("inf"))])
     tm = TimeModel(prefill_tokens_per_s=1000, tpot_ms=10, read_gbps={"dram": 1.0})
-    r = Replay(cfg, B, block_bytes=10**6, time_model=tm)
+    r = Replayer(cfg, B, block_bytes=10**6, time_model=tm)
     r.feed(req([1, 2], session="s", round=1, output_length=5))
     r.feed(req([1, 2, 3], session="s", round=2, output_length=5))
     res = r.result()

@@ -9,9 +9,9 @@ from collections import OrderedDict
 
 import pytest
 
-from kvtool.cache import CacheConfig, Replay, TierSpec
-from kvtool.cache.engine import RequestOutcome
+from kvtool.cache import CacheConfig, Replayer, TierSpec
 from kvtool.cache.policies import LruPolicy, LruTailFirstPolicy
+from kvtool.cache.replayer import RequestOutcome
 from kvtool.units import Capacity
 from tests.helpers.cache import req
 
@@ -54,7 +54,7 @@ def test_compact_lru_equals_an_ordereddict_lru(caps: list[int]) -> None:
     for seed in range(3):
         s = stream(seed)
         outcomes: list[RequestOutcome] = []
-        rep = Replay(CacheConfig(specs), 16, on_request=outcomes.append)
+        rep = Replayer(CacheConfig(specs), 16, on_request=outcomes.append)
         for keys in s:
             rep.feed(req(keys, block_tokens=16))
         assert [sum(o.hit_tokens.values()) // 16 for o in outcomes] == reference(s, caps)

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtool.cache import POLICIES, CacheConfig, NullBackend, Replay, TierSpec, make_policy
+from kvtool.cache import POLICIES, CacheConfig, NullBackend, Replayer, TierSpec, make_policy
 from kvtool.units import Capacity
 from tests.helpers.cache import req
 
@@ -37,9 +37,9 @@ def tier_policy(policy: str, tier: str, cap: str) -> str:
     return policy
 
 
-def run(cfg: CacheConfig, stream: list[tuple[list[int], int, int]], general: bool) -> Replay:
+def run(cfg: CacheConfig, stream: list[tuple[list[int], int, int]], general: bool) -> Replayer:
     backends = {t.name: NullBackend() for t in cfg.tiers} if general else None
-    r = Replay(cfg, B, backends=backends)  # type: ignore[arg-type]
+    r = Replayer(cfg, B, backends=backends)  # type: ignore[arg-type]
     for keys, session, cut in stream:
         r.feed(req(keys, session=session, block_tokens=B,
                    input_length=len(keys) * B - cut))

@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from kvtool.cache import CacheConfig, Replay, TierSpec
-from kvtool.cache.engine import RequestOutcome
+from kvtool.cache import CacheConfig, Replayer, TierSpec
 from kvtool.cache.policies import ArcPolicy, LfuPolicy, S3FifoPolicy
+from kvtool.cache.replayer import RequestOutcome
 from kvtool.cache.tier import Tier
 from kvtool.units import Capacity
 from tests.helpers.cache import req
@@ -101,7 +101,7 @@ def test_lfu_least_frequent_first_oldest_among_equals() -> None:
 
 def run(specs: list[TierSpec], stream: list[list[int]], B: int = 16) -> list[RequestOutcome]:
     out: list[RequestOutcome] = []
-    rep = Replay(CacheConfig(specs), B, on_request=out.append)
+    rep = Replayer(CacheConfig(specs), B, on_request=out.append)
     for keys in stream:
         rep.feed(req(keys, block_tokens=B))
     return out

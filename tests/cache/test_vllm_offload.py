@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from kvtool.cache import CacheConfig, Replay, TierSpec
-from kvtool.cache.engine import RequestOutcome
+from kvtool.cache import CacheConfig, Replayer, TierSpec
+from kvtool.cache.replayer import RequestOutcome
 from kvtool.trace import read_trace
 from kvtool.units import Capacity
 from tests.helpers.cache import req
@@ -84,7 +84,7 @@ def compare(stream: list[tuple[list[int], int]], B: int, capacity: int, policy: 
     ours: list[RequestOutcome] = []
     spec = TierSpec("dram", Capacity.parse(f"{capacity}blk"), f"vllm-{policy}",
                     admit_after=threshold if threshold > 1 else None)
-    rep = Replay(CacheConfig([spec]), B, on_request=ours.append)
+    rep = Replayer(CacheConfig([spec]), B, on_request=ours.append)
     tier = rep.cache.tiers[0]
     theirs = VllmTier(capacity, policy, threshold)
     totals = {"hits": 0, "stored": 0, "evicted": 0}

@@ -61,6 +61,9 @@ def collect() -> list[str]:
 
 
 SKIP = {
+    "kvtool bench --cluster fixtures/clusters/gp7000-mini.toml --block-bytes 1MiB --qd 8":
+        "needs the cluster up (root, network namespaces, Ray): "
+        "tests/cluster/test_netns_cluster.py runs bench --cluster on one",
     "kvtool target up /etc/nvmet/config.json --backend nvmet --configfs-root "
     "/sys/kernel/config/nvmet": "configures the kernel's nvmet (root, configfs): "
                                 "tests/target/test_qemu.py runs it in the QEMU guest",

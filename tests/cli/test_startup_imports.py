@@ -50,13 +50,13 @@ NOT_FOR_SIMULATE = ("numpy", "rich", "kvtool.store", "kvtool.nvme", "kvtool.tier
                     "logging", "subprocess")
 
 
-def test_replay_simulate_imports_only_the_metadata_engine(tmp_path: Path) -> None:
+def test_replay_simulate_imports_only_the_replayer(tmp_path: Path) -> None:
     trace = tmp_path / "t.jsonl"
     trace.write_text(json.dumps({"timestamp": 0, "input_length": 1024, "output_length": 8,
                                  "hash_ids": [1, 2]}) + "\n")
     mods = imported(tmp_path, "--json", "replay", "--simulate", str(trace), "--format",
                     "mooncake", "--dram", "10blk", "--no-times")
-    assert "kvtool.cache.engine" in mods  # the probe saw the replay itself
+    assert "kvtool.cache.replayer" in mods  # the probe saw the replay itself
     assert loaded(mods, *NOT_FOR_SIMULATE) == []
 
 

@@ -1,4 +1,4 @@
-"""``kvtool target``: the emulator end to end (userspace engine), bad input, exports."""
+"""``kvtool target``: the emulator end to end (userspace runtime), bad input, exports."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def write_config(tmp_path: Path, port: int, *, extra_ns: str = "") -> Path:
 backend = "emulator"
 name = "clitest"
 [emulator]
-engine = "userspace"
+runtime = "userspace"
 [[subsystem]]
 nqn = "{NQN}"
 hosts = ["@local"]
@@ -70,7 +70,7 @@ def test_emulator_up_status_io_down(tmp_path: Path, state_dir: Path) -> None:
     up = run_json("target", "up", str(cfg))
     assert up["applied"] == 1 and up["status"]["state"] == "up"
     st = run_json("target", "status")
-    assert st["engine"] == "userspace" and st["state"] == "up"
+    assert st["runtime"] == "userspace" and st["state"] == "up"
     regs = {r["nsid"]: r for r in st["registrations"]}
     assert regs[1] == {"nqn": NQN, "nsid": 1, "trtype": "tcp", "adrfam": "ipv4",
                        "traddr": "127.0.0.1", "trsvcid": str(port), "size": 8 << 20,
@@ -198,10 +198,10 @@ def test_help_has_examples() -> None:
         assert r.exit_code == 0 and "Example" in r.stdout
 
 
-def test_a_target_is_not_silently_moved_to_another_engine(tmp_path: Path, state_dir: Path) -> None:
+def test_a_target_is_not_silently_moved_to_another_runtime(tmp_path: Path, state_dir: Path) -> None:
     cfg = write_config(tmp_path, free_port())
     run_json("target", "up", str(cfg))
-    r = run("target", "up", str(cfg), "--engine", "qemu", "--dry-run")
+    r = run("target", "up", str(cfg), "--runtime", "qemu", "--dry-run")
     assert r.exit_code == 1 and "take it down first" in r.stderr
     assert state.load("clitest") is not None
 
@@ -236,8 +236,8 @@ def _scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 def test_metrics_port_from_the_config_and_the_option(tmp_path: Path, state_dir: Path) -> None:
     port = free_port()
     cfg = write_config(tmp_path, port)
-    cfg.write_text(cfg.read_text().replace('engine = "userspace"',
-                                           'engine = "userspace"\nmetrics_port = 0'))
+    cfg.write_text(cfg.read_text().replace('runtime = "userspace"',
+                                           'runtime = "userspace"\nmetrics_port = 0'))
     up = run_json("target", "up", str(cfg))
     url = up["status"]["metrics"]
     assert url.startswith("http://127.0.0.1:") and url.endswith("/metrics")
@@ -258,10 +258,10 @@ def test_metrics_port_from_the_config_and_the_option(tmp_path: Path, state_dir: 
         f"http://127.0.0.1:{mport}/metrics"
     assert _scrape(again["status"]["metrics"]).get(writes, 0) == 0
 
-    # other engines have no kvtool metrics: bad input, nothing changed
-    bad = run("target", "up", str(cfg), "--engine", "kernel", "--dry-run")
+    # other runtimes have no kvtool metrics: bad input, nothing changed
+    bad = run("target", "up", str(cfg), "--runtime", "kernel", "--dry-run")
     assert bad.exit_code == 2 and "metrics_port" in bad.stderr and "emu.toml:" in bad.stderr
-    bad = run("target", "up", "--engine", "qemu", "--metrics-port", "0", "--port",
+    bad = run("target", "up", "--runtime", "qemu", "--metrics-port", "0", "--port",
               str(free_port()), "--name", "other", "--dry-run")
     assert bad.exit_code == 2 and "--metrics-port" in bad.stderr
     assert state.names() == ["clitest"]
@@ -274,11 +274,11 @@ def _argv(pid: int) -> list[str]:
 @pytest.mark.integration
 def test_busy_poll_from_the_config_and_the_option(tmp_path: Path, state_dir: Path) -> None:
     """[emulator] busy_poll_us reaches the target process; --busy-poll overrides it (a
-    changed desired state: the target restarts); other engines refuse it."""
+    changed desired state: the target restarts); other runtimes refuse it."""
     port = free_port()
     cfg = write_config(tmp_path, port)
-    cfg.write_text(cfg.read_text().replace('engine = "userspace"',
-                                           'engine = "userspace"\nbusy_poll_us = 0'))
+    cfg.write_text(cfg.read_text().replace('runtime = "userspace"',
+                                           'runtime = "userspace"\nbusy_poll_us = 0'))
     up = run_json("target", "up", str(cfg))
     argv = _argv(up["status"]["pid"])
     assert argv[argv.index("--busy-poll") + 1] == "0"
@@ -290,9 +290,9 @@ def test_busy_poll_from_the_config_and_the_option(tmp_path: Path, state_dir: Pat
     argv = _argv(again["status"]["pid"])
     assert argv[argv.index("--busy-poll") + 1] == "200"
     assert run_json("target", "up", str(cfg), "--busy-poll", "200")["applied"] == 0
-    bad = run("target", "up", str(cfg), "--engine", "kernel", "--dry-run")
+    bad = run("target", "up", str(cfg), "--runtime", "kernel", "--dry-run")
     assert bad.exit_code == 2 and "busy_poll_us" in bad.stderr and "emu.toml:" in bad.stderr
-    bad = run("target", "up", "--engine", "qemu", "--busy-poll", "0", "--port",
+    bad = run("target", "up", "--runtime", "qemu", "--busy-poll", "0", "--port",
               str(free_port()), "--name", "other", "--dry-run")
     assert bad.exit_code == 2 and "--busy-poll" in bad.stderr
     assert state.names() == ["clitest"]
@@ -304,3 +304,32 @@ def test_default_target_takes_busy_poll(tmp_path: Path, state_dir: Path) -> None
                   "--busy-poll", "0")
     argv = _argv(up["status"]["pid"])
     assert argv[argv.index("--busy-poll") + 1] == "0"
+
+
+def test_engine_is_the_deprecated_name_of_runtime(tmp_path: Path, state_dir: Path) -> None:
+    """``--engine`` (flag) and ``[emulator] engine`` (key) still work, each with one line
+    on stderr saying so; ``--engine`` with ``--runtime`` is bad usage."""
+    import subprocess
+    import sys
+
+    cfg = write_config(tmp_path, free_port())
+    r = run("--json", "target", "up", str(cfg), "--engine", "userspace", "--dry-run")
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["runtime"] == "userspace"
+    assert r.stderr.strip().splitlines() == [
+        "kvtool: --engine is deprecated: use --runtime (same values)"]
+    r = run("target", "up", str(cfg), "--engine", "userspace", "--runtime", "kernel",
+            "--dry-run")
+    assert r.exit_code == 2 and "give --runtime only" in r.stderr
+    r = run("cluster", "up", str(cfg), "--engine", "spdk", "--runtime", "spdk")
+    assert r.exit_code == 2 and "give --runtime only" in r.stderr
+    assert state.names() == []
+
+    cfg.write_text(cfg.read_text().replace('runtime = "userspace"', 'engine = "userspace"'))
+    env = {**os.environ, "PYTHONPATH": str(FIXTURES.parent)}
+    out = subprocess.run([sys.executable, "-m", "kvtool", "--json", "target", "up", str(cfg),
+                          "--dry-run"], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["runtime"] == "userspace"
+    assert out.stderr.strip().splitlines() == [
+        f"{cfg}:5: [emulator] engine is deprecated: call it runtime (same values)"]

@@ -235,7 +235,7 @@ def test_down_that_cannot_remove_something_says_so(tmp_path: Path,
 
 
 def test_spdk_targets(tmp_path: Path, spdk: object) -> None:
-    """--engine spdk: SPDK's nvmf_tgt on the storage node, requiring the key; down stops it."""
+    """--runtime spdk: SPDK's nvmf_tgt on the storage node, requiring the key; down stops it."""
     why = skip_reason()
     if why:
         pytest.skip(why)
@@ -245,12 +245,12 @@ def test_spdk_targets(tmp_path: Path, spdk: object) -> None:
     from kvtool.store.engine import open_engine
 
     c = make_cluster(tmp_path, SMALL, 216)
-    up = c.kvtool("cluster", "up", str(c.file), "--engine", "spdk")
+    up = c.kvtool("cluster", "up", str(c.file), "--runtime", "spdk")
     try:
         assert up.returncode == 0, up.stderr[-2000:]
         doc = c.json("cluster", "status", str(c.file))
         [t] = doc["targets"]
-        assert doc["healthy"] and t["engine"] == "spdk" and t["running"]
+        assert doc["healthy"] and t["runtime"] == "spdk" and t["running"]
         pid = next(r["pid"] for r in doc["resources"] if r["kind"] == "target")
         assert "nvmf_tgt" in Path(f"/proc/{pid}/cmdline").read_bytes().decode()
         creds = HostCredentials(t["hostnqn"], load_secret_file(t["dhchap_key_file"], field="k"),
@@ -282,7 +282,7 @@ def test_a_target_config_is_served_and_still_requires_the_key(tmp_path: Path) ->
 backend = "emulator"
 name = "mine"
 [emulator]
-engine = "userspace"
+runtime = "userspace"
 [[subsystem]]
 nqn = "nqn.2026-01.io.example:mine"
 allow_any_host = true

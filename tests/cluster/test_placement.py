@@ -139,7 +139,7 @@ def _status_doc() -> dict[str, object]:
         for i, (n, roles, engines) in enumerate([
             ("cx81", ["head", "engine", "mooncake"], ["cx81-0", "cx81-1"]),
             ("cx82", ["engine"], ["cx82-0", "cx82-1"]), ("array", ["storage"], [])])]
-    doc["targets"] = [{"name": "array-t0", "node": "array", "engine": "userspace",
+    doc["targets"] = [{"name": "array-t0", "node": "array", "runtime": "userspace",
                        "url": "nvme+tcp://10.200.0.4:4420/nqn.2026-01.io.kvtool:cluster:"
                               "gp7000-mini:array-t0", "running": True}]
     doc["mooncake"] = {"url": "mooncake://10.200.0.2:50051?metadata=10.200.0.2:8080",
@@ -166,8 +166,8 @@ def test_target_config(tmp_path: Path) -> None:
     target = tmp_path / "t.toml"
     demo = (FIXTURES / "targets" / "demo.toml").read_text()
     target.write_text(demo)
-    assert 'engine = "userspace"' in demo
-    (tmp_path / "qemu.toml").write_text(demo.replace('engine = "userspace"', 'engine = "qemu"'))
+    assert 'runtime = "userspace"' in demo
+    (tmp_path / "qemu.toml").write_text(demo.replace('runtime = "userspace"', 'runtime = "qemu"'))
     text = BASE.replace('size = "48MiB"', 'config = "t.toml"')
     f = tmp_path / "p.toml"
     f.write_text(text)

@@ -44,7 +44,7 @@ def target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Pa
 backend = "emulator"
 name = "ana-linux"
 [emulator]
-engine = "userspace"
+runtime = "userspace"
 [[subsystem]]
 nqn = "{NQN}"
 hosts = ["{GUEST_HOSTNQN}", "@local"]

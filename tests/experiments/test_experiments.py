@@ -1,4 +1,4 @@
-"""Experiments as data: the fixture files load, run on the metadata engine, and match plan."""
+"""Experiments as data: the fixture files load, run on the replayer, and match plan."""
 
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ def test_unknown_experiment_exit_2() -> None:
 @pytest.mark.slow
 def test_cliff_in_data_mode_matches_simulate_and_plan(store_dir: Path) -> None:
     """Real bytes (DRAM pool, NVMe tier on an O_DIRECT file): every count equals the
-    metadata engine's, the collapse is plan's ±1, and nothing wrong was served."""
+    replayer's, the collapse is plan's ±1, and nothing wrong was served."""
     exp = find_experiment("gp7000-cliff")
     sim = run_experiment(exp, out_dir=None, simulate=True)
     data = run_experiment(exp, out_dir=None, scratch=store_dir)

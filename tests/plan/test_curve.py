@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtool.cache.engine import CacheConfig, TierSpec, replay
+from kvtool.cache.replayer import CacheConfig, TierSpec, replay
 from kvtool.plan.curve import TARGETS, lru_curve, sweep_capacities
 from kvtool.trace.reader import read_trace
 from kvtool.units import Capacity

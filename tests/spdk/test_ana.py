@@ -1,4 +1,4 @@
-"""ANA on SPDK (issue 21, part 2): the spdk engine and the spdk backend apply a config's ANA
+"""ANA on SPDK (issue 21, part 2): the spdk runtime and the spdk backend apply a config's ANA
 groups and listener states (``ana_reporting``, ``anagrpid``,
 ``nvmf_subsystem_listener_set_ana_state``), ``kvtool target ana`` changes them at run time,
 ``status`` reads them back from SPDK; and kvtool's host against SPDK's target with two
@@ -46,9 +46,9 @@ def multipath_config(path: Path, p1: int, p2: int, *, engine: str | None) -> Pat
     text = text.replace("port = 4420", f"port = {p1}").replace("port = 4421", f"port = {p2}")
     if engine is None:  # the spdk backend on an nvmf_tgt kvtool did not start
         text = text.replace('backend = "emulator"', 'backend = "spdk"')
-        text = text.replace('[emulator]\nengine = "userspace"\n', "")
+        text = text.replace('[emulator]\nruntime = "userspace"\n', "")
     else:
-        text = text.replace('engine = "userspace"', f'engine = "{engine}"')
+        text = text.replace('runtime = "userspace"', f'runtime = "{engine}"')
     path.write_text(text)
     return path
 
@@ -58,7 +58,7 @@ def ana_of(status: dict[str, Any], port: int) -> dict[str, str]:
     return dict(next(x["ana"] for x in sub["listeners"] if x["port"] == port))
 
 
-def test_spdk_engine_ana_and_load_through_flips_and_a_removed_listener(env: Path) -> None:
+def test_spdk_runtime_ana_and_load_through_flips_and_a_removed_listener(env: Path) -> None:
     p1, p2 = free_port(), free_port()
     cfg = multipath_config(env / "mp.toml", p1, p2, engine="spdk")
     up = run_json("target", "up", str(cfg))

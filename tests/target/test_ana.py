@@ -15,7 +15,7 @@ import pytest
 
 from kvtool.target import api, procs
 from kvtool.target import state as st
-from kvtool.target.emulator import UserspaceEngine
+from kvtool.target.emulator import UserspaceRuntime
 from tests.conftest import FIXTURES, free_port, run, run_json
 from tests.helpers.multipath_faults import faults_during, load_through_faults
 
@@ -81,15 +81,15 @@ def up_with_faults(cfg: Path) -> tuple[Callable[[str], None], Callable[[str], No
     """Bring the multipath target up; return (kill, revive) of one listener by address."""
     run_json("target", "up", str(cfg))
     cfg_now, record = api.resolve(None, "multipath")
-    engine = api.backend_for(cfg_now, None, record)
+    runtime = api.backend_for(cfg_now, None, record)
     listener = {f"127.0.0.1:{x.port}": x for x in cfg_now.listeners}
-    assert isinstance(engine, UserspaceEngine)
+    assert isinstance(runtime, UserspaceRuntime)
 
     def kill(addr: str) -> None:
-        engine.set_closed(cfg_now, [listener[addr]])
+        runtime.set_closed(cfg_now, [listener[addr]])
 
     def revive(_addr: str) -> None:
-        engine.set_closed(cfg_now, [])
+        runtime.set_closed(cfg_now, [])
 
     return kill, revive
 

@@ -2,7 +2,7 @@
 
 * The loader: key files named, never inline secrets; modes, formats, algorithm names and
   combinations checked with one line naming file, line and field.
-* ``kvtool target up`` on the emulator (userspace engine, then the qemu engine: the real
+* ``kvtool target up`` on the emulator (userspace runtime, then the qemu runtime: the real
   nvmet of the 6.12 guest configured by kvtool's nvmet backend) → ``load``/``verify``
   authenticated, a wrong key refused, ``status``, ``down``; then every output, log, state
   file and JSON document of the run is searched for the secrets: 0 hits.
@@ -23,13 +23,13 @@ HOST = "nqn.2014-08.org.nvmexpress:uuid:44444444-4444-4444-8444-444444444444"
 NQN = "nqn.2026-01.io.kvtool:authcfg"
 
 
-def _config(keydir: Path, port: int, *, engine: str = "userspace", extra: str = "",
+def _config(keydir: Path, port: int, *, runtime: str = "userspace", extra: str = "",
             lba: int = 512) -> str:
     return f"""
 backend = "emulator"
 name = "authcfg"
 [emulator]
-engine = "{engine}"
+runtime = "{runtime}"
 [[host]]
 nqn = "{HOST}"
 dhchap_key_file = "{keydir / 'host.key'}"
@@ -171,7 +171,7 @@ def test_emulator_target_up_authenticated_and_no_secret_anywhere(
 @pytest.mark.qemu
 @pytest.mark.integration
 @pytest.mark.slow
-def test_qemu_engine_configures_nvmet_auth_and_no_secret_anywhere(
+def test_qemu_runtime_configures_nvmet_auth_and_no_secret_anywhere(
         guest_image_612: object, keydir: Path, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """kvtool's nvmet backend, run inside the 6.12 guest, writes hosts/<NQN>/dhchap_* from
@@ -180,7 +180,7 @@ def test_qemu_engine_configures_nvmet_auth_and_no_secret_anywhere(
     monkeypatch.setenv("KVTOOL_STATE_DIR", str(state_dir))
     port = free_port()
     cfg = tmp_path / "authcfg.toml"
-    cfg.write_text(_config(keydir, port, engine="qemu", lba=4096))
+    cfg.write_text(_config(keydir, port, runtime="qemu", lba=4096))
     outputs: dict[str, bytes] = {}
     up = run("--json", "target", "up", str(cfg))
     outputs["up"] = (up.stdout + up.stderr).encode()

@@ -17,7 +17,7 @@ HOST = "nqn.2014-08.org.nvmexpress:uuid:11111111-1111-4111-8111-111111111111"
 GOOD = f"""backend = "emulator"
 name = "t"
 [emulator]
-engine = "userspace"
+runtime = "userspace"
 [[subsystem]]
 nqn = "nqn.2026-01.io.kvtool:a"
 hosts = ["{HOST}"]
@@ -42,7 +42,7 @@ def err(text: str, **kw: object) -> InputError:
 
 def test_good_config_parses() -> None:
     cfg = parse_config(GOOD, source="t.toml")
-    assert cfg.name == "t" and cfg.engine == "userspace"
+    assert cfg.name == "t" and cfg.runtime == "userspace"
     ns = cfg.subsystems[0].namespaces
     assert [(n.nsid, n.backing, n.size, n.block_size) for n in ns] == [
         (1, "memory", 64 << 20, 512), (2, "memory", 32 << 20, 4096)]
@@ -215,10 +215,10 @@ def test_one_loopback_rule() -> None:
     assert not any(is_loopback(a) for a in ("0.0.0.0", "192.168.1.10", "::", "example.com"))
 
 
-def test_busy_poll_is_a_userspace_engine_setting() -> None:
+def test_busy_poll_is_a_userspace_runtime_setting() -> None:
     from kvtool.target.document import config_document
 
-    text = GOOD.replace('engine = "userspace"', 'engine = "userspace"\nbusy_poll_us = 0')
+    text = GOOD.replace('runtime = "userspace"', 'runtime = "userspace"\nbusy_poll_us = 0')
     cfg = parse_config(text, source="t.toml")
     assert cfg.busy_poll_us == 0
     assert parse_config(GOOD).busy_poll_us is None
@@ -227,5 +227,52 @@ def test_busy_poll_is_a_userspace_engine_setting() -> None:
     assert "busy_poll_us" not in config_document(parse_config(GOOD))["emulator"]
     e = err(text.replace("busy_poll_us = 0", "busy_poll_us = 2000000"))
     assert (e.line, e.field) == (5, "emulator.busy_poll_us") and "out of range" in e.message
-    e = err(text.replace('engine = "userspace"', 'engine = "kernel"'))
-    assert e.field == "emulator.busy_poll_us" and "userspace engine only" in e.message
+    e = err(text.replace('runtime = "userspace"', 'runtime = "kernel"'))
+    assert e.field == "emulator.busy_poll_us" and "userspace runtime only" in e.message
+
+
+def test_engine_is_the_deprecated_name_of_runtime(caplog: pytest.LogCaptureFixture) -> None:
+    """Files written before the rename keep working: ``[emulator] engine`` is read as
+    ``runtime``, with one warning naming the file and line; both keys is an error."""
+    old = GOOD.replace('runtime = "userspace"', 'engine = "kernel"')
+    with caplog.at_level("WARNING", logger="kvtool.target"):
+        cfg = parse_config(old, source="t.toml")
+    assert cfg.runtime == "kernel"
+    assert [r.getMessage() for r in caplog.records] == [
+        "t.toml:4: [emulator] engine is deprecated: call it runtime (same values)"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="kvtool.target"):
+        assert parse_config(GOOD, source="t.toml").runtime == "userspace"
+    assert not caplog.records
+    e = err(GOOD.replace('runtime = "userspace"', 'runtime = "userspace"\nengine = "qemu"'))
+    assert (e.line, e.field) == (5, "emulator.engine") and "runtime only" in e.message
+    e = err(GOOD.replace('runtime = "userspace"', 'engine = "diesel"'))
+    assert e.field == "emulator.engine" and "expected one of" in e.message
+
+
+def test_records_written_before_the_rename_are_read(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A target brought up by an older kvtool (``engine``, ``extra.engine_config``) is
+    still found by ``status`` and ``down``: its record reads with today's keys."""
+    import json
+    from dataclasses import asdict
+
+    from kvtool.target import procs, state
+
+    monkeypatch.setenv("KVTOOL_STATE_DIR", str(tmp_path))
+    new = state.TargetState(name="old", backend="emulator", runtime="userspace",
+                            config_path=None, config_text="{}", config_format="json",
+                            digest="d", extra={"runtime_config": "{}", "log": "x"})
+    doc = new.to_json()
+    doc["engine"] = doc.pop("runtime")
+    doc["extra"] = {"engine_config": "{}", "log": "x"}
+    state.targets_dir().mkdir(parents=True)
+    (state.targets_dir() / "old.json").write_text(json.dumps(doc))
+    assert state.load("old") == new
+    rec = procs.ProcessRecord(target="old", backend="emulator", runtime="userspace", role="r",
+                              token="t")
+    procs.processes_dir().mkdir(parents=True)
+    old_rec = asdict(rec)
+    old_rec["engine"] = old_rec.pop("runtime")
+    (procs.processes_dir() / "r.json").write_text(json.dumps(old_rec))
+    assert [r.runtime for r in procs.records("old")] == ["userspace"]

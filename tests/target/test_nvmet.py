@@ -16,7 +16,7 @@ import pytest
 
 # A module imported for the first time inside a pyfakefs test is unloaded afterwards while
 # its package keeps the patched module object (`from kvtool.target import procs` would
-# return it, with the fake os): import what the emulator engines need before any fake file
+# return it, with the fake os): import what the emulator runtimes need before any fake file
 # system is up.
 import kvtool.target.emulator  # noqa: F401
 from kvtool.target.config import TargetConfig
@@ -339,14 +339,14 @@ def test_nvmetcli_round_trip(backend: NvmetBackend) -> None:
     assert desired["subsystems"][1]["allowed_hosts"] == [H1, H2]
 
 
-def test_emulator_kernel_engine_serves_memory_namespaces_from_tmpfs(kernel: FakeNvmetKernel) -> None:
-    from kvtool.target.emulator import KernelEngine
-    engine = KernelEngine(backend=NvmetBackend(cfs=kernel, manage_modules=False))
+def test_emulator_kernel_runtime_serves_memory_namespaces_from_tmpfs(kernel: FakeNvmetKernel) -> None:
+    from kvtool.target.emulator import KernelRuntime
+    runtime = KernelRuntime(backend=NvmetBackend(cfs=kernel, manage_modules=False))
     cfg = cfg_of(f"""
 backend = "emulator"
 name = "emu"
 [emulator]
-engine = "kernel"
+runtime = "kernel"
 [[subsystem]]
 nqn = "{S1}"
 hosts = ["{H1}"]
@@ -357,15 +357,15 @@ hosts = ["{H1}"]
 address = "127.0.0.1"
 port = 4420
 """)
-    apply(engine.plan_up(cfg))
+    apply(runtime.plan_up(cfg))
     tree = snapshot()
     assert tree[f"subsystems/{S1}/namespaces/1/device_path"] == "/dev/shm/kvtool/emu-s0n1.img\n"
     assert tree[f"subsystems/{S1}/namespaces/1/buffered_io"] == "1\n"
     assert os.path.getsize("/dev/shm/kvtool/emu-s0n1.img") == 4 << 20
-    st = engine.status(cfg)
-    assert st["engine"] == "kernel" and st["subsystems"][0]["namespaces"][0]["size"] == 4 << 20
-    assert engine.plan_up(cfg).empty
-    apply(engine.plan_down(cfg))
+    st = runtime.status(cfg)
+    assert st["runtime"] == "kernel" and st["subsystems"][0]["namespaces"][0]["size"] == 4 << 20
+    assert runtime.plan_up(cfg).empty
+    apply(runtime.plan_down(cfg))
     assert not any(k.startswith("subsystems/") and k != "subsystems" for k in snapshot())
 
 

@@ -1,9 +1,9 @@
 """kvtool never loses track of a process it started (issue 21, part 1).
 
-For every engine that starts a background process (userspace, spdk, qemu): up -> down leaves
+For every runtime that starts a background process (userspace, spdk, qemu): up -> down leaves
 no process and a free port; up -> status -> down -> status; a ``kvtool target up`` killed
 with SIGKILL half-way, then ``down``, cleans everything up; ``down`` acts on the record, not
-on the config's engine of today. Then the records themselves: a dead or reused pid is
+on the config's runtime of today. Then the records themselves: a dead or reused pid is
 cleaned with a note (and the process that reused it is left alone), a ``down`` that cannot
 stop a recorded process fails and keeps the record, and ``up`` on a port that another
 target's process holds names that target.
@@ -33,7 +33,7 @@ from tests.conftest import REPO, free_port, is_root, run, run_json
 HOST = "nqn.2014-08.org.nvmexpress:uuid:21212121-2121-4121-8121-212121212121"
 NQN = "nqn.2026-01.io.kvtool:procs"
 
-ENGINES = [
+RUNTIMES = [
     pytest.param("userspace", id="userspace"),
     pytest.param("spdk", id="spdk", marks=[pytest.mark.spdk, pytest.mark.integration,
                                            pytest.mark.slow]),
@@ -54,7 +54,7 @@ def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
 
 
 @pytest.fixture
-def engine(request: pytest.FixtureRequest, state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+def runtime(request: pytest.FixtureRequest, state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     name: str = request.param
     if name == "spdk":
         install = request.getfixturevalue("spdk")
@@ -64,13 +64,13 @@ def engine(request: pytest.FixtureRequest, state_dir: Path, monkeypatch: pytest.
     return name
 
 
-def config(path: Path, port: int, *, engine: str, name: str = "procs") -> Path:
-    lba = 4096 if engine == "qemu" else 512
+def config(path: Path, port: int, *, runtime: str, name: str = "procs") -> Path:
+    lba = 4096 if runtime == "qemu" else 512
     path.write_text(f"""
 backend = "emulator"
 name = "{name}"
 [emulator]
-engine = "{engine}"
+runtime = "{runtime}"
 [[subsystem]]
 nqn = "{NQN}"
 hosts = ["@local"]
@@ -105,7 +105,7 @@ def wait_port_free(port: int, timeout: float = 10.0) -> bool:
 
 def tokened(token: str) -> list[int]:
     """Live processes carrying ``token`` (the recorded process and its children)."""
-    rec = procs.ProcessRecord(target="?", backend="?", engine=None, role="?", token=token)
+    rec = procs.ProcessRecord(target="?", backend="?", runtime=None, role="?", token=token)
     return procs.members(rec)
 
 
@@ -117,10 +117,10 @@ def assert_nothing_left(port: int, pids: list[int], tokens: list[str]) -> None:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("engine", ENGINES, indirect=True)
-def test_up_status_down_status_leaves_nothing(engine: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("runtime", RUNTIMES, indirect=True)
+def test_up_status_down_status_leaves_nothing(runtime: str, tmp_path: Path) -> None:
     port = free_port()
-    cfg = config(tmp_path / "t.toml", port, engine=engine)
+    cfg = config(tmp_path / "t.toml", port, runtime=runtime)
     up = run_json("target", "up", str(cfg))
     assert up["status"]["state"] == "up"
     status = run_json("target", "status")
@@ -140,10 +140,10 @@ def test_up_status_down_status_leaves_nothing(engine: str, tmp_path: Path) -> No
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("engine", ENGINES, indirect=True)
-def test_sigkill_during_up_then_down_cleans_up(engine: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("runtime", RUNTIMES, indirect=True)
+def test_sigkill_during_up_then_down_cleans_up(runtime: str, tmp_path: Path) -> None:
     port = free_port()
-    cfg = config(tmp_path / "t.toml", port, engine=engine)
+    cfg = config(tmp_path / "t.toml", port, runtime=runtime)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     kv = subprocess.Popen([sys.executable, "-m", "kvtool", "target", "up", str(cfg)], env=env,
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -163,7 +163,7 @@ def test_sigkill_during_up_then_down_cleans_up(engine: str, tmp_path: Path) -> N
     assert status["state"] == "partial" and [p["pid"] for p in status["processes"]] == [pid]
     assert any("interrupted up" in n for n in status["notes"])
     # an up of another target on the same port says who holds it
-    other = run("target", "up", str(config(tmp_path / "o.toml", port, engine="userspace",
+    other = run("target", "up", str(config(tmp_path / "o.toml", port, runtime="userspace",
                                                name="other")))
     assert other.exit_code == 1 and "held by target 'procs'" in other.stderr
     down = run_json("target", "down", str(cfg))
@@ -172,14 +172,14 @@ def test_sigkill_during_up_then_down_cleans_up(engine: str, tmp_path: Path) -> N
 
 
 @pytest.mark.integration
-def test_down_acts_on_the_record_not_on_the_configs_engine(state_dir: Path, tmp_path: Path) -> None:
-    """The issue's case: up with --engine overriding the file, down with the file alone."""
+def test_down_acts_on_the_record_not_on_the_configs_runtime(state_dir: Path, tmp_path: Path) -> None:
+    """The issue's case: up with --runtime overriding the file, down with the file alone."""
     port = free_port()
-    cfg = config(tmp_path / "t.toml", port, engine="qemu")  # the file says qemu
-    up = run_json("target", "up", str(cfg), "--engine", "userspace")
+    cfg = config(tmp_path / "t.toml", port, runtime="qemu")  # the file says qemu
+    up = run_json("target", "up", str(cfg), "--runtime", "userspace")
     pid = up["status"]["pid"]
-    status = run_json("target", "status", str(cfg))  # the record, not the file's engine
-    assert (status["engine"], status["state"], status["pid"]) == ("userspace", "up", pid)
+    status = run_json("target", "status", str(cfg))  # the record, not the file's runtime
+    assert (status["runtime"], status["state"], status["pid"]) == ("userspace", "up", pid)
     assert any("acting on the record" in n for n in status["notes"])
     down = run("target", "down", str(cfg))
     assert down.exit_code == 0 and "acting on the record" in " ".join(down.stdout.split())
@@ -189,7 +189,7 @@ def test_down_acts_on_the_record_not_on_the_configs_engine(state_dir: Path, tmp_
 @pytest.mark.integration
 def test_dead_or_reused_pid_is_cleaned_with_a_note(state_dir: Path, tmp_path: Path) -> None:
     port = free_port()
-    cfg = config(tmp_path / "t.toml", port, engine="userspace")
+    cfg = config(tmp_path / "t.toml", port, runtime="userspace")
     pid = run_json("target", "up", str(cfg))["status"]["pid"]
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
@@ -249,7 +249,7 @@ def test_down_that_cannot_stop_the_process_fails_and_keeps_the_record(
     monkeypatch.setenv("KVTOOL_STATE_DIR", str(shared / "state"))
     monkeypatch.setenv("KVTOOL_HOSTNQN", HOST)
     port = free_port()
-    cfg = config(shared / "t.toml", port, engine="userspace")
+    cfg = config(shared / "t.toml", port, runtime="userspace")
     try:
         pid = run_json("target", "up", str(cfg))["status"]["pid"]
         for root, dirs, files in os.walk(shared):
@@ -274,9 +274,9 @@ def test_down_that_cannot_stop_the_process_fails_and_keeps_the_record(
 @pytest.mark.integration
 def test_up_on_a_port_another_target_holds_names_it(state_dir: Path, tmp_path: Path) -> None:
     port = free_port()
-    first = config(tmp_path / "a.toml", port, engine="userspace", name="first")
+    first = config(tmp_path / "a.toml", port, runtime="userspace", name="first")
     pid = run_json("target", "up", str(first))["status"]["pid"]
-    second = run("target", "up", str(config(tmp_path / "b.toml", port, engine="userspace",
+    second = run("target", "up", str(config(tmp_path / "b.toml", port, runtime="userspace",
                                             name="second")))
     assert second.exit_code == 1
     assert f"port {port} is held by target 'first'" in second.stderr
@@ -287,7 +287,7 @@ def test_up_on_a_port_another_target_holds_names_it(state_dir: Path, tmp_path: P
 
 
 def test_process_record_is_written_before_the_process_exists(state_dir: Path) -> None:
-    rec = procs.ProcessRecord(target="t", backend="emulator", engine="userspace", role="x",
+    rec = procs.ProcessRecord(target="t", backend="emulator", runtime="userspace", role="x",
                               ports=[1])
     rec.save()
     [back] = procs.records("t")

@@ -1,6 +1,6 @@
 """The nvmet backend against the REAL configfs of a Linux kernel in a QEMU guest.
 
-``kvtool target up`` with the emulator's qemu engine boots the guest and runs kvtool's own
+``kvtool target up`` with the emulator's qemu runtime boots the guest and runs kvtool's own
 ``target up --backend nvmet`` inside it (host root over read-only 9p, chroot), so the
 guest kernel's configfs is configured by the same code the pyfakefs tests exercise. Then
 the host reads and writes the namespaces through the forwarded port with kvtool's
@@ -38,7 +38,7 @@ def test_nvmet_backend_on_the_guest_kernel(guest_image: object, tmp_path: Path,
 backend = "emulator"
 name = "qemutest"
 [emulator]
-engine = "qemu"
+runtime = "qemu"
 [[subsystem]]
 nqn = "{NQN}"
 serial = "KVTQEMU0001"
@@ -58,7 +58,7 @@ port = {port}
         up = run_json("target", "up", str(cfg))
         assert up["applied"] == 1 and up["status"]["state"] == "up"
         record = state.load("qemutest")
-        assert record is not None and record.engine == "qemu"
+        assert record is not None and record.runtime == "qemu"
         guest_plan = [f"{s['action']} {s['kind']}" for s in record.extra["guest_plan"]["steps"]]
         # the guest ran the nvmet plan in kernel order against its real configfs
         assert guest_plan.index("create subsystem") < guest_plan.index("create namespace") \

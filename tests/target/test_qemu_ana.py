@@ -1,4 +1,4 @@
-"""ANA on the real Linux nvmet (issue 21, part 2): the emulator's qemu engine runs kvtool's
+"""ANA on the real Linux nvmet (issue 21, part 2): the emulator's qemu runtime runs kvtool's
 nvmet backend inside a QEMU guest against the guest kernel's configfs. The config's ANA
 groups and listener states are applied there (``ana_grpid``,
 ``ports/N/ana_groups/G/ana_state``), ``kvtool target ana`` changes them at run time (it runs
@@ -40,7 +40,7 @@ def target(guest_image: object, tmp_path: Path,
 backend = "emulator"
 name = "qemu-ana"
 [emulator]
-engine = "qemu"
+runtime = "qemu"
 [[subsystem]]
 nqn = "{NQN}"
 hosts = ["@local"]

@@ -28,11 +28,11 @@ def no_spdk_client(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     ["target", "status", str(CONFIG)],
     ["target", "down", str(CONFIG)],
     ["target", "export", str(CONFIG), "--format", "spdk", "--live"],
-    ["target", "up", str(FIXTURES / "targets" / "demo.toml"), "--engine", "spdk"],
-], ids=["up", "dry-run", "status", "down", "export-live", "engine-spdk"])
+    ["target", "up", str(FIXTURES / "targets" / "demo.toml"), "--runtime", "spdk"],
+], ids=["up", "dry-run", "status", "down", "export-live", "runtime-spdk"])
 def test_missing_extra_is_one_line_exit_2(no_spdk_client: Path, args: list[str]) -> None:
     result = run(*args, "--spdk-socket", str(no_spdk_client / "spdk.sock")) \
-        if "--engine" not in args else run(*args)
+        if "--runtime" not in args else run(*args)
     assert result.exit_code == 2, result.stdout + result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "install kvtool[spdk]" in lines[0], result.stderr

@@ -598,5 +598,5 @@ def _set_auth(host: Any, attr: str, value: str) -> None:
         raise TargetError(f"this kernel's nvmet has no DH-HMAC-CHAP ({host.rel}/{attr} is "
                           "missing: CONFIG_NVME_TARGET_AUTH is off, as in Debian bookworm's "
                           "6.1); use a kernel built with it (bookworm-backports 6.12), the "
-                          "emulator's qemu engine or its userspace engine")
+                          "emulator's qemu runtime or its userspace runtime")
     host.set(attr, value)

@@ -1,6 +1,6 @@
-"""The emulator's ``spdk`` engine: SPDK's own ``nvmf_tgt``, started by kvtool on 127.0.0.1.
+"""The emulator's ``spdk`` runtime: SPDK's own ``nvmf_tgt``, started by kvtool on 127.0.0.1.
 
-``kvtool target up CONFIG --engine spdk`` (or ``[emulator] engine = "spdk"``) starts
+``kvtool target up CONFIG --runtime spdk`` (or ``[emulator] runtime = "spdk"``) starts
 ``nvmf_tgt --no-huge -m 0x1 --no-pci`` (SPDK from ``$KVTOOL_SPDK_DIR`` or the build of
 ``../shared/vendor/spdk``, :mod:`kvtool.target.spdk.install`) as a background process with a private RPC
 socket, then configures it through the spdk backend: memory namespaces become malloc bdevs,
@@ -22,7 +22,7 @@ from typing import Any
 
 from kvtool.errors import InputError
 from kvtool.target.config import TargetConfig
-from kvtool.target.emulator import BackgroundEngine, config_json, stop_pid
+from kvtool.target.emulator import BackgroundRuntime, config_json, stop_pid
 from kvtool.target.plan import Plan, TargetError
 from kvtool.target.spdk.backend import SpdkBackend, spdk_config
 from kvtool.target.spdk.rpc import SpdkRpc, require_client
@@ -61,13 +61,13 @@ def _install() -> Any:
     try:
         return find_spdk(build=False)
     except SpdkNotFound as exc:
-        raise InputError(f"the spdk engine needs SPDK: {exc}", field="engine") from None
+        raise InputError(f"the spdk runtime needs SPDK: {exc}", field="runtime") from None
 
 
-class SpdkEngine(BackgroundEngine):
+class SpdkRuntime(BackgroundRuntime):
     """nvmf_tgt as the emulator's target, configured through :class:`SpdkBackend`."""
 
-    engine = "spdk"
+    runtime = "spdk"
 
     def _backend(self, cfg: TargetConfig) -> SpdkBackend:
         return SpdkBackend(socket_path=self.extra["spdk_socket"], timeout=cfg.spdk_timeout)
@@ -170,11 +170,11 @@ class SpdkEngine(BackgroundEngine):
 
     def status(self, cfg: TargetConfig) -> dict[str, Any]:
         if not self._running():
-            return {"backend": self.name, "engine": self.engine, "pid": None,
+            return {"backend": self.name, "runtime": self.runtime, "pid": None,
                     "subsystems": [{"nqn": s.nqn, "state": "absent", "namespaces": [],
                                     "listeners": [], "hosts": [], "allow_any_host": False}
                                    for s in cfg.subsystems]}
         assert self.record is not None
         live = self._backend(cfg).status(cfg)
-        return {**live, "backend": self.name, "engine": self.engine, "pid": self.record.pid,
+        return {**live, "backend": self.name, "runtime": self.runtime, "pid": self.record.pid,
                 "log": self.extra.get("log")}

@@ -1,4 +1,4 @@
-"""The emulator on SPDK: ``kvtool target up CONFIG --engine spdk`` / ``[emulator] engine``.
+"""The emulator on SPDK: ``kvtool target up CONFIG --runtime spdk`` / ``[emulator] runtime``.
 
 kvtool starts nvmf_tgt (no hugepages) as a background process, configures it through the
 spdk backend, records it (status, load, replay and down find it) and stops it on ``down``.
@@ -18,15 +18,15 @@ from tests.conftest import FIXTURES, free_port, run, run_json
 
 pytestmark = [pytest.mark.spdk, pytest.mark.integration, pytest.mark.slow]
 
-NQN = "nqn.2026-01.io.kvtool:spdk-engine"
+NQN = "nqn.2026-01.io.kvtool:spdk-runtime"
 
 
-def config(port: int, files: Path, *, engine_table: bool, extra_ns: bool = False) -> str:
+def config(port: int, files: Path, *, runtime_table: bool, extra_ns: bool = False) -> str:
     text = f"""
 backend = "emulator"
-name = "spdk-engine"
-{'[emulator]' if engine_table else ''}
-{'engine = "spdk"' if engine_table else ''}
+name = "spdk-runtime"
+{'[emulator]' if runtime_table else ''}
+{'runtime = "spdk"' if runtime_table else ''}
 
 [[subsystem]]
 nqn = "{NQN}"
@@ -68,13 +68,13 @@ def env(spdk: SpdkInstall, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> P
 def test_up_status_load_change_down(env: Path) -> None:
     port = free_port()
     path = env / "t.toml"
-    path.write_text(config(port, env, engine_table=False))
-    up = run_json("target", "up", str(path), "--engine", "spdk")
+    path.write_text(config(port, env, runtime_table=False))
+    up = run_json("target", "up", str(path), "--runtime", "spdk")
     steps = [(s["action"], s["kind"]) for s in up["plan"]["steps"]]
     assert steps[0] == ("start", "process") and ("create", "listener") in steps
-    status = run_json("target", "status", "--name", "spdk-engine")
+    status = run_json("target", "status", "--name", "spdk-runtime")
     pid = status["pid"]
-    assert (status["engine"], status["state"]) == ("spdk", "up") and st.pid_alive(pid)
+    assert (status["runtime"], status["state"]) == ("spdk", "up") and st.pid_alive(pid)
     assert status["spdk_version"].startswith("SPDK v26.05")  # SPDK's own view
     got = {r["nsid"]: (r["size"], r["block_size"]) for r in status["registrations"]}
     assert got == {1: (48 << 20, 512), 2: (16 << 20, 4096)}
@@ -85,31 +85,31 @@ def test_up_status_load_change_down(env: Path) -> None:
         assert (loaded["written"], loaded["io_path"]) == (6, "bounce")
         assert run_json("verify", url)["ok"] is True
 
-        again = run_json("target", "up", str(path), "--engine", "spdk")
+        again = run_json("target", "up", str(path), "--runtime", "spdk")
         assert again["applied"] == 0
         # a changed config is applied to the running nvmf_tgt, not by a restart
-        path.write_text(config(port, env, engine_table=False, extra_ns=True))
-        changed = run_json("target", "up", str(path), "--engine", "spdk")
+        path.write_text(config(port, env, runtime_table=False, extra_ns=True))
+        changed = run_json("target", "up", str(path), "--runtime", "spdk")
         assert [(s["action"], s["kind"]) for s in changed["plan"]["steps"]] == [
             ("create", "bdev"), ("create", "namespace")]
-        status = run_json("target", "status", "--name", "spdk-engine")
+        status = run_json("target", "status", "--name", "spdk-runtime")
         assert status["pid"] == pid and len(status["registrations"]) == 3
         assert run_json("verify", url)["ok"] is True  # the data stayed
     finally:
-        down = run_json("target", "down", "--name", "spdk-engine")
+        down = run_json("target", "down", "--name", "spdk-runtime")
     assert down["changed"] is True and not st.pid_alive(pid)
     assert st.names() == []
-    assert run_json("target", "status", str(path), "--engine", "spdk")["state"] == "down"
+    assert run_json("target", "status", str(path), "--runtime", "spdk")["state"] == "down"
 
 
-def test_engine_from_the_emulator_table_and_replay_finds_it(env: Path) -> None:
-    """The default target on SPDK (``target up --engine spdk``): data-mode replay puts its
-    NVMe tier there; and ``[emulator] engine = "spdk"`` in a file works the same way."""
+def test_runtime_from_the_emulator_table_and_replay_finds_it(env: Path) -> None:
+    """The default target on SPDK (``target up --runtime spdk``): data-mode replay puts its
+    NVMe tier there; and ``[emulator] runtime = "spdk"`` in a file works the same way."""
     port = free_port()
-    run_json("target", "up", "--engine", "spdk", "--port", str(port))
+    run_json("target", "up", "--runtime", "spdk", "--port", str(port))
     try:
         status = run_json("target", "status", "--name", "kvtool")
-        assert (status["engine"], status["state"]) == ("spdk", "up")
+        assert (status["runtime"], status["state"]) == ("spdk", "up")
         report = run_json("replay", str(FIXTURES / "traces" / "multiturn-8x12.jsonl"),
                           "--block-bytes", "4096", "--gpu", "20blk", "--dram", "60blk",
                           "--nvme", "600blk")
@@ -122,10 +122,10 @@ def test_engine_from_the_emulator_table_and_replay_finds_it(env: Path) -> None:
         run_json("target", "down", "--name", "kvtool")
     port2 = free_port()
     path = env / "table.toml"
-    path.write_text(config(port2, env, engine_table=True))
+    path.write_text(config(port2, env, runtime_table=True))
     run_json("target", "up", str(path))
     try:
-        assert run_json("target", "status", str(path))["engine"] == "spdk"
+        assert run_json("target", "status", str(path))["runtime"] == "spdk"
     finally:
         run_json("target", "down", str(path))
 
@@ -139,7 +139,7 @@ def test_failed_start_rolls_back_and_leaves_nothing(env: Path) -> None:
     with socket.socket() as squat:
         squat.bind(("127.0.0.1", port))
         squat.listen(1)
-        path.write_text(config(port, env, engine_table=True))
+        path.write_text(config(port, env, runtime_table=True))
         result = run("target", "up", str(path))
     assert result.exit_code == 1, result.stdout + result.stderr
     assert "rolled back" in result.stderr and "nvmf_subsystem_add_listener" in result.stderr
@@ -151,7 +151,7 @@ def test_failed_start_rolls_back_and_leaves_nothing(env: Path) -> None:
 def test_spdk_missing_is_one_line(env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVTOOL_SPDK_DIR", str(env / "nowhere"))
     path = env / "t.toml"
-    path.write_text(config(free_port(), env, engine_table=True))
+    path.write_text(config(free_port(), env, runtime_table=True))
     result = run("target", "up", str(path))
     assert result.exit_code == 2
     assert result.stderr.strip().count("\n") == 0 and "KVTOOL_SPDK_DIR" in result.stderr

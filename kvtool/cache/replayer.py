@@ -1,4 +1,4 @@
-"""The replay engine: requests in serve order → tier hierarchy → per-round accounting.
+"""The replayer: requests in serve order → tier hierarchy → per-round accounting.
 
 Library use (the CLI ``kvtool replay`` is a thin shell over this)::
 
@@ -39,7 +39,7 @@ from kvtool.units import Capacity
 
 
 class RequestLike(Protocol):
-    """What the engine reads from a request (:class:`kvtool.trace.Request` has it)."""
+    """What the replayer reads from a request (:class:`kvtool.trace.Request` has it)."""
 
     @property
     def input_length(self) -> int: ...
@@ -158,7 +158,7 @@ class CacheConfig:
 
 
 class RequestOutcome(NamedTuple):
-    """One request's accounting (only built when asked for: ``Replay(per_request=...)``)."""
+    """One request's accounting (only built when asked for: ``Replayer(per_request=...)``)."""
 
     line: int
     round: int
@@ -193,7 +193,7 @@ def outcome(req: RequestLike, r: int, names: list[str], one: RoundStats, ttft: f
 
 
 @dataclass
-class Replay:
+class Replayer:
     """One configuration being replayed: feed it requests, then ask for :meth:`result`."""
 
     config: CacheConfig
@@ -348,7 +348,7 @@ def replay(requests: Iterable[RequestLike], configs: Sequence[CacheConfig], *,
             return None
         return lambda outcome: on_request(i, outcome)
 
-    runs = [Replay(c, block_tokens, block_bytes, tm, on_request=recorder(i),
+    runs = [Replayer(c, block_tokens, block_bytes, tm, on_request=recorder(i),
                    backends=backends[i] if backends else None)
             for i, c in enumerate(configs)]
     feeds = [r.feed for r in runs]
