@@ -518,7 +518,7 @@ def stop(state: ClusterState, step: Any) -> list[str]:
             try:
                 reached.append((node, agents.get(node, create=True), mine))
             except ClusterError as exc:
-                failed.append(f"{exc}: left {', '.join(r.what or r.name for r in mine)}")
+                failed.append(f"{exc}: left {', '.join(f'{r.kind} {r.name}' for r in mine)}")
 
         def each(what: str, fn: Any) -> None:
             for node, agent, mine in reached:

@@ -134,6 +134,8 @@ def up(file: str | os.PathLike[str], *, engine: str = "userspace",
         raise UsageError(f"cluster {spec.name} is recorded ({old.phase}, "
                          f"{'failed: ' + old.error if old.error else 'not healthy'}): take it "
                          f"down first (kvtool cluster down {path})", field="FILE")
+    if hosts:
+        H.ray_settings(spec)  # the Ray head to join is known, its token file there
     user = None if hosts else N.subnet_user(spec.placement.subnet)
     if user is not None:
         raise UsageError(f"subnet {spec.placement.subnet} overlaps the addresses of {user} "

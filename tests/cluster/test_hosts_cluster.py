@@ -84,6 +84,30 @@ class Hosts:
     address: dict[str, str]
     file: Path
     env: dict[str, str]
+    ray_env: dict[str, str]
+    temps: list[str]
+
+    def start_ray(self, node: str) -> None:
+        """``ray start`` on ``node`` as its user would: the head on a, else a worker."""
+        temp = f"/tmp/kvt-{N.tag(self.name)}-{len(self.temps)}"  # Ray's paths stay short
+        self.temps.append(temp)
+        argv = [str(Path(sys.executable).with_name("ray")), "start",
+                f"--node-ip-address={self.address[node]}", "--num-cpus=1",
+                "--object-store-memory=80000000", f"--temp-dir={temp}",
+                "--disable-usage-stats"]
+        argv += ["--head", "--port=6379", "--include-dashboard=false"] if node == "a" \
+            else [f"--address={self.address['a']}:6379"]
+        started = subprocess.run(["ip", "netns", "exec", self.netns[node], *argv],
+                                 capture_output=True, text=True, env=self.ray_env, timeout=180)
+        assert started.returncode == 0, started.stderr[-2000:]
+
+    def cluster_file(self, suffix: str, drop: str = "") -> Path:
+        """The cluster file under the name ``<name><suffix>`` (less the text ``drop``)."""
+        f = self.tmp / f"{self.name}{suffix}.toml"
+        f.write_text(self.file.read_text().replace(f'name = "{self.name}"',
+                                                   f'name = "{self.name}{suffix}"')
+                     .replace(drop, ""))
+        return f
 
     def kvtool(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         """``kvtool ARGS`` on the head host (as its user would run it there)."""
@@ -147,8 +171,6 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hosts]:
     token = tmp / "ray-token"
     token.write_text(secrets.token_hex(32))
     token.chmod(0o600)
-    temps = [f"/tmp/kvt-{tag}-{i}" for i in range(len(NODES))]
-    ray_bin = str(Path(sys.executable).with_name("ray"))
     base = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     pythonpath = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
     ray_env = {**base, "PYTHONPATH": pythonpath, "RAY_AUTH_MODE": "token",
@@ -156,31 +178,26 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hosts]:
     file = tmp / f"{name}.toml"
     file.write_text(FILE.format(name=name, head=address["a"], token=token, **address))
     h = Hosts(name, tmp, netns, address, file,
-              {**base, "KVTOOL_STATE_DIR": str(tmp / "state"), "PYTHONPATH": pythonpath})
+              {**base, "KVTOOL_STATE_DIR": str(tmp / "state"), "PYTHONPATH": pythonpath},
+              ray_env, [])
     try:
         N.add_bridge(bridge, gateway, prefix)
         for i, n in enumerate(NODES):
             N.add_netns(netns[n])
             N.add_node_link(netns[n], f"kvt{tag}n{i}", bridge, address[n], prefix, gateway)
-        for i, n in enumerate(NODES):  # the user's Ray: a head on a, a worker on each host
-            argv = [ray_bin, "start", f"--node-ip-address={address[n]}", "--num-cpus=1",
-                    "--object-store-memory=80000000", f"--temp-dir={temps[i]}",
-                    "--disable-usage-stats"]
-            argv += ["--head", "--port=6379", "--include-dashboard=false"] if i == 0 \
-                else [f"--address={address['a']}:6379"]
-            started = subprocess.run(["ip", "netns", "exec", netns[n], *argv],
-                                     capture_output=True, text=True, env=ray_env, timeout=180)
-            assert started.returncode == 0, started.stderr[-2000:]
+        for n in NODES:  # the user's Ray: a head on a, a worker on each host
+            h.start_ray(n)
         yield h
     finally:
-        with contextlib.suppress(Exception):
-            h.kvtool("cluster", "down", str(file))
+        for f in tmp.glob(f"{name}*.toml"):
+            with contextlib.suppress(Exception):
+                h.kvtool("cluster", "down", str(f))
         for n in NODES:
             if N.netns_exists(netns[n]):
                 _stop_pids(N.netns_pids(netns[n]))
                 N.delete_netns(netns[n])
         N.delete_link(bridge)
-        for t in temps:
+        for t in h.temps:
             shutil.rmtree(t, ignore_errors=True)
 
 
@@ -242,3 +259,33 @@ def test_hosts_cluster_up_status_keys_bench_down(hosts: Hosts) -> None:
     assert all(hosts.ray_pids(n) for n in NODES)  # the user's Ray is theirs: still running
     assert hosts.json("cluster", "status", str(hosts.file))["phase"] == "down"
     assert not (hosts.tmp / "state" / "clusters" / hosts.name).exists()
+
+
+def test_down_names_what_a_lost_host_kept(hosts: Hosts) -> None:
+    """The storage host's Ray worker dies (its user's): status says so, down stops the rest
+    and fails naming what is left there; once the host's worker is back, down finishes."""
+    f = hosts.cluster_file("-lost", drop=FILE[FILE.index("[mooncake]"):FILE.index("[nvme]")])
+    name = f"{hosts.name}-lost"
+    up = hosts.kvtool("cluster", "up", str(f))
+    assert up.returncode == 0, up.stderr[-3000:]
+    [target] = [r for r in hosts.json("cluster", "status", str(f))["resources"]
+                if r["kind"] == "target"]
+    # the host's Ray goes (all its processes but kvtool's, which outlive it)
+    ours = {int(x.split(":")[0]) for x in _tagged(name)}
+    _stop_pids([p for p in N.netns_pids(hosts.netns["s"]) if p not in ours])
+    doc = hosts.json("cluster", "status", str(f))
+    assert not doc["healthy"]
+    assert {n["name"]: n["present"] for n in doc["nodes"]} == {"a": True, "b": True, "s": False}
+    down = hosts.kvtool("cluster", "down", str(f))
+    assert down.returncode == 1, down.stderr
+    [msg] = [line for line in down.stderr.splitlines() if "left things behind" in line]
+    assert f"no Ray node at {hosts.address['s']}" in msg and "target t0" in msg, msg
+    assert Path(f"/proc/{target['pid']}").exists()  # still there, as down said
+    left = hosts.json("cluster", "status", str(f))
+    assert left["phase"] == "failed"
+    assert {r["node"] for r in left["resources"] if r["node"]} == {"s"}  # a, b: all gone
+    hosts.start_ray("s")
+    down = hosts.kvtool("cluster", "down", str(f))
+    assert down.returncode == 0, down.stderr[-3000:]
+    assert not Path(f"/proc/{target['pid']}").exists() and _tagged(name) == []
+    assert hosts.json("cluster", "status", str(f))["phase"] == "down"
