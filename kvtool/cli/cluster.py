@@ -1,5 +1,6 @@
 """``kvtool cluster up / status / down``: a cluster file's nodes as network namespaces with
-Ray, NVMe/TCP targets and Mooncake (docs/cluster.md)."""
+Ray, or as hosts of the user's Ray cluster, with NVMe/TCP targets and Mooncake
+(docs/cluster.md)."""
 
 from __future__ import annotations
 
@@ -18,14 +19,16 @@ Examples:
   kvtool bench --cluster fixtures/clusters/gp7000-mini.toml --block-bytes 1MiB
   kvtool cluster down fixtures/clusters/gp7000-mini.toml
 
-Needs root (network namespaces) and the cluster extra (pip install 'kvtool[cluster]';
-Mooncake: kvtool[mooncake]).
+Needs root (network namespaces; not for [placement] kind = "hosts", which joins your
+Ray cluster) and the cluster extra (pip install 'kvtool[cluster]'; Mooncake:
+kvtool[mooncake]).
 """
 
 
 @click.group("cluster", epilog=EPILOG)
 def command() -> None:
-    """Bring a cluster file's nodes up and down (namespaces, Ray, targets, Mooncake)."""
+    """Bring a cluster file's nodes up and down (namespaces or Ray hosts, targets,
+    Mooncake)."""
 
 
 @command.command("up", epilog=EPILOG)

@@ -14,6 +14,9 @@
 4. Mooncake: the HTTP metadata server and the master on the master node, and a segment
    (``mooncake_client``) on every node.
 
+(``[placement] kind = "hosts"``: no namespaces and no Ray of kvtool's own; steps 3 and 4
+run on the user's hosts through :mod:`kvtool.cluster.hosts`.)
+
 Every process runs inside its node's namespace and carries ``KVTOOL_CLUSTER=<name>`` in its
 environment. ``down`` stops every process found in the cluster's namespaces or carrying
 that variable, then removes veths, namespaces, bridge and folder, and checks each is gone;
