@@ -14,8 +14,8 @@ The keys are made where ``up`` runs and written by each agent to the same path o
 (the cluster's folder, mode 0700), so the targets and every client node find them where the
 record says. Every process carries ``KVTOOL_CLUSTER=<name>``. ``down`` asks each node's agent
 (a new one when the old one is gone) to take the targets down, stop the recorded processes
-and any other carrying the tag on its host, and remove the cluster's folder there; then it
-kills the agents. The user's Ray processes are theirs: nothing here stops them.
+and any other carrying the tag in the agent's network namespace (where it started them),
+and remove the cluster's folder there; then it kills the agents. The user's Ray processes are theirs: nothing here stops them.
 
 Invariants: an agent signals only a process carrying the cluster's tag or recorded with its
 start time (a reused pid is never taken for ours); every remote thing is recorded, with its
@@ -178,12 +178,17 @@ class NodeAgent:
         return [os.path.exists(p) for p in paths]
 
     def stop(self, procs: list[tuple[int, int | None]]) -> list[int]:
-        """SIGTERM the recorded processes still alive and every process of this host
-        carrying the cluster's tag, SIGKILL what is left; the pids that survive."""
+        """SIGTERM the recorded processes still alive and every process carrying the
+        cluster's tag in this agent's network namespace (where it started them: on one
+        machine with several "hosts" as namespaces, only this one's), SIGKILL what is
+        left; the pids that survive."""
+        here = _netns_of(os.getpid())
+
         def ours() -> list[int]:
             recorded = [pid for (pid, _), ok in zip(procs, self.alive(procs), strict=True)
                         if ok]
-            return sorted(set(recorded) | set(tagged_pids(self.cluster)) - {os.getpid()})
+            tagged = [p for p in tagged_pids(self.cluster) if _netns_of(p) == here]
+            return sorted(set(recorded) | set(tagged) - {os.getpid()})
 
         pids = ours()
         for sig, wait in ((signal.SIGTERM, STOP_TIMEOUT_S), (signal.SIGKILL, 5.0)):
@@ -207,6 +212,14 @@ class NodeAgent:
         for p in paths:
             shutil.rmtree(p, ignore_errors=True)
         return [p for p in paths if os.path.exists(p)]
+
+
+def _netns_of(pid: int) -> str | None:
+    """The network namespace of ``pid`` (``net:[inode]``; ``None``: gone or not ours)."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return None
 
 
 # -- the driver's side --------------------------------------------------------------------------
