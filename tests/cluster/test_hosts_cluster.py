@@ -290,3 +290,23 @@ def test_down_names_what_a_lost_host_kept(hosts: Hosts) -> None:
     assert down.returncode == 0, down.stderr[-3000:]
     assert not pid_alive(target["pid"]) and _tagged(name) == []
     assert hosts.json("cluster", "status", str(f))["phase"] == "down"
+
+
+def test_down_after_an_up_that_failed_on_a_host(hosts: Hosts) -> None:
+    """The target cannot start on its host (a namespace bigger than memory): up exits 1
+    naming it, after the agents were placed; down removes them and the rest."""
+    f = hosts.cluster_file("-fail", drop=FILE[FILE.index("[mooncake]"):FILE.index("[nvme]")])
+    f.write_text(f.read_text().replace('size = "32MiB"', 'size = "64PiB"'))
+    name = f"{hosts.name}-fail"
+    up = hosts.kvtool("cluster", "up", str(f))
+    assert up.returncode == 1, up.stderr[-2000:]
+    assert "target t0 on s did not start" in up.stderr and "cluster down" in up.stderr
+    doc = hosts.json("cluster", "status", str(f))
+    assert doc["phase"] == "failed" and not doc["healthy"] and "target t0" in doc["error"]
+    assert {r["node"] for r in doc["resources"] if r["kind"] == "agent"} == set(NODES)
+    down = hosts.kvtool("cluster", "down", str(f))
+    assert down.returncode == 0, down.stderr[-2000:]
+    assert _tagged(name) == []
+    agents = [p for n in NODES for p in N.netns_pids(hosts.netns[n]) if "NodeAgent" in _cmd(p)]
+    assert agents == [] and all(hosts.ray_pids(n) for n in NODES)
+    assert hosts.json("cluster", "status", str(f))["phase"] == "down"
