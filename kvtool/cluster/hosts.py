@@ -15,7 +15,8 @@ The keys are made where ``up`` runs and written by each agent to the same path o
 record says. Every process carries ``KVTOOL_CLUSTER=<name>``. ``down`` asks each node's agent
 (a new one when the old one is gone) to take the targets down, stop the recorded processes
 and any other carrying the tag in the agent's network namespace (where it started them),
-and remove the cluster's folder there; then it kills the agents. The user's Ray processes are theirs: nothing here stops them.
+and remove the cluster's folder there; then it kills the agents. The user's Ray processes
+are theirs: nothing here stops them.
 
 Invariants: an agent signals only a process carrying the cluster's tag or recorded with its
 start time (a reused pid is never taken for ours); every remote thing is recorded, with its
