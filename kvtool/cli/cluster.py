@@ -1,5 +1,6 @@
 """``kvtool cluster up / status / down``: a cluster file's nodes as network namespaces with
-Ray, NVMe/TCP targets and Mooncake (docs/cluster.md)."""
+Ray, or as hosts of the user's Ray cluster, with NVMe/TCP targets and Mooncake
+(docs/cluster.md)."""
 
 from __future__ import annotations
 
@@ -18,14 +19,16 @@ Examples:
   kvtool bench --cluster fixtures/clusters/gp7000-mini.toml --block-bytes 1MiB
   kvtool cluster down fixtures/clusters/gp7000-mini.toml
 
-Needs root (network namespaces) and the cluster extra (pip install 'kvtool[cluster]';
-Mooncake: kvtool[mooncake]).
+Needs root (network namespaces; not for [placement] kind = "hosts", which joins your
+Ray cluster) and the cluster extra (pip install 'kvtool[cluster]'; Mooncake:
+kvtool[mooncake]).
 """
 
 
 @click.group("cluster", epilog=EPILOG)
 def command() -> None:
-    """Bring a cluster file's nodes up and down (namespaces, Ray, targets, Mooncake)."""
+    """Bring a cluster file's nodes up and down (namespaces or Ray hosts, targets,
+    Mooncake)."""
 
 
 @command.command("up", epilog=EPILOG)
@@ -106,8 +109,13 @@ def render(con: Any, doc: dict[str, Any]) -> None:
     con.print(f"cluster [bold]{doc['name']}[/]: {doc['phase']}, {health}")
     if doc.get("error"):
         con.print(f"  error: {doc['error']}")
-    con.print(f"  Ray head {doc['ray_address']} · subnet {doc['subnet']} · bridge "
-              f"{doc['bridge']}")
+    if doc["kind"] == "hosts":
+        con.print(f"  Ray head {doc['ray_address']} (yours) · hosts")
+        if doc.get("ray_error"):
+            con.print(f"  [red]{doc['ray_error']}[/]")
+    else:
+        con.print(f"  Ray head {doc['ray_address']} · subnet {doc['subnet']} · bridge "
+                  f"{doc['bridge']}")
     rows: list[list[str] | None] = []
     for n in doc["nodes"]:
         link = "unshaped" if n["link_mbit_now"] is None else f"{n['link_mbit_now']:g} Mb/s"
@@ -115,7 +123,9 @@ def render(con: Any, doc: dict[str, Any]) -> None:
                      _mark(n["present"]), _mark(n["ray"]), ", ".join(n["engines"]) or "-"])
     print_table(con, [Column("node", justify="left"), Column("address", justify="left"),
                       Column("roles", justify="left", wrap=True),
-                      Column("link (tbf)", justify="left"), Column("netns"), Column("Ray"),
+                      Column("link (tbf)", justify="left"),
+                      Column("Ray node" if doc["kind"] == "hosts" else "netns"),
+                      Column("agent" if doc["kind"] == "hosts" else "Ray"),
                       Column("engines", justify="left", wrap=True, rank=1)],
                 rows, box=box.SIMPLE_HEAD, more="--json has them")
     for t in doc["targets"]:

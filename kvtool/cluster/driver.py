@@ -77,13 +77,20 @@ def _rebuild(err: dict[str, Any]) -> Exception:
 
 
 def connect(state: ClusterState) -> Any:
-    """Join ``state``'s Ray cluster from its head (the process runs there); the module."""
-    import ray
+    """Join ``state``'s Ray cluster from its head (the process runs there); the module.
 
+    The cluster's Ray settings (its token) go into the environment before Ray is imported:
+    Ray reads them then."""
     if not state.ray_address:
         raise ClusterError(f"cluster {state.name} has no Ray head recorded; is it up?")
     os.environ.update(state.ray_env())
-    ray.init(address=state.ray_address, logging_level=logging.ERROR, log_to_driver=False)
+    import ray
+
+    try:
+        ray.init(address=state.ray_address, logging_level=logging.ERROR, log_to_driver=False)
+    except ConnectionError as exc:
+        raise ClusterError(f"cannot join Ray at {state.ray_address}: "
+                           f"{str(exc).splitlines()[0] if str(exc) else 'no answer'}") from None
     return ray
 
 

@@ -14,6 +14,9 @@
 4. Mooncake: the HTTP metadata server and the master on the master node, and a segment
    (``mooncake_client``) on every node.
 
+(``[placement] kind = "hosts"``: no namespaces and no Ray of kvtool's own; steps 3 and 4
+run on the user's hosts through :mod:`kvtool.cluster.hosts`.)
+
 Every process runs inside its node's namespace and carries ``KVTOOL_CLUSTER=<name>`` in its
 environment. ``down`` stops every process found in the cluster's namespaces or carrying
 that variable, then removes veths, namespaces, bridge and folder, and checks each is gone;
@@ -30,18 +33,36 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from kvtool.cluster import hosts as H
 from kvtool.cluster import netns as N
 from kvtool.cluster.driver import kvtool_pythonpath
 from kvtool.cluster.errors import ClusterError
+from kvtool.cluster.services import (
+    ENV_TAG,
+    HOST_NQN_PREFIX,
+    MOONCAKE_CLIENT_PORT,
+    MOONCAKE_METADATA_PORT,
+    MOONCAKE_RPC_PORT,
+    RAY_PORT,
+    START_TIMEOUT_S,
+    STOP_TIMEOUT_S,
+    SUB_NQN_PREFIX,
+    TARGET_PORT,
+    last_line,
+    listening,
+    master_args,
+    metadata_args,
+    segment_args,
+    tagged_pids,
+    target_config,
+)
 from kvtool.cluster.state import (
     ClusterState,
     ClusterTarget,
@@ -55,22 +76,11 @@ from kvtool.cluster.state import (
 )
 from kvtool.errors import UsageError
 from kvtool.serving.cluster import ClusterSpec, load_cluster
-from kvtool.target.config import Host, Listener, Namespace, Subsystem, TargetConfig
+from kvtool.target.config import Host
 from kvtool.target.document import config_document
 from kvtool.target.loader import load_config
 from kvtool.target.procs import start_time
 from kvtool.target.state import pid_alive
-
-ENV_TAG = "KVTOOL_CLUSTER"
-RAY_PORT = 6379
-TARGET_PORT = 4420
-MOONCAKE_RPC_PORT = 50051
-MOONCAKE_METADATA_PORT = 8080
-MOONCAKE_CLIENT_PORT = 50052
-START_TIMEOUT_S = 60.0
-STOP_TIMEOUT_S = 10.0
-HOST_NQN_PREFIX = "nqn.2014-08.io.kvtool:cluster"
-SUB_NQN_PREFIX = "nqn.2026-01.io.kvtool:cluster"
 
 Step = Callable[[str], None]
 
@@ -116,7 +126,8 @@ def up(file: str | os.PathLike[str], *, runtime: str = "userspace",
     if spec.placement is None:
         raise UsageError(f"{path} has no [placement] table: it says nothing about where its "
                          "nodes run (docs/cluster.md)", field="FILE")
-    why = N.available()
+    hosts = spec.placement.kind == "hosts"
+    why = None if hosts else N.available()
     if why is not None:
         raise ClusterError(f"cannot bring a netns cluster up: {why}")
     old = load_state(spec.name)
@@ -126,15 +137,20 @@ def up(file: str | os.PathLike[str], *, runtime: str = "userspace",
         raise UsageError(f"cluster {spec.name} is recorded ({old.phase}, "
                          f"{'failed: ' + old.error if old.error else 'not healthy'}): take it "
                          f"down first (kvtool cluster down {path})", field="FILE")
-    user = N.subnet_user(spec.placement.subnet)
+    if hosts:
+        H.ray_settings(spec)  # the Ray head to join is known, its token file there
+    user = None if hosts else N.subnet_user(spec.placement.subnet)
     if user is not None:
         raise UsageError(f"subnet {spec.placement.subnet} overlaps the addresses of {user} "
                          "(another cluster, or a network of this machine): choose another "
                          "[placement] subnet", field="FILE")
     state = ClusterState(name=spec.name, file=str(path.resolve()), kind=spec.placement.kind,
-                         subnet=spec.placement.subnet)
+                         subnet=None if hosts else spec.placement.subnet)
     try:
-        _Builder(spec, state, step, runtime).build()
+        if hosts:
+            H.HostsBuilder(spec, state, step, runtime).build()
+        else:
+            _Builder(spec, state, step, runtime).build()
     except BaseException as exc:
         state.phase = "failed"
         state.error = str(exc) or type(exc).__name__
@@ -217,14 +233,14 @@ class _Builder:
                                 netns=node.netns, what=f"{what} on {node.name}"))
         return proc
 
-    def wait_listening(self, proc: subprocess.Popen[bytes], node: NodeState, port: int,
+    def waitlistening(self, proc: subprocess.Popen[bytes], node: NodeState, port: int,
                        what: str, log: str) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
-        while not _listening(node.address, port):
+        while not listening(node.address, port):
             if proc.poll() is not None:
                 raise ClusterError(f"{what} on {node.name} exited with status "
                                    f"{proc.returncode} ({self.state.files_dir / log}: "
-                                   f"{_last_line(self.state.files_dir / log)})")
+                                   f"{last_line(self.state.files_dir / log)})")
             if time.monotonic() > deadline:
                 raise ClusterError(f"{what} on {node.name} is not listening on "
                                    f"{node.address}:{port} after {START_TIMEOUT_S:.0f} s")
@@ -264,7 +280,7 @@ class _Builder:
                                     timeout=START_TIMEOUT_S * 2).returncode
             if rc != 0:
                 raise ClusterError(f"ray start on {node.name} exited with status {rc} "
-                                   f"({log}: {_last_line(log)})")
+                                   f"({log}: {last_line(log)})")
 
     def targets(self) -> None:
         """Each target through ``kvtool target up`` in its node's namespace: a generated
@@ -293,7 +309,7 @@ class _Builder:
             port = ports.get(node.name, TARGET_PORT)
             ports[node.name] = port + 1
             host_key_file, ctrl_key_file = keys[node.name]
-            cfg = _target_config(f"{s.name}-{t.name}", self.runtime,
+            cfg = target_config(f"{s.name}-{t.name}", self.runtime,
                                  f"{SUB_NQN_PREFIX}:{s.name}:{t.name}", t.size, t.config,
                                  Host(hostnqn, host_key_file, ctrl_key_file), node.address,
                                  port)
@@ -311,7 +327,7 @@ class _Builder:
                     timeout=START_TIMEOUT_S * 3)
             if proc.returncode != 0:
                 raise ClusterError(f"target {t.name} on {node.name} did not start (exit "
-                                   f"{proc.returncode}: {_last_line(log)})")
+                                   f"{proc.returncode}: {last_line(log)})")
             pid = json.loads(proc.stdout)["status"].get("pid")
             res.pid, res.start = pid, start_time(pid) if pid else None
             url = f"nvme+tcp://{node.address}:{port}/{subnqn}"
@@ -320,7 +336,7 @@ class _Builder:
                                            host_key_file, ctrl_key_file, size, pid,
                                            cfg.runtime))
             s.save()
-            if not _listening(node.address, port):
+            if not listening(node.address, port):
                 raise ClusterError(f"target {t.name} on {node.name} is up but nothing listens "
                                    f"on {node.address}:{port}")
 
@@ -334,68 +350,27 @@ class _Builder:
         meta_url = f"http://{master.address}:{MOONCAKE_METADATA_PORT}/metadata"
         s.mooncake = MooncakeState(f"{master.address}:{MOONCAKE_RPC_PORT}", meta_url)
         self.step(f"Mooncake master on {master.name}: {s.mooncake.master}")
-        meta = self.spawn(master, [mooncake_binary("mooncake_http_metadata_server"), "--host",
-                                   master.address, "--port", str(MOONCAKE_METADATA_PORT),
-                                   "--log-level", "WARNING"],
+        meta = self.spawn(master, [mooncake_binary("mooncake_http_metadata_server"),
+                                   *metadata_args(master.address)],
                           "mooncake metadata server", "mooncake-metadata.log")
-        self.wait_listening(meta, master, MOONCAKE_METADATA_PORT, "mooncake metadata server",
+        self.waitlistening(meta, master, MOONCAKE_METADATA_PORT, "mooncake metadata server",
                             "mooncake-metadata.log")
         proc = self.spawn(master, [mooncake_binary("mooncake_master"),
-                                   f"--rpc_address={master.address}",
-                                   f"--rpc_port={MOONCAKE_RPC_PORT}",
-                                   f"--metrics_host={master.address}"],
+                                   *master_args(master.address)],
                           "mooncake master", "mooncake.log")
-        self.wait_listening(proc, master, MOONCAKE_RPC_PORT, "mooncake master",
+        self.waitlistening(proc, master, MOONCAKE_RPC_PORT, "mooncake master",
                             "mooncake.log")
         size = spec.mooncake.segment
         for node in s.nodes:
             self.step(f"Mooncake segment on {node.name}: {size >> 20} MiB")
             log = f"mooncake-segment-{node.name}.log"
-            seg = self.spawn(node, [mooncake_binary("mooncake_client"), f"--host={node.address}",
-                                    f"--global_segment_size={size >> 20}MB",
-                                    f"--master_server_address={s.mooncake.master}",
-                                    f"--metadata_server={meta_url}", "--protocol=tcp",
-                                    f"--port={MOONCAKE_CLIENT_PORT}"],
+            seg = self.spawn(node, [mooncake_binary("mooncake_client"),
+                                    *segment_args(node.address, size, s.mooncake.master,
+                                                  meta_url)],
                              f"mooncake segment {node.name}", log)
             s.mooncake.segments.append(SegmentState(node.name, node.address, size))
             s.save()
-            self.wait_listening(seg, node, MOONCAKE_CLIENT_PORT, "mooncake segment", log)
-
-
-def _target_config(name: str, runtime: str, subnqn: str, size: int, config: str | None,
-                   host: Host, address: str, port: int) -> TargetConfig:
-    """One cluster target: ``config``'s subsystems (or one subsystem ``subnqn`` with a
-    memory namespace of ``size``), listening on ``address:port`` only, allowing only
-    ``host``, with its keys."""
-    if config is None:
-        subsystems: tuple[Subsystem, ...] = (
-            Subsystem(subnqn, (Namespace(1, "memory", size=size),)),)
-    else:
-        own = load_config(config, allow_remote=True)
-        subsystems = own.subsystems
-        runtime = own.runtime if own.runtime in ("userspace", "spdk") else runtime
-    subsystems = tuple(replace(sub, hosts=(host.nqn,), allow_any_host=False)
-                       for sub in subsystems)
-    listener = Listener(1, "tcp", address, port, "ipv4", tuple(sub.nqn for sub in subsystems))
-    return TargetConfig(name=name, backend="emulator", subsystems=subsystems,
-                        listeners=(listener,), hosts=(host,),
-                        runtime="spdk" if runtime == "spdk" else "userspace")
-
-
-def _listening(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
-def _last_line(path: Path) -> str:
-    try:
-        lines = [x for x in path.read_text(errors="replace").splitlines() if x.strip()]
-    except OSError:
-        return "no log"
-    return lines[-1][-200:] if lines else "empty log"
+            self.waitlistening(seg, node, MOONCAKE_CLIENT_PORT, "mooncake segment", log)
 
 
 # -- status -----------------------------------------------------------------------------------
@@ -443,17 +418,26 @@ def resource_present(r: Resource) -> bool:
 def status(state: ClusterState) -> dict[str, Any]:
     """What is recorded and whether each part is really there (``healthy``: all of it,
     and ``up`` finished)."""
+    ray_nodes: dict[str, bool] = {}
+    unreachable = None
+    if state.kind == "hosts":
+        present, ray_nodes, unreachable = H.probe(state)
+    else:
+        present = [resource_present(r) for r in state.resources]
     resources = [{"kind": r.kind, "name": r.name, "what": r.what or r.name,
-                  "pid": r.pid, "present": resource_present(r)} for r in state.resources]
-    by_kind = {(r.kind, r.name): resource_present(r) for r in state.resources}
+                  "pid": r.pid, "node": r.node, "present": ok}
+                 for r, ok in zip(state.resources, present, strict=True)]
+    by_kind = {(r.kind, r.name): ok for r, ok in zip(state.resources, present, strict=True)}
     nodes = []
     for n in state.nodes:
         nodes.append({"name": n.name, "netns": n.netns, "address": n.address,
                       "roles": n.roles, "link_mbit": n.link_mbit,
                       "link_mbit_now": N.shaped_mbit(n.netns) if n.netns and
                       N.netns_exists(n.netns) else None,
-                      "present": by_kind.get(("netns", n.netns or ""), False),
-                      "ray": by_kind.get(("ray", n.name), False),
+                      "present": ray_nodes.get(n.name, False) if state.kind == "hosts"
+                      else by_kind.get(("netns", n.netns or ""), False),
+                      "ray": by_kind.get(("agent" if state.kind == "hosts" else "ray", n.name),
+                                         False),
                       "engines": [e.name for e in state.engines if e.node == n.name]})
     targets = []
     for t in state.targets:
@@ -470,11 +454,12 @@ def status(state: ClusterState) -> dict[str, Any]:
                 "master": state.mooncake.master, "metadata": state.mooncake.metadata,
                 "segments": [{"node": g.node, "address": g.address, "bytes": g.size}
                              for g in state.mooncake.segments]}
-    healthy = state.phase == "up" and all(r["present"] for r in resources)
+    healthy = state.phase == "up" and all(r["present"] for r in resources) \
+        and all(n["present"] for n in nodes) and unreachable is None
     return {"schema": "kvtool.cluster.status/2", "name": state.name, "file": state.file,
             "kind": state.kind, "phase": state.phase, "error": state.error,
             "healthy": healthy, "subnet": state.subnet, "bridge": state.bridge,
-            "ray_address": state.ray_address, "nodes": nodes,
+            "ray_address": state.ray_address, "ray_error": unreachable, "nodes": nodes,
             "engines": [{"name": e.name, "node": e.node} for e in state.engines],
             "targets": targets, "mooncake": pool, "resources": resources,
             "state_file": str(state.path)}
@@ -484,8 +469,8 @@ def not_up(name: str | None) -> dict[str, Any]:
     """:func:`status`'s document for a cluster with no record (same keys)."""
     return {"schema": "kvtool.cluster.status/2", "name": name, "file": None, "kind": None,
             "phase": "down", "error": None, "healthy": False, "subnet": None, "bridge": None,
-            "ray_address": None, "nodes": [], "engines": [], "targets": [], "mooncake": None,
-            "resources": [], "state_file": None}
+            "ray_address": None, "ray_error": None, "nodes": [], "engines": [], "targets": [],
+            "mooncake": None, "resources": [], "state_file": None}
 
 
 # -- down -------------------------------------------------------------------------------------
@@ -508,24 +493,8 @@ def _target_down(state: ClusterState, r: Resource) -> None:
                        timeout=STOP_TIMEOUT_S * 3)
 
 
-def _tagged_pids(name: str) -> list[int]:
-    """Processes carrying ``KVTOOL_CLUSTER=<name>`` (started by ``up``, and their children)."""
-    mark = f"{ENV_TAG}={name}".encode()
-    out = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as f:
-                if mark in f.read().split(b"\0"):
-                    out.append(int(entry.name))
-        except OSError:
-            continue
-    return out
-
-
 def _cluster_pids(state: ClusterState) -> list[int]:
-    pids = set(_tagged_pids(state.name))
+    pids = set(tagged_pids(state.name))
     for r in state.resources:
         if r.kind == "netns" and N.netns_exists(r.name):
             pids.update(N.netns_pids(r.name))
@@ -560,18 +529,31 @@ def down(state: ClusterState, *, step: Step = _no_step) -> dict[str, Any]:
     """
     state.phase = "stopping"
     state.save()
-    for r in reversed(state.resources):
-        if r.kind == "target" and r.netns and N.netns_exists(r.netns) and os.path.exists(r.what):
-            step(f"kvtool target down {r.name}")
-            _target_down(state, r)
-    step("stopping processes")
-    left = _stop_processes(state)
     removed: list[str] = []
     failed: list[str] = []
-    if left:
-        failed.append(f"processes {', '.join(map(str, left))} survived SIGKILL")
     keep: list[Resource] = []
-    for r in reversed(state.resources):
+    if state.kind == "hosts":
+        # on the hosts, through their agents; nothing runs here but the folder
+        before = list(state.resources)
+        failed += H.stop(state, step)
+        removed += [f"{r.kind} {r.name} on {r.node}" for r in before
+                    if r.node is not None and r not in state.resources]
+        keep += [r for r in state.resources if r.node is not None]
+    else:
+        for r in reversed(state.resources):
+            if r.kind == "target" and r.netns and N.netns_exists(r.netns) \
+                    and os.path.exists(r.what):
+                step(f"kvtool target down {r.name}")
+                _target_down(state, r)
+        step("stopping processes")
+        left = _stop_processes(state)
+        if left:
+            failed.append(f"processes {', '.join(map(str, left))} survived SIGKILL")
+    local = [] if state.kind == "hosts" and failed else state.resources
+    keep += [r for r in state.resources if r.node is None and r not in local]
+    for r in reversed(local):
+        if r.node is not None:
+            continue
         try:
             if r.kind == "veth":
                 N.delete_link(r.name)

@@ -101,7 +101,9 @@ class Resource:
 
     ``kind``: ``netns`` (name), ``bridge`` (name), ``veth`` (root end's name),
     ``process`` (pid, start, what, netns), ``ray`` (netns: ``ray stop`` there),
-    ``dir`` (path: removed with its files).
+    ``dir`` (path: removed with its files). Kind ``hosts`` adds ``agent`` (name: the node;
+    what: the name of kvtool's Ray actor there) and ``files`` (name: a folder on the node),
+    and its ``process``/``target`` resources name their ``node``: their pid is that host's.
     """
 
     kind: str
@@ -110,6 +112,7 @@ class Resource:
     start: int | None = None  # /proc start time of pid (kvtool.target.procs.start_time)
     netns: str | None = None
     what: str = ""
+    node: str | None = None  # kind "hosts": the node it is on (None: this machine)
 
 
 @dataclass

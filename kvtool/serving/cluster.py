@@ -26,7 +26,8 @@ Invariants of a :class:`ClusterSpec`:
   ``target/<target>`` and ``mooncake``;
 * placement (``[placement]``, for ``kvtool cluster up``; docs/cluster.md): every node has
   an engine unless it is a storage node; a target's ``node`` is a storage node; the
-  Mooncake ``master`` is a node; the subnet is private IPv4 with an address per node.
+  Mooncake ``master`` is a node; the subnet is private IPv4 with an address per node
+  (kind ``netns``), or every node names a distinct IPv4 ``address`` (kind ``hosts``).
 
 Bandwidths are GB/s (1e9 B/s) per direction; ``math.inf`` means unlimited.
 """
@@ -63,15 +64,18 @@ DEFAULT_POLICY = "lru"
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _TOP_KEYS = {"name", "block_tokens", "router", "gpu", "node", "engine", "mooncake", "nvme",
              "placement"}
-_NODE_KEYS = {"name", "gpus", "nic_gbps", "dram", "dram_policy", "pcie_gbps", "storage"}
+_NODE_KEYS = {"name", "gpus", "nic_gbps", "dram", "dram_policy", "pcie_gbps", "storage",
+              "address"}
 _ENGINE_KEYS = {"name", "node", "count", "gpu", "model", "tp", "dtype", "kv_dtype", "role",
                 "max_num_seqs", "max_num_batched_tokens", "num_gpu_blocks",
                 "gpu_memory_utilization", "enable_prefix_caching"}
 _MOONCAKE_KEYS = {"capacity", "policy", "gbps", "master", "segment"}
 _NVME_KEYS = {"capacity", "policy", "target"}
 _TARGET_KEYS = {"name", "read_gbps", "write_gbps", "node", "size", "config"}
-_PLACEMENT_KEYS = {"kind", "subnet", "link_scale", "link_mbit"}
-PLACEMENT_KINDS = ("netns",)
+_PLACEMENT_KEYS = {"kind", "subnet", "link_scale", "link_mbit", "ray", "ray_token_file"}
+PLACEMENT_KINDS = ("netns", "hosts")
+_NETNS_ONLY = ("subnet", "link_scale", "link_mbit")
+_HOSTS_ONLY = ("ray", "ray_token_file")
 DEFAULT_SUBNET = "10.200.0.0/24"
 DEFAULT_TARGET_BYTES = 64 << 20
 """A placed target's namespace when the file gives no ``size`` (memory-backed)."""
@@ -124,6 +128,9 @@ class NodeSpec:
     """Made for an engine that named no node."""
     storage: bool = False
     """A storage node: it runs NVMe/TCP targets and needs no engine."""
+    address: str | None = None
+    """Its IPv4 address (placement kind ``hosts``: where its Ray worker runs and what its
+    services listen on)."""
 
 
 @dataclass(frozen=True)
@@ -198,12 +205,19 @@ class PlacementSpec:
     addresses from ``subnet`` (the bridge takes the first); each node's link is shaped
     with tbf to ``link_mbit`` Mb/s, else to its ``nic_gbps`` × ``link_scale`` (unshaped
     when neither gives a rate).
+
+    ``hosts``: the user's machines, each running a worker of the user's Ray cluster at
+    its node's ``address``; ``ray`` is the head's ``HOST:PORT`` (``None``: ``RAY_ADDRESS``
+    when ``up`` runs) and ``ray_token_file`` the file of its token when it uses token
+    authentication (absolute; ``None``: ``RAY_AUTH_TOKEN_PATH``). No subnet, no shaping.
     """
 
     kind: str = "netns"
     subnet: str = DEFAULT_SUBNET
     link_scale: float | None = None
     link_mbit: float | None = None
+    ray: str | None = None
+    ray_token_file: str | None = None
 
     def link_rate_mbit(self, node: NodeSpec) -> float | None:
         """The tbf rate of ``node``'s link in Mb/s (``None``: unshaped)."""
@@ -558,8 +572,25 @@ class _Reader:
                 name=name, nic_gbps=self.gbps(t, "nic_gbps", path),
                 dram=self.capacity(t, "dram", path), dram_policy=self.policy(t, "dram_policy", path),
                 pcie_gbps=self.gbps(t, "pcie_gbps", path) if "pcie_gbps" in t else None,
-                gpus=self.integer(t, "gpus", path), storage=storage)
+                gpus=self.integer(t, "gpus", path), storage=storage,
+                address=self.address(t, path))
         return out
+
+    def address(self, t: Mapping[str, Any], path: Path_) -> str | None:
+        """A node's ``address``: one IPv4 address a service can listen on."""
+        text = self.text(t, "address", path)
+        if text is None:
+            return None
+        try:
+            ip = ipaddress.ip_address(text)
+        except ValueError:
+            raise self.fail(f"expected an IPv4 address such as '192.168.1.10', got "
+                            f"{text!r}", (*path, "address")) from None
+        if not isinstance(ip, ipaddress.IPv4Address) or ip.is_unspecified \
+                or ip.is_multicast:
+            raise self.fail(f"expected one host's IPv4 address, got {text!r}",
+                            (*path, "address"))
+        return str(ip)
 
     def engines(self, data: Mapping[str, Any], gpus: Mapping[str, GPU],
                 nodes: dict[str, NodeSpec], block_tokens: int) -> list[EngineSpec]:
@@ -829,6 +860,18 @@ class _Reader:
         if kind not in PLACEMENT_KINDS:
             raise self.fail(f"unknown placement kind {t['kind']!r} (known: "
                             f"{', '.join(PLACEMENT_KINDS)})", (*path, "kind"))
+        for key in _HOSTS_ONLY if kind == "netns" else _NETNS_ONLY:
+            if key in t:
+                raise self.fail(f"{key} applies to kind = "
+                                f"\"{'hosts' if kind == 'netns' else 'netns'}\"", (*path, key))
+        if kind == "hosts":
+            self.placed_targets(nvme, storage)
+            return self.hosts_placement(t, nodes)
+        for i, node in enumerate(nodes.values()):
+            if node.address is not None:
+                raise self.fail("a node's address applies to [placement] kind = \"hosts\" "
+                                "(kind \"netns\" gives addresses from the subnet)",
+                                ("node", i, "address"))
         subnet = self.text(t, "subnet", path, DEFAULT_SUBNET) or DEFAULT_SUBNET
         try:
             net = ipaddress.ip_network(subnet, strict=True)
@@ -843,13 +886,45 @@ class _Reader:
         scale, mbit = self.positive(t, "link_scale", path), self.positive(t, "link_mbit", path)
         if scale is not None and mbit is not None:
             raise self.fail("give link_scale or link_mbit, not both", (*path, "link_mbit"))
-        if nvme is not None:
-            for i, target in enumerate(nvme.targets):
-                if target.node is None:
-                    if not storage:
-                        raise self.fail("a placed cluster runs its targets on storage nodes: "
-                                        "add a [[node]] with storage = true",
-                                        ("nvme", "target", i))
-                    raise self.fail(f"which storage node runs it? (storage nodes: "
-                                    f"{', '.join(storage)})", ("nvme", "target", i, "node"))
+        self.placed_targets(nvme, storage)
         return PlacementSpec(kind=kind, subnet=str(net), link_scale=scale, link_mbit=mbit)
+
+    def placed_targets(self, nvme: NvmeSpec | None, storage: list[str]) -> None:
+        """With a placement, every target names the storage node running it."""
+        for i, target in enumerate(nvme.targets if nvme is not None else ()):
+            if target.node is None:
+                if not storage:
+                    raise self.fail("a placed cluster runs its targets on storage nodes: "
+                                    "add a [[node]] with storage = true",
+                                    ("nvme", "target", i))
+                raise self.fail(f"which storage node runs it? (storage nodes: "
+                                f"{', '.join(storage)})", ("nvme", "target", i, "node"))
+
+    def hosts_placement(self, t: Mapping[str, Any], nodes: dict[str, NodeSpec]
+                        ) -> PlacementSpec:
+        """``kind = "hosts"``: every node names its address (distinct); ``ray`` is
+        ``HOST:PORT``; ``ray_token_file`` is resolved against the file's folder."""
+        path: Path_ = ("placement",)
+        seen: dict[str, str] = {}
+        for i, (name, node) in enumerate(nodes.items()):
+            if node.address is None:
+                raise self.fail(f"node {name!r} has no address: kind = \"hosts\" runs each node "
+                                "on the host at its address (its Ray worker's node IP)",
+                                ("node", i) if not node.auto else ("placement", "kind"))
+            if node.address in seen:
+                raise self.fail(f"address {node.address} is node {seen[node.address]!r}'s too",
+                                ("node", i, "address"))
+            seen[node.address] = name
+        ray = self.text(t, "ray", path)
+        if ray is not None:
+            host, sep, port = ray.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise self.fail(f"expected the Ray head's HOST:PORT such as "
+                                f"'192.168.1.10:6379', got {ray!r}", (*path, "ray"))
+        token = self.text(t, "ray_token_file", path)
+        if token is not None:
+            p = Path(token).expanduser()
+            if not p.is_absolute() and self.base_dir is not None:
+                p = self.base_dir / p
+            token = str(p.resolve())
+        return PlacementSpec(kind="hosts", subnet="", ray=ray, ray_token_file=token)

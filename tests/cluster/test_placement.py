@@ -182,3 +182,105 @@ def test_target_config(tmp_path: Path) -> None:
         assert result.exit_code == 2 and words in result.stderr, result.stderr
         [line] = result.stderr.strip().splitlines()
         assert "field 'nvme.target[0]." in line
+
+
+HOSTS = """\
+name = "p"
+[placement]
+kind = "hosts"
+ray = "192.168.7.1:6379"
+ray_token_file = "ray-token"
+[[node]]
+name = "a"
+address = "192.168.7.1"
+[[node]]
+name = "s"
+storage = true
+address = "192.168.7.2"
+[[engine]]
+node = "a"
+gpu = "a100-sxm"
+model = "llama-3-8b"
+num_gpu_blocks = 16
+[nvme]
+capacity = "16blk"
+[[nvme.target]]
+name = "t0"
+node = "s"
+"""
+
+
+def test_hosts_placement_is_read(tmp_path: Path) -> None:
+    f = tmp_path / "h.toml"
+    f.write_text(HOSTS)
+    spec = load_cluster(f)
+    assert spec.placement is not None and spec.placement.kind == "hosts"
+    assert spec.placement.ray == "192.168.7.1:6379"
+    assert spec.placement.ray_token_file == str(tmp_path / "ray-token")
+    assert [n.address for n in spec.nodes] == ["192.168.7.1", "192.168.7.2"]
+    assert spec.placement.link_rate_mbit(spec.node("a")) is None  # no shaping on hosts
+    f.write_text(HOSTS.replace('ray = "192.168.7.1:6379"\n', ""))
+    assert load_cluster(f).placement.ray is None  # type: ignore[union-attr]  # RAY_ADDRESS
+
+
+@pytest.mark.parametrize(("old", "new", "line", "field", "words"), [
+    ('address = "192.168.7.2"', "", 9, "node[1]", "has no address"),
+    ('address = "192.168.7.2"', 'address = "192.168.7.1"', 12, "node[1].address",
+     "node 'a''s too"),
+    ('address = "192.168.7.2"', 'address = "host-s"', 12, "node[1].address", "IPv4"),
+    ('address = "192.168.7.2"', 'address = "0.0.0.0"', 12, "node[1].address",
+     "one host's IPv4"),
+    ('ray = "192.168.7.1:6379"', 'ray = "192.168.7.1"', 4, "placement.ray", "HOST:PORT"),
+    ('ray = "192.168.7.1:6379"', 'subnet = "10.1.0.0/24"', 4, "placement.subnet",
+     'applies to kind = "netns"'),
+    ('ray = "192.168.7.1:6379"', "link_mbit = 200", 4, "placement.link_mbit",
+     'applies to kind = "netns"'),
+])
+def test_bad_hosts_placement_is_one_line_exit_2(tmp_path: Path, old: str, new: str,
+                                                line: int, field: str, words: str) -> None:
+    f = tmp_path / "h.toml"
+    f.write_text(HOSTS.replace(old, new, 1))
+    with pytest.raises(InputError) as err:
+        load_cluster(f)
+    assert err.value.line == line and err.value.field == field, str(err.value)
+    result = run("cluster", "up", str(f))
+    assert result.exit_code == 2
+    [msg] = result.stderr.strip().splitlines()
+    assert f"field '{field}'" in msg and words in msg, msg
+
+
+def test_netns_refuses_hosts_keys(tmp_path: Path) -> None:
+    f = tmp_path / "p.toml"
+    for old, new, field in [('name = "s"\n', 'name = "s"\naddress = "10.0.0.9"\n',
+                             "node[1].address"),
+                            ("link_scale = 0.001", 'ray = "10.0.0.1:6379"', "placement.ray")]:
+        f.write_text(BASE.replace(old, new, 1))
+        result = run("cluster", "up", str(f))
+        assert result.exit_code == 2 and f"field '{field}'" in result.stderr, result.stderr
+        assert "applies to" in result.stderr
+
+
+def test_hosts_up_needs_a_ray_address(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVTOOL_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    f = tmp_path / "h.toml"
+    f.write_text(HOSTS.replace('ray = "192.168.7.1:6379"\n', ""))
+    result = run("cluster", "up", str(f))
+    assert result.exit_code == 2 and "RAY_ADDRESS" in result.stderr, result.stderr
+    assert run_json("cluster", "status", str(f))["phase"] == "down"  # nothing was made
+    f.write_text(HOSTS.replace('"ray-token"', '"missing-token"'))
+    result = run("cluster", "up", str(f))
+    assert result.exit_code == 2 and "no such Ray token file" in result.stderr
+
+
+def test_hosts_status_fits_80_columns() -> None:
+    from kvtool.cli.cluster import render
+    from tests.helpers.widths import width_problems
+
+    doc = _status_doc()
+    doc.update(kind="hosts", subnet=None, bridge=None,
+               ray_error="Ray at 192.168.7.1:6379: cannot join Ray at 192.168.7.1:6379: "
+                         "Failed to connect to the GCS server in 60 s")
+    for n in doc["nodes"]:  # type: ignore[attr-defined]
+        n.update(netns=None, link_mbit=None, link_mbit_now=None, address="192.168.107.211")
+    assert not width_problems(lambda con: render(con, doc))

@@ -1,0 +1,587 @@
+"""``[placement] kind = "hosts"``: a cluster on the user's machines, through their Ray.
+
+The user runs a Ray cluster (a head, and a worker on every host, each started with
+``--node-ip-address`` = the node's ``address`` in the cluster file); kvtool never logs in
+anywhere. On every node ``up`` places a :class:`NodeAgent`, a detached Ray actor pinned
+to the node by Ray's ``node:<address>`` resource, and asks it to start what the node runs:
+
+* on a storage node, each target through ``kvtool target up`` of a generated config that
+  listens on the node's address and requires the cluster's DH-HMAC-CHAP keys;
+* on the Mooncake master node, the metadata server and the master; on every node a
+  ``mooncake_client`` lending its segment.
+
+The keys are made where ``up`` runs and written by each agent to the same path on its host
+(the cluster's folder, mode 0700), so the targets and every client node find them where the
+record says. Every process carries ``KVTOOL_CLUSTER=<name>``. ``down`` asks each node's agent
+(a new one when the old one is gone) to take the targets down, stop the recorded processes
+and any other carrying the tag in the agent's network namespace (where it started them),
+and remove the cluster's folder there; then it kills the agents. The user's Ray processes
+are theirs: nothing here stops them.
+
+Invariants: an agent signals only a process carrying the cluster's tag or recorded with its
+start time (a reused pid is never taken for ours); every remote thing is recorded, with its
+node, before it is made.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from kvtool.cluster.driver import connect, node_resource
+from kvtool.cluster.errors import ClusterError
+from kvtool.cluster.services import (
+    ENV_TAG,
+    HOST_NQN_PREFIX,
+    MOONCAKE_CLIENT_PORT,
+    MOONCAKE_METADATA_PORT,
+    MOONCAKE_RPC_PORT,
+    START_TIMEOUT_S,
+    STOP_TIMEOUT_S,
+    SUB_NQN_PREFIX,
+    TARGET_PORT,
+    last_line,
+    listening,
+    master_args,
+    metadata_args,
+    segment_args,
+    tagged_pids,
+    target_config,
+)
+from kvtool.cluster.state import (
+    ClusterState,
+    ClusterTarget,
+    EngineState,
+    MooncakeState,
+    NodeState,
+    Resource,
+    SegmentState,
+)
+from kvtool.errors import UsageError
+from kvtool.serving.cluster import ClusterSpec
+from kvtool.target.config import Host
+from kvtool.target.document import config_document
+
+AGENT_NAMESPACE = "kvtool"
+"""The Ray namespace of kvtool's node agents (named ``kvtool-<cluster>-<node>``)."""
+ANSWER_TIMEOUT_S = 30.0
+"""How long an agent may take to answer a question (not a start)."""
+
+
+def agent_name(cluster: str, node: str) -> str:
+    return f"kvtool-{cluster}-{node}"
+
+
+class NodeAgent:
+    """kvtool's hand on one host of a ``hosts`` cluster (a detached Ray actor there).
+
+    It starts processes in their own session with ``KVTOOL_CLUSTER=<cluster>`` in their
+    environment and their output in a log under ``folder``, and stops only processes that
+    carry that tag or match a recorded (pid, start time).
+    """
+
+    def __init__(self, cluster: str, node: str, address: str, folder: str) -> None:
+        self.cluster, self.node, self.address = cluster, node, address
+        self.folder = Path(folder)
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+
+    def _env(self, state_dir: str | None = None) -> dict[str, str]:
+        from kvtool.cluster.driver import kvtool_pythonpath
+
+        env = {**os.environ, ENV_TAG: self.cluster, "PYTHONPATH": kvtool_pythonpath()}
+        if state_dir is not None:
+            env["KVTOOL_STATE_DIR"] = state_dir
+        return env
+
+    def hello(self) -> dict[str, Any]:
+        """Where the agent runs: its pid, its Ray node's address, its Python."""
+        import ray
+
+        return {"pid": os.getpid(), "address": ray.util.get_node_ip_address(),
+                "python": sys.executable}
+
+    def put_files(self, files: dict[str, str]) -> None:
+        """Write each ``path: text`` (mode 0600; folders made with mode 0700)."""
+        for path, text in files.items():
+            p = Path(path)
+            p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            tmp = p.with_name(p.name + ".tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            os.replace(tmp, p)
+
+    def start(self, program: str, args: list[str], log: str) -> dict[str, Any]:
+        """Start ``program`` (a Mooncake executable, found as on any kvtool host) with
+        ``args``; its pid and start time."""
+        from kvtool.mooncake.pool import mooncake_binary
+        from kvtool.target.procs import start_time
+
+        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with open(self.folder / log, "ab") as out:
+            proc = subprocess.Popen([mooncake_binary(program), *args], stdin=subprocess.DEVNULL,
+                                    stdout=out, stderr=out, start_new_session=True,
+                                    env=self._env())
+        self.procs[proc.pid] = proc
+        return {"pid": proc.pid, "start": start_time(proc.pid)}
+
+    def kvtool(self, args: list[str], log: str, state_dir: str,
+               timeout: float) -> dict[str, Any]:
+        """Run ``kvtool ARGS`` here to its end (``target up``/``down``): its exit status,
+        standard output and the last line of its log."""
+        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path = self.folder / log
+        with open(path, "ab") as err:
+            try:
+                proc = subprocess.run([sys.executable, "-m", "kvtool", *args],
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                      stderr=err, env=self._env(state_dir), timeout=timeout)
+            except subprocess.TimeoutExpired:
+                return {"rc": None, "stdout": "", "last": f"no end in {timeout:g} s"}
+        return {"rc": proc.returncode, "stdout": proc.stdout.decode(errors="replace"),
+                "last": last_line(path)}
+
+    def wait_listening(self, pid: int | None, port: int, log: str) -> str | None:
+        """Wait until something listens on this node's ``address:port``; why not
+        (``None``: it does)."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        proc = self.procs.get(pid or -1)
+        while not listening(self.address, port):
+            if proc is not None and proc.poll() is not None:
+                return (f"exited with status {proc.returncode} ({self.folder / log}: "
+                        f"{last_line(self.folder / log)})")
+            if time.monotonic() > deadline:
+                return f"not listening on {self.address}:{port} after {START_TIMEOUT_S:.0f} s"
+            time.sleep(0.1)
+        return None
+
+    def alive(self, procs: list[tuple[int, int | None]]) -> list[bool]:
+        """Is each (pid, start time) still that process?"""
+        from kvtool.target.procs import start_time
+        from kvtool.target.state import pid_alive
+
+        return [pid_alive(pid) and (start is None or start_time(pid) == start)
+                for pid, start in procs]
+
+    def start_time(self, pid: int) -> int | None:
+        from kvtool.target.procs import start_time
+
+        return start_time(pid)
+
+    def exists(self, paths: list[str]) -> list[bool]:
+        return [os.path.exists(p) for p in paths]
+
+    def stop(self, procs: list[tuple[int, int | None]]) -> list[int]:
+        """SIGTERM the recorded processes still alive and every process carrying the
+        cluster's tag in this agent's network namespace (where it started them: on one
+        machine with several "hosts" as namespaces, only this one's), SIGKILL what is
+        left; the pids that survive."""
+        here = _netns_of(os.getpid())
+
+        def ours() -> list[int]:
+            recorded = [pid for (pid, _), ok in zip(procs, self.alive(procs), strict=True)
+                        if ok]
+            tagged = [p for p in tagged_pids(self.cluster) if _netns_of(p) == here]
+            return sorted(set(recorded) | set(tagged) - {os.getpid()})
+
+        pids = ours()
+        for sig, wait in ((signal.SIGTERM, STOP_TIMEOUT_S), (signal.SIGKILL, 5.0)):
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                for proc in self.procs.values():
+                    proc.poll()  # reap our own children
+                pids = ours()
+                if not pids:
+                    return []
+                time.sleep(0.1)
+        return pids
+
+    def remove(self, paths: list[str]) -> list[str]:
+        """Remove each folder (with its files); those still there."""
+        import shutil
+
+        for p in paths:
+            shutil.rmtree(p, ignore_errors=True)
+        return [p for p in paths if os.path.exists(p)]
+
+
+def _netns_of(pid: int) -> str | None:
+    """The network namespace of ``pid`` (``net:[inode]``; ``None``: gone or not ours)."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return None
+
+
+# -- the driver's side --------------------------------------------------------------------------
+
+
+class _Agents:
+    """The node agents of one cluster, from a driver joined to its Ray."""
+
+    def __init__(self, ray: Any, state: ClusterState) -> None:
+        self.ray = ray
+        self.state = state
+        self.handles: dict[str, Any] = {}
+
+    def alive_addresses(self) -> set[str]:
+        return {n["NodeManagerAddress"] for n in self.ray.nodes() if n.get("Alive")}
+
+    def get(self, node: NodeState, *, create: bool) -> Any:
+        """The agent on ``node`` (made when ``create`` and there is none), answering; ``None``
+        when there is none and ``create`` is false."""
+        if node.name in self.handles:
+            return self.handles[node.name]
+        name = agent_name(self.state.name, node.name)
+        try:
+            handle = self.ray.get_actor(name, namespace=AGENT_NAMESPACE)
+        except ValueError:
+            if not create:
+                return None
+            if node.address not in self.alive_addresses():
+                raise ClusterError(f"no Ray node at {node.address} (node {node.name}): start "
+                                   f"a Ray worker there with --node-ip-address="
+                                   f"{node.address}") from None
+            handle = self.ray.remote(NodeAgent).options(
+                name=name, namespace=AGENT_NAMESPACE, lifetime="detached", num_cpus=0,
+                max_restarts=0, resources=node_resource(node.address),
+            ).remote(self.state.name, node.name, node.address, str(self.state.files_dir))
+        hello = self.call(node, handle.hello, timeout=START_TIMEOUT_S)
+        if hello["address"] != node.address:
+            raise ClusterError(f"kvtool's agent for {node.name} runs on the Ray node at "
+                               f"{hello['address']}, not {node.address}")
+        self.handles[node.name] = handle
+        return handle
+
+    def call(self, node: NodeState, method: Any, *args: Any,
+             timeout: float = ANSWER_TIMEOUT_S) -> Any:
+        """``method(*args)`` on ``node``'s agent, its answer; a :class:`ClusterError`
+        naming the node when it fails or does not answer in ``timeout`` seconds."""
+        ray = self.ray
+        ref = method.remote(*args)
+        try:
+            return ray.get(ref, timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            raise ClusterError(f"kvtool's agent on {node.name} ({node.address}) did not "
+                               f"answer in {timeout:g} s") from None
+        except ray.exceptions.RayError as exc:
+            lines = [x for x in str(exc).splitlines() if x.strip()]
+            raise ClusterError(f"kvtool's agent on {node.name} ({node.address}) failed: "
+                               f"{lines[-1] if lines else type(exc).__name__}") from None
+
+    def kill(self, node: NodeState) -> bool:
+        """Kill ``node``'s agent; whether it is gone."""
+        handle = self.handles.pop(node.name, None)
+        name = agent_name(self.state.name, node.name)
+        if handle is None:
+            try:
+                handle = self.ray.get_actor(name, namespace=AGENT_NAMESPACE)
+            except ValueError:
+                return True
+        self.ray.kill(handle, no_restart=True)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                self.ray.get_actor(name, namespace=AGENT_NAMESPACE)
+            except ValueError:
+                return True
+            time.sleep(0.2)
+        return False
+
+
+def ray_settings(spec: ClusterSpec) -> tuple[str, str | None]:
+    """The Ray head's ``HOST:PORT`` and its token file: the file's, else the environment's
+    (``RAY_ADDRESS``, ``RAY_AUTH_TOKEN_PATH``)."""
+    assert spec.placement is not None
+    address = spec.placement.ray or os.environ.get("RAY_ADDRESS")
+    if not address:
+        raise UsageError("a hosts cluster joins your Ray cluster: give [placement] ray = "
+                         "\"HEAD:PORT\" (or set RAY_ADDRESS)", field="placement.ray")
+    address = address.removeprefix("ray://")
+    token = spec.placement.ray_token_file or os.environ.get("RAY_AUTH_TOKEN_PATH") or None
+    if token is not None and not os.path.isfile(token):
+        raise UsageError(f"no such Ray token file: {token}", field="placement.ray_token_file")
+    return address, token
+
+
+class HostsBuilder:
+    """The steps of ``up`` on the user's hosts, each recording before it makes."""
+
+    def __init__(self, spec: ClusterSpec, state: ClusterState, step: Any, runtime: str) -> None:
+        self.spec, self.state, self.step, self.runtime = spec, state, step, runtime
+
+    def build(self) -> None:
+        s, spec = self.state, self.spec
+        s.ray_address, s.ray_token_file = ray_settings(spec)
+        s.add(Resource("dir", str(s.files_dir)))
+        s.files_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        head_host = s.ray_address.rpartition(":")[0]
+        master = spec.mooncake.master if spec.mooncake is not None else None
+        head = next((n.name for n in spec.nodes if n.address == head_host), spec.nodes[0].name)
+        for node in spec.nodes:
+            assert node.address is not None  # the reader checked placement
+            roles = ["head"] if node.name == head else []
+            if spec.engines_on(node.name):
+                roles.append("engine")
+            if node.storage:
+                roles.append("storage")
+            if spec.mooncake is not None and (master or spec.nodes[0].name) == node.name:
+                roles.append("mooncake")
+            s.nodes.append(NodeState(node.name, None, node.address, roles))
+        s.save()
+        self.step(f"joining Ray at {s.ray_address}")
+        ray = connect(s)
+        try:
+            self.agents = _Agents(ray, s)
+            missing = [f"{n.name} ({n.address})" for n in s.nodes
+                       if n.address not in self.agents.alive_addresses()]
+            if missing:
+                raise ClusterError(f"Ray at {s.ray_address} has no node at {', '.join(missing)}"
+                                   ": start a Ray worker on each with --node-ip-address=ADDRESS")
+            for n in s.nodes:
+                self.step(f"kvtool agent on {n.name} ({n.address})")
+                s.add(Resource("agent", n.name, node=n.name, what=agent_name(s.name, n.name)))
+                self.agents.get(n, create=True)
+                s.add(Resource("files", str(s.files_dir), node=n.name,
+                               what=f"the cluster's folder on {n.name}"))
+            self.targets()
+            self.mooncake()
+        finally:
+            ray.shutdown()
+        s.engines = [EngineState(e.name, e.node) for e in spec.engines]
+        s.save()
+
+    def targets(self) -> None:
+        from kvtool.target.keys import keygen
+
+        s, spec = self.state, self.spec
+        if spec.nvme is None:
+            return
+        hostnqn = f"{HOST_NQN_PREFIX}:{s.name}"
+        keys: dict[str, tuple[str, str]] = {}
+        ports: dict[str, int] = {}
+        for t in spec.nvme.targets:
+            assert t.node is not None
+            node = s.node(t.node)
+            agent = self.agents.get(node, create=False)
+            if node.name not in keys:
+                self.step(f"DH-HMAC-CHAP keys for {node.name}, to every node")
+                host_key = s.files_dir / f"{node.name}-host.key"
+                ctrl_key = s.files_dir / f"{node.name}-ctrl.key"
+                for f in (host_key, ctrl_key):
+                    keygen(f)
+                texts = {str(f): f.read_text() for f in (host_key, ctrl_key)}
+                for other in s.nodes:  # the target's node, and every client of it
+                    a = self.agents.get(other, create=False)
+                    self.agents.call(other, a.put_files, texts)
+                keys[node.name] = (str(host_key), str(ctrl_key))
+            port = ports.get(node.name, TARGET_PORT)
+            ports[node.name] = port + 1
+            host_key_file, ctrl_key_file = keys[node.name]
+            cfg = target_config(f"{s.name}-{t.name}", self.runtime,
+                                f"{SUB_NQN_PREFIX}:{s.name}:{t.name}", t.size, t.config,
+                                Host(hostnqn, host_key_file, ctrl_key_file), node.address, port)
+            subnqn = cfg.subsystems[0].nqn
+            config = s.files_dir / f"target-{t.name}.json"
+            text = json.dumps(config_document(cfg), indent=2)
+            config.write_text(text)
+            self.agents.call(node, agent.put_files, {str(config): text})
+            self.step(f"target {t.name} on {node.name} ({cfg.runtime}): {node.address}:{port}")
+            res = s.add(Resource("target", t.name, node=node.name, what=str(config)))
+            out = self.agents.call(node, agent.kvtool,
+                                   ["--json", "target", "up", str(config), "--allow-remote"],
+                                   f"target-{t.name}.log", str(s.files_dir / "target-state"),
+                                   START_TIMEOUT_S * 3, timeout=START_TIMEOUT_S * 3 + 30)
+            if out["rc"] != 0:
+                raise ClusterError(f"target {t.name} on {node.name} did not start (exit "
+                                   f"{out['rc']}: {out['last']})")
+            pid = json.loads(out["stdout"])["status"].get("pid")
+            if pid:
+                res.pid = pid
+                res.start = self.agents.call(node, agent.start_time, pid)
+            size = sum(n.size or 0 for n in cfg.subsystems[0].namespaces[:1])
+            s.targets.append(ClusterTarget(t.name, node.name,
+                                           f"nvme+tcp://{node.address}:{port}/{subnqn}",
+                                           subnqn, hostnqn, host_key_file, ctrl_key_file, size,
+                                           pid, cfg.runtime))
+            s.save()
+            why = self.agents.call(node, agent.wait_listening, None, port,
+                                   f"target-{t.name}.log", timeout=START_TIMEOUT_S + 30)
+            if why is not None:
+                raise ClusterError(f"target {t.name} on {node.name} is up but {why}")
+
+    def mooncake(self) -> None:
+        s, spec = self.state, self.spec
+        if spec.mooncake is None:
+            return
+        master = next(n for n in s.nodes if "mooncake" in n.roles)
+        meta_url = f"http://{master.address}:{MOONCAKE_METADATA_PORT}/metadata"
+        s.mooncake = MooncakeState(f"{master.address}:{MOONCAKE_RPC_PORT}", meta_url)
+        self.step(f"Mooncake master on {master.name}: {s.mooncake.master}")
+        self.spawn(master, "mooncake_http_metadata_server", metadata_args(master.address),
+                   "mooncake metadata server", "mooncake-metadata.log", MOONCAKE_METADATA_PORT)
+        self.spawn(master, "mooncake_master", master_args(master.address), "mooncake master",
+                   "mooncake.log", MOONCAKE_RPC_PORT)
+        size = spec.mooncake.segment
+        for node in s.nodes:
+            self.step(f"Mooncake segment on {node.name}: {size >> 20} MiB")
+            s.mooncake.segments.append(SegmentState(node.name, node.address, size))
+            self.spawn(node, "mooncake_client",
+                       segment_args(node.address, size, s.mooncake.master, meta_url),
+                       f"mooncake segment {node.name}", f"mooncake-segment-{node.name}.log",
+                       MOONCAKE_CLIENT_PORT)
+
+    def spawn(self, node: NodeState, program: str, args: list[str], what: str, log: str,
+              port: int) -> None:
+        """``program`` on ``node`` through its agent, recorded first; waits until it
+        listens on ``port``."""
+        agent = self.agents.get(node, create=False)
+        res = self.state.add(Resource("process", what, node=node.name,
+                                      what=f"{what} on {node.name}"))
+        started = self.agents.call(node, agent.start, program, args, log)
+        res.pid, res.start = started["pid"], started["start"]
+        self.state.save()
+        why = self.agents.call(node, agent.wait_listening, res.pid, port, log,
+                               timeout=START_TIMEOUT_S + 30)
+        if why is not None:
+            raise ClusterError(f"{what} on {node.name} {why}")
+
+
+# -- status and down ----------------------------------------------------------------------------
+
+REMOTE_KINDS = ("agent", "files", "process", "target")
+
+
+def probe(state: ClusterState) -> tuple[list[bool], dict[str, bool], str | None]:
+    """Whether each of ``state.resources`` is really there (a local ``dir`` here, the rest
+    asked of its node's agent), whether each node's Ray worker is alive, and why Ray could
+    not be asked (``None``: it was)."""
+    present = [r.kind == "dir" and os.path.isdir(r.name) for r in state.resources]
+    nodes = dict.fromkeys((n.name for n in state.nodes), False)
+    try:
+        ray = connect(state)
+    except Exception as exc:
+        return present, nodes, f"Ray at {state.ray_address}: {str(exc).splitlines()[0]}"
+    try:
+        agents = _Agents(ray, state)
+        alive = agents.alive_addresses()
+        for node in state.nodes:
+            nodes[node.name] = node.address in alive
+            mine = [i for i, r in enumerate(state.resources) if r.node == node.name]
+            if not mine or not nodes[node.name]:
+                continue
+            try:
+                agent = agents.get(node, create=False)
+            except ClusterError:
+                continue
+            if agent is None:
+                continue
+            procs = [i for i in mine if state.resources[i].kind in ("process", "target")]
+            answers = agents.call(node, agent.alive,
+                                  [(state.resources[i].pid or 0, state.resources[i].start)
+                                   for i in procs])
+            for i, ok in zip(procs, answers, strict=True):
+                present[i] = bool(state.resources[i].pid) and ok
+            files = [i for i in mine if state.resources[i].kind == "files"]
+            for i, ok in zip(files, agents.call(node, agent.exists,
+                                                [state.resources[i].name for i in files]),
+                             strict=True):
+                present[i] = ok
+            for i in mine:
+                if state.resources[i].kind == "agent":
+                    present[i] = True
+    except ClusterError as exc:
+        return present, nodes, str(exc)
+    finally:
+        ray.shutdown()
+    return present, nodes, None
+
+
+def stop(state: ClusterState, step: Any) -> list[str]:
+    """Stop and remove everything ``up`` started on the hosts, in phases over all nodes
+    (targets down, processes stopped, folders removed, agents killed: hosts may share a
+    filesystem); what could not be, each naming its node. What went leaves
+    ``state.resources``."""
+    remote = [r for r in state.resources if r.node is not None]
+    if not remote:
+        return []
+    try:
+        ray = connect(state)
+    except Exception as exc:
+        return [f"Ray at {state.ray_address} cannot be reached ({str(exc).splitlines()[0]}): "
+                f"nothing on the hosts was stopped"]
+    failed: list[str] = []
+    gone: set[int] = set()
+    try:
+        agents = _Agents(ray, state)
+        reached: list[tuple[NodeState, Any, list[Resource]]] = []
+        for node in state.nodes:
+            mine = [r for r in remote if r.node == node.name]
+            if not mine:
+                continue
+            try:
+                reached.append((node, agents.get(node, create=True), mine))
+            except ClusterError as exc:
+                failed.append(f"{exc}: left {', '.join(f'{r.kind} {r.name}' for r in mine)}")
+
+        def each(what: str, fn: Any) -> None:
+            for node, agent, mine in reached:
+                try:
+                    fn(node, agent, mine)
+                except ClusterError as exc:
+                    failed.append(f"{what} on {node.name}: {exc}")
+
+        def targets_down(node: NodeState, agent: Any, mine: list[Resource]) -> None:
+            for r in mine:
+                if r.kind == "target":
+                    step(f"kvtool target down {r.name} on {node.name}")
+                    agents.call(node, agent.kvtool, ["-q", "target", "down", r.what],
+                                f"target-{r.name}.log", str(state.files_dir / "target-state"),
+                                STOP_TIMEOUT_S * 3, timeout=STOP_TIMEOUT_S * 3 + 30)
+
+        def processes(node: NodeState, agent: Any, mine: list[Resource]) -> None:
+            step(f"stopping kvtool's processes on {node.name}")
+            procs = [r for r in mine if r.kind in ("process", "target")]
+            left = agents.call(node, agent.stop, [(r.pid, r.start) for r in procs if r.pid],
+                               timeout=STOP_TIMEOUT_S + 60)
+            if left:
+                failed.append(f"processes {', '.join(map(str, left))} on {node.name} "
+                              "survived SIGKILL")
+            else:
+                gone.update(id(r) for r in procs)
+
+        def folders(node: NodeState, agent: Any, mine: list[Resource]) -> None:
+            paths = [r for r in mine if r.kind == "files"]
+            still = agents.call(node, agent.remove, [r.name for r in paths])
+            for r in paths:
+                if r.name in still:
+                    failed.append(f"{r.name} on {node.name} is still there")
+                else:
+                    gone.add(id(r))
+
+        def agent_down(node: NodeState, agent: Any, mine: list[Resource]) -> None:
+            step(f"stopping kvtool's agent on {node.name}")
+            if agents.kill(node):
+                gone.update(id(r) for r in mine if r.kind == "agent")
+            else:
+                failed.append(f"kvtool's agent on {node.name} is still there")
+
+        each("taking targets down", targets_down)
+        each("stopping processes", processes)
+        each("removing files", folders)
+        each("stopping kvtool's agent", agent_down)
+    finally:
+        ray.shutdown()
+    state.resources = [r for r in state.resources if id(r) not in gone]
+    state.save()
+    return failed
