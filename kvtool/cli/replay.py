@@ -156,6 +156,13 @@ def _fraction(_ctx: click.Context, param: click.Parameter, value: float | None) 
 @click.option("--scalar", "scalars", multiple=True, metavar="NAME=VALUE",
               help="--cluster: set a roofline scalar, e.g. mfu_prefill=0.5 (repeatable; "
                    "kvtool calibrate fits them).")
+@click.option("--jobs", type=int, default=None, metavar="N",
+              help="--simulate with --sweep or --compare: run at most N points at once on "
+                   "local cores (1: one after the other) [default: the CPUs].")
+@click.option("--ray", "ray_address", default=None, metavar="ADDRESS",
+              help="--simulate with --sweep or --compare: run the points as tasks on this "
+                   "Ray cluster (HOST:PORT, auto, or local) [default: $RAY_ADDRESS, else "
+                   "local cores].")
 @json_option
 @host_options
 def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: str | None,
@@ -168,8 +175,8 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
             requests_csv: str | None, plot_path: str | None, iolog: str | None,
             iolog_version: str, metrics_port: int | None,
             clusters: tuple[str, ...], request_rate: float | None, speedup: float | None,
-            sweep: str | None, scalars: tuple[str, ...],
-            credentials: HostCredentials | None) -> None:
+            sweep: str | None, scalars: tuple[str, ...], jobs: int | None,
+            ray_address: str | None, credentials: HostCredentials | None) -> None:
     """Replay a request trace through a GPU → DRAM → NVMe prefix cache.
 
     Data mode (default) moves real bytes through the tiers and checks every block;
@@ -182,6 +189,9 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
     from kvtool.replay.run import ReplaySettings, describe_setup, prepare
 
     check_output_paths(csv=csv_path, plot=plot_path, requests_csv=requests_csv, iolog=iolog)
+    fanout = _fanout(simulate, jobs, ray_address,
+                     len(clusters) * len(sweep.split(",")) if sweep and clusters else
+                     len(clusters) if clusters else 1 + len(compares))
     if clusters:
         from kvtool.cli import serving
         from kvtool.serving.calibrate import parse_scalar_overrides
@@ -195,7 +205,8 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
                     loads=serving.loads_from(concurrency, request_rate, speedup, sweep),
                     csv_path=csv_path, plot_path=plot_path,
                     nvme_place=nvme.place if nvme is not None else None, read_qd=read_qd,
-                    credentials=credentials, scalars=parse_scalar_overrides(scalars))
+                    credentials=credentials, scalars=parse_scalar_overrides(scalars),
+                    fanout=fanout)
         return
     for name, value in (("request_rate", request_rate), ("speedup", speedup), ("sweep", sweep),
                         ("scalar", scalars or None)):
@@ -231,7 +242,7 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
         def sink(i: int, outcome: Any) -> None:
             metrics.request(labels[i], outcome)
     with progress("replay", job.total, unit="requests") as advance:
-        doc = job.run(progress=advance, on_request=sink)
+        doc = job.run(progress=advance, on_request=sink, fanout=fanout)
     results = doc.get("configs") or [doc]
     doc["max_token_hit_ratio"] = None  # "% of max": the trace's unbounded hit ratio
     if trace != "-" and not doc["interrupted"]:
@@ -268,6 +279,24 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
            for r in results):
         raise CheckFailed("corrupt or lost blocks were found (recomputed, never served); "
                           "see the report")
+
+
+def _fanout(simulate: bool, jobs: int | None, ray_address: str | None, points: int) -> Any:
+    """Where --simulate's independent points run (:func:`kvtool.fanout.choose_fanout`)."""
+    from kvtool.fanout import choose_fanout
+
+    if not simulate:
+        for name, value in (("jobs", jobs), ("ray", ray_address)):
+            if value is not None:
+                raise UsageError(f"{param(name)} runs --simulate's points side by side; data "
+                                 f"mode runs them one after the other", field=name)
+        return None
+    fanout = choose_fanout(points, jobs=jobs, ray_address=ray_address)
+    if fanout.kind != "serial":
+        where = (f"Ray cluster {fanout.ray_address}" if fanout.kind == "ray"
+                 else f"{fanout.workers} local processes")
+        note(f"independent runs side by side on {where}")
+    return fanout
 
 
 # -- human output -----------------------------------------------------------------------

@@ -36,7 +36,7 @@ def run(*, trace: str, clusters: tuple[str, ...], simulate: bool, fmt: str,
         block_tokens: int | None, skip_bad: int, loads: list[Any], seed: int,
         csv_path: str | None, plot_path: str | None, nvme_place: str | None = None,
         read_qd: int = 16, credentials: Any = None,
-        scalars: dict[str, float] | None = None) -> None:
+        scalars: dict[str, float] | None = None, fanout: Any = None) -> None:
     from kvtool.serving.run import ServingSettings, run_serving, write_csv, write_plot
 
     settings = ServingSettings(trace=trace, clusters=clusters, loads=loads, fmt=fmt,
@@ -57,7 +57,8 @@ def run(*, trace: str, clusters: tuple[str, ...], simulate: bool, fmt: str,
             note(line)
 
     with progress("serving model", None, unit="requests") as advance:
-        doc = run_serving(settings, progress=advance, on_setup=on_setup, backend=backend)
+        doc = run_serving(settings, progress=advance, on_setup=on_setup, backend=backend,
+                          fanout=fanout)
     if csv_path:
         write_csv(doc, csv_path)
     if plot_path:
