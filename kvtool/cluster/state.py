@@ -1,0 +1,266 @@
+"""What ``kvtool cluster up`` built, recorded as it builds it, so ``down`` and ``status``
+(and the commands that run on the cluster) find it.
+
+One JSON file per cluster under the state directory (:func:`kvtool.target.state.state_dir`),
+``clusters/<name>.json``. ``up`` saves the record after every step, so it always lists
+everything created so far: namespaces, bridge, veths, processes (pid and start time, so a
+reused pid is never taken for ours), key files, the Ray head. ``down`` walks
+:attr:`ClusterState.resources` in reverse and removes each; ``status`` checks each is really
+there. Writes are atomic (temp file, fsync, rename).
+
+Invariants of a :class:`ClusterState`:
+
+* ``resources`` is in creation order; a resource is appended *before* the call that makes
+  it returns control to anything that could fail (so a half-made one is still recorded);
+* every ``nodes[].name`` is unique; every ``engines[].node`` and ``targets[].node`` is a
+  node's name;
+* ``targets[].url`` is ``nvme+tcp://ADDR:PORT/SUBNQN`` (what kvtool's nvme engine opens);
+  the key files hold DHHC-1 secrets (mode 0600), never the state file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvtool.errors import InputError
+from kvtool.target.state import state_dir
+
+SCHEMA = "kvtool.cluster.state/1"
+
+
+def clusters_dir() -> Path:
+    """One ``<name>.json`` record per cluster, and a ``<name>/`` folder of its files."""
+    return state_dir() / "clusters"
+
+
+@dataclass
+class NodeState:
+    """One node: its namespace (``None`` for a real host), address and roles.
+
+    Roles: ``head`` (Ray head, router, Mooncake master), ``engine`` (runs engines: a client
+    node), ``storage`` (runs NVMe/TCP targets).
+    """
+
+    name: str
+    netns: str | None
+    address: str
+    roles: list[str] = field(default_factory=list)
+    link_mbit: float | None = None  # tbf rate on its link (None: unshaped)
+    veth: str | None = None  # root-namespace end of its veth pair
+
+
+@dataclass
+class EngineState:
+    name: str
+    node: str
+
+
+@dataclass
+class ClusterTarget:
+    """One NVMe/TCP target on a storage node; it requires ``hostnqn`` with its key."""
+
+    name: str
+    node: str
+    url: str  # nvme+tcp://ADDR:PORT/SUBNQN
+    subnqn: str
+    hostnqn: str
+    dhchap_key_file: str
+    dhchap_ctrl_key_file: str | None = None
+    size: int = 0  # bytes of its namespace
+    pid: int | None = None
+
+
+@dataclass
+class SegmentState:
+    """A node's Mooncake segment: the DRAM it lends to the pool."""
+
+    node: str
+    address: str  # where its client is reached (the node's address)
+    size: int  # bytes
+
+
+@dataclass
+class MooncakeState:
+    master: str  # "ip:port" of mooncake_master on the head
+    metadata: str  # the metadata server URL ("http://ip:port/metadata")
+    protocol: str = "tcp"
+    segments: list[SegmentState] = field(default_factory=list)
+
+
+@dataclass
+class Resource:
+    """Something ``up`` created and ``down`` removes.
+
+    ``kind``: ``netns`` (name), ``bridge`` (name), ``veth`` (root end's name),
+    ``process`` (pid, start, what, netns), ``ray`` (netns: ``ray stop`` there),
+    ``dir`` (path: removed with its files).
+    """
+
+    kind: str
+    name: str
+    pid: int | None = None
+    start: int | None = None  # /proc start time of pid (kvtool.target.procs.start_time)
+    netns: str | None = None
+    what: str = ""
+
+
+@dataclass
+class ClusterState:
+    """A cluster ``up`` has made (or is making): see the module docstring."""
+
+    name: str
+    file: str
+    kind: str = "netns"  # "netns" | "hosts"
+    phase: str = "starting"  # "starting" | "up" | "failed" | "stopping"
+    error: str | None = None  # why ``up`` failed
+    subnet: str | None = None
+    bridge: str | None = None
+    nodes: list[NodeState] = field(default_factory=list)
+    ray_address: str | None = None  # head GCS "ip:port"
+    engines: list[EngineState] = field(default_factory=list)
+    targets: list[ClusterTarget] = field(default_factory=list)
+    mooncake: MooncakeState | None = None
+    resources: list[Resource] = field(default_factory=list)
+    created: float = field(default_factory=time.time)
+    schema: str = SCHEMA
+
+    # -- lookups -----------------------------------------------------------------------------
+
+    def node(self, name: str) -> NodeState:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    @property
+    def head(self) -> NodeState:
+        return next((n for n in self.nodes if "head" in n.roles), self.nodes[0])
+
+    def client_nodes(self) -> list[NodeState]:
+        """Nodes that run engines (the clients of the storage targets), in file order."""
+        return [n for n in self.nodes if "engine" in n.roles]
+
+    def storage_nodes(self) -> list[NodeState]:
+        return [n for n in self.nodes if "storage" in n.roles]
+
+    @property
+    def files_dir(self) -> Path:
+        """Its generated files: keys, target configs, logs."""
+        return clusters_dir() / self.name
+
+    @property
+    def path(self) -> Path:
+        return clusters_dir() / f"{self.name}.json"
+
+    # -- JSON ----------------------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ClusterState:
+        d = dict(data)
+        d["nodes"] = [NodeState(**n) for n in d.get("nodes", [])]
+        d["engines"] = [EngineState(**e) for e in d.get("engines", [])]
+        d["targets"] = [ClusterTarget(**t) for t in d.get("targets", [])]
+        d["resources"] = [Resource(**r) for r in d.get("resources", [])]
+        m = d.get("mooncake")
+        if m is not None:
+            m = dict(m)
+            m["segments"] = [SegmentState(**s) for s in m.get("segments", [])]
+            d["mooncake"] = MooncakeState(**m)
+        return cls(**d)
+
+    def save(self) -> Path:
+        return save(self)
+
+    def add(self, resource: Resource) -> Resource:
+        """Record ``resource`` and save at once (before anything else can fail)."""
+        self.resources.append(resource)
+        self.save()
+        return resource
+
+
+def save(state: ClusterState) -> Path:
+    path = state.path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, json.dumps(state.to_json(), indent=2, sort_keys=True).encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    with contextlib.suppress(OSError):
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    return path
+
+
+def cluster_name(file: str | os.PathLike[str]) -> str:
+    """The name a cluster file gives its cluster (``name``, else the file's stem)."""
+    p = Path(file)
+    try:
+        data = tomllib.loads(p.read_text()) if p.suffix != ".json" else json.loads(p.read_text())
+    except FileNotFoundError:
+        raise InputError("no such cluster file", file=str(p)) from None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"unreadable cluster file: {exc}", file=str(p)) from None
+    name = data.get("name") if isinstance(data, dict) else None
+    return name.strip() if isinstance(name, str) and name.strip() else p.stem
+
+
+def load_state(name_or_file: str | os.PathLike[str]) -> ClusterState | None:
+    """The record of a cluster, by name, by its cluster file, or by the record's path.
+
+    ``None`` when no cluster of that name is recorded (never brought up, or taken down).
+    """
+    s = str(name_or_file)
+    p = Path(s)
+    if p.suffix == ".json" and p.is_file() and _is_record(p):
+        path = p
+    elif p.suffix in (".toml", ".json") or os.sep in s:
+        path = clusters_dir() / f"{cluster_name(p)}.json"
+    else:
+        path = clusters_dir() / f"{s}.json"
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InputError(f"unreadable cluster state: {exc}", file=str(path)) from None
+    try:
+        return ClusterState.from_json(data)
+    except TypeError as exc:
+        raise InputError(f"cluster state has an unexpected shape: {exc}",
+                         file=str(path)) from None
+
+
+def _is_record(p: Path) -> bool:
+    try:
+        return json.loads(p.read_text()).get("schema") == SCHEMA
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def remove(name: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        (clusters_dir() / f"{name}.json").unlink()
+
+
+def names() -> list[str]:
+    d = clusters_dir()
+    if not d.is_dir():
+        return []
+    return sorted(p.stem for p in d.glob("*.json"))
