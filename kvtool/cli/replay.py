@@ -163,6 +163,10 @@ def _fraction(_ctx: click.Context, param: click.Parameter, value: float | None) 
               help="--simulate with --sweep or --compare: run the points as tasks on this "
                    "Ray cluster (HOST:PORT, auto, or local) [default: $RAY_ADDRESS, else "
                    "local cores].")
+@click.option("--fault", "faults", multiple=True, metavar="KIND@SECONDS[:WHO]",
+              help="--cluster on a cluster that is up (data mode): at this simulated second "
+                   "kill an engine actor (engine), a storage target (target) or a node "
+                   "(node); WHO names it (repeatable).")
 @json_option
 @host_options
 def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: str | None,
@@ -176,7 +180,8 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
             iolog_version: str, metrics_port: int | None,
             clusters: tuple[str, ...], request_rate: float | None, speedup: float | None,
             sweep: str | None, scalars: tuple[str, ...], jobs: int | None,
-            ray_address: str | None, credentials: HostCredentials | None) -> None:
+            ray_address: str | None, faults: tuple[str, ...],
+            credentials: HostCredentials | None) -> None:
     """Replay a request trace through a GPU → DRAM → NVMe prefix cache.
 
     Data mode (default) moves real bytes through the tiers and checks every block;
@@ -206,8 +211,11 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
                     csv_path=csv_path, plot_path=plot_path,
                     nvme_place=nvme.place if nvme is not None else None, read_qd=read_qd,
                     credentials=credentials, scalars=parse_scalar_overrides(scalars),
-                    fanout=fanout)
+                    fanout=fanout, faults=faults)
         return
+    if faults:
+        raise UsageError(f"{param('fault')} applies to {param('cluster')} on a cluster that is "
+                         "up", field="fault")
     for name, value in (("request_rate", request_rate), ("speedup", speedup), ("sweep", sweep),
                         ("scalar", scalars or None)):
         if value is not None:

@@ -36,14 +36,35 @@ def run(*, trace: str, clusters: tuple[str, ...], simulate: bool, fmt: str,
         block_tokens: int | None, skip_bad: int, loads: list[Any], seed: int,
         csv_path: str | None, plot_path: str | None, nvme_place: str | None = None,
         read_qd: int = 16, credentials: Any = None,
-        scalars: dict[str, float] | None = None, fanout: Any = None) -> None:
+        scalars: dict[str, float] | None = None, fanout: Any = None,
+        faults: tuple[str, ...] = ()) -> None:
     from kvtool.serving.run import ServingSettings, run_serving, write_csv, write_plot
 
     settings = ServingSettings(trace=trace, clusters=clusters, loads=loads, fmt=fmt,
                                block_tokens=block_tokens, skip_bad=skip_bad, seed=seed,
                                scalars=dict(scalars or {}))
     backend = None
+    state = None
     if not simulate:
+        from kvtool.replay.raycluster import cluster_up
+
+        state = cluster_up(clusters[0])
+    if faults and state is None:
+        raise UsageError(f"{param('fault')} needs a cluster that is up (kvtool cluster up "
+                         f"{clusters[0]}) and data mode", field="fault")
+    if state is not None:
+        from kvtool.replay.raycluster import Fault, RayClusterData
+
+        parsed = [Fault.parse(f) for f in faults]
+        note(f"data mode on cluster {state.name}: engines as Ray actors on their nodes "
+             f"(Ray at {state.ray_address})")
+
+        def backend(built: Any) -> Any:
+            data = RayClusterData(built, state, seed=seed, faults=parsed)
+            for tier, place in data.places.items():
+                note(f"data mode: {tier} tier on {place}")
+            return data
+    elif not simulate:
         from kvtool.replay.cluster import open_cluster_data
 
         def backend(built: Any) -> Any:
@@ -64,7 +85,10 @@ def run(*, trace: str, clusters: tuple[str, ...], simulate: bool, fmt: str,
     if plot_path:
         write_plot(doc, plot_path, title=f"kvtool replay {Path(trace).name} (simulated)")
     emit(doc, lambda con: render(con, doc))
-    if any(r.get("data", {}).get("corrupt_blocks") or r.get("data", {}).get("lost_blocks")
+    # Corrupt blocks are a failed check; so are lost ones, unless a fault was injected
+    # (then they are what it cost: recomputed, counted, never served).
+    if any(r.get("data", {}).get("corrupt_blocks") or
+           (r.get("data", {}).get("lost_blocks") and not r["data"].get("faults"))
            for r in doc["runs"]):
         raise CheckFailed("corrupt or lost blocks were found (never served); see the report")
 
@@ -146,7 +170,17 @@ def render(con: Any, doc: dict[str, Any]) -> None:
             con.print(f"  {name}: wrote {c['blocks_written']:,} blocks "
                       f"({c['bytes_written'] / 1e6:,.1f} MB), read {c['blocks_read']:,} "
                       f"({c['bytes_read'] / 1e6:,.1f} MB), evicted {c['evicted']:,} (measured)")
+        if "cross_engine_hits" in d:
+            by = ", ".join(f"{k} {v:,}" for k, v in d["cross_engine_hits_by_tier"].items())
+            con.print(f"  cross-engine hits {d['cross_engine_hits']:,}"
+                      + (f" ({by})" if by else "") + " · verified like every hit")
+        for f in d.get("faults", []):
+            con.print(f"  [yellow]fault[/] {f['kind']} {f['who']} at {f['fired_at_s']:.3f} s "
+                      f"(simulated; {f['wall_s']:.1f} s wall): {f['effect']}")
         for p in d["problems"][:10]:
+            if "key" not in p:
+                con.print(f"  [red]{p['kind']}[/] {p['target']}: {p['error']}")
+                continue
             con.print(f"  [red]{p['kind']}[/] block {p['key']:#x} in {p['tier']} "
                       f"(engine {p['engine']}): never served")
     con.print("[dim]C: users (closed loop), R: requests/s (Poisson), T: the trace's "

@@ -3,24 +3,34 @@ per test session, shut down afterwards (CI has two cores)."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, free_port
 
 
 @pytest.fixture(scope="session")
 def local_ray() -> Iterator[Any]:
+    # Ray binds its node to loopback only in its single-machine mode (read when ray is
+    # imported; its workers inherit it): everything listens on 127.0.0.1.
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     ray = pytest.importorskip("ray", reason="the cluster extra (ray) is not installed")
     # Ray's workers are processes of their own: they find this checkout's kvtool through
     # PYTHONPATH, inherited from the driver.
     old = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), old) if p)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             logging_level="error", _node_ip_address="127.0.0.1")
+             logging_level="error")
+    assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}
     try:
         yield ray
     finally:
@@ -29,3 +39,98 @@ def local_ray() -> Iterator[Any]:
             os.environ.pop("PYTHONPATH", None)
         else:
             os.environ["PYTHONPATH"] = old
+
+
+# --- the pieces of a cluster, on 127.0.0.1: a Mooncake master, NVMe/TCP targets with keys -
+
+HOSTNQN = "nqn.2014-08.org.nvmexpress:uuid:6b767461-7574-4800-8000-00000000c1a5"
+
+
+@dataclass
+class LocalTarget:
+    """An emulator target in a process of its own (a storage node's target), requiring
+    DH-HMAC-CHAP from :data:`HOSTNQN`."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    url: str
+    key_file: str
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_target(name: str, directory: Path, size: str = "96MiB") -> LocalTarget:
+    from kvtool.target.keys import keygen
+
+    key = directory / f"{name}.key"
+    keygen(key)
+    ready = directory / f"{name}.ready"
+    nqn = f"nqn.2026-01.io.kvtool:{name}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "emulator.nvmetcp", "--listen", "127.0.0.1:0", "--nqn", nqn,
+         "--backing", size, "--host", HOSTNQN, "--dhchap-key", f"{HOSTNQN}={key}",
+         "--busy-poll", "0", "--ready-file", str(ready)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    deadline = time.monotonic() + 30
+    while not ready.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            err = proc.communicate()[1].decode(errors="replace")
+            raise RuntimeError(f"target {name} did not start: {err}")
+        time.sleep(0.05)
+    url = json.loads(ready.read_text())["urls"][0]
+    return LocalTarget(name, proc, f"{url}/1", str(key))
+
+
+@pytest.fixture
+def targets(tmp_path: Path) -> Iterator[list[LocalTarget]]:
+    out: list[LocalTarget] = []
+    try:
+        for name in ("t0", "t1"):
+            out.append(start_target(name, tmp_path))
+        yield out
+    finally:
+        for t in out:
+            t.stop()
+
+
+@pytest.fixture
+def mooncake_master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    pytest.importorskip("mooncake.store", reason="the mooncake extra is not installed")
+    from kvtool.mooncake import pool as P
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("KVTOOL_STATE_DIR", str(tmp_path_factory.mktemp("pool-state")))
+    ports = [free_port() for _ in range(3)]
+    while len(set(ports)) < 3:
+        ports = [free_port() for _ in range(3)]
+    doc = P.up("mn", rpc_port=ports[0], metadata_port=ports[1], metrics_port=ports[2])
+    try:
+        yield {**doc, "ports": ports}
+    finally:
+        P.down("mn")
+        mp.undo()
+
+
+def cluster_state(name: str, nodes: list[str], targets: list[LocalTarget],
+                  mooncake: dict[str, Any] | None) -> Any:
+    """A :class:`~kvtool.cluster.state.ClusterState` of ``nodes`` that all live on this
+    machine (address 127.0.0.1, as the local Ray knows it), with these targets and pool."""
+    from kvtool.cluster.state import ClusterState, ClusterTarget, MooncakeState, NodeState
+
+    state = ClusterState(name=name, file=f"{name}.toml", kind="hosts", phase="up")
+    state.nodes = [NodeState(n, None, "127.0.0.1", ["engine"]) for n in nodes]
+    state.targets = [ClusterTarget(t.name, nodes[-1], t.url, t.url.split("/")[3], HOSTNQN,
+                                   t.key_file, pid=t.proc.pid) for t in targets]
+    if mooncake is not None:
+        rpc, meta, _metrics = mooncake["ports"]
+        state.mooncake = MooncakeState(f"127.0.0.1:{rpc}", f"http://127.0.0.1:{meta}/metadata")
+    return state
