@@ -60,6 +60,8 @@ IO_TIMEOUT_S = 5.0
 SEGMENT_HEADROOM = 1.5
 """Mooncake segments lent in all / the model's Mooncake capacity."""
 MAX_NAMED = 100
+RESTART_TIMEOUT_S = 60.0
+"""Longest wait for Ray to restart a killed engine actor."""
 FAULT_KINDS = ("engine", "target", "node")
 TIERS = ("dram", "mooncake", "nvme")
 
@@ -480,6 +482,7 @@ class RayClusterData:
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
             ).remote(s))
         self._ready = ray.get([w.ready.remote() for w in self.workers])
+        self._pids = [r["pid"] for r in self._ready]
 
     def _call(self, engine: int, method: str, *args: Any) -> Any:
         """One call on an engine's actor; ``None`` when the actor died during it."""
@@ -512,6 +515,7 @@ class RayClusterData:
             doc["who"] = self.specs[i].name
             doc["node"] = self.specs[i].node
             ray.kill(self.workers[i], no_restart=False)
+            self._await_restart([i])
             doc["effect"] = ("actor killed; Ray restarts it on its node, empty; the Mooncake "
                              "segment it lent is gone")
         elif f.kind == "target":
@@ -532,6 +536,7 @@ class RayClusterData:
             self._call(mine[0], "drop_node_memory")
             for i in mine:
                 ray.kill(self.workers[i], no_restart=False)
+            self._await_restart(mine)
             lost = [k for (tier, n, k) in self.writer if tier == "dram" and n == node]
             for k in lost:
                 self.gone.add(("dram", node, k))
@@ -539,6 +544,27 @@ class RayClusterData:
                              "killed and restarted; the node's DRAM pool and Mooncake "
                              "segments lost")
         return doc
+
+    def _await_restart(self, engines: list[int]) -> None:
+        """Wait until Ray has brought the killed actors back (new processes on their
+        nodes), so that the run goes on against engines that are up again."""
+        import ray
+
+        deadline = time.monotonic() + RESTART_TIMEOUT_S
+        for i in engines:
+            while True:
+                try:
+                    now = ray.get(self.workers[i].ready.remote(), timeout=RESTART_TIMEOUT_S)
+                except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
+                        ray.exceptions.GetTimeoutError):
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.1)
+                    continue
+                if now["pid"] != self._pids[i]:
+                    self._pids[i] = now["pid"]
+                    break
+                time.sleep(0.1)  # the kill has not reached it yet
 
     def _engine_index(self, who: str | None) -> int:
         if who is None:
@@ -702,7 +728,8 @@ class RayClusterData:
         return out
 
     def result(self) -> dict[str, Any]:
-        return {"mode": "data", "runtime": "ray", "block_bytes": self.block_bytes,
+        return {"mode": "data", "runtime": "ray", "run": self.run,
+                "block_bytes": self.block_bytes,
                 "seed": self.seed, "places": dict(self.places),
                 "verified_blocks": self.verified, "corrupt_blocks": self.corrupt,
                 "lost_blocks": self.lost,
@@ -710,13 +737,22 @@ class RayClusterData:
                 "cross_engine_hits_by_tier": dict(sorted(self.cross.items())),
                 "problems": list(self.named),
                 "tiers": {k: v.to_dict() for k, v in sorted(self.counters.items())},
-                "engines": [{"name": s.name, "node": s.node, "address": s.address,
-                             "pid": r["pid"], "failed_calls": n}
-                            for s, r, n in zip(self.specs, self._ready, self.restarts,
-                                               strict=True)]
-                if len(getattr(self, "_ready", [])) == len(self.specs) else [],
+                "engines": self._engines(),
                 "faults": list(self.fired),
                 "basis": "measured"}
+
+    def _engines(self) -> list[dict[str, Any]]:
+        """Each engine actor: where it runs, its process now and at the start (a killed
+        actor comes back as another process), calls that failed because it died."""
+        out = []
+        for i, s in enumerate(self.specs):
+            now = self._call(i, "ready")
+            out.append({"name": s.name, "node": s.node, "address": s.address,
+                        "pid": None if now is None else now["pid"],
+                        "first_pid": self._ready[i]["pid"],
+                        "restarted": now is None or now["pid"] != self._ready[i]["pid"],
+                        "failed_calls": self.restarts[i]})
+        return out
 
     def close(self) -> None:
         """Close every engine's connections, remove each node's DRAM pool, stop the actors."""

@@ -102,7 +102,7 @@ def targets(tmp_path: Path) -> Iterator[list[LocalTarget]]:
             t.stop()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def mooncake_master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     pytest.importorskip("mooncake.store", reason="the mooncake extra is not installed")
     from kvtool.mooncake import pool as P

@@ -105,5 +105,41 @@ def test_engines_on_nodes_share_tiers_and_every_hit_is_checked(
     # the bytes follow the clock; the simulated report is --simulate's
     assert r["serving"] == _simulated(trace, cluster)["serving"]
     # nothing is left behind: actors gone, the nodes' DRAM pools removed
-    assert not list(Path("/dev/shm").glob(f"kvtool-*-n0.dram"))
-    json.dumps(doc)
+    assert not any(Path(f"/dev/shm/kvtool-{d['run']}-{n}.dram").exists() for n in ("n0", "n1"))
+    json.dumps(doc)  # what --json prints
+
+
+@pytest.mark.parametrize("fault, who", [("engine", "engine1"), ("target", "t0"),
+                                        ("node", "n1")])
+def test_a_fault_mid_run_costs_recomputes_never_corruption(
+        local_ray: Any, targets: list[LocalTarget], mooncake_master: dict[str, Any],
+        tmp_path: Path, fault: str, who: str) -> None:
+    trace, cluster = _inputs(tmp_path)
+    sim = _simulated(trace, cluster)
+    at = round(sim["serving"]["duration"] / 3, 3)
+    state = cluster_state("mini", ["n0", "n1"], targets, mooncake_master)
+    doc = _run(trace, cluster, state, faults=(f"{fault}@{at}:{who}",))
+    r = doc["runs"][0]
+    d = r["data"]
+    # the run completes: every request served, none failed
+    assert r["serving"]["completed"] == doc["requests"] and r["serving"]["failed"] == 0
+    # the report names the fault and when it fired (simulated seconds, at or after its time)
+    [f] = d["faults"]
+    assert f["kind"] == fault and f["who"] == who and f["fired_at_s"] >= at
+    # nothing corrupt was ever served; what was lost was counted and recomputed
+    assert d["corrupt_blocks"] == 0
+    assert r["cache"]["recomputed_after_check_blocks"] >= d["lost_blocks"]
+    if fault == "engine":
+        e = next(e for e in d["engines"] if e["name"] == who)
+        assert e["restarted"] and e["pid"] != e["first_pid"]
+        assert all(not x["restarted"] for x in d["engines"] if x["name"] != who)
+    elif fault == "target":
+        assert targets[0].proc.wait(5) == -9  # really killed
+        assert any(p["kind"] == "target failed" and p["target"] == "t0" for p in d["problems"])
+        assert d["lost_blocks"] + d["tiers"]["nvme"]["failed_writes"] > 0
+    else:
+        assert {e["name"] for e in d["engines"] if e["restarted"]} == {"engine2", "engine3"}
+        assert d["lost_blocks"] > 0
+        assert all(p["tier"] in ("dram", "mooncake") for p in d["problems"] if "key" in p)
+    # blocks that survived still hit, and were checked
+    assert d["verified_blocks"] > 0
