@@ -12,7 +12,8 @@ Where the points run (:func:`choose_fanout`):
 
 * **Ray**, when a Ray cluster is named: ``ray_address`` (``--ray ADDRESS``: the head of
   a ``kvtool cluster up``, ``auto``, or ``local`` to start one for the run), else the
-  ``RAY_ADDRESS`` environment variable (Ray's own). ``shared`` goes into Ray's object
+  ``RAY_ADDRESS`` environment variable (Ray's own), else the Ray head of the run's
+  cluster file when ``kvtool cluster up`` made that cluster and it is up. ``shared`` goes into Ray's object
   store once; each point is one task. A Ray already initialised in this process (a test's
   ``ray.init(num_cpus=2)``) is used as it is.
 * **Local processes** otherwise (``concurrent.futures.ProcessPoolExecutor``, forked:
@@ -26,12 +27,12 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
 
-from kvtool.errors import UsageError, param
+from kvtool.errors import InputError, UsageError, param
 
 KINDS = ("serial", "processes", "ray")
 
@@ -153,21 +154,35 @@ def _ray_point(fn: PointFn, shared: Any, i: int) -> Any:
     return fn(shared, i)
 
 
-def ray_address_from_env() -> str | None:
-    """Ray's ``RAY_ADDRESS`` (``None``: no Ray cluster is named)."""
-    return os.environ.get("RAY_ADDRESS") or None
+def ray_address_from_env(cluster_files: Sequence[str] = ()) -> str | None:
+    """Ray's ``RAY_ADDRESS``, else the Ray head of the first of ``cluster_files`` whose
+    cluster ``kvtool cluster up`` made and is up (``None``: no Ray cluster is named)."""
+    env = os.environ.get("RAY_ADDRESS")
+    if env:
+        return env
+    from kvtool.cluster.state import load_state
+
+    for path in cluster_files:
+        try:
+            state = load_state(path)
+        except InputError:
+            continue  # the cluster file itself is read (and reported) by the run
+        if state is not None and state.phase == "up" and state.ray_address:
+            return state.ray_address
+    return None
 
 
-def choose_fanout(points: int, *, jobs: int | None = None, ray_address: str | None = None
-                  ) -> Fanout:
+def choose_fanout(points: int, *, jobs: int | None = None, ray_address: str | None = None,
+                  cluster_files: Sequence[str] = ()) -> Fanout:
     """Where ``points`` independent points run (module docstring). ``jobs``: local
     processes at most (1: serial); ``ray_address``: a Ray cluster to use (``auto`` or
-    ``HOST:PORT``; ``local`` starts one here for the run)."""
+    ``HOST:PORT``; ``local`` starts one here for the run); ``cluster_files``: the run's
+    cluster files, whose cluster's Ray head is used when it is up."""
     if jobs is not None and jobs < 1:
         raise UsageError(f"{param('jobs')} must be at least 1, got {jobs}", field="jobs")
     if jobs == 1 or points <= 1:
         return Fanout("serial")
-    address = ray_address or ray_address_from_env()
+    address = ray_address or ray_address_from_env(cluster_files)
     if address is not None:
         try:
             import ray  # noqa: F401

@@ -196,7 +196,7 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
     check_output_paths(csv=csv_path, plot=plot_path, requests_csv=requests_csv, iolog=iolog)
     fanout = _fanout(simulate, jobs, ray_address,
                      len(clusters) * len(sweep.split(",")) if sweep and clusters else
-                     len(clusters) if clusters else 1 + len(compares))
+                     len(clusters) if clusters else 1 + len(compares), clusters)
     if clusters:
         from kvtool.cli import serving
         from kvtool.serving.calibrate import parse_scalar_overrides
@@ -289,7 +289,8 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
                           "see the report")
 
 
-def _fanout(simulate: bool, jobs: int | None, ray_address: str | None, points: int) -> Any:
+def _fanout(simulate: bool, jobs: int | None, ray_address: str | None, points: int,
+            clusters: tuple[str, ...]) -> Any:
     """Where --simulate's independent points run (:func:`kvtool.fanout.choose_fanout`)."""
     from kvtool.fanout import choose_fanout
 
@@ -299,7 +300,7 @@ def _fanout(simulate: bool, jobs: int | None, ray_address: str | None, points: i
                 raise UsageError(f"{param(name)} runs --simulate's points side by side; data "
                                  f"mode runs them one after the other", field=name)
         return None
-    fanout = choose_fanout(points, jobs=jobs, ray_address=ray_address)
+    fanout = choose_fanout(points, jobs=jobs, ray_address=ray_address, cluster_files=clusters)
     if fanout.kind != "serial":
         where = (f"Ray cluster {fanout.ray_address}" if fanout.kind == "ray"
                  else f"{fanout.workers} local processes")

@@ -176,7 +176,8 @@ def render(con: Any, doc: dict[str, Any]) -> None:
                       + (f" ({by})" if by else "") + " · verified like every hit")
         for f in d.get("faults", []):
             con.print(f"  [yellow]fault[/] {f['kind']} {f['who']} at {f['fired_at_s']:.3f} s "
-                      f"(simulated; {f['wall_s']:.1f} s wall): {f['effect']}")
+                      f"(simulated; asked for {f['at_s']:g} s; {f['wall_s']:.1f} s into the "
+                      f"run's wall time): {f['effect']}")
         for p in d["problems"][:10]:
             if "key" not in p:
                 con.print(f"  [red]{p['kind']}[/] {p['target']}: {p['error']}")

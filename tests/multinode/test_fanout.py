@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -48,6 +49,26 @@ def test_choice(monkeypatch: pytest.MonkeyPatch) -> None:
         "ray", workers=8, ray_address="10.0.0.1:6379")
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6380")
     assert choose_fanout(3).ray_address == "127.0.0.1:6380"
+
+
+def test_choice_follows_a_cluster_that_is_up(monkeypatch: pytest.MonkeyPatch,
+                                             tmp_path: Path) -> None:
+    from kvtool.cluster.state import ClusterState
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("KVTOOL_STATE_DIR", str(tmp_path))
+    toml = tmp_path / "c.toml"
+    toml.write_text('name = "mini"\n')
+    assert choose_fanout(3, jobs=2, cluster_files=[str(toml)]).kind == "processes"
+    state = ClusterState(name="mini", file=str(toml), phase="starting",
+                         ray_address="10.201.0.2:6379")
+    state.save()
+    assert choose_fanout(3, jobs=2, cluster_files=[str(toml)]).kind == "processes"
+    state.phase = "up"
+    state.save()
+    assert choose_fanout(3, cluster_files=[str(toml)]) == Fanout(
+        "ray", workers=3, ray_address="10.201.0.2:6379")
+    assert choose_fanout(3, jobs=1, cluster_files=[str(toml)]).kind == "serial"
 
 
 def _serving(fanout: Fanout | None) -> str:

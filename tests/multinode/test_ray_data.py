@@ -16,6 +16,27 @@ from tests.multinode.conftest import LocalTarget, cluster_state
 
 pytestmark = [pytest.mark.slow, pytest.mark.mooncake]
 
+
+def test_fault_spec_is_checked() -> None:
+    from kvtool.errors import UsageError
+    from kvtool.replay.raycluster import Fault
+
+    assert Fault.parse("node@2.5:n1") == Fault("node", 2.5, "n1")
+    assert Fault.parse("target@0") == Fault("target", 0.0, None)
+    for bad in ("engine", "disk@1", "engine@-1", "engine@soon", "engine@inf"):
+        with pytest.raises(UsageError, match="KIND@SECONDS"):
+            Fault.parse(bad)
+
+
+def test_fault_needs_a_cluster_that_is_up(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVTOOL_STATE_DIR", str(tmp_path))
+    trace, cluster = _inputs(tmp_path)
+    res = run("replay", trace, "--cluster", cluster, "--fault", "engine@1")
+    assert res.exit_code == 2 and "--fault" in res.stderr and "cluster up" in res.stderr
+    res = run("replay", trace, "--dram", "64blk", "--simulate", "--fault", "engine@1")
+    assert res.exit_code == 2 and "--fault" in res.stderr
+
 CLUSTER = """
 name = "mini"
 block_tokens = 32
@@ -143,3 +164,23 @@ def test_a_fault_mid_run_costs_recomputes_never_corruption(
         assert all(p["tier"] in ("dram", "mooncake") for p in d["problems"] if "key" in p)
     # blocks that survived still hit, and were checked
     assert d["verified_blocks"] > 0
+
+
+def test_cli_on_a_cluster_that_is_up(local_ray: Any, targets: list[LocalTarget],
+                                     mooncake_master: dict[str, Any], tmp_path: Path,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.helpers.widths import checking_widths
+
+    trace, cluster = _inputs(tmp_path)
+    at = round(_simulated(trace, cluster)["serving"]["duration"] / 2, 3)
+    monkeypatch.setenv("KVTOOL_STATE_DIR", str(tmp_path / "state"))
+    cluster_state("mini", ["n0", "n1"], targets, mooncake_master).save()
+    with checking_widths(monkeypatch) as problems:
+        res = run("replay", trace, "--cluster", cluster, "--concurrency", "3",
+                  "--fault", f"engine@{at}:engine0")
+    assert res.exit_code == 0, res.stderr
+    assert "engines as Ray actors on their nodes" in res.stderr
+    assert "cross-engine hits" in res.stdout and "corrupt 0" in res.stdout
+    text = " ".join(res.stdout.split())
+    assert "fault engine engine0 at " in text and f"asked for {at:g} s" in text, text
+    assert problems == []
