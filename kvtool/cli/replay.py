@@ -166,7 +166,7 @@ def _fraction(_ctx: click.Context, param: click.Parameter, value: float | None) 
 @click.option("--fault", "faults", multiple=True, metavar="KIND@SECONDS[:WHO]",
               help="--cluster on a cluster that is up (data mode): at this simulated second "
                    "kill an engine actor (engine), a storage target (target) or a node "
-                   "(node); WHO names it (repeatable).")
+                   "(node), or cut a node's links (link); WHO names it (repeatable).")
 @json_option
 @host_options
 def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: str | None,

@@ -25,7 +25,8 @@ or reach moves them, on its node:
 Faults (:class:`Fault`, ``--fault KIND@SECONDS[:WHO]``) fire when the simulated clock
 passes their time: ``engine`` kills an engine actor (Ray restarts it on its node, empty),
 ``target`` kills a storage target's process, ``node`` kills every engine actor of a node
-and drops its memory (its DRAM pool and the Mooncake segments it lent). A block that lived
+and drops its memory (its DRAM pool and the Mooncake segments it lent), ``link`` sets a
+netns node's links down inside its namespace (``ip link set DEV down``). A block that lived
 only there is lost from then on and recomputed when asked for; the report's ``faults``
 names each one and when it fired (simulated and wall seconds).
 
@@ -62,7 +63,7 @@ SEGMENT_HEADROOM = 1.5
 MAX_NAMED = 100
 RESTART_TIMEOUT_S = 60.0
 """Longest wait for Ray to restart a killed engine actor."""
-FAULT_KINDS = ("engine", "target", "node")
+FAULT_KINDS = ("engine", "target", "node", "link")
 TIERS = ("dram", "mooncake", "nvme")
 
 
@@ -246,7 +247,31 @@ class EngineWorker:
     def _nvme(self, keys: Sequence[int], places: Sequence[tuple[int, int]], *, write: bool,
               errors: dict[str, str]) -> list[int]:
         """Write or read ``keys`` at their (target, slot); the keys that failed. A target
-        that fails once is dead for this engine (its blocks fail at once from then on)."""
+        that fails once is dead for this engine (its blocks fail at once from then on).
+
+        The transfers run on a helper thread with a deadline: a target behind a cut link
+        answers nothing, not even a reset, and a send to it would block for as long as TCP
+        retries. Past the deadline the target it was waiting on is dead, its connection is
+        shut (which ends the blocked send) and every key of the call has failed."""
+        import threading
+
+        out: list[list[int]] = []
+        busy: list[int] = []
+
+        def run() -> None:
+            out.append(self._nvme_io(keys, places, write, errors, busy))
+
+        th = threading.Thread(target=run, name="nvme-io", daemon=True)
+        th.start()
+        th.join(2 * IO_TIMEOUT_S)
+        if out:
+            return out[0]
+        t = busy[-1] if busy else places[0][0]
+        self._kill(t, TimeoutError(f"no answer in {2 * IO_TIMEOUT_S:g} s"), errors)
+        return list(keys)
+
+    def _nvme_io(self, keys: Sequence[int], places: Sequence[tuple[int, int]], write: bool,
+                 errors: dict[str, str], busy: list[int]) -> list[int]:
         futures = []
         failed: list[int] = []
         for i, (k, (t, slot)) in enumerate(zip(keys, places, strict=True)):
@@ -255,6 +280,7 @@ class EngineWorker:
                 failed.append(k)
                 continue
             row = memoryview(self.rows[i])
+            busy.append(t)
             try:
                 f = (eng.submit_write if write else eng.submit_read)(slot * self.padded, row)
             except Exception as exc:
@@ -263,6 +289,7 @@ class EngineWorker:
                 continue
             futures.append((k, t, f))
         for k, t, f in futures:
+            busy.append(t)
             try:
                 f.result(timeout=IO_TIMEOUT_S)
             except Exception as exc:
@@ -271,8 +298,16 @@ class EngineWorker:
         return failed
 
     def _kill(self, t: int, exc: BaseException, errors: dict[str, str]) -> None:
+        """Target ``t`` is dead for this engine: say why, and shut its connection on a
+        thread of its own (closing one that does not answer may itself wait)."""
+        import threading
+
         why = f"{type(exc).__name__}: {exc}".strip()
-        self.dead.setdefault(t, why)
+        if t not in self.dead:
+            self.dead[t] = why
+            eng = self.engines[t]
+            if eng is not None:
+                threading.Thread(target=_close_quietly, args=(eng,), daemon=True).start()
         errors[self.spec.targets[t].name] = self.dead[t]
 
     def remove(self, keys: Sequence[int]) -> None:
@@ -288,14 +323,18 @@ class EngineWorker:
                 os.unlink(self.spec.dram_path)
 
     def close(self) -> None:
-        for e in self.engines:
-            if e is not None:
-                # a dead target's connection: nothing left to close
-                with contextlib.suppress(Exception):
-                    e.close()
+        for t, e in enumerate(self.engines):
+            if e is not None and t not in self.dead:  # a dead one is being closed already
+                _close_quietly(e)
         if self.mooncake is not None:
             self.mooncake.close()
         self.dram = None
+
+
+def _close_quietly(engine: Any) -> None:
+    # a dead target's connection: what is left of it goes, whatever it answers
+    with contextlib.suppress(Exception):
+        engine.close()
 
 
 # ------------------------------------------------------------------ on the driver
@@ -329,7 +368,7 @@ class Fault:
     """``KIND@SECONDS[:WHO]``: at simulated second SECONDS, kill an engine actor
     (``engine``, WHO an engine name, default the first), a storage target's process
     (``target``, WHO a target name) or a node (``node``, WHO a node name: its engine
-    actors and its memory)."""
+    actors and its memory), or cut a netns node's links (``link``, WHO a node name)."""
 
     kind: str
     at_s: float
@@ -527,6 +566,10 @@ class RayClusterData:
                                  field="fault")
             os.kill(target.pid, signal.SIGKILL)
             doc["effect"] = f"process {target.pid} killed"
+        elif f.kind == "link":
+            node = f.who or self.specs[0].node
+            doc["who"] = node
+            doc["effect"] = _cut_links(self.state, node)
         else:
             node = f.who or self.specs[0].node
             mine = [s.index for s in self.specs if s.node == node]
@@ -770,6 +813,33 @@ class RayClusterData:
         self.workers = []
         if self._started_ray:
             ray.shutdown()
+
+
+def _cut_links(state: ClusterState, node: str) -> str:
+    """``ip link set DEV down`` for every link of ``node``'s namespace but loopback: the
+    node is cut off. Returns what was done (or why it could not be)."""
+    import subprocess
+
+    try:
+        ns = state.node(node).netns
+    except KeyError:
+        raise UsageError(f"no node named {node!r}", field="fault") from None
+    if ns is None:
+        raise UsageError(f"node {node} is a host, not a network namespace: a link cut "
+                         "applies to netns nodes", field="fault")
+    out = subprocess.run(["ip", "-n", ns, "-o", "link", "show"], capture_output=True,
+                         text=True, check=False)
+    if out.returncode != 0:
+        return f"not cut: ip -n {ns} link show: {out.stderr.strip()}"
+    devs = [line.split(":")[1].strip().split("@")[0] for line in out.stdout.splitlines()
+            if ":" in line]
+    devs = [d for d in devs if d != "lo"]
+    for dev in devs:
+        done = subprocess.run(["ip", "-n", ns, "link", "set", "dev", dev, "down"],
+                              capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            return f"not cut: ip -n {ns} link set dev {dev} down: {done.stderr.strip()}"
+    return f"link {', '.join(devs)} set down inside namespace {ns}"
 
 
 def _mooncake_url(state: ClusterState) -> str:

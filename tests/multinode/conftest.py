@@ -66,16 +66,20 @@ class LocalTarget:
                 self.proc.wait()
 
 
-def start_target(name: str, directory: Path, size: str = "96MiB") -> LocalTarget:
+def start_target(name: str, directory: Path, size: str = "96MiB",
+                 netns: str | None = None, listen: str = "127.0.0.1:0") -> LocalTarget:
+    """A target process; with ``netns``, inside that namespace, on its ``listen``."""
     from kvtool.target.keys import keygen
 
     key = directory / f"{name}.key"
     keygen(key)
     ready = directory / f"{name}.ready"
     nqn = f"nqn.2026-01.io.kvtool:{name}"
+    inside = ["ip", "netns", "exec", netns] if netns else []
+    remote = ["--allow-remote"] if netns else []
     proc = subprocess.Popen(
-        [sys.executable, "-m", "emulator.nvmetcp", "--listen", "127.0.0.1:0", "--nqn", nqn,
-         "--backing", size, "--host", HOSTNQN, "--dhchap-key", f"{HOSTNQN}={key}",
+        [*inside, sys.executable, "-m", "emulator.nvmetcp", "--listen", listen, *remote,
+         "--nqn", nqn, "--backing", size, "--host", HOSTNQN, "--dhchap-key", f"{HOSTNQN}={key}",
          "--busy-poll", "0", "--ready-file", str(ready)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -100,6 +104,53 @@ def targets(tmp_path: Path) -> Iterator[list[LocalTarget]]:
     finally:
         for t in out:
             t.stop()
+
+
+@dataclass
+class NetnsNode:
+    """A storage node in a network namespace of its own, joined to this one by a veth
+    pair with private addresses on the two ends (nothing else is touched)."""
+
+    netns: str
+    address: str
+    device: str
+    """The namespace's end of the veth pair."""
+    target: LocalTarget
+
+
+@pytest.fixture
+def netns_storage(tmp_path: Path) -> Iterator[NetnsNode]:
+    """Target ``t0`` in a namespace of its own (root, ``ip``); all removed afterwards."""
+    import random
+    import shutil
+    import uuid
+
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("network namespaces need root and iproute2")
+    tag = uuid.uuid4().hex[:6]
+    ns, host_end, ns_end = f"kvt-{tag}", f"kvh{tag}", f"kvn{tag}"
+    net = f"10.254.{random.randrange(256)}"
+
+    def ip(*args: str) -> None:
+        subprocess.run(["ip", *args], check=True, capture_output=True)
+
+    target = None
+    ip("netns", "add", ns)
+    try:
+        ip("link", "add", host_end, "type", "veth", "peer", "name", ns_end, "netns", ns)
+        ip("addr", "add", f"{net}.1/30", "dev", host_end)
+        ip("link", "set", host_end, "up")
+        ip("-n", ns, "addr", "add", f"{net}.2/30", "dev", ns_end)
+        ip("-n", ns, "link", "set", ns_end, "up")
+        ip("-n", ns, "link", "set", "lo", "up")
+        (tmp_path / ns).mkdir()
+        target = start_target("t0", tmp_path / ns, netns=ns, listen=f"{net}.2:0")
+        yield NetnsNode(ns, f"{net}.2", ns_end, target)
+    finally:
+        if target is not None:
+            target.stop()
+        subprocess.run(["ip", "link", "del", host_end], capture_output=True, check=False)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
 
 
 @pytest.fixture(scope="module")

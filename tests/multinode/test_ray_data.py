@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import run
-from tests.multinode.conftest import LocalTarget, cluster_state
+from tests.multinode.conftest import LocalTarget, NetnsNode, cluster_state
 
 pytestmark = [pytest.mark.slow, pytest.mark.mooncake]
 
@@ -163,6 +163,42 @@ def test_a_fault_mid_run_costs_recomputes_never_corruption(
         assert d["lost_blocks"] > 0
         assert all(p["tier"] in ("dram", "mooncake") for p in d["problems"] if "key" in p)
     # blocks that survived still hit, and were checked
+    assert d["verified_blocks"] > 0
+
+
+@pytest.mark.root
+def test_a_cut_link_cuts_a_storage_node_off(
+        local_ray: Any, targets: list[LocalTarget], netns_storage: NetnsNode,
+        mooncake_master: dict[str, Any], tmp_path: Path) -> None:
+    import subprocess
+
+    from kvtool.cluster.state import NodeState
+
+    trace, cluster = _inputs(tmp_path)
+    at = round(_simulated(trace, cluster)["serving"]["duration"] / 3, 3)
+    # t0 lives on storage node s0, in its own namespace; t1 on this machine
+    state = cluster_state("mini", ["n0", "n1"], [netns_storage.target, targets[1]],
+                          mooncake_master)
+    state.nodes.append(NodeState("s0", netns_storage.netns, netns_storage.address,
+                                 ["storage"]))
+    state.targets[0].node = "s0"
+    doc = _run(trace, cluster, state, faults=(f"link@{at}:s0",))
+    r = doc["runs"][0]
+    d = r["data"]
+    assert r["serving"]["completed"] == doc["requests"] and r["serving"]["failed"] == 0
+    [f] = d["faults"]
+    assert f["kind"] == "link" and f["who"] == "s0" and f["fired_at_s"] >= at
+    assert f["effect"] == f"link {netns_storage.device} set down inside namespace " \
+                          f"{netns_storage.netns}"
+    show = subprocess.run(["ip", "-n", netns_storage.netns, "link", "show",
+                           netns_storage.device], capture_output=True, text=True, check=True)
+    assert "state DOWN" in show.stdout
+    # the target is unreachable, not dead: its blocks are lost, none corrupt, t1's hit
+    assert netns_storage.target.proc.poll() is None
+    assert d["corrupt_blocks"] == 0
+    assert any(p["kind"] == "target failed" and p["target"] == "t0" for p in d["problems"])
+    assert d["lost_blocks"] + d["tiers"]["nvme"]["failed_writes"] > 0
+    assert r["cache"]["recomputed_after_check_blocks"] >= d["lost_blocks"]
     assert d["verified_blocks"] > 0
 
 
