@@ -20,10 +20,14 @@ from tests.conftest import REPO, free_port
 
 @pytest.fixture(scope="session")
 def local_ray() -> Iterator[Any]:
-    # Ray binds its node to loopback only in its single-machine mode (read when ray is
-    # imported; its workers inherit it): everything listens on 127.0.0.1.
+    # Ray binds its node to loopback only in its single-machine mode: everything listens
+    # on 127.0.0.1. The switch is read when ray is imported (its workers inherit the
+    # environment); a ray imported earlier in this session is switched in place.
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     ray = pytest.importorskip("ray", reason="the cluster extra (ray) is not installed")
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False
     # Ray's workers are processes of their own: they find this checkout's kvtool through
     # PYTHONPATH, inherited from the driver.
     old = os.environ.get("PYTHONPATH")
