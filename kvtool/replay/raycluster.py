@@ -811,6 +811,12 @@ class RayClusterData:
                 self._call(i, "drop_node_memory")
             ray.kill(w, no_restart=True)
         self.workers = []
+        for spec in self.specs:
+            # netns nodes share this machine's /dev/shm: a pool whose engines could not
+            # remove it (dead) goes here
+            if spec.dram_path is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(spec.dram_path)
         if self._started_ray:
             ray.shutdown()
 
