@@ -29,6 +29,12 @@ Example:
   kvtool bench /var/tmp/bench.img --model deepseek-v4-flash --pattern rand-read --need 2.5
   kvtool bench /dev/loop3 --block-bytes 32MiB --qd 1,8,32 --seconds 3 --force
   kvtool bench /dev/nvme1n1 --model llama-3-70b --read-only --pattern rand-read --json
+  kvtool bench --cluster fixtures/clusters/gp7000-mini.toml --block-bytes 1MiB --qd 8
+
+With --cluster FILE (a cluster that kvtool cluster up brought up), every client node
+drives the cluster's NVMe/TCP targets at once, like fio's client/server mode: one Ray
+task per node, one run per case (default: rand-read at QD 8); it reports each node's
+and the aggregate GB/s and IOPS (measured; docs/cluster.md).
 
 Every case runs --repeat times (the whole list over and over); a row shows the median
 run and the range of the runs, and a difference is called only beyond that range.
@@ -62,7 +68,7 @@ def _qds(text: str) -> list[int]:
 
 
 @click.command("bench", epilog=EPILOG)
-@click.argument("target")
+@click.argument("target", required=False)
 @block_size_options
 @block_tokens_option
 @click.option("--qd", "qd_text", default="1,4,16", show_default=True,
@@ -86,17 +92,37 @@ def _qds(text: str) -> list[int]:
 @click.option("--lba", metavar="SIZE", help="Logical block size to align to (default: the "
               "target's).")
 @click.option("--create", metavar="SIZE", help="Create TARGET as a regular file of this size.")
+@click.option("--cluster", "cluster_file", metavar="FILE", help="Drive the targets of the "
+              "cluster FILE brought up (kvtool cluster up) from all its client nodes at once.")
+@click.option("--clients", type=click.IntRange(1), help="With --cluster: use the first N "
+              "client nodes (default: all).")
 @host_options
 @json_option
-def command(target: str, model: str | None, dtype: str | None, tp: int | None,
+def command(target: str | None, model: str | None, dtype: str | None, tp: int | None,
             block_bytes: int | None, block_tokens: int, qd_text: str, pattern_text: str,
             path_text: str | None,
             seconds: float, repeat: int, need_gbps: float | None, ops: int | None, region: str,
             read_only: bool, force: bool,
-            lba: str | None, create: str | None, credentials: HostCredentials | None) -> None:
-    """Measure GB/s, IOPS and latency (p50/p99/p99.9) of object-sized I/O on TARGET."""
+            lba: str | None, create: str | None, cluster_file: str | None,
+            clients: int | None, credentials: HostCredentials | None) -> None:
+    """Measure GB/s, IOPS and latency (p50/p99/p99.9) of object-sized I/O on TARGET
+    (or, with --cluster, from every node of a cluster at once)."""
     from kvtool.store.bench import bench
 
+    if cluster_file is not None:
+        if target is not None:
+            raise UsageError("give TARGET or --cluster, not both", field="--cluster")
+        ctx = click.get_current_context()
+        _bench_cluster(cluster_file, model, dtype, tp, block_bytes, block_tokens,
+                       qd_text if _given(ctx, "qd_text") else "8",
+                       pattern_text if _given(ctx, "pattern_text") else "rand-read",
+                       seconds if _given(ctx, "seconds") else 3.0, clients,
+                       region if _given(ctx, "region") else None, force)
+        return
+    if target is None:
+        raise UsageError("say what to measure: TARGET, or --cluster FILE", field="TARGET")
+    if clients is not None:
+        raise UsageError("--clients applies to --cluster", field="--clients")
     size, _ = resolve_object(model, dtype, block_tokens, tp, block_bytes)
     qds = _qds(qd_text)
     patterns = _csv(pattern_text, PATTERNS, "--pattern")
@@ -129,6 +155,61 @@ def command(target: str, model: str | None, dtype: str | None, tp: int | None,
     if short:
         raise CheckFailed(f"{', '.join(v['pattern'] for v in short)} fell short of "
                           f"{need_gbps} GB/s in every run")
+
+
+def _given(ctx: click.Context, name: str) -> bool:
+    source = ctx.get_parameter_source(name)
+    return source is not None and source != click.core.ParameterSource.DEFAULT
+
+
+def _bench_cluster(file: str, model: str | None, dtype: str | None, tp: int | None,
+                   block_bytes: int | None, block_tokens: int, qd_text: str,
+                   pattern_text: str, seconds: float, clients: int | None,
+                   region: str | None, force: bool) -> None:
+    from kvtool.cluster.bench import bench_cluster
+    from kvtool.cluster.state import load_state
+
+    state = load_state(file)
+    if state is None:
+        raise UsageError(f"{file}: no such cluster is up (kvtool cluster up {file})",
+                         field="--cluster")
+    size, _ = resolve_object(model, dtype, block_tokens, tp, block_bytes)
+    if not 0 < seconds < math.inf:
+        raise UsageError(f"must be a positive number, got {seconds}", field="--seconds")
+    result = bench_cluster(state, object_bytes=size, patterns=_csv(pattern_text, PATTERNS,
+                                                                    "--pattern"),
+                           qds=_qds(qd_text), seconds=seconds, clients=clients,
+                           region_bytes=parse_size(region, field="--region", allow_zero=False)
+                           if region else None, force=force)
+    emit(result, lambda c: render_cluster(c, result))
+
+
+def render_cluster(c: Console, r: dict[str, Any]) -> None:
+    from rich import box
+
+    from kvtool.cli.output import Column, print_table
+
+    c.print(f"cluster [bold]{r['cluster']}[/]: {r['clients']} client node"
+            f"{'s' if r['clients'] > 1 else ''} at once, objects {r['object_bytes']:,} B, "
+            f"{r['seconds']:g} s per case (measured)")
+    rows: list[list[str] | None] = []
+    for case in r["cases"]:
+        for n in case["nodes"]:
+            link = "-" if n["link_mbit"] is None else f"{n['link_mbit']:g}"
+            rows.append([case["pattern"], str(case["qd"]), n["node"], f"{n['gb_per_s']:.4f}",
+                         f"{n['iops']:,.0f}", f"{n['lat_us']['p50']:,.0f}", link])
+        a = case["aggregate"]
+        rows.append([case["pattern"], str(case["qd"]), "[bold]all[/]",
+                     f"[bold]{a['gb_per_s']:.4f}[/]", f"{a['iops']:,.0f}", "", ""])
+    print_table(c, [Column("pattern", justify="left"), Column("QD"),
+                    Column("node", justify="left"), Column("GB/s"), Column("IOPS"),
+                    Column("p50 µs", rank=2), Column("link Mb/s", rank=1)],
+                rows, box=box.SIMPLE_HEAD, more="--json has them")
+    for case in r["cases"]:
+        if case["aggregate"]["late"]:
+            c.print(f"[yellow]{case['pattern']} QD {case['qd']}: started late on "
+                    f"{', '.join(case['aggregate']['late'])}[/] (the aggregate counts the "
+                    "whole span)")
 
 
 def _range(span: list[float], fmt: str) -> str:

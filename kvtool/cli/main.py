@@ -24,6 +24,7 @@ COMMAND_MODULES: list[str] = [
     "audit",
     "bench",
     "calibrate",
+    "cluster",
     "experiment",
     "load",
     "plan",

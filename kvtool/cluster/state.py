@@ -44,8 +44,8 @@ def clusters_dir() -> Path:
 class NodeState:
     """One node: its namespace (``None`` for a real host), address and roles.
 
-    Roles: ``head`` (Ray head, router, Mooncake master), ``engine`` (runs engines: a client
-    node), ``storage`` (runs NVMe/TCP targets).
+    Roles: ``head`` (Ray head, router), ``engine`` (runs engines: a client node),
+    ``storage`` (runs NVMe/TCP targets), ``mooncake`` (runs the Mooncake master).
     """
 
     name: str
@@ -75,6 +75,7 @@ class ClusterTarget:
     dhchap_ctrl_key_file: str | None = None
     size: int = 0  # bytes of its namespace
     pid: int | None = None
+    engine: str = "userspace"  # "userspace" (kvtool's emulator) | "spdk" (nvmf_tgt)
 
 
 @dataclass
@@ -124,6 +125,7 @@ class ClusterState:
     bridge: str | None = None
     nodes: list[NodeState] = field(default_factory=list)
     ray_address: str | None = None  # head GCS "ip:port"
+    ray_token_file: str | None = None  # Ray's auth token (mode 0600): RAY_AUTH_TOKEN_PATH
     engines: list[EngineState] = field(default_factory=list)
     targets: list[ClusterTarget] = field(default_factory=list)
     mooncake: MooncakeState | None = None
@@ -149,6 +151,16 @@ class ClusterState:
 
     def storage_nodes(self) -> list[NodeState]:
         return [n for n in self.nodes if "storage" in n.roles]
+
+    def ray_env(self) -> dict[str, str]:
+        """Environment a Ray process of this cluster needs (token auth, no usage stats).
+
+        A driver joins with ``ray.init(address=ray_address)`` under this environment;
+        :func:`kvtool.cluster.driver.run_on_head` runs one on the head node."""
+        env = {"RAY_USAGE_STATS_ENABLED": "0"}
+        if self.ray_token_file:
+            env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=self.ray_token_file)
+        return env
 
     @property
     def files_dir(self) -> Path:

@@ -113,7 +113,7 @@ def _port_free(port: int) -> bool:
         return True
 
 
-def _binary(name: str) -> str:
+def mooncake_binary(name: str) -> str:
     """The mooncake executables: beside this Python (a virtualenv), else on PATH."""
     here = Path(sys.executable).parent / name
     if here.exists():
@@ -167,7 +167,8 @@ def up(name: str = "default", *, rpc_port: int = DEFAULT_RPC_PORT,
             raise UsageError(f"127.0.0.1:{port} is in use", field=flag)
     if len({rpc_port, metadata_port, metrics_port}) != 3:
         raise UsageError("the three ports must differ", field="rpc_port")
-    master, meta = _binary("mooncake_master"), _binary("mooncake_http_metadata_server")
+    master, meta = (mooncake_binary("mooncake_master"),
+                    mooncake_binary("mooncake_http_metadata_server"))
     logdir = state_dir() / "run"
     logdir.mkdir(parents=True, exist_ok=True)
     logs = {"master": str(logdir / f"pool-{name}-master.log"),

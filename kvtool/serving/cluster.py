@@ -23,13 +23,17 @@ Invariants of a :class:`ClusterSpec`:
 * P/D split: if any engine's role is ``prefill`` or ``decode``, there is at least one of
   each (``both`` engines serve in both pools);
 * link names derived from it are unique: ``pcie/<engine>``, ``nic/<node>``,
-  ``target/<target>`` and ``mooncake``.
+  ``target/<target>`` and ``mooncake``;
+* placement (``[placement]``, for ``kvtool cluster up``; docs/cluster.md): every node has
+  an engine unless it is a storage node; a target's ``node`` is a storage node; the
+  Mooncake ``master`` is a node; the subnet is private IPv4 with an address per node.
 
 Bandwidths are GB/s (1e9 B/s) per direction; ``math.inf`` means unlimited.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 from collections.abc import Mapping
@@ -46,7 +50,7 @@ from kvtool.geometry.params import weight_dtype as canonical_weight_dtype
 from kvtool.serving.gpus import GPU, gpu_from_table, resolve_gpu
 from kvtool.serving.roofline import StepModel
 from kvtool.serving.router import ROUTERS, make_router
-from kvtool.units import Capacity
+from kvtool.units import Capacity, parse_size
 
 ROLES = ("both", "prefill", "decode")
 DEFAULT_BLOCK_TOKENS = 16
@@ -57,14 +61,22 @@ DEFAULT_ROUTER = "round-robin"
 DEFAULT_POLICY = "lru"
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-_TOP_KEYS = {"name", "block_tokens", "router", "gpu", "node", "engine", "mooncake", "nvme"}
-_NODE_KEYS = {"name", "gpus", "nic_gbps", "dram", "dram_policy", "pcie_gbps"}
+_TOP_KEYS = {"name", "block_tokens", "router", "gpu", "node", "engine", "mooncake", "nvme",
+             "placement"}
+_NODE_KEYS = {"name", "gpus", "nic_gbps", "dram", "dram_policy", "pcie_gbps", "storage"}
 _ENGINE_KEYS = {"name", "node", "count", "gpu", "model", "tp", "dtype", "kv_dtype", "role",
                 "max_num_seqs", "max_num_batched_tokens", "num_gpu_blocks",
                 "gpu_memory_utilization", "enable_prefix_caching"}
-_MOONCAKE_KEYS = {"capacity", "policy", "gbps"}
+_MOONCAKE_KEYS = {"capacity", "policy", "gbps", "master", "segment"}
 _NVME_KEYS = {"capacity", "policy", "target"}
-_TARGET_KEYS = {"name", "read_gbps", "write_gbps"}
+_TARGET_KEYS = {"name", "read_gbps", "write_gbps", "node", "size", "config"}
+_PLACEMENT_KEYS = {"kind", "subnet", "link_scale", "link_mbit"}
+PLACEMENT_KINDS = ("netns",)
+DEFAULT_SUBNET = "10.200.0.0/24"
+DEFAULT_TARGET_BYTES = 64 << 20
+"""A placed target's namespace when the file gives no ``size`` (memory-backed)."""
+DEFAULT_SEGMENT_BYTES = 64 << 20
+"""A node's Mooncake segment when the file gives no ``segment``."""
 _QUANTISED = ("fp8", "int8", "fp4", "int4")
 
 Path_ = tuple[str | int, ...]
@@ -110,6 +122,8 @@ class NodeSpec:
     """GPUs in the node, when given (the engines' TP sizes must fit)."""
     auto: bool = False
     """Made for an engine that named no node."""
+    storage: bool = False
+    """A storage node: it runs NVMe/TCP targets and needs no engine."""
 
 
 @dataclass(frozen=True)
@@ -170,6 +184,34 @@ class PoolSpec:
     policy: str = DEFAULT_POLICY
     gbps: float = math.inf
     """Its transfer path per direction (GB/s); ``inf``: unlimited."""
+    master: str | None = None
+    """The node running the master (placement; ``None``: the first node)."""
+    segment: int = DEFAULT_SEGMENT_BYTES
+    """Bytes each node lends to the pool when ``cluster up`` runs it."""
+
+
+@dataclass(frozen=True)
+class PlacementSpec:
+    """Where ``kvtool cluster up`` puts the nodes (docs/cluster.md).
+
+    ``netns``: one network namespace per node on this machine, joined by a bridge, with
+    addresses from ``subnet`` (the bridge takes the first); each node's link is shaped
+    with tbf to ``link_mbit`` Mb/s, else to its ``nic_gbps`` × ``link_scale`` (unshaped
+    when neither gives a rate).
+    """
+
+    kind: str = "netns"
+    subnet: str = DEFAULT_SUBNET
+    link_scale: float | None = None
+    link_mbit: float | None = None
+
+    def link_rate_mbit(self, node: NodeSpec) -> float | None:
+        """The tbf rate of ``node``'s link in Mb/s (``None``: unshaped)."""
+        if self.link_mbit is not None:
+            return self.link_mbit
+        if self.link_scale is not None and not math.isinf(node.nic_gbps):
+            return node.nic_gbps * 8e3 * self.link_scale
+        return None
 
 
 @dataclass(frozen=True)
@@ -179,6 +221,13 @@ class TargetSpec:
     name: str
     read_gbps: float = math.inf
     write_gbps: float = math.inf
+    node: str | None = None
+    """The storage node it runs on (placement; ``None``: not placed)."""
+    size: int = DEFAULT_TARGET_BYTES
+    """Bytes of its namespace when ``cluster up`` runs it (without ``config``)."""
+    config: str | None = None
+    """A kvtool target config (absolute path) whose subsystems and namespaces ``cluster up``
+    serves instead of one memory namespace of ``size``; it sets listeners and hosts."""
 
 
 @dataclass(frozen=True)
@@ -204,6 +253,8 @@ class ClusterSpec:
     mooncake: PoolSpec | None = None
     nvme: NvmeSpec | None = None
     source: str | None = None
+    placement: PlacementSpec | None = None
+    """Where ``kvtool cluster up`` runs it (``None``: the file has no ``[placement]``)."""
 
     @property
     def pd(self) -> bool:
@@ -376,6 +427,29 @@ class _Reader:
         except UsageError as exc:
             raise self.fail(exc.message, (*path, key)) from None
 
+    def size(self, t: Mapping[str, Any], key: str, path: Path_, default: int) -> int:
+        if key not in t:
+            return default
+        v = t[key]
+        if isinstance(v, bool) or not isinstance(v, int | str):
+            raise self.fail(f"expected a size such as \"64MiB\", got {_show(v)}", (*path, key))
+        try:
+            n = parse_size(v, field=key, allow_zero=False)
+        except UsageError as exc:
+            raise self.fail(exc.message, (*path, key)) from None
+        if n < 1 << 20:
+            raise self.fail(f"must be at least 1MiB, got {v!r}", (*path, key))
+        return n
+
+    def positive(self, t: Mapping[str, Any], key: str, path: Path_) -> float | None:
+        if key not in t:
+            return None
+        v = t[key]
+        if isinstance(v, bool) or not isinstance(v, int | float) or math.isnan(v) or v <= 0 \
+                or math.isinf(v):
+            raise self.fail(f"expected a number > 0, got {_show(v)}", (*path, key))
+        return float(v)
+
     def policy(self, t: Mapping[str, Any], key: str, path: Path_) -> str:
         v = self.text(t, key, path, DEFAULT_POLICY) or DEFAULT_POLICY
         if v.lower() not in POLICIES:
@@ -396,9 +470,11 @@ class _Reader:
         engines = self.engines(data, gpus, nodes, block_tokens)
         mooncake = self.mooncake(data)
         nvme = self.nvme(data)
+        placement = self.placement(data, nodes, mooncake, nvme)
         spec = ClusterSpec(name=name, block_tokens=block_tokens, router=router,
                            nodes=tuple(nodes.values()), engines=tuple(engines), gpus=gpus,
-                           mooncake=mooncake, nvme=nvme, source=self.doc.source)
+                           mooncake=mooncake, nvme=nvme, source=self.doc.source,
+                           placement=placement)
         self.check_bytes_capacities(data, spec)
         return spec
 
@@ -458,6 +534,10 @@ class _Reader:
                 raise self.fail("missing required key 'name'", (*path, "name"))
             if name in out:
                 raise self.fail(f"node {name!r} is defined twice", (*path, "name"))
+            storage = t.get("storage", False)
+            if not isinstance(storage, bool):
+                raise self.fail(f"expected true or false, got {_show(storage)}",
+                                (*path, "storage"))
             if "dram_policy" in t and "dram" not in t:
                 raise self.fail("dram_policy without dram (the node's DRAM tier capacity)",
                                 (*path, "dram_policy"))
@@ -465,7 +545,7 @@ class _Reader:
                 name=name, nic_gbps=self.gbps(t, "nic_gbps", path),
                 dram=self.capacity(t, "dram", path), dram_policy=self.policy(t, "dram_policy", path),
                 pcie_gbps=self.gbps(t, "pcie_gbps", path) if "pcie_gbps" in t else None,
-                gpus=self.integer(t, "gpus", path))
+                gpus=self.integer(t, "gpus", path), storage=storage)
         return out
 
     def engines(self, data: Mapping[str, Any], gpus: Mapping[str, GPU],
@@ -562,7 +642,8 @@ class _Reader:
                 else:
                     self.check_same_kv(first[0], engine, path)
                 out.append(engine)
-        unused = [n for n in explicit_nodes if not any(e.node == n for e in out)]
+        unused = [n for n in explicit_nodes
+                  if not nodes[n].storage and not any(e.node == n for e in out)]
         if unused:
             i = list(nodes).index(unused[0])
             raise self.fail(f"node {unused[0]!r} has no engine", ("node", i, "name"))
@@ -644,7 +725,9 @@ class _Reader:
         t = self.table(data["mooncake"], path, _MOONCAKE_KEYS)
         cap = self.capacity(t, "capacity", path, required=True)
         assert cap is not None
-        return PoolSpec(cap, self.policy(t, "policy", path), self.gbps(t, "gbps", path))
+        return PoolSpec(cap, self.policy(t, "policy", path), self.gbps(t, "gbps", path),
+                        master=self.name(t, "master", path),
+                        segment=self.size(t, "segment", path, DEFAULT_SEGMENT_BYTES))
 
     def nvme(self, data: Mapping[str, Any]) -> NvmeSpec | None:
         if "nvme" not in data:
@@ -661,12 +744,40 @@ class _Reader:
             assert name is not None
             if any(x.name == name for x in targets):
                 raise self.fail(f"target {name!r} is defined twice", (*tpath, "name"))
+            if "config" in tt and "size" in tt:
+                raise self.fail("give size or config, not both (the config's namespaces "
+                                "have their sizes)", (*tpath, "size"))
             targets.append(TargetSpec(name, self.gbps(tt, "read_gbps", tpath),
-                                      self.gbps(tt, "write_gbps", tpath)))
+                                      self.gbps(tt, "write_gbps", tpath),
+                                      node=self.name(tt, "node", tpath),
+                                      size=self.size(tt, "size", tpath, DEFAULT_TARGET_BYTES),
+                                      config=self.target_config(tt, tpath)))
         if not targets:
             raise self.fail("the NVMe-oF pool needs at least one [[nvme.target]] "
                             "(name, read_gbps, write_gbps)", path)
         return NvmeSpec(cap, tuple(targets), self.policy(t, "policy", path))
+
+    def target_config(self, t: Mapping[str, Any], path: Path_) -> str | None:
+        """A target's ``config``: a kvtool target config of the emulator backend (its own
+        errors name its own file and line)."""
+        text = self.text(t, "config", path)
+        if text is None:
+            return None
+        p = Path(text)
+        if not p.is_absolute() and self.base_dir is not None:
+            p = self.base_dir / p
+        if not p.is_file():
+            raise self.fail(f"no such target config: {p}", (*path, "config"))
+        from kvtool.target.loader import load_config
+
+        cfg = load_config(p, allow_remote=True)
+        if cfg.backend != "emulator" or cfg.engine not in ("auto", "userspace", "spdk"):
+            raise self.fail(f"{p}: a cluster target runs kvtool's emulator (backend "
+                            f"\"emulator\", engine userspace or spdk), got backend "
+                            f"{cfg.backend!r}, engine {cfg.engine!r}", (*path, "config"))
+        if not any(sub.namespaces for sub in cfg.subsystems):
+            raise self.fail(f"{p} has no namespace to serve", (*path, "config"))
+        return str(p.resolve())
 
     def check_bytes_capacities(self, data: Mapping[str, Any], spec: ClusterSpec) -> None:
         sizes = {e.block_bytes for e in spec.engines}
@@ -684,3 +795,54 @@ class _Reader:
                                 f"({', '.join(str(s) for s in sorted(sizes))} B per rank), so "
                                 "a capacity in bytes is ambiguous: give it in blocks (\"…blk\")",
                                 path)
+
+    def placement(self, data: Mapping[str, Any], nodes: dict[str, NodeSpec],
+                  mooncake: PoolSpec | None, nvme: NvmeSpec | None) -> PlacementSpec | None:
+        node_names = list(nodes)
+        if mooncake is not None and mooncake.master is not None \
+                and mooncake.master not in nodes:
+            raise self.fail(f"unknown node {mooncake.master!r} (defined: "
+                            f"{', '.join(node_names)})", ("mooncake", "master"))
+        storage = [n for n, spec in nodes.items() if spec.storage]
+        for i, target in enumerate(nvme.targets if nvme is not None else ()):
+            where: Path_ = ("nvme", "target", i, "node")
+            if target.node is None:
+                continue
+            if target.node not in nodes:
+                raise self.fail(f"unknown node {target.node!r} (defined: "
+                                f"{', '.join(node_names)})", where)
+            if not nodes[target.node].storage:
+                raise self.fail(f"node {target.node!r} is not a storage node (give it "
+                                "storage = true)", where)
+        if "placement" not in data:
+            return None
+        path: Path_ = ("placement",)
+        t = self.table(data["placement"], path, _PLACEMENT_KEYS)
+        kind = (self.text(t, "kind", path, "netns") or "netns").lower()
+        if kind not in PLACEMENT_KINDS:
+            raise self.fail(f"unknown placement kind {t['kind']!r} (known: "
+                            f"{', '.join(PLACEMENT_KINDS)})", (*path, "kind"))
+        subnet = self.text(t, "subnet", path, DEFAULT_SUBNET) or DEFAULT_SUBNET
+        try:
+            net = ipaddress.ip_network(subnet, strict=True)
+        except ValueError as exc:
+            raise self.fail(f"not a subnet: {exc}", (*path, "subnet")) from None
+        if not isinstance(net, ipaddress.IPv4Network) or not net.is_private:
+            raise self.fail(f"expected a private IPv4 subnet such as {DEFAULT_SUBNET!r}, got "
+                            f"{subnet!r}", (*path, "subnet"))
+        if net.num_addresses - 2 < len(nodes) + 1:
+            raise self.fail(f"{subnet} has no room for {len(nodes)} nodes and the bridge",
+                            (*path, "subnet"))
+        scale, mbit = self.positive(t, "link_scale", path), self.positive(t, "link_mbit", path)
+        if scale is not None and mbit is not None:
+            raise self.fail("give link_scale or link_mbit, not both", (*path, "link_mbit"))
+        if nvme is not None:
+            for i, target in enumerate(nvme.targets):
+                if target.node is None:
+                    if not storage:
+                        raise self.fail("a placed cluster runs its targets on storage nodes: "
+                                        "add a [[node]] with storage = true",
+                                        ("nvme", "target", i))
+                    raise self.fail(f"which storage node runs it? (storage nodes: "
+                                    f"{', '.join(storage)})", ("nvme", "target", i, "node"))
+        return PlacementSpec(kind=kind, subnet=str(net), link_scale=scale, link_mbit=mbit)

@@ -1,0 +1,184 @@
+"""The cluster file's placement ([placement], storage nodes, target and Mooncake
+placement): what it accepts, and one line naming file, line and field for what it does not
+(no root needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvtool.errors import InputError
+from kvtool.serving.cluster import load_cluster, parse_cluster
+from tests.conftest import FIXTURES, run, run_json
+
+BASE = """\
+name = "p"
+[placement]
+kind = "netns"
+subnet = "10.200.0.0/24"
+link_scale = 0.001
+[[node]]
+name = "a"
+nic_gbps = 25
+[[node]]
+name = "s"
+storage = true
+[[engine]]
+node = "a"
+gpu = "a100-sxm"
+model = "llama-3-8b"
+num_gpu_blocks = 16
+[mooncake]
+capacity = "16blk"
+master = "a"
+segment = "32MiB"
+[nvme]
+capacity = "16blk"
+[[nvme.target]]
+name = "t0"
+node = "s"
+size = "48MiB"
+"""
+
+
+def test_placement_is_read() -> None:
+    spec = parse_cluster(BASE, source="p.toml")
+    assert spec.placement is not None
+    assert spec.placement.subnet == "10.200.0.0/24"
+    assert spec.placement.link_rate_mbit(spec.node("a")) == pytest.approx(200)
+    assert spec.placement.link_rate_mbit(spec.node("s")) is None  # no nic_gbps: unshaped
+    assert spec.node("s").storage and not spec.engines_on("s")
+    assert spec.nvme is not None and spec.nvme.targets[0].node == "s"
+    assert spec.nvme.targets[0].size == 48 << 20
+    assert spec.mooncake is not None and spec.mooncake.master == "a"
+    assert spec.mooncake.segment == 32 << 20
+
+
+def test_every_cluster_fixture_still_loads() -> None:
+    files = sorted((FIXTURES / "clusters").glob("*.toml"))
+    assert any(f.name == "gp7000-mini.toml" for f in files)
+    for f in files:
+        load_cluster(f)
+    mini = load_cluster(FIXTURES / "clusters" / "gp7000-mini.toml")
+    assert mini.placement is not None and [n.name for n in mini.nodes if n.storage] == ["array"]
+    assert len(mini.engines) == 4 and {e.node for e in mini.engines} == {"cx81", "cx82"}
+
+
+@pytest.mark.parametrize(("old", "new", "line", "field", "words"), [
+    ('kind = "netns"', 'kind = "vm"', 3, "placement.kind", "unknown placement kind"),
+    ('subnet = "10.200.0.0/24"', 'subnet = "8.8.8.0/24"', 4, "placement.subnet", "private"),
+    ('subnet = "10.200.0.0/24"', 'subnet = "10.200.0.0/30"', 4, "placement.subnet", "no room"),
+    ('subnet = "10.200.0.0/24"', 'subnet = "10.200.0.1/24"', 4, "placement.subnet",
+     "not a subnet"),
+    ("link_scale = 0.001", "link_scale = -1", 5, "placement.link_scale", "> 0"),
+    ("link_scale = 0.001", "link_scale = 0.001\nlink_mbit = 100", 6, "placement.link_mbit",
+     "not both"),
+    ("link_scale = 0.001", "link_speed = 1", 5, "placement.link_speed", "unknown key"),
+    ("storage = true", 'storage = "yes"', 11, "node[1].storage", "true or false"),
+    ('node = "s"\nsize', 'node = "a"\nsize', 25, "nvme.target[0].node", "not a storage node"),
+    ('node = "s"\nsize', 'node = "x"\nsize', 25, "nvme.target[0].node", "unknown node"),
+    ('size = "48MiB"', 'size = "4KiB"', 26, "nvme.target[0].size", "at least 1MiB"),
+    ('master = "a"', 'master = "b"', 19, "mooncake.master", "unknown node"),
+    ('segment = "32MiB"', 'segment = "lots"', 20, "mooncake.segment", "not a size"),
+])
+def test_bad_placement_is_one_line_exit_2(tmp_path: Path, old: str, new: str, line: int,
+                                          field: str, words: str) -> None:
+    assert old in BASE
+    f = tmp_path / "p.toml"
+    f.write_text(BASE.replace(old, new, 1))
+    with pytest.raises(InputError) as err:
+        load_cluster(f)
+    assert err.value.line == line and err.value.field == field, str(err.value)
+    result = run("cluster", "up", str(f))
+    assert result.exit_code == 2
+    [msg] = result.stderr.strip().splitlines()
+    assert msg.startswith(f"kvtool: {f}:{line}: field '{field}'") or \
+        f"{f.name}:{line}: field '{field}'" in msg, msg
+    assert words in msg
+
+
+def test_a_target_without_node_in_a_placed_cluster(tmp_path: Path) -> None:
+    f = tmp_path / "p.toml"
+    f.write_text(BASE.replace('node = "s"\nsize', 'size'))
+    result = run("cluster", "up", str(f))
+    assert result.exit_code == 2
+    assert "field 'nvme.target[0].node'" in result.stderr and "storage nodes: s" in result.stderr
+
+
+def test_up_needs_a_placement(tmp_path: Path) -> None:
+    f = tmp_path / "p.toml"
+    f.write_text((FIXTURES / "clusters" / "gp7000.toml").read_text())
+    result = run("cluster", "up", str(f))
+    assert result.exit_code == 2 and "[placement]" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_status_and_down_of_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvtool.cluster.lifecycle import not_up
+
+    monkeypatch.setenv("KVTOOL_STATE_DIR", str(tmp_path))
+    doc = run_json("cluster", "status")
+    assert doc == not_up(None)
+    f = FIXTURES / "clusters" / "gp7000-mini.toml"
+    assert run_json("cluster", "status", str(f))["phase"] == "down"
+    assert run_json("cluster", "down", str(f)) == {"schema": "kvtool.cluster.down/1",
+                                                   "name": str(f), "removed": []}
+
+
+def _status_doc() -> dict[str, object]:
+    from kvtool.cluster.lifecycle import not_up
+
+    doc = not_up("gp7000-mini")
+    doc.update(phase="up", healthy=True, subnet="10.200.0.0/24", bridge="kvbe36472",
+               ray_address="10.200.0.2:6379")
+    doc["nodes"] = [
+        {"name": n, "netns": f"kvtool-gp7000-mini-{n}", "address": f"10.200.0.{i + 2}",
+         "roles": roles, "link_mbit": 200.0, "link_mbit_now": 200.0, "present": True,
+         "ray": True, "engines": engines}
+        for i, (n, roles, engines) in enumerate([
+            ("cx81", ["head", "engine", "mooncake"], ["cx81-0", "cx81-1"]),
+            ("cx82", ["engine"], ["cx82-0", "cx82-1"]), ("array", ["storage"], [])])]
+    doc["targets"] = [{"name": "array-t0", "node": "array", "engine": "userspace",
+                       "url": "nvme+tcp://10.200.0.4:4420/nqn.2026-01.io.kvtool:cluster:"
+                              "gp7000-mini:array-t0", "running": True}]
+    doc["mooncake"] = {"url": "mooncake://10.200.0.2:50051?metadata=10.200.0.2:8080",
+                       "segments": [{"node": "cx81"}, {"node": "cx82"}, {"node": "array"}]}
+    return doc
+
+
+def test_human_output_fits_80_columns() -> None:
+    from kvtool.cli.bench import render_cluster
+    from kvtool.cli.cluster import render
+    from tests.helpers.widths import width_problems
+
+    doc = _status_doc()
+    assert not width_problems(lambda con: render(con, doc))
+    row = {"gb_per_s": 0.0239, "iops": 22.8, "lat_us": {"p50": 350977.0}, "link_mbit": 200.0}
+    bench = {"cluster": "gp7000-mini", "clients": 2, "object_bytes": 1 << 20, "seconds": 3.0,
+             "cases": [{"pattern": "rand-read", "qd": 8,
+                        "nodes": [{"node": "cx81", **row}, {"node": "cx82", **row}],
+                        "aggregate": {"gb_per_s": 0.0462, "iops": 44.1, "late": ["cx82"]}}]}
+    assert not width_problems(lambda con: render_cluster(con, bench))
+
+
+def test_target_config(tmp_path: Path) -> None:
+    target = tmp_path / "t.toml"
+    demo = (FIXTURES / "targets" / "demo.toml").read_text()
+    target.write_text(demo)
+    assert 'engine = "userspace"' in demo
+    (tmp_path / "qemu.toml").write_text(demo.replace('engine = "userspace"', 'engine = "qemu"'))
+    text = BASE.replace('size = "48MiB"', 'config = "t.toml"')
+    f = tmp_path / "p.toml"
+    f.write_text(text)
+    spec = load_cluster(f)
+    assert spec.nvme is not None and spec.nvme.targets[0].config == str(target.resolve())
+    for old, new, words in [
+            ('config = "t.toml"', 'config = "t.toml"\nsize = "48MiB"', "not both"),
+            ('config = "t.toml"', 'config = "missing.toml"', "no such target config"),
+            ('config = "t.toml"', 'config = "qemu.toml"', "runs kvtool's emulator")]:
+        f.write_text(text.replace(old, new))
+        result = run("cluster", "up", str(f))
+        assert result.exit_code == 2 and words in result.stderr, result.stderr
+        [line] = result.stderr.strip().splitlines()
+        assert "field 'nvme.target[0]." in line
