@@ -71,6 +71,8 @@ class Fanout:
     """Local processes at most (``processes``); informative for the others."""
     ray_address: str | None = None
     """``ray``: the address to join, ``None`` for a Ray already initialised here."""
+    ray_env: tuple[tuple[str, str], ...] = ()
+    """``ray``: environment the driver joins under (a kvtool cluster's token)."""
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "workers": self.workers, "ray_address": self.ray_address}
@@ -122,6 +124,7 @@ class Fanout:
 
         started = False
         if not ray.is_initialized():
+            os.environ.update(dict(self.ray_env))
             ray.init(address=self.ray_address, log_to_driver=False,
                      logging_level=logging.ERROR, include_dashboard=False)
             started = True
@@ -154,12 +157,14 @@ def _ray_point(fn: PointFn, shared: Any, i: int) -> Any:
     return fn(shared, i)
 
 
-def ray_address_from_env(cluster_files: Sequence[str] = ()) -> str | None:
+def ray_from_env(cluster_files: Sequence[str] = ()
+                 ) -> tuple[str | None, tuple[tuple[str, str], ...]]:
     """Ray's ``RAY_ADDRESS``, else the Ray head of the first of ``cluster_files`` whose
-    cluster ``kvtool cluster up`` made and is up (``None``: no Ray cluster is named)."""
+    cluster ``kvtool cluster up`` made and is up, with the environment to join it under
+    (its token); ``None``: no Ray cluster is named."""
     env = os.environ.get("RAY_ADDRESS")
     if env:
-        return env
+        return env, ()
     from kvtool.cluster.state import load_state
 
     for path in cluster_files:
@@ -168,8 +173,8 @@ def ray_address_from_env(cluster_files: Sequence[str] = ()) -> str | None:
         except InputError:
             continue  # the cluster file itself is read (and reported) by the run
         if state is not None and state.phase == "up" and state.ray_address:
-            return state.ray_address
-    return None
+            return state.ray_address, tuple(sorted(state.ray_env().items()))
+    return None, ()
 
 
 def choose_fanout(points: int, *, jobs: int | None = None, ray_address: str | None = None,
@@ -182,14 +187,14 @@ def choose_fanout(points: int, *, jobs: int | None = None, ray_address: str | No
         raise UsageError(f"{param('jobs')} must be at least 1, got {jobs}", field="jobs")
     if jobs == 1 or points <= 1:
         return Fanout("serial")
-    address = ray_address or ray_address_from_env(cluster_files)
+    address, env = (ray_address, ()) if ray_address else ray_from_env(cluster_files)
     if address is not None:
         try:
             import ray  # noqa: F401
         except ImportError:
             raise UsageError(f"Ray cluster {address} named, but Ray is not installed: "
                              "pip install 'kvtool[cluster]'", field="ray") from None
-        return Fanout("ray", workers=points, ray_address=address)
+        return Fanout("ray", workers=points, ray_address=address, ray_env=env)
     cpus = local_cpus()
     workers = min(points, jobs if jobs is not None else cpus)
     if workers <= 1:
@@ -197,4 +202,4 @@ def choose_fanout(points: int, *, jobs: int | None = None, ray_address: str | No
     return Fanout("processes", workers=workers)
 
 
-__all__ = ["KINDS", "Fanout", "choose_fanout", "local_cpus", "ray_address_from_env"]
+__all__ = ["KINDS", "Fanout", "choose_fanout", "local_cpus", "ray_from_env"]

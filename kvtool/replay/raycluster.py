@@ -425,10 +425,9 @@ class RayClusterData:
         self.wall0 = time.monotonic()
         self._started_ray = False
         if not ray.is_initialized():
-            if not state.ray_address:
-                raise UsageError(f"cluster {state.name} has no Ray head recorded; is it up? "
-                                 "(kvtool cluster status)", field="cluster")
-            ray.init(address=state.ray_address, log_to_driver=False, include_dashboard=False)
+            from kvtool.cluster.driver import connect
+
+            connect(state)  # the cluster's Ray head, with its token
             self._started_ray = True
         self.verified = self.corrupt = self.lost = 0
         self.cross: dict[str, int] = {}

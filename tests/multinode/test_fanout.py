@@ -61,13 +61,14 @@ def test_choice_follows_a_cluster_that_is_up(monkeypatch: pytest.MonkeyPatch,
     toml.write_text('name = "mini"\n')
     assert choose_fanout(3, jobs=2, cluster_files=[str(toml)]).kind == "processes"
     state = ClusterState(name="mini", file=str(toml), phase="starting",
-                         ray_address="10.201.0.2:6379")
+                         ray_address="10.201.0.2:6379", ray_token_file="/x/ray-token")
     state.save()
     assert choose_fanout(3, jobs=2, cluster_files=[str(toml)]).kind == "processes"
     state.phase = "up"
     state.save()
-    assert choose_fanout(3, cluster_files=[str(toml)]) == Fanout(
-        "ray", workers=3, ray_address="10.201.0.2:6379")
+    fanout = choose_fanout(3, cluster_files=[str(toml)])
+    assert (fanout.kind, fanout.ray_address) == ("ray", "10.201.0.2:6379")
+    assert dict(fanout.ray_env)["RAY_AUTH_TOKEN_PATH"] == "/x/ray-token"
     assert choose_fanout(3, jobs=1, cluster_files=[str(toml)]).kind == "serial"
 
 
