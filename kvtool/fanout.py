@@ -120,11 +120,15 @@ class Fanout:
 
     def _ray(self, fn: PointFn, shared: Any, n: int,
              done: Callable[[int], None] | None) -> list[Any]:
+        import sys
+
+        joined = sys.modules.get("ray")
+        if joined is None or not joined.is_initialized():
+            os.environ.update(dict(self.ray_env))  # read when ray is imported
         import ray
 
         started = False
         if not ray.is_initialized():
-            os.environ.update(dict(self.ray_env))
             ray.init(address=self.ray_address, log_to_driver=False,
                      logging_level=logging.ERROR, include_dashboard=False)
             started = True

@@ -412,6 +412,12 @@ class RayClusterData:
 
     def __init__(self, built: BuiltCluster, state: ClusterState, *, seed: int = 0,
                  faults: Sequence[Fault] = ()) -> None:
+        import sys
+
+        joined = sys.modules.get("ray")
+        if joined is None or not joined.is_initialized():
+            # Ray reads its token settings when it is imported
+            os.environ.update(state.ray_env())
         import ray
 
         self.built = built
@@ -469,8 +475,11 @@ class RayClusterData:
                 raise UsageError(f"cluster {state.name} has no Mooncake master for the "
                                  f"mooncake tier of {built.name}", field="cluster")
             mooncake_url = _mooncake_url(state)
-            segment = max(64 << 20, math.ceil(tiers["mooncake"].capacity_blocks * bb
-                                              * SEGMENT_HEADROOM / len(built.setup.engines)))
+            # the cluster's nodes lend their segments through clients of their own
+            # (kvtool cluster up); else each engine lends a share of the pool
+            segment = 0 if state.mooncake.segments else max(64 << 20, math.ceil(
+                tiers["mooncake"].capacity_blocks * bb * SEGMENT_HEADROOM
+                / len(built.setup.engines)))
         specs = []
         for i, e in enumerate(built.setup.engines):
             node = nodes[e.node]
@@ -582,9 +591,12 @@ class RayClusterData:
             lost = [k for (tier, n, k) in self.writer if tier == "dram" and n == node]
             for k in lost:
                 self.gone.add(("dram", node, k))
+            segment = _kill_segment(self.state, node)
             doc["effect"] = (f"engine actors {', '.join(self.specs[i].name for i in mine)} "
-                             "killed and restarted; the node's DRAM pool and Mooncake "
-                             "segments lost")
+                             "killed and restarted; the node's DRAM pool and the Mooncake "
+                             "segments its engines lent lost"
+                             + (f"; its Mooncake segment (process {segment}) killed"
+                                if segment is not None else ""))
         return doc
 
     def _await_restart(self, engines: list[int]) -> None:
@@ -818,6 +830,19 @@ class RayClusterData:
                     os.unlink(spec.dram_path)
         if self._started_ray:
             ray.shutdown()
+
+
+def _kill_segment(state: ClusterState, node: str) -> int | None:
+    """Kill the process lending ``node``'s Mooncake segment, when ``kvtool cluster up``
+    recorded one (and it is still that process); its pid, else ``None``."""
+    from kvtool.target.procs import start_time
+
+    for r in state.resources:
+        if (r.kind == "process" and r.name == f"mooncake segment {node}" and r.pid
+                and start_time(r.pid) == r.start):
+            os.kill(r.pid, signal.SIGKILL)
+            return r.pid
+    return None
 
 
 def _cut_links(state: ClusterState, node: str) -> str:
