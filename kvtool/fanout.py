@@ -193,11 +193,12 @@ def choose_fanout(points: int, *, jobs: int | None = None, ray_address: str | No
         return Fanout("serial")
     address, env = (ray_address, ()) if ray_address else ray_from_env(cluster_files)
     if address is not None:
-        try:
-            import ray  # noqa: F401
-        except ImportError:
+        import importlib.util
+
+        # (not imported here: Ray reads a cluster's token settings when it is imported)
+        if importlib.util.find_spec("ray") is None:
             raise UsageError(f"Ray cluster {address} named, but Ray is not installed: "
-                             "pip install 'kvtool[cluster]'", field="ray") from None
+                             "pip install 'kvtool[cluster]'", field="ray")
         return Fanout("ray", workers=points, ray_address=address, ray_env=env)
     cpus = local_cpus()
     workers = min(points, jobs if jobs is not None else cpus)

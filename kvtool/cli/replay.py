@@ -194,6 +194,8 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
     from kvtool.replay.run import ReplaySettings, describe_setup, prepare
 
     check_output_paths(csv=csv_path, plot=plot_path, requests_csv=requests_csv, iolog=iolog)
+    if clusters and not ray_address:
+        _relaunch_on_head(clusters[0])
     fanout = _fanout(simulate, jobs, ray_address,
                      len(clusters) * len(sweep.split(",")) if sweep and clusters else
                      len(clusters) if clusters else 1 + len(compares), clusters)
@@ -287,6 +289,27 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
            for r in results):
         raise CheckFailed("corrupt or lost blocks were found (recomputed, never served); "
                           "see the report")
+
+
+def _relaunch_on_head(cluster: str) -> None:
+    """A cluster ``kvtool cluster up`` made of namespaces runs this command on its head
+    node (:func:`kvtool.replay.raycluster.on_head`): the same arguments, output passed
+    through, its exit status."""
+    import subprocess
+    import sys
+
+    from kvtool.replay.raycluster import cluster_up, on_head
+
+    state = cluster_up(cluster)
+    if state is None:
+        return
+    relaunch = on_head(state, sys.argv[1:])
+    if relaunch is None:
+        return
+    argv, env = relaunch
+    note(f"running on the head of cluster {state.name} ({state.head.name}, "
+         f"{state.head.address})")
+    raise SystemExit(subprocess.run(argv, env=env, check=False).returncode)
 
 
 def _fanout(simulate: bool, jobs: int | None, ray_address: str | None, points: int,

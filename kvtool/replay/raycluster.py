@@ -880,6 +880,30 @@ def _mooncake_url(state: ClusterState) -> str:
     return f"mooncake://{state.mooncake.master}?metadata={meta.hostname}:{meta.port}"
 
 
+ON_HEAD_ENV = "KVTOOL_ON_HEAD"
+"""Set (to the cluster's name) in a command relaunched on its head (:func:`on_head`)."""
+
+
+def on_head(state: ClusterState, args: Sequence[str]) -> tuple[list[str], dict[str, str]] | None:
+    """The command line and environment that run ``kvtool ARGS`` on ``state``'s head node,
+    or ``None`` when this process is there already (a host cluster, or relaunched).
+
+    The router and the driver of a netns cluster run in the head's namespace: a Ray
+    driver outside the cluster's namespaces reaches the head, but objects it owns are
+    not reachable from the other nodes (a sweep's points, an engine's larger replies),
+    and its traffic would bypass every shaped link."""
+    import sys
+
+    from kvtool.cluster.driver import kvtool_pythonpath
+    from kvtool.cluster.netns import exec_argv
+
+    if state.head.netns is None or os.environ.get(ON_HEAD_ENV) == state.name:
+        return None
+    env = {**os.environ, **state.ray_env(), ON_HEAD_ENV: state.name,
+           "PYTHONPATH": kvtool_pythonpath()}
+    return exec_argv(state.head.netns, [sys.executable, "-m", "kvtool", *args]), env
+
+
 def cluster_up(path: str) -> ClusterState | None:
     """The state of the cluster ``path`` describes when ``kvtool cluster up`` made it and
     it is up, else ``None``."""
@@ -889,5 +913,5 @@ def cluster_up(path: str) -> ClusterState | None:
     return state if state is not None and state.phase == "up" else None
 
 
-__all__ = ["EngineWorker", "Fault", "RayClusterData", "SlotMap", "TargetSpec", "WorkerSpec",
-           "cluster_up"]
+__all__ = ["ON_HEAD_ENV", "EngineWorker", "Fault", "RayClusterData", "SlotMap", "TargetSpec",
+           "WorkerSpec", "cluster_up", "on_head"]

@@ -70,6 +70,14 @@ write_gbps = 5
 """
 
 
+def _trace(tmp: Path) -> Path:
+    trace = tmp / "small.jsonl"
+    res = run("trace", "gen", "--sessions", "6", "--rounds", "4", "--input-tokens", "256",
+              "--output-tokens", "32", "-o", str(trace))
+    assert res.exit_code == 0, res.stderr
+    return trace
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     why = skip_reason()
@@ -88,10 +96,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 def test_replay_on_the_cluster_hits_across_nodes_and_survives_a_node(
         cluster: Cluster, tmp_path: Path) -> None:
-    trace = tmp_path / "small.jsonl"
-    res = run("trace", "gen", "--sessions", "6", "--rounds", "4", "--input-tokens", "256",
-              "--output-tokens", "32", "-o", str(trace))
-    assert res.exit_code == 0, res.stderr
+    trace = _trace(tmp_path)
     sim = cluster.json("replay", str(trace), "--cluster", str(cluster.file), "--simulate",
                        "--concurrency", "3")["runs"][0]
     at = round(sim["serving"]["duration"] / 2, 3)
@@ -116,3 +121,17 @@ def test_replay_on_the_cluster_hits_across_nodes_and_survives_a_node(
         e["name"] for e in d["engines"] if e["node"] == "cx82"}
     assert r["serving"]["completed"] == doc["requests"]
     assert r["cache"]["recomputed_after_check_blocks"] >= d["lost_blocks"]
+
+
+def test_a_sweep_fans_out_over_the_cluster_s_ray(cluster: Cluster, tmp_path: Path) -> None:
+    trace = _trace(tmp_path)
+    args = ("--json", "replay", str(trace), "--cluster", str(cluster.file), "--simulate",
+            "--sweep", "concurrency=1,2,4")
+    serial = cluster.kvtool(*args, "--jobs", "1")
+    fanned = cluster.kvtool(*args)
+    assert serial.returncode == fanned.returncode == 0, fanned.stderr[-2000:]
+    # run on the head (a driver outside the namespaces cannot hand the other nodes its
+    # objects), the points as tasks of the cluster's Ray
+    assert "running on the head of cluster" in fanned.stderr
+    assert "side by side on Ray cluster" in fanned.stderr
+    assert fanned.stdout == serial.stdout
