@@ -21,19 +21,25 @@ from tests.conftest import REPO, free_port
 @pytest.fixture(scope="session")
 def local_ray() -> Iterator[Any]:
     # Ray binds its node to loopback only in its single-machine mode: everything listens
-    # on 127.0.0.1. The switch is read when ray is imported (its workers inherit the
-    # environment); a ray imported earlier in this session is switched in place.
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    ray = pytest.importorskip("ray", reason="the cluster extra (ray) is not installed")
-    from ray._private import ray_constants
+    # on 127.0.0.1. The switch is read when ray is imported, and by the processes
+    # ray.init starts (its workers inherit theirs); a ray imported earlier in this session
+    # is switched in place. It is this Ray's only: gone from the environment once it is
+    # up, so a multi-node Ray started later in the session (tests/cluster) is not refused.
+    switch = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+    os.environ[switch] = "0"
+    try:
+        ray = pytest.importorskip("ray", reason="the cluster extra (ray) is not installed")
+        from ray._private import ray_constants
 
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    # Ray's workers are processes of their own: they find this checkout's kvtool through
-    # PYTHONPATH, inherited from the driver.
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), old) if p)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             logging_level="error")
+        ray_constants.ENABLE_RAY_CLUSTER = False
+        # Ray's workers are processes of their own: they find this checkout's kvtool
+        # through PYTHONPATH, inherited from the driver.
+        old = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), old) if p)
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 logging_level="error")
+    finally:
+        os.environ.pop(switch, None)
     assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}
     try:
         yield ray
