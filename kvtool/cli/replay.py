@@ -237,6 +237,10 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
         # host's reconnect attempts would repeat it (--debug shows them).
         logging.getLogger("kvtool.nvme").setLevel(logging.ERROR)
     job = prepare(replay_settings, on_event=lambda m: note(f"[yellow]{m}[/]"))
+    if simulate and not (requests_csv or iolog or metrics_port is not None):
+        from kvtool.cli.serving import note_fanout
+
+        note_fanout(fanout, len(job.configs))
     if not simulate:
         for line in describe_setup(job.setup):
             note(line)
@@ -323,12 +327,7 @@ def _fanout(simulate: bool, jobs: int | None, ray_address: str | None, points: i
                 raise UsageError(f"{param(name)} runs --simulate's points side by side; data "
                                  f"mode runs them one after the other", field=name)
         return None
-    fanout = choose_fanout(points, jobs=jobs, ray_address=ray_address, cluster_files=clusters)
-    if fanout.kind != "serial":
-        where = (f"Ray cluster {fanout.ray_address}" if fanout.kind == "ray"
-                 else f"{fanout.workers} local processes")
-        note(f"independent runs side by side on {where}")
-    return fanout
+    return choose_fanout(points, jobs=jobs, ray_address=ray_address, cluster_files=clusters)
 
 
 # -- human output -----------------------------------------------------------------------

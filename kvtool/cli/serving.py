@@ -32,6 +32,14 @@ def loads_from(concurrency: int | None, request_rate: float | None, speedup: flo
     return []
 
 
+def note_fanout(fanout: Any, points: int) -> None:
+    """Say where ``points`` independent runs go (once the input has been read)."""
+    if fanout is not None and fanout.kind != "serial" and points > 1:
+        where = (f"Ray cluster {fanout.ray_address}" if fanout.kind == "ray"
+                 else f"{fanout.workers} local processes")
+        note(f"independent runs side by side on {where}")
+
+
 def run(*, trace: str, clusters: tuple[str, ...], simulate: bool, fmt: str,
         block_tokens: int | None, skip_bad: int, loads: list[Any], seed: int,
         csv_path: str | None, plot_path: str | None, nvme_place: str | None = None,
@@ -74,6 +82,8 @@ def run(*, trace: str, clusters: tuple[str, ...], simulate: bool, fmt: str,
                 note(f"data mode: {tier} tier on {place}")
             return data
     def on_setup(head: dict[str, Any]) -> None:
+        if backend is None:
+            note_fanout(fanout, len(head["clusters"]) * len(head["loads"]))
         for line in describe(head):
             note(line)
 
