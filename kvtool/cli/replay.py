@@ -154,6 +154,17 @@ def _fraction(_ctx: click.Context, param: click.Parameter, value: float | None) 
 @click.option("--scalar", "scalars", multiple=True, metavar="NAME=VALUE",
               help="--cluster: set a roofline scalar, e.g. mfu_prefill=0.5 (repeatable; "
                    "kvtool calibrate fits them).")
+@click.option("--jobs", type=int, default=None, metavar="N",
+              help="--simulate with --sweep or --compare: run at most N points at once on "
+                   "local cores (1: one after the other) [default: the CPUs].")
+@click.option("--ray", "ray_address", default=None, metavar="ADDRESS",
+              help="--simulate with --sweep or --compare: run the points as tasks on this "
+                   "Ray cluster (HOST:PORT, auto, or local) [default: $RAY_ADDRESS, else "
+                   "local cores].")
+@click.option("--fault", "faults", multiple=True, metavar="KIND@SECONDS[:WHO]",
+              help="--cluster on a cluster that is up (data mode): at this simulated second "
+                   "kill an engine actor (engine), a storage target (target) or a node "
+                   "(node), or cut a node's links (link); WHO names it (repeatable).")
 @json_option
 @host_options
 def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: str | None,
@@ -166,7 +177,8 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
             requests_csv: str | None, plot_path: str | None, iolog: str | None,
             iolog_version: str, metrics_port: int | None,
             clusters: tuple[str, ...], request_rate: float | None, speedup: float | None,
-            sweep: str | None, scalars: tuple[str, ...],
+            sweep: str | None, scalars: tuple[str, ...], jobs: int | None,
+            ray_address: str | None, faults: tuple[str, ...],
             credentials: HostCredentials | None) -> None:
     """Replay a request trace through a GPU → DRAM → NVMe prefix cache.
 
@@ -180,6 +192,11 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
     from kvtool.replay.run import ReplaySettings, describe_setup, prepare
 
     check_output_paths(csv=csv_path, plot=plot_path, requests_csv=requests_csv, iolog=iolog)
+    if clusters and not ray_address:
+        _relaunch_on_head(clusters[0])
+    fanout = _fanout(simulate, jobs, ray_address,
+                     len(clusters) * len(sweep.split(",")) if sweep and clusters else
+                     len(clusters) if clusters else 1 + len(compares), clusters)
     if clusters:
         from kvtool.cli import serving
         from kvtool.serving.calibrate import parse_scalar_overrides
@@ -193,8 +210,12 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
                     loads=serving.loads_from(concurrency, request_rate, speedup, sweep),
                     csv_path=csv_path, plot_path=plot_path,
                     nvme_place=nvme.place if nvme is not None else None, read_qd=read_qd,
-                    credentials=credentials, scalars=parse_scalar_overrides(scalars))
+                    credentials=credentials, scalars=parse_scalar_overrides(scalars),
+                    fanout=fanout, faults=faults)
         return
+    if faults:
+        raise UsageError(f"{param('fault')} applies to {param('cluster')} on a cluster that is "
+                         "up", field="fault")
     for name, value in (("request_rate", request_rate), ("speedup", speedup), ("sweep", sweep),
                         ("scalar", scalars or None)):
         if value is not None:
@@ -217,6 +238,10 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
 
         logging.getLogger("kvtool.nvme").setLevel(logging.ERROR)
     job = prepare(replay_settings, on_event=lambda m: note(f"[yellow]{m}[/]"))
+    if simulate and not (requests_csv or iolog or metrics_port is not None):
+        from kvtool.cli.serving import note_fanout
+
+        note_fanout(fanout, len(job.configs))
     if not simulate:
         for line in describe_setup(job.setup):
             note(line)
@@ -232,7 +257,7 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
         def sink(i: int, outcome: Any) -> None:
             metrics.request(labels[i], outcome)
     with progress("replay", job.total, unit="requests") as advance:
-        doc = job.run(progress=advance, on_request=sink)
+        doc = job.run(progress=advance, on_request=sink, fanout=fanout)
     results = doc.get("configs") or [doc]
     if csv_path:
         from kvtool.cache.report import write_csv
@@ -261,6 +286,41 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
            for r in results):
         raise CheckFailed("corrupt or lost blocks were found (recomputed, never served); "
                           "see the report")
+
+
+def _relaunch_on_head(cluster: str) -> None:
+    """A cluster ``kvtool cluster up`` made of namespaces runs this command on its head
+    node (:func:`kvtool.replay.raycluster.on_head`): the same arguments, output passed
+    through, its exit status."""
+    import subprocess
+    import sys
+
+    from kvtool.replay.raycluster import cluster_up, on_head
+
+    state = cluster_up(cluster)
+    if state is None:
+        return
+    relaunch = on_head(state, sys.argv[1:])
+    if relaunch is None:
+        return
+    argv, env = relaunch
+    note(f"running on the head of cluster {state.name} ({state.head.name}, "
+         f"{state.head.address})")
+    raise SystemExit(subprocess.run(argv, env=env, check=False).returncode)
+
+
+def _fanout(simulate: bool, jobs: int | None, ray_address: str | None, points: int,
+            clusters: tuple[str, ...]) -> Any:
+    """Where --simulate's independent points run (:func:`kvtool.fanout.choose_fanout`)."""
+    from kvtool.fanout import choose_fanout
+
+    if not simulate:
+        for name, value in (("jobs", jobs), ("ray", ray_address)):
+            if value is not None:
+                raise UsageError(f"{param(name)} runs --simulate's points side by side; data "
+                                 f"mode runs them one after the other", field=name)
+        return None
+    return choose_fanout(points, jobs=jobs, ray_address=ray_address, cluster_files=clusters)
 
 
 # -- human output -----------------------------------------------------------------------

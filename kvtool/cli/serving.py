@@ -32,18 +32,47 @@ def loads_from(concurrency: int | None, request_rate: float | None, speedup: flo
     return []
 
 
+def note_fanout(fanout: Any, points: int) -> None:
+    """Say where ``points`` independent runs go (once the input has been read)."""
+    if fanout is not None and fanout.kind != "serial" and points > 1:
+        where = (f"Ray cluster {fanout.ray_address}" if fanout.kind == "ray"
+                 else f"{fanout.workers} local processes")
+        note(f"independent runs side by side on {where}")
+
+
 def run(*, trace: str, clusters: tuple[str, ...], simulate: bool, fmt: str,
         block_tokens: int | None, skip_bad: int, loads: list[Any], seed: int,
         csv_path: str | None, plot_path: str | None, nvme_place: str | None = None,
         read_qd: int = 16, credentials: Any = None,
-        scalars: dict[str, float] | None = None) -> None:
+        scalars: dict[str, float] | None = None, fanout: Any = None,
+        faults: tuple[str, ...] = ()) -> None:
     from kvtool.serving.run import ServingSettings, run_serving, write_csv, write_plot
 
     settings = ServingSettings(trace=trace, clusters=clusters, loads=loads, fmt=fmt,
                                block_tokens=block_tokens, skip_bad=skip_bad, seed=seed,
                                scalars=dict(scalars or {}))
     backend = None
+    state = None
     if not simulate:
+        from kvtool.replay.raycluster import cluster_up
+
+        state = cluster_up(clusters[0])
+    if faults and state is None:
+        raise UsageError(f"{param('fault')} needs a cluster that is up (kvtool cluster up "
+                         f"{clusters[0]}) and data mode", field="fault")
+    if state is not None:
+        from kvtool.replay.raycluster import Fault, RayClusterData
+
+        parsed = [Fault.parse(f) for f in faults]
+        note(f"data mode on cluster {state.name}: engines as Ray actors on their nodes "
+             f"(Ray at {state.ray_address})")
+
+        def backend(built: Any) -> Any:
+            data = RayClusterData(built, state, seed=seed, faults=parsed)
+            for tier, place in data.places.items():
+                note(f"data mode: {tier} tier on {place}")
+            return data
+    elif not simulate:
         from kvtool.replay.cluster import open_cluster_data
 
         def backend(built: Any) -> Any:
@@ -53,17 +82,23 @@ def run(*, trace: str, clusters: tuple[str, ...], simulate: bool, fmt: str,
                 note(f"data mode: {tier} tier on {place}")
             return data
     def on_setup(head: dict[str, Any]) -> None:
+        if backend is None:
+            note_fanout(fanout, len(head["clusters"]) * len(head["loads"]))
         for line in describe(head):
             note(line)
 
     with progress("serving model", None, unit="requests") as advance:
-        doc = run_serving(settings, progress=advance, on_setup=on_setup, backend=backend)
+        doc = run_serving(settings, progress=advance, on_setup=on_setup, backend=backend,
+                          fanout=fanout)
     if csv_path:
         write_csv(doc, csv_path)
     if plot_path:
         write_plot(doc, plot_path, title=f"kvtool replay {Path(trace).name} (simulated)")
     emit(doc, lambda con: render(con, doc))
-    if any(r.get("data", {}).get("corrupt_blocks") or r.get("data", {}).get("lost_blocks")
+    # Corrupt blocks are a failed check; so are lost ones, unless a fault was injected
+    # (then they are what it cost: recomputed, counted, never served).
+    if any(r.get("data", {}).get("corrupt_blocks") or
+           (r.get("data", {}).get("lost_blocks") and not r["data"].get("faults"))
            for r in doc["runs"]):
         raise CheckFailed("corrupt or lost blocks were found (never served); see the report")
 
@@ -145,7 +180,18 @@ def render(con: Any, doc: dict[str, Any]) -> None:
             con.print(f"  {name}: wrote {c['blocks_written']:,} blocks "
                       f"({c['bytes_written'] / 1e6:,.1f} MB), read {c['blocks_read']:,} "
                       f"({c['bytes_read'] / 1e6:,.1f} MB), evicted {c['evicted']:,} (measured)")
+        if "cross_engine_hits" in d:
+            by = ", ".join(f"{k} {v:,}" for k, v in d["cross_engine_hits_by_tier"].items())
+            con.print(f"  cross-engine hits {d['cross_engine_hits']:,}"
+                      + (f" ({by})" if by else "") + " · verified like every hit")
+        for f in d.get("faults", []):
+            con.print(f"  [yellow]fault[/] {f['kind']} {f['who']} at {f['fired_at_s']:.3f} s "
+                      f"(simulated; asked for {f['at_s']:g} s; {f['wall_s']:.1f} s into the "
+                      f"run's wall time): {f['effect']}")
         for p in d["problems"][:10]:
+            if "key" not in p:
+                con.print(f"  [red]{p['kind']}[/] {p['target']}: {p['error']}")
+                continue
             con.print(f"  [red]{p['kind']}[/] block {p['key']:#x} in {p['tier']} "
                       f"(engine {p['engine']}): never served")
     con.print("[dim]C: users (closed loop), R: requests/s (Poisson), T: the trace's "

@@ -55,7 +55,10 @@ class MooncakeClient:
     """put / get_into / exists / remove of byte objects in a Mooncake pool."""
 
     def __init__(self, url: str | MooncakeUrl, *, segment_bytes: int = DEFAULT_SEGMENT_BYTES,
-                 buffer_bytes: int = DEFAULT_BUFFER_BYTES) -> None:
+                 buffer_bytes: int = DEFAULT_BUFFER_BYTES,
+                 local_hostname: str | None = None) -> None:
+        """``local_hostname``: the address other clients reach this one's segment at (a
+        cluster node's); default 127.0.0.1 for a pool on loopback, else the master's host."""
         self.url = url if isinstance(url, MooncakeUrl) else parse_mooncake_url(url)
         store_cls = _import_store()
         # Mooncake retries a missing master for about 90 s; say so at once instead.
@@ -67,8 +70,10 @@ class MooncakeClient:
                                     "start one with kvtool pool up (kvtool pool status)",
                                     field="dram")
         self._store = store_cls()
-        rc = self._store.setup("127.0.0.1" if self.url.host in ("127.0.0.1", "localhost")
-                               else self.url.host, self.url.metadata_url, segment_bytes,
+        if local_hostname is None:
+            local_hostname = ("127.0.0.1" if self.url.host in ("127.0.0.1", "localhost")
+                              else self.url.host)
+        rc = self._store.setup(local_hostname, self.url.metadata_url, segment_bytes,
                                buffer_bytes, "tcp", "", self.url.master)
         if rc != 0:
             raise MooncakeError(f"cannot join the Mooncake pool at {self.url} (setup returned "

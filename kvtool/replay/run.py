@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from kvtool.cache.replayer import CacheConfig, RequestOutcome, TierSpec, replay
 from kvtool.cache.timemodel import TimeModel
 from kvtool.errors import UsageError, param
+from kvtool.fanout import Fanout
 from kvtool.replay.config import (
     ON_TIER_ERROR,
     TiersFile,
@@ -218,13 +219,21 @@ class ReplayJob:
         return len(self.reader) * (len(self.configs) if self.mode == "data" else 1)
 
     def run(self, progress: Callable[[int], None] | None = None,
-            on_request: Callable[[int, RequestOutcome], None] | None = None) -> dict[str, Any]:
+            on_request: Callable[[int, RequestOutcome], None] | None = None,
+            fanout: Fanout | None = None) -> dict[str, Any]:
         """Replay and return the report (schema :data:`SCHEMA`, docs/json.md).
 
         ``on_request(i, outcome)`` receives every request's accounting for configuration
         ``i`` (besides ``--requests-csv``). A ``KeyboardInterrupt`` stops the run cleanly:
         the report covers the requests served so far and says ``"interrupted": true``.
+        ``fanout`` (:mod:`kvtool.fanout`): with ``--simulate``, several configurations and
+        no per-request output, each configuration (its replay and its times) is a point
+        run side by side; the report is the serial run's.
         """
+        if (fanout is not None and fanout.kind != "serial" and self.mode == "simulate"
+                and len(self.configs) > 1 and on_request is None
+                and not self.settings.requests_csv and self.settings.iolog is None):
+            return self._run_fanned(fanout, progress)
         per_request = None
         if self.settings.requests_csv:
             from kvtool.cache.report import RequestCsv
@@ -259,11 +268,7 @@ class ReplayJob:
                 if log is not None:
                     results[0]["iolog"] = log.summary()
                 for r in results:
-                    r["mode"] = "simulate"
-                    r["requests_served"] = r["requests"]
-                    for t in r["tiers"]:
-                        t.update({"backend": "metadata", "url": None, "pool_blocks": None,
-                                  "failed": None, "committed_objects": None})
+                    _simulated(r)
             else:
                 results = [self._run_data(i, cfg, progress) for i, cfg in enumerate(self.configs)
                            if not self.interrupted]
@@ -273,6 +278,38 @@ class ReplayJob:
         finally:
             if per_request is not None:
                 per_request.close()
+        return self._report(results, timing, maximum)
+
+    def _run_fanned(self, fanout: Fanout, progress: Callable[[int], None] | None
+                    ) -> dict[str, Any]:
+        """:meth:`run` with each configuration a point of ``fanout``."""
+        from kvtool.replay.timing import ReplayTiming
+
+        requests = list(self.reader)
+        maximum = MaxHitRatio()
+        for r in requests:
+            maximum.add(r.block_keys, r.input_length, r.block_tokens)
+        timing_kwargs = self._timing_kwargs() if self.settings.times == "serving" else None
+        points = _ConfigPoints(requests, self.configs, self.block_tokens, self.block_bytes,
+                               self.time_model, timing_kwargs)
+        share = len(requests) // len(self.configs)
+
+        def done(_i: int) -> None:
+            if progress is not None:
+                progress(share)
+        out = fanout.map(_run_config_point, points, len(self.configs), done)
+        results = []
+        for r, _t in out:
+            _simulated(r)
+            results.append(r)
+        timing = None
+        if timing_kwargs is not None:
+            timing = ReplayTiming(requests, [t for _r, t in out],
+                                  {r.line: i for i, r in enumerate(requests)})
+        return self._report(results, timing, maximum)
+
+    def _report(self, results: list[dict[str, Any]], timing: ReplayTiming | None,
+                maximum: MaxHitRatio) -> dict[str, Any]:
         from kvtool.replay.timing import timing_off
 
         for i, r in enumerate(results):
@@ -299,14 +336,19 @@ class ReplayJob:
         outputs carry them too."""
         from kvtool.replay.timing import ReplayTiming
 
+        requests = list(self.reader)
+        return ReplayTiming.run(requests, self.configs, **self._timing_kwargs())
+
+    def _timing_kwargs(self) -> dict[str, Any]:
+        """The one-engine case's parameters (:func:`kvtool.replay.timing.one_engine_times`)
+        but the requests and the configuration."""
         s = self.settings
         given = s.concurrency is not None or self.time_model.concurrency != 1
         conc = s.concurrency if s.concurrency is not None else self.time_model.concurrency
-        return ReplayTiming.run(list(self.reader), self.configs, block_tokens=self.block_tokens,
-                                block_bytes=self.block_bytes, model=self.setup.get("model"),
-                                dtype=self.setup.get("dtype"), tp=s.tp, gpu=s.engine_gpu,
-                                concurrency=conc if given else None,
-                                read_gbps=self.time_model.read_gbps, timed=self.reader.timed)
+        return {"block_tokens": self.block_tokens, "block_bytes": self.block_bytes,
+                "model": self.setup.get("model"), "dtype": self.setup.get("dtype"), "tp": s.tp,
+                "gpu": s.engine_gpu, "concurrency": conc if given else None,
+                "read_gbps": self.time_model.read_gbps, "timed": self.reader.timed}
 
     # -------------------------------------------------------------- data mode
     def _fits(self, caps: dict[str, int]) -> None:
@@ -377,6 +419,38 @@ DATA_FIELDS: dict[str, Any] = {
     "media": None, "iolog": None,
 }
 """Fields only data mode measures: ``null`` in ``--simulate`` so both modes share one shape."""
+
+
+def _simulated(r: dict[str, Any]) -> None:
+    """A ``--simulate`` configuration's report: no places, no backends."""
+    r["mode"] = "simulate"
+    r["requests_served"] = r["requests"]
+    for t in r["tiers"]:
+        t.update({"backend": "metadata", "url": None, "pool_blocks": None,
+                  "failed": None, "committed_objects": None})
+
+
+@dataclass
+class _ConfigPoints:
+    """``--compare`` with ``--simulate``: one point per configuration (its replay, and
+    its one-engine times when ``timing`` gives their parameters)."""
+
+    requests: list[Any]
+    configs: list[CacheConfig]
+    block_tokens: int
+    block_bytes: int | None
+    time_model: TimeModel
+    timing: dict[str, Any] | None
+
+
+def _run_config_point(p: _ConfigPoints, i: int) -> tuple[dict[str, Any], Any]:
+    from kvtool.replay.timing import one_engine_times
+
+    cfg = p.configs[i]
+    result = replay(p.requests, [cfg], block_tokens=p.block_tokens, block_bytes=p.block_bytes,
+                    time_model=p.time_model)[0]
+    times = one_engine_times(p.requests, cfg, **p.timing) if p.timing is not None else None
+    return result, times
 
 
 def _one_shape(result: dict[str, Any]) -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kvtool.errors import UsageError, param
+from kvtool.fanout import Fanout
 from kvtool.serving.load import LOAD_KINDS, Load, default_load
 
 if TYPE_CHECKING:
@@ -80,14 +81,16 @@ class Backend(Protocol):
 
 def run_serving(s: ServingSettings, *, progress: Callable[[int], None] | None = None,
                 on_setup: Callable[[dict[str, Any]], None] | None = None,
-                backend: Callable[[BuiltCluster], Backend] | None = None) -> dict[str, Any]:
+                backend: Callable[[BuiltCluster], Backend] | None = None,
+                fanout: Fanout | None = None) -> dict[str, Any]:
     """Read the trace and the cluster files, run every (cluster, load), return the report.
 
     ``backend(built)``, when given, opens the real tiers of a run (data mode: the replay
     package's :func:`kvtool.replay.cluster.open_cluster_data`); each run's report then has
-    a ``data`` object and is closed after the run."""
+    a ``data`` object and is closed after the run. Without one, the runs are independent
+    and ``fanout`` (:mod:`kvtool.fanout`) may run them side by side: the report is the
+    same as a serial run's."""
     from kvtool.serving.setup import build_setup
-    from kvtool.serving.sim import Simulation
     from kvtool.trace import read_trace
 
     if not s.clusters:
@@ -115,28 +118,61 @@ def run_serving(s: ServingSettings, *, progress: Callable[[int], None] | None = 
     }
     if on_setup is not None:
         on_setup(head)
-    runs = []
-    for b in built:
-        for ld in loads:
-            ld = Load(ld.kind, ld.value, seed=s.seed)
-            data = backend(b) if backend is not None else None
-            try:
-                sim = Simulation(requests, b.setup, ld, block_tokens=b.block_tokens,
-                                 router=b.make_router(), fast_forward=s.fast_forward,
-                                 trace_block_tokens=B, backend=data)
-                doc = sim.run(progress=progress)
-                if data is not None:
-                    doc["data"] = data.result()
-            finally:
-                if data is not None:
-                    data.close()
-            doc["cluster"] = b.name
-            doc["label"] = f"{b.name} · {ld.label}"
-            runs.append(doc)
+    points = _Points(requests, built, [Load(ld.kind, ld.value, seed=s.seed) for ld in loads],
+                     B, s.fast_forward)
+    if backend is not None or fanout is None or fanout.kind == "serial":
+        runs = [points.run(i, progress, backend) for i in range(len(points))]
+    else:
+        def done(_i: int) -> None:
+            if progress is not None:
+                progress(len(requests))
+        runs = fanout.map(_run_point, points, len(points), done)
     head["runs"] = runs
     head["bad_lines"] = [{"line": ln, "message": m} for ln, m in reader.bad_lines]
     head["serving"] = runs[0]["serving"] if len(runs) == 1 else None
     return head
+
+
+@dataclass
+class _Points:
+    """Every (cluster, load) of a run, in report order: cluster-major."""
+
+    requests: list[Any]
+    built: list[BuiltCluster]
+    loads: list[Load]
+    trace_block_tokens: int
+    fast_forward: bool
+
+    def __len__(self) -> int:
+        return len(self.built) * len(self.loads)
+
+    def run(self, i: int, progress: Callable[[int], None] | None = None,
+            backend: Callable[[BuiltCluster], Backend] | None = None) -> dict[str, Any]:
+        from kvtool.serving.sim import Simulation
+
+        b = self.built[i // len(self.loads)]
+        ld = self.loads[i % len(self.loads)]
+        data = backend(b) if backend is not None else None
+        try:
+            sim = Simulation(self.requests, b.setup, ld, block_tokens=b.block_tokens,
+                             router=b.make_router(), fast_forward=self.fast_forward,
+                             trace_block_tokens=self.trace_block_tokens, backend=data)
+            started = getattr(data, "started", None)
+            if started is not None:  # a backend that times faults on the simulated clock
+                started(lambda: sim.now)
+            doc = sim.run(progress=progress)
+            if data is not None:
+                doc["data"] = data.result()
+        finally:
+            if data is not None:
+                data.close()
+        doc["cluster"] = b.name
+        doc["label"] = f"{b.name} · {ld.label}"
+        return doc
+
+
+def _run_point(points: _Points, i: int) -> dict[str, Any]:
+    return points.run(i)
 
 
 SWEEP_COLUMNS = ("cluster", "load", "value", "completed", "duration", "request_throughput",

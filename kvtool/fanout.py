@@ -1,0 +1,210 @@
+"""Independent points of a sweep, run side by side: on a Ray cluster, on local cores, or
+one after the other.
+
+``kvtool replay --simulate`` with ``--sweep`` or ``--compare`` runs points that share
+nothing but their input (the trace, the cluster files): every (cluster, load) of the
+serving model, every configuration of the cache replay. :class:`Fanout` runs
+``fn(shared, i)`` for ``i`` in ``range(n)`` and returns the results **in index order**, so
+a parallel run's report is the serial run's, byte for byte (each point is deterministic
+and sees the same ``shared``).
+
+Where the points run (:func:`choose_fanout`):
+
+* **Ray**, when a Ray cluster is named: ``ray_address`` (``--ray ADDRESS``: the head of
+  a ``kvtool cluster up``, ``auto``, or ``local`` to start one for the run), else the
+  ``RAY_ADDRESS`` environment variable (Ray's own), else the Ray head of the run's
+  cluster file when ``kvtool cluster up`` made that cluster and it is up. ``shared`` goes into Ray's object
+  store once; each point is one task. A Ray already initialised in this process (a test's
+  ``ray.init(num_cpus=2)``) is used as it is.
+* **Local processes** otherwise (``concurrent.futures.ProcessPoolExecutor``, forked:
+  the workers inherit ``shared`` instead of unpickling it), as many as there are points,
+  at most ``jobs`` (default: the CPUs this process may use).
+* **Serial** with ``jobs=1``, for one point, or on a single CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from typing import Any
+
+from kvtool.errors import InputError, UsageError, param
+
+KINDS = ("serial", "processes", "ray")
+
+PointFn = Callable[[Any, int], Any]
+
+_SHARED: tuple[PointFn, Any] | None = None
+"""What a forked worker runs: set in the parent just before the pool forks."""
+
+
+def _init_worker(fn: PointFn, shared: Any) -> None:
+    global _SHARED
+    _SHARED = (fn, shared)
+
+
+def _run_point(i: int) -> Any:
+    assert _SHARED is not None, "a fan-out worker started without its points"
+    fn, shared = _SHARED
+    return fn(shared, i)
+
+
+def local_cpus() -> int:
+    """CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class Fanout:
+    """Where a sweep's points run (module docstring). Invariant: :meth:`map` returns
+    ``[fn(shared, 0), ..., fn(shared, n - 1)]`` whatever the kind."""
+
+    kind: str
+    workers: int = 1
+    """Local processes at most (``processes``); informative for the others."""
+    ray_address: str | None = None
+    """``ray``: the address to join, ``None`` for a Ray already initialised here."""
+    ray_env: tuple[tuple[str, str], ...] = ()
+    """``ray``: environment the driver joins under (a kvtool cluster's token)."""
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "workers": self.workers, "ray_address": self.ray_address}
+
+    def map(self, fn: PointFn, shared: Any, n: int,
+            done: Callable[[int], None] | None = None) -> list[Any]:
+        """Run ``fn(shared, i)`` for every ``i < n``; ``done(i)`` as each one finishes
+        (in any order); the results in index order. A point's exception is raised here
+        (the first one by index), after the others have stopped."""
+        if n <= 0:
+            return []
+        if self.kind == "serial" or n == 1:
+            out = []
+            for i in range(n):
+                out.append(fn(shared, i))
+                if done is not None:
+                    done(i)
+            return out
+        if self.kind == "processes":
+            return self._processes(fn, shared, n, done)
+        return self._ray(fn, shared, n, done)
+
+    def _processes(self, fn: PointFn, shared: Any, n: int,
+                   done: Callable[[int], None] | None) -> list[Any]:
+        ctx = multiprocessing.get_context("fork")
+        results: list[Any] = [None] * n
+        with ProcessPoolExecutor(max_workers=min(self.workers, n), mp_context=ctx,
+                                 initializer=_init_worker, initargs=(fn, shared)) as pool:
+            futures = {pool.submit(_run_point, i): i for i in range(n)}
+            errors: dict[int, BaseException] = {}
+            for f in as_completed(futures):
+                i = futures[f]
+                exc = f.exception()
+                if exc is not None:
+                    errors[i] = exc
+                    for other in futures:
+                        other.cancel()
+                    continue
+                results[i] = f.result()
+                if done is not None:
+                    done(i)
+        if errors:
+            raise errors[min(errors)]
+        return results
+
+    def _ray(self, fn: PointFn, shared: Any, n: int,
+             done: Callable[[int], None] | None) -> list[Any]:
+        import sys
+
+        joined = sys.modules.get("ray")
+        if joined is None or not joined.is_initialized():
+            os.environ.update(dict(self.ray_env))  # read when ray is imported
+        import ray
+
+        started = False
+        if not ray.is_initialized():
+            ray.init(address=self.ray_address, log_to_driver=False,
+                     logging_level=logging.ERROR, include_dashboard=False)
+            started = True
+        try:
+            task = ray.remote(num_cpus=1, max_retries=0)(_ray_point)
+            ref = ray.put(shared)
+            pending = {task.remote(fn, ref, i): i for i in range(n)}
+            results: list[Any] = [None] * n
+            errors: dict[int, BaseException] = {}
+            while pending:
+                ready, _ = ray.wait(list(pending), num_returns=1)
+                for r in ready:
+                    i = pending.pop(r)
+                    try:
+                        results[i] = ray.get(r)
+                    except ray.exceptions.RayTaskError as exc:
+                        errors[i] = exc.as_instanceof_cause()
+                        continue
+                    if done is not None:
+                        done(i)
+            if errors:
+                raise errors[min(errors)]
+            return results
+        finally:
+            if started:
+                ray.shutdown()
+
+
+def _ray_point(fn: PointFn, shared: Any, i: int) -> Any:
+    return fn(shared, i)
+
+
+def ray_from_env(cluster_files: Sequence[str] = ()
+                 ) -> tuple[str | None, tuple[tuple[str, str], ...]]:
+    """Ray's ``RAY_ADDRESS``, else the Ray head of the first of ``cluster_files`` whose
+    cluster ``kvtool cluster up`` made and is up, with the environment to join it under
+    (its token); ``None``: no Ray cluster is named."""
+    env = os.environ.get("RAY_ADDRESS")
+    if env:
+        return env, ()
+    from kvtool.cluster.state import load_state
+
+    for path in cluster_files:
+        try:
+            state = load_state(path)
+        except InputError:
+            continue  # the cluster file itself is read (and reported) by the run
+        if state is not None and state.phase == "up" and state.ray_address:
+            return state.ray_address, tuple(sorted(state.ray_env().items()))
+    return None, ()
+
+
+def choose_fanout(points: int, *, jobs: int | None = None, ray_address: str | None = None,
+                  cluster_files: Sequence[str] = ()) -> Fanout:
+    """Where ``points`` independent points run (module docstring). ``jobs``: local
+    processes at most (1: serial); ``ray_address``: a Ray cluster to use (``auto`` or
+    ``HOST:PORT``; ``local`` starts one here for the run); ``cluster_files``: the run's
+    cluster files, whose cluster's Ray head is used when it is up."""
+    if jobs is not None and jobs < 1:
+        raise UsageError(f"{param('jobs')} must be at least 1, got {jobs}", field="jobs")
+    if jobs == 1 or points <= 1:
+        return Fanout("serial")
+    address, env = (ray_address, ()) if ray_address else ray_from_env(cluster_files)
+    if address is not None:
+        import importlib.util
+
+        # (not imported here: Ray reads a cluster's token settings when it is imported)
+        if importlib.util.find_spec("ray") is None:
+            raise UsageError(f"Ray cluster {address} named, but Ray is not installed: "
+                             "pip install 'kvtool[cluster]'", field="ray")
+        return Fanout("ray", workers=points, ray_address=address, ray_env=env)
+    cpus = local_cpus()
+    workers = min(points, jobs if jobs is not None else cpus)
+    if workers <= 1:
+        return Fanout("serial")
+    return Fanout("processes", workers=workers)
+
+
+__all__ = ["KINDS", "Fanout", "choose_fanout", "local_cpus", "ray_from_env"]
