@@ -24,11 +24,8 @@ Where the points run (:func:`choose_fanout`):
 
 from __future__ import annotations
 
-import logging
-import multiprocessing
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,6 +94,10 @@ class Fanout:
 
     def _processes(self, fn: PointFn, shared: Any, n: int,
                    done: Callable[[int], None] | None) -> list[Any]:
+        # here, not at the top: a run with one point never fans out (start-up time)
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
         ctx = multiprocessing.get_context("fork")
         results: list[Any] = [None] * n
         with ProcessPoolExecutor(max_workers=min(self.workers, n), mp_context=ctx,
@@ -120,6 +121,7 @@ class Fanout:
 
     def _ray(self, fn: PointFn, shared: Any, n: int,
              done: Callable[[int], None] | None) -> list[Any]:
+        import logging
         import sys
 
         joined = sys.modules.get("ray")

@@ -32,6 +32,7 @@ Example:
   kvtool bench --cluster fixtures/clusters/gp7000-mini.toml --block-bytes 1MiB --qd 8
 
 With --cluster FILE (a cluster that kvtool cluster up brought up), every client node
+(objects: one block of the file's engines unless --model or --block-bytes says)
 drives the cluster's NVMe/TCP targets at once, like fio's client/server mode: one Ray
 task per node, one run per case (default: rand-read at QD 8); it reports each node's
 and the aggregate GB/s and IOPS (measured; docs/cluster.md).
@@ -166,14 +167,17 @@ def _bench_cluster(file: str, model: str | None, dtype: str | None, tp: int | No
                    block_bytes: int | None, block_tokens: int, qd_text: str,
                    pattern_text: str, seconds: float, clients: int | None,
                    region: str | None, force: bool) -> None:
-    from kvtool.cluster.bench import bench_cluster
+    from kvtool.cluster.bench import bench_cluster, cluster_object_bytes
     from kvtool.cluster.state import load_state
 
     state = load_state(file)
     if state is None:
         raise UsageError(f"{file}: no such cluster is up (kvtool cluster up {file})",
                          field="--cluster")
-    size, _ = resolve_object(model, dtype, block_tokens, tp, block_bytes)
+    if model is None and block_bytes is None:  # the cluster file's block
+        size = cluster_object_bytes(state)
+    else:
+        size, _ = resolve_object(model, dtype, block_tokens, tp, block_bytes)
     if not 0 < seconds < math.inf:
         raise UsageError(f"must be a positive number, got {seconds}", field="--seconds")
     result = bench_cluster(state, object_bytes=size, patterns=_csv(pattern_text, PATTERNS,

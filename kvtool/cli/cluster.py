@@ -119,6 +119,8 @@ def render(con: Any, doc: dict[str, Any]) -> None:
     rows: list[list[str] | None] = []
     for n in doc["nodes"]:
         link = "unshaped" if n["link_mbit_now"] is None else f"{n['link_mbit_now']:g} Mb/s"
+        if n.get("link_up") is False:
+            link = "[red]down[/]"  # cut (ip link set eth0 down in its namespace)
         rows.append([n["name"], n["address"], ", ".join(n["roles"]) or "-", link,
                      _mark(n["present"]), _mark(n["ray"]), ", ".join(n["engines"]) or "-"])
     print_table(con, [Column("node", justify="left"), Column("address", justify="left"),

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -256,7 +258,9 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
 
         def sink(i: int, outcome: Any) -> None:
             metrics.request(labels[i], outcome)
-    with progress("replay", job.total, unit="requests") as advance:
+    # (Ray's notices, when the points fan out over Ray, go to stderr: stdout is the report's)
+    with progress("replay", job.total, unit="requests") as advance, \
+            contextlib.redirect_stdout(sys.stderr):
         doc = job.run(progress=advance, on_request=sink, fanout=fanout)
     results = doc.get("configs") or [doc]
     if csv_path:
@@ -293,7 +297,6 @@ def _relaunch_on_head(cluster: str) -> None:
     node (:func:`kvtool.replay.raycluster.on_head`): the same arguments, output passed
     through, its exit status."""
     import subprocess
-    import sys
 
     from kvtool.replay.raycluster import cluster_up, on_head
 

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +89,10 @@ def run(*, trace: str, clusters: tuple[str, ...], simulate: bool, fmt: str,
         for line in describe(head):
             note(line)
 
-    with progress("serving model", None, unit="requests") as advance:
+    # Ray's driver prints its notices (a node marked dead…) on sys.stdout: while Ray may
+    # run, they go to stderr, so that stdout holds the report alone (--json)
+    with progress("serving model", None, unit="requests") as advance, \
+            contextlib.redirect_stdout(sys.stderr):
         doc = run_serving(settings, progress=advance, on_setup=on_setup, backend=backend,
                           fanout=fanout)
     if csv_path:

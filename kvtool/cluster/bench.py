@@ -27,6 +27,14 @@ START_SLACK_S = 10.0
 """Time the tasks get to start and connect before the common start instant."""
 
 
+def cluster_object_bytes(state: ClusterState) -> int:
+    """The object a bench of ``state``'s cluster moves when none is named: one block of its
+    engines as one engine's load or store moves it (all ranks), from the cluster file."""
+    from kvtool.serving.cluster import load_cluster
+
+    return load_cluster(state.file).engines[0].all_ranks_block_bytes
+
+
 def bench_cluster(state: ClusterState, *, object_bytes: int, patterns: list[str],
                   qds: list[int], seconds: float, clients: int | None = None,
                   region_bytes: int | None = None, force: bool = False) -> dict[str, Any]:

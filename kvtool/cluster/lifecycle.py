@@ -434,6 +434,8 @@ def status(state: ClusterState) -> dict[str, Any]:
                       "roles": n.roles, "link_mbit": n.link_mbit,
                       "link_mbit_now": N.shaped_mbit(n.netns) if n.netns and
                       N.netns_exists(n.netns) else None,
+                      "link_up": N.link_up(n.netns) if n.netns and
+                      N.netns_exists(n.netns) else None,
                       "present": ray_nodes.get(n.name, False) if state.kind == "hosts"
                       else by_kind.get(("netns", n.netns or ""), False),
                       "ray": by_kind.get(("agent" if state.kind == "hosts" else "ray", n.name),
@@ -455,7 +457,8 @@ def status(state: ClusterState) -> dict[str, Any]:
                 "segments": [{"node": g.node, "address": g.address, "bytes": g.size}
                              for g in state.mooncake.segments]}
     healthy = state.phase == "up" and all(r["present"] for r in resources) \
-        and all(n["present"] for n in nodes) and unreachable is None
+        and all(n["present"] and n["link_up"] is not False for n in nodes) \
+        and unreachable is None
     return {"schema": "kvtool.cluster.status/2", "name": state.name, "file": state.file,
             "kind": state.kind, "phase": state.phase, "error": state.error,
             "healthy": healthy, "subnet": state.subnet, "bridge": state.bridge,

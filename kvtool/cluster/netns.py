@@ -155,6 +155,14 @@ def shaped_mbit(netns: str) -> float | None:
     return None
 
 
+def link_up(netns: str) -> bool:
+    """Whether the node's link (``eth0`` in ``netns``) is administratively up (a link cut,
+    ``ip link set eth0 down``, makes it ``False``)."""
+    out = _run([IP, "-n", netns, "-o", "link", "show", "dev", "eth0"], check=False).stdout
+    flags = out.split("<", 1)[1].split(">", 1)[0].split(",") if "<" in out else []
+    return "UP" in flags
+
+
 def delete_link(name: str) -> None:
     """Delete a root-namespace link (a veth's peer goes with it); absent is fine."""
     if link_exists(name):

@@ -427,6 +427,8 @@ class RayClusterData:
         self.run = uuid.uuid4().hex[:12]
         self.faults = sorted(faults, key=lambda f: f.at_s)
         self.fired: list[dict[str, Any]] = []
+        self.cut: list[tuple[str, str]] = []
+        """(namespace, device) of every link a fault cut: the run sets them up at the end."""
         self.clock: Callable[[], float] = lambda: 0.0
         self.wall0 = time.monotonic()
         self._started_ray = False
@@ -537,7 +539,9 @@ class RayClusterData:
 
         try:
             return ray.get(getattr(self.workers[engine], method).remote(*args))
-        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
+                ray.exceptions.ActorUnschedulableError):
+            # died, or its node is gone (a cut link: Ray cannot place it again)
             self.restarts[engine] += 1
             return None
 
@@ -577,7 +581,10 @@ class RayClusterData:
         elif f.kind == "link":
             node = f.who or self.specs[0].node
             doc["who"] = node
-            doc["effect"] = _cut_links(self.state, node)
+            doc["effect"], cut = _cut_links(self.state, node)
+            self.cut.extend(cut)
+            if cut:
+                doc["effect"] += " (set up again when the run ends)"
         else:
             node = f.who or self.specs[0].node
             mine = [s.index for s in self.specs if s.node == node]
@@ -610,6 +617,7 @@ class RayClusterData:
                 try:
                     now = ray.get(self.workers[i].ready.remote(), timeout=RESTART_TIMEOUT_S)
                 except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
+                        ray.exceptions.ActorUnschedulableError,
                         ray.exceptions.GetTimeoutError):
                     if time.monotonic() > deadline:
                         raise
@@ -809,9 +817,16 @@ class RayClusterData:
         return out
 
     def close(self) -> None:
-        """Close every engine's connections, remove each node's DRAM pool, stop the actors."""
+        """Set up again the links a fault cut, close every engine's connections, remove
+        each node's DRAM pool, stop the actors."""
+        import subprocess
+
         import ray
 
+        for ns, dev in self.cut:
+            subprocess.run(["ip", "-n", ns, "link", "set", "dev", dev, "up"],
+                           capture_output=True, check=False)
+        self.cut = []
         if not ray.is_initialized():
             return
         dropped: set[str] = set()
@@ -845,9 +860,10 @@ def _kill_segment(state: ClusterState, node: str) -> int | None:
     return None
 
 
-def _cut_links(state: ClusterState, node: str) -> str:
+def _cut_links(state: ClusterState, node: str) -> tuple[str, list[tuple[str, str]]]:
     """``ip link set DEV down`` for every link of ``node``'s namespace but loopback: the
-    node is cut off. Returns what was done (or why it could not be)."""
+    node is cut off. Returns what was done (or why it could not be) and the (namespace,
+    device) pairs set down."""
     import subprocess
 
     try:
@@ -860,16 +876,19 @@ def _cut_links(state: ClusterState, node: str) -> str:
     out = subprocess.run(["ip", "-n", ns, "-o", "link", "show"], capture_output=True,
                          text=True, check=False)
     if out.returncode != 0:
-        return f"not cut: ip -n {ns} link show: {out.stderr.strip()}"
+        return f"not cut: ip -n {ns} link show: {out.stderr.strip()}", []
     devs = [line.split(":")[1].strip().split("@")[0] for line in out.stdout.splitlines()
             if ":" in line]
     devs = [d for d in devs if d != "lo"]
+    cut: list[tuple[str, str]] = []
     for dev in devs:
         done = subprocess.run(["ip", "-n", ns, "link", "set", "dev", dev, "down"],
                               capture_output=True, text=True, check=False)
         if done.returncode != 0:
-            return f"not cut: ip -n {ns} link set dev {dev} down: {done.stderr.strip()}"
-    return f"link {', '.join(devs)} set down inside namespace {ns}"
+            return (f"not cut: ip -n {ns} link set dev {dev} down: {done.stderr.strip()}",
+                    cut)
+        cut.append((ns, dev))
+    return f"link {', '.join(devs)} set down inside namespace {ns}", cut
 
 
 def _mooncake_url(state: ClusterState) -> str:

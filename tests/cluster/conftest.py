@@ -86,6 +86,7 @@ def make_cluster(tmp: Path, text: str, subnet_octet: int) -> Cluster:
     x = int(name[1:3], 16)
     text = text.replace('name = "gp7000-mini"', f'name = "{name}"')
     text = text.replace('subnet = "10.200.0.0/24"', f'subnet = "10.{subnet_octet}.{x}.0/24"')
+    text = text.replace('"../models/', f'"{FIXTURES}/models/')  # the file moves to tmp
     file = tmp / f"{name}.toml"
     file.write_text(text)
     env = {**os.environ, "KVTOOL_STATE_DIR": str(tmp / "state"),

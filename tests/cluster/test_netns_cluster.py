@@ -48,6 +48,24 @@ def test_status_tells_every_node_target_and_pool(mini: Cluster) -> None:
     # and the human form names them within 80 columns
     human = mini.kvtool("cluster", "status", str(mini.file))
     assert human.returncode == 0 and target["url"] in human.stdout
+    assert all(n["link_up"] for n in doc["nodes"])
+
+
+def test_status_tells_a_cut_link(mini: Cluster) -> None:
+    """A node whose link is down (a cut: ip link set eth0 down in its namespace) makes the
+    cluster unhealthy, and status names it; up again, healthy again."""
+    ns = f"kvtool-{mini.name}-cx82"
+    subprocess.run(["ip", "-n", ns, "link", "set", "dev", "eth0", "down"], check=True)
+    try:
+        doc = mini.json("cluster", "status", str(mini.file))
+        nodes = {n["name"]: n for n in doc["nodes"]}
+        assert not doc["healthy"] and nodes["cx82"]["link_up"] is False
+        assert nodes["cx81"]["link_up"] is True
+        human = mini.kvtool("cluster", "status", str(mini.file))
+        assert "down" in human.stdout
+    finally:
+        subprocess.run(["ip", "-n", ns, "link", "set", "dev", "eth0", "up"], check=True)
+    assert mini.json("cluster", "status", str(mini.file))["healthy"]
     assert max(len(line) for line in human.stdout.splitlines()) <= 80
 
 
