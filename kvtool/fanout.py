@@ -25,11 +25,11 @@ Where the points run (:func:`choose_fanout`):
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kvtool.errors import InputError, UsageError, param
+from kvtool.errors import UsageError, param
 
 KINDS = ("serial", "processes", "ray")
 
@@ -163,37 +163,31 @@ def _ray_point(fn: PointFn, shared: Any, i: int) -> Any:
     return fn(shared, i)
 
 
-def ray_from_env(cluster_files: Sequence[str] = ()
-                 ) -> tuple[str | None, tuple[tuple[str, str], ...]]:
-    """Ray's ``RAY_ADDRESS``, else the Ray head of the first of ``cluster_files`` whose
-    cluster ``kvtool cluster up`` made and is up, with the environment to join it under
-    (its token); ``None``: no Ray cluster is named."""
-    env = os.environ.get("RAY_ADDRESS")
-    if env:
-        return env, ()
-    from kvtool.cluster.state import load_state
+ClusterRay = Callable[[], "tuple[str | None, tuple[tuple[str, str], ...]]"]
+"""Gives the Ray head of the run's cluster when ``kvtool cluster up`` made it and it is up,
+with the environment to join it under (its token), else ``(None, ())``: the caller passes
+:func:`kvtool.cluster.state.ray_head_of` (this module sits below :mod:`kvtool.cluster`)."""
 
-    for path in cluster_files:
-        try:
-            state = load_state(path)
-        except InputError:
-            continue  # the cluster file itself is read (and reported) by the run
-        if state is not None and state.phase == "up" and state.ray_address:
-            return state.ray_address, tuple(sorted(state.ray_env().items()))
-    return None, ()
+
+def ray_from_env() -> str | None:
+    """Ray's ``RAY_ADDRESS``, when set."""
+    return os.environ.get("RAY_ADDRESS") or None
 
 
 def choose_fanout(points: int, *, jobs: int | None = None, ray_address: str | None = None,
-                  cluster_files: Sequence[str] = ()) -> Fanout:
+                  cluster_ray: ClusterRay | None = None) -> Fanout:
     """Where ``points`` independent points run (module docstring). ``jobs``: local
     processes at most (1: serial); ``ray_address``: a Ray cluster to use (``auto`` or
-    ``HOST:PORT``; ``local`` starts one here for the run); ``cluster_files``: the run's
-    cluster files, whose cluster's Ray head is used when it is up."""
+    ``HOST:PORT``; ``local`` starts one here for the run), else ``RAY_ADDRESS``, else
+    ``cluster_ray()``: the Ray head of the run's cluster when it is up."""
     if jobs is not None and jobs < 1:
         raise UsageError(f"{param('jobs')} must be at least 1, got {jobs}", field="jobs")
     if jobs == 1 or points <= 1:
         return Fanout("serial")
-    address, env = (ray_address, ()) if ray_address else ray_from_env(cluster_files)
+    address: str | None = ray_address or ray_from_env()
+    env: tuple[tuple[str, str], ...] = ()
+    if address is None and cluster_ray is not None:
+        address, env = cluster_ray()
     if address is not None:
         import importlib.util
 
@@ -209,4 +203,4 @@ def choose_fanout(points: int, *, jobs: int | None = None, ray_address: str | No
     return Fanout("processes", workers=workers)
 
 
-__all__ = ["KINDS", "Fanout", "choose_fanout", "local_cpus", "ray_from_env"]
+__all__ = ["KINDS", "ClusterRay", "Fanout", "choose_fanout", "local_cpus", "ray_from_env"]

@@ -23,7 +23,7 @@ PACKAGES = ("kvtool", "emulator")
 # never a unit of its own layer or of a higher one. docs/architecture.md draws this table.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("kvtool", "kvtool.errors", "kvtool.lazy", "kvtool.collapse", "emulator"),
-    ("kvtool.units", "kvtool.metrics", "kvtool.plotting", "kvtool.jsondoc"),
+    ("kvtool.units", "kvtool.metrics", "kvtool.plotting", "kvtool.jsondoc", "kvtool.fanout"),
     ("kvtool.configfile",),
     ("kvtool.geometry", "kvtool.trace", "kvtool.store.io", "kvtool.serving.kvpool"),
     ("kvtool.align", "kvtool.nvme", "kvtool.cache"),

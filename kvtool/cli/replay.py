@@ -323,7 +323,11 @@ def _fanout(simulate: bool, jobs: int | None, ray_address: str | None, points: i
                 raise UsageError(f"{param(name)} runs --simulate's points side by side; data "
                                  f"mode runs them one after the other", field=name)
         return None
-    return choose_fanout(points, jobs=jobs, ray_address=ray_address, cluster_files=clusters)
+    def cluster_ray() -> tuple[str | None, tuple[tuple[str, str], ...]]:
+        from kvtool.cluster.state import ray_head_of
+
+        return ray_head_of(clusters)
+    return choose_fanout(points, jobs=jobs, ray_address=ray_address, cluster_ray=cluster_ray)
 
 
 # -- human output -----------------------------------------------------------------------

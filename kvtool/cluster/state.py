@@ -25,6 +25,7 @@ import json
 import os
 import time
 import tomllib
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -279,3 +280,18 @@ def names() -> list[str]:
     if not d.is_dir():
         return []
     return sorted(p.stem for p in d.glob("*.json"))
+
+
+def ray_head_of(cluster_files: Sequence[str]) -> tuple[str | None, tuple[tuple[str, str], ...]]:
+    """The Ray head of the first of ``cluster_files`` whose cluster ``kvtool cluster up``
+    made and is up, with the environment to join it under (its token); ``(None, ())``
+    when none is (what :func:`kvtool.fanout.choose_fanout` asks through its
+    ``cluster_ray``)."""
+    for path in cluster_files:
+        try:
+            state = load_state(path)
+        except InputError:
+            continue  # the cluster file itself is read (and reported) by the run
+        if state is not None and state.phase == "up" and state.ray_address:
+            return state.ray_address, tuple(sorted(state.ray_env().items()))
+    return None, ()

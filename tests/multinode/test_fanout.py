@@ -53,23 +53,23 @@ def test_choice(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_choice_follows_a_cluster_that_is_up(monkeypatch: pytest.MonkeyPatch,
                                              tmp_path: Path) -> None:
-    from kvtool.cluster.state import ClusterState
+    from kvtool.cluster.state import ClusterState, ray_head_of
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setenv("KVTOOL_STATE_DIR", str(tmp_path))
     toml = tmp_path / "c.toml"
     toml.write_text('name = "mini"\n')
-    assert choose_fanout(3, jobs=2, cluster_files=[str(toml)]).kind == "processes"
+    assert choose_fanout(3, jobs=2, cluster_ray=lambda: ray_head_of([str(toml)])).kind == "processes"
     state = ClusterState(name="mini", file=str(toml), phase="starting",
                          ray_address="10.201.0.2:6379", ray_token_file="/x/ray-token")
     state.save()
-    assert choose_fanout(3, jobs=2, cluster_files=[str(toml)]).kind == "processes"
+    assert choose_fanout(3, jobs=2, cluster_ray=lambda: ray_head_of([str(toml)])).kind == "processes"
     state.phase = "up"
     state.save()
-    fanout = choose_fanout(3, cluster_files=[str(toml)])
+    fanout = choose_fanout(3, cluster_ray=lambda: ray_head_of([str(toml)]))
     assert (fanout.kind, fanout.ray_address) == ("ray", "10.201.0.2:6379")
     assert dict(fanout.ray_env)["RAY_AUTH_TOKEN_PATH"] == "/x/ray-token"
-    assert choose_fanout(3, jobs=1, cluster_files=[str(toml)]).kind == "serial"
+    assert choose_fanout(3, jobs=1, cluster_ray=lambda: ray_head_of([str(toml)])).kind == "serial"
 
 
 def _serving(fanout: Fanout | None) -> str:
