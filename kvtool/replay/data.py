@@ -145,7 +145,7 @@ class DataReplayer(Replayer):
         self.on_tier_error = on_tier_error
         self.on_event = on_event
         super().__init__(config, block_tokens, block_bytes, time_model or TimeModel(),
-                         on_request=on_request, backends={t.name: self for t in config.tiers})
+                         on_request=on_request, movers={t.name: self for t in config.tiers})
         names = self.names
         gpu_cap = 0
         if names[0] == "gpu":
