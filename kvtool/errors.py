@@ -20,15 +20,40 @@ def param(name: str) -> str:
     """A parameter named inside an error message (``f"... unless {param('force')}"``).
 
     Library users read the parameter's name (``force``); the CLI shows the flag the user
-    types (``--force``): see :meth:`InputError.name_params`.
+    types (``--force``): see :meth:`KvtoolError.name_params`.
     """
     return f"\x00{name}\x00"
 
 
 class KvtoolError(Exception):
-    """Base class of every error kvtool reports to a user without a traceback."""
+    """Base class of every error kvtool reports to a user without a traceback.
+
+    The message may name parameters (:func:`param`): ``str(err)`` shows their names until
+    :meth:`name_params` shows them as the caller (the CLI: its flags) names them.
+    """
 
     exit_code = 2
+
+    def __init__(self, message: str = "") -> None:
+        self.raw_message = message
+        self._params_named = False
+        self.message = _PARAM.sub(r"\1", message)
+        super().__init__(self._format())
+
+    def name_params(self, flag_of: Callable[[str], str | None] | Mapping[str, str]) -> None:
+        """Show the parameters the message names (:func:`param`) as ``flag_of`` names them.
+
+        The first call wins: the innermost command, whose flags the user typed, names them.
+        """
+        if self._params_named or _PARAM.search(self.raw_message) is None:
+            return
+        self._params_named = True
+        lookup = flag_of.get if isinstance(flag_of, Mapping) else flag_of
+        self.message = _PARAM.sub(lambda m: lookup(m.group(1)) or m.group(1), self.raw_message)
+        self.args = (self._format(),)
+
+    def _format(self) -> str:
+        return self.message
 
 
 class InputError(KvtoolError):
@@ -46,29 +71,14 @@ class InputError(KvtoolError):
         line: int | None = None,
         field: str | None = None,
     ) -> None:
-        self.raw_message = message
-        self._params_named = False
-        self.message = _PARAM.sub(r"\1", message)
         self.file = None if file is None else str(file)
         self.line = line
         self.field = field
-        super().__init__(self._format())
+        super().__init__(message)
 
     def rename_field(self, field: str) -> None:
         """Name the field as the user knows it (the CLI maps parameter names to flags)."""
         self.field = field
-        self.args = (self._format(),)
-
-    def name_params(self, flag_of: Callable[[str], str | None] | Mapping[str, str]) -> None:
-        """Show the parameters the message names (:func:`param`) as ``flag_of`` names them.
-
-        The first call wins: the innermost command, whose flags the user typed, names them.
-        """
-        if self._params_named or _PARAM.search(self.raw_message) is None:
-            return
-        self._params_named = True
-        lookup = flag_of.get if isinstance(flag_of, Mapping) else flag_of
-        self.message = _PARAM.sub(lambda m: lookup(m.group(1)) or m.group(1), self.raw_message)
         self.args = (self._format(),)
 
     def locate(self, file: str | PathLike[str] | None, line: int | None) -> None:

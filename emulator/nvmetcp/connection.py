@@ -113,6 +113,12 @@ class QueueConnection(asyncio.BufferedProtocol):
         self.local: tuple[str, int] | None = None
         self.auth: dhchap.ControllerAuth | None = None  # DH-HMAC-CHAP on this queue
 
+    @property
+    def streaming(self) -> bool:
+        """Whether a streamed data PDU's payload is being received straight into its
+        destination (the socket's next bytes go there, not to the PDU parser)."""
+        return self._sink is not None
+
     # --- asyncio.Protocol ---------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     )
     from kvtool.cache.replayer import CacheConfig, Replayer, RequestOutcome, TierSpec, replay
     from kvtool.cache.stats import RoundStats
-    from kvtool.cache.tier import TIER_NAMES, NullBackend, Tier, TierBackend, Watermark
+    from kvtool.cache.tier import TIER_NAMES, NullMover, Tier, TierMover, Watermark
     from kvtool.cache.timemodel import TimeModel
 
 __getattr__, __dir__ = exports(__name__, {
@@ -47,9 +47,9 @@ __getattr__, __dir__ = exports(__name__, {
     "make_policy": "policies",
     "RoundStats": "stats",
     "TIER_NAMES": "tier",
-    "NullBackend": "tier",
+    "NullMover": "tier",
     "Tier": "tier",
-    "TierBackend": "tier",
+    "TierMover": "tier",
     "Watermark": "tier",
     "TimeModel": "timemodel",
 })
@@ -62,7 +62,7 @@ __all__ = [
     "EvictionPolicy",
     "LruPolicy",
     "LruTailFirstPolicy",
-    "NullBackend",
+    "NullMover",
     "OraclePolicy",
     "PrefixFairPolicy",
     "RadixPolicy",
@@ -70,8 +70,8 @@ __all__ = [
     "RequestOutcome",
     "RoundStats",
     "Tier",
-    "TierBackend",
     "TierHierarchy",
+    "TierMover",
     "TierSpec",
     "TimeModel",
     "Watermark",

@@ -56,7 +56,7 @@ class TierHierarchy:
         self.write_back = write_policy == "write-back"
         self._indexes = [t.policy.index for t in self.tiers]
         self._policies = [t.policy for t in self.tiers]
-        self._backends = any(t.backend is not None for t in self.tiers)
+        self._movers = any(t.mover is not None for t in self.tiers)
         if any(p.pooled for p in self._policies[1:]):
             raise ValueError("a pooled policy (vllm) can only manage the top tier")
         self._pooled: VllmPolicy | None = (
@@ -64,11 +64,11 @@ class TierHierarchy:
         # Tiers whose policy stores only full blocks (vLLM's offloading: vllm-*); they take
         # the general path, which hands them the request's full blocks only.
         self._full_only = [getattr(p, "full_blocks_only", False) for p in self._policies]
-        self._general = self._backends or any(self._full_only)
+        self._general = self._movers or any(self._full_only)
         # The fused path: head-first LRU in every tier, write-through, every tier but the
         # last bounded (so ordered); it does every tier's store/touch in one pass.
         self._fused = (
-            not self.write_back and not self._backends and len(self.tiers) in (2, 3)
+            not self.write_back and not self._movers and len(self.tiers) in (2, 3)
             and all(type(p) is LruPolicy for p in self._policies)
             and all(p.ordered for p in self._policies[:-1]))  # type: ignore[attr-defined]
 
@@ -124,7 +124,7 @@ class TierHierarchy:
         return src
 
     def server(self) -> Callable[[list[int], int, int, int, RoundStats], list[int]]:
-        """:meth:`serve`, or for a single tier without a backend or a pooled policy the
+        """:meth:`serve`, or for a single tier without a mover or a pooled policy the
         path it dispatches to (a call less per request for callers that serve many)."""
         if self._pooled is None and not self._general and len(self.tiers) == 1:
             return self._serve_one
@@ -164,13 +164,13 @@ class TierHierarchy:
         written = stats.blocks_written
         high = max(src) if src else 0
         hits: set[int] | None = set(keys[:k]) if high > 0 else None
-        record: list[int] | None = ([] if tiers[0].backend is not None or hits is not None
+        record: list[int] | None = ([] if tiers[0].mover is not None or hits is not None
                                     else None)
         written[0] += tiers[0].policy.access(keys[:full] if full_only[0] else keys, session,
                                              record=record)
         if hits is not None and record:
             stats.promoted_blocks[0] += _count_in(record, hits)
-        if self._backends:
+        if self._movers:
             self._notify(keys, src, record or [])
         low = min(src) if src else m
         for i in range(1, m):
@@ -183,12 +183,12 @@ class TierHierarchy:
             if low < i:
                 skip = {keys[p] for p in range(k) if src[p] < i}
             promotes = hits is not None and high > i
-            record = [] if tier.backend is not None or promotes else None
+            record = [] if tier.mover is not None or promotes else None
             written[i] += tier.policy.access(tier_keys, session, skip=skip, record=record)
             if promotes and record and hits is not None:
                 stats.promoted_blocks[i] += _count_in(record, hits)
-            if record and tier.backend is not None:
-                tier.backend.on_write(tier.name, record)
+            if record and tier.mover is not None:
+                tier.mover.on_write(tier.name, record)
 
         # 3. evict, top down (write-back demotes into the next tier first)
         evictions = stats.evictions
@@ -206,8 +206,8 @@ class TierHierarchy:
                 if down:
                     stats.blocks_read[i] += len(down)
                     written[i + 1] += len(down)
-                    if below.backend is not None:
-                        below.backend.on_write(below.name, down)
+                    if below.mover is not None:
+                        below.mover.on_write(below.name, down)
         return per_tier
 
     def _lookup_pooled(self, keys: list[int], input_length: int) -> list[int]:
@@ -232,7 +232,7 @@ class TierHierarchy:
         """:meth:`serve` with a pooled top tier (``vllm``): the pool runs the request.
 
         Lower-tier hits reach the pool as external blocks (cached there, so counted as
-        promotions). Backends hear of keys entering and leaving the pool's hash index
+        promotions). Movers hear of keys entering and leaving the pool's hash index
         (a second copy of a cached key is neither); under write-back the keys the pool
         evicted are demoted into the next tier.
         """
@@ -246,7 +246,7 @@ class TierHierarchy:
         h = per_tier[0]
         index0 = self._indexes[0]
         full = min(input_length // block_tokens, len(keys))
-        notify = self._backends
+        notify = self._movers
         absent = [key for key in keys[h:full] if key not in index0] if notify else []
         evicted: list[int] | None = [] if notify or self.write_back else None
         _, cached, n_evicted = pooled.serve_request(keys, input_length, k - h, evicted)
@@ -272,25 +272,25 @@ class TierHierarchy:
                 continue
             skip = {keys[p] for p in range(k) if src[p] < i} if low < i else None
             promotes = hits is not None and high > i
-            record: list[int] | None = [] if tier.backend is not None or promotes else None
+            record: list[int] | None = [] if tier.mover is not None or promotes else None
             written[i] += tier.policy.access(tier_keys, session, skip=skip, record=record)
             if promotes and record and hits is not None:
                 stats.promoted_blocks[i] += _count_in(record, hits)
-            if record and tier.backend is not None:
-                tier.backend.on_write(tier.name, record)
+            if record and tier.mover is not None:
+                tier.mover.on_write(tier.name, record)
 
         # 3. the pool's evictions (made while allocating), then the lower tiers'
         if evicted:
-            if tiers[0].backend is not None:
-                tiers[0].backend.on_evict(tiers[0].name, evicted)
+            if tiers[0].mover is not None:
+                tiers[0].mover.on_evict(tiers[0].name, evicted)
             if self.write_back and m > 1:
                 below = tiers[1]
                 down = below.policy.admit(evicted)
                 if down:
                     stats.blocks_read[0] += len(down)
                     written[1] += len(down)
-                    if below.backend is not None:
-                        below.backend.on_write(below.name, down)
+                    if below.mover is not None:
+                        below.mover.on_write(below.name, down)
         for i in range(1, m):
             tier = tiers[i]
             if tier.watermark is None and len(self._indexes[i]) <= tier.capacity:
@@ -305,8 +305,8 @@ class TierHierarchy:
                 if down:
                     stats.blocks_read[i] += len(down)
                     written[i + 1] += len(down)
-                    if below.backend is not None:
-                        below.backend.on_write(below.name, down)
+                    if below.mover is not None:
+                        below.mover.on_write(below.name, down)
         return per_tier
 
     def _serve_fused(self, keys: list[int], input_length: int, block_tokens: int,
@@ -415,7 +415,7 @@ class TierHierarchy:
 
     def _serve_through(self, keys: list[int], input_length: int, block_tokens: int,
                        session: int, stats: RoundStats) -> list[int]:
-        """:meth:`serve` for write-through without backends (same semantics, fewer steps)."""
+        """:meth:`serve` for write-through without movers (same semantics, fewer steps)."""
         m = len(self.tiers)
         src = self.lookup(keys)
         k = len(src)
@@ -455,7 +455,7 @@ class TierHierarchy:
 
     def _serve_one(self, keys: list[int], input_length: int, block_tokens: int, session: int,
                    stats: RoundStats) -> list[int]:
-        """:meth:`serve` for a single tier without a backend (the common, hot case)."""
+        """:meth:`serve` for a single tier without a mover (the common, hot case)."""
         index = self._indexes[0]
         k = 0
         for key in keys:
@@ -476,7 +476,7 @@ class TierHierarchy:
         if tier.watermark is not None:
             stats.evictions[0] += len(tier.evict_to_capacity())
         elif len(index) > tier.capacity:
-            # Tier.evict_to_capacity without a watermark or a backend (this path has
+            # Tier.evict_to_capacity without a watermark or a mover (this path has
             # neither): evict the overflow, in the policy's order.
             stats.evictions[0] += len(policy.evict(len(index) - int(tier.capacity)))
         return [k]
@@ -512,17 +512,17 @@ class TierHierarchy:
         return per_tier
 
     def _notify(self, keys: list[int], src: list[int], new: list[int]) -> None:
-        """Tell backends what each tier read and the top tier wrote for this request."""
+        """Tell movers what each tier read and the top tier wrote for this request."""
         by_tier: dict[int, list[int]] = {}
         for p, j in enumerate(src):
             by_tier.setdefault(j, []).append(keys[p])
         for j, ks in by_tier.items():
-            backend = self.tiers[j].backend
-            if backend is not None:
-                backend.on_read(self.tiers[j].name, ks)
-        backend = self.tiers[0].backend
-        if backend is not None and new:
-            backend.on_write(self.tiers[0].name, new)
+            mover = self.tiers[j].mover
+            if mover is not None:
+                mover.on_read(self.tiers[j].name, ks)
+        mover = self.tiers[0].mover
+        if mover is not None and new:
+            mover.on_write(self.tiers[0].name, new)
 
 
 def _count_in(inserted: list[int], hits: set[int]) -> int:

@@ -1,6 +1,6 @@
 """The storage side of a simulated replay as a fio I/O log (``kvtool replay --iolog``).
 
-:class:`IologWriter` is a :class:`~kvtool.cache.tier.TierBackend` for one tier (the NVMe
+:class:`IologWriter` is a :class:`~kvtool.cache.tier.TierMover` for one tier (the NVMe
 tier): it gives every block the tier stores a slot of ``block_bytes`` on one device and
 writes each block write, read and slot release as fio's ``read_iolog`` format, so that
 ``fio --read_iolog=FILE`` (with ``--replay_redirect=DEVICE`` to point it elsewhere)
@@ -31,7 +31,7 @@ IOLOG_VERSIONS = (2, 3)
 class IologWriter:
     """Write one tier's block I/O as a fio iolog. Use as a context manager or call
     :meth:`close`. Invariant: ``slots`` maps exactly the blocks the tier holds (as far
-    as this backend has been told) to distinct slots below ``high``."""
+    as this mover has been told) to distinct slots below ``high``."""
 
     def __init__(self, path: str, *, block_bytes: int, tier: str = "nvme",
                  device: str = "kvtool-nvme", version: int = 3) -> None:
@@ -77,7 +77,7 @@ class IologWriter:
         else:
             self._line(f"{self.device} {action} {offset} {self.block_bytes}")
 
-    # -- TierBackend ---------------------------------------------------------------------
+    # -- TierMover -----------------------------------------------------------------------
     def on_write(self, tier: str, keys: list[int]) -> None:
         if tier != self.tier:
             return

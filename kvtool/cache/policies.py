@@ -110,7 +110,9 @@ class LruPolicy(EvictionPolicy):
     """
 
     name = "lru"
-    _reverse = False
+    tail_first = False
+    """Touch a request's blocks last to first, so that a request's tail is the first of
+    its blocks to go (:class:`LruTailFirstPolicy`)."""
 
     def __init__(self) -> None:
         self.index: dict[int, int] = {}
@@ -142,7 +144,7 @@ class LruPolicy(EvictionPolicy):
     def access(self, keys: list[int], session: int, *, admit: bool = True,
                skip: Container[int] | None = None, record: list[int] | None = None) -> int:
         index = self.index
-        order = reversed(keys) if self._reverse else keys
+        order = reversed(keys) if self.tail_first else keys
         before = len(index)
         if not self.ordered:
             if not admit:
@@ -231,7 +233,7 @@ class LruTailFirstPolicy(LruPolicy):
     """
 
     name = "lru-tail-first"
-    _reverse = True
+    tail_first = True
 
 
 class _ChainPolicy(EvictionPolicy):
@@ -261,6 +263,12 @@ class _ChainPolicy(EvictionPolicy):
         self.depth: dict[int, int] = {}        # only kept when the policy orders by depth
         self.tick = 0
         self._lru: list[tuple[int, int]] = []  # (tick, key) of leaves
+
+    @property
+    def heap_entries(self) -> int:
+        """Entries in the leaf heap, stale ones included: kept within 4 per cached key
+        plus 4096 (the heap is rebuilt without stale entries past that)."""
+        return len(self._lru)
 
     # -- bookkeeping --------------------------------------------------------------------
     def _leaf(self, key: int, tick: int) -> None:

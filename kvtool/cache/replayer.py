@@ -31,7 +31,7 @@ from kvtool.cache.policies import (
     make_policy,
 )
 from kvtool.cache.stats import RoundStats
-from kvtool.cache.tier import TIER_NAMES, Tier, TierBackend, Watermark
+from kvtool.cache.tier import TIER_NAMES, Tier, TierMover, Watermark
 from kvtool.cache.timemodel import TimeModel
 from kvtool.collapse import collapse_round
 from kvtool.errors import UsageError, param
@@ -136,7 +136,7 @@ class CacheConfig:
                 for t in self.tiers)
 
     def build(self, block_bytes: int | None, block_tokens: int,
-              backends: dict[str, TierBackend] | None = None) -> TierHierarchy:
+              movers: dict[str, TierMover] | None = None) -> TierHierarchy:
         tiers = []
         for spec in self.tiers:
             cap = spec.blocks(block_bytes, block_tokens)
@@ -153,7 +153,7 @@ class CacheConfig:
             policy = make_policy(spec.policy, window=spec.window, block_tokens=block_tokens,
                                  admission=admission)
             tiers.append(Tier(spec.name, cap, policy, watermark=spec.watermark,
-                              backend=(backends or {}).get(spec.name)))
+                              mover=(movers or {}).get(spec.name)))
         return TierHierarchy(tiers, self.write_policy)
 
 
@@ -201,10 +201,10 @@ class Replayer:
     block_bytes: int | None = None
     time_model: TimeModel = field(default_factory=TimeModel)
     on_request: Callable[[RequestOutcome], None] | None = None
-    backends: dict[str, TierBackend] | None = None
+    movers: dict[str, TierMover] | None = None
 
     def __post_init__(self) -> None:
-        self.cache = self.config.build(self.block_bytes, self.block_tokens, self.backends)
+        self.cache = self.config.build(self.block_bytes, self.block_tokens, self.movers)
         self._serve_request = self.cache.server()
         self.names = self.cache.names
         self.rounds: dict[int, RoundStats] = {}
@@ -333,13 +333,13 @@ def replay(requests: Iterable[RequestLike], configs: Sequence[CacheConfig], *,
            time_model: TimeModel | None = None,
            progress: Callable[[int], None] | None = None,
            on_request: Callable[[int, RequestOutcome], None] | None = None,
-           backends: Sequence[dict[str, TierBackend] | None] | None = None
+           movers: Sequence[dict[str, TierMover] | None] | None = None
            ) -> list[dict[str, Any]]:
     """Replay ``requests`` through every configuration side by side; return their reports.
 
     ``progress(n)`` is called every 1024 requests (and at the end) with the number served.
     ``on_request(i, outcome)`` receives every request's accounting for configuration ``i``.
-    ``backends[i]`` gives configuration ``i``'s tiers data movers (an I/O log, say).
+    ``movers[i]`` gives configuration ``i``'s tiers data movers (an I/O log, say).
     """
     tm = time_model or TimeModel()
 
@@ -349,7 +349,7 @@ def replay(requests: Iterable[RequestLike], configs: Sequence[CacheConfig], *,
         return lambda outcome: on_request(i, outcome)
 
     runs = [Replayer(c, block_tokens, block_bytes, tm, on_request=recorder(i),
-                   backends=backends[i] if backends else None)
+                   movers=movers[i] if movers else None)
             for i, c in enumerate(configs)]
     feeds = [r.feed for r in runs]
     n = 0

@@ -1,9 +1,9 @@
 """One cache tier: a capacity, an eviction policy, and an optional data mover.
 
 A :class:`Tier` is block *metadata* only: which keys it holds (its policy's index) and
-how many it may hold. Moving real bytes is the job of a :class:`TierBackend`, which the
+how many it may hold. Moving real bytes is the job of a :class:`TierMover`, which the
 hierarchy calls after every metadata change; the default does nothing, so the replay
-replayer simulates at any scale, and a later DRAM/NVMe backend plugs in without touching
+replayer simulates at any scale, and a later DRAM/NVMe mover plugs in without touching
 eviction logic.
 """
 
@@ -19,7 +19,7 @@ TIER_NAMES: tuple[str, ...] = ("gpu", "dram", "nvme")
 """Tier names, highest (fastest, checked first) to lowest."""
 
 
-class TierBackend(Protocol):
+class TierMover(Protocol):
     """Moves the bytes behind a tier's blocks. Every method gets keys in the order the
     metadata changed; it must not change metadata.
 
@@ -36,8 +36,8 @@ class TierBackend(Protocol):
     def on_evict(self, tier: str, keys: list[int]) -> None: ...
 
 
-class NullBackend:
-    """The simulation backend: metadata only, no bytes move."""
+class NullMover:
+    """The simulation mover: metadata only, no bytes move."""
 
     def on_write(self, tier: str, keys: list[int]) -> None:
         return None
@@ -70,17 +70,17 @@ class Tier:
     to its capacity before the next request).
     """
 
-    __slots__ = ("backend", "capacity", "name", "policy", "watermark")
+    __slots__ = ("capacity", "mover", "name", "policy", "watermark")
 
     def __init__(self, name: str, capacity: float, policy: EvictionPolicy, *,
-                 watermark: Watermark | None = None, backend: TierBackend | None = None) -> None:
+                 watermark: Watermark | None = None, mover: TierMover | None = None) -> None:
         if not capacity > 0:
             raise ValueError(f"tier {name}: capacity must be positive (0 means no tier)")
         self.name = name
         self.capacity = capacity
         self.policy = policy
         self.watermark = watermark
-        self.backend = backend
+        self.mover = mover
         if hasattr(policy, "capacity"):
             policy.capacity = capacity
         if capacity == math.inf and hasattr(policy, "unbounded"):
@@ -112,6 +112,6 @@ class Tier:
         if not n:
             return []
         out = self.policy.evict(n)
-        if self.backend is not None and out:
-            self.backend.on_evict(self.name, out)
+        if self.mover is not None and out:
+            self.mover.on_evict(self.name, out)
         return out

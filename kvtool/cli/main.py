@@ -16,7 +16,7 @@ import click
 from kvtool import __version__
 from kvtool.cli.helpfmt import fit_help
 from kvtool.cli.output import Settings, err_console
-from kvtool.errors import InputError, KvtoolError, UsageError
+from kvtool.errors import KvtoolError, UsageError
 
 # One module per command under kvtool/cli/, each exposing ``command`` (a click command or
 # group). Keep this list sorted; add a line when a command lands.
@@ -110,7 +110,8 @@ def name_flags(cmd: click.Command) -> None:
     The library names the parameter it was given (``field="block_bytes"``); the user typed
     ``--block-bytes``. A :class:`~kvtool.errors.UsageError` whose field is the name of one
     of ``cmd``'s parameters (or a flag's name as an identifier) is rewritten to that flag
-    (or argument, ``TARGET``) on its way out.
+    (or argument, ``TARGET``) on its way out, and so is every parameter that any
+    :class:`~kvtool.errors.KvtoolError`'s message names (:func:`~kvtool.errors.param`).
     """
     flags: dict[str, str] = {}
     for p in cmd.params:
@@ -127,7 +128,7 @@ def name_flags(cmd: click.Command) -> None:
     def invoke_naming_flags(ctx: click.Context) -> Any:
         try:
             return invoke(ctx)
-        except InputError as exc:
+        except KvtoolError as exc:
             if isinstance(exc, UsageError) and exc.file is None and exc.field in flags:
                 exc.rename_field(flags[exc.field])
             exc.name_params(flags)

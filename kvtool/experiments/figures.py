@@ -21,7 +21,7 @@ import itertools
 import math
 import statistics
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 MEASURED_BASES = ("counted", "measured")
@@ -150,15 +150,13 @@ def _cliff(run: RunData, a: dict[str, Any]) -> Value:
 
 def _plan_collapse(run: RunData, a: dict[str, Any]) -> Value:
     from kvtool.plan import Storage, Workload, plan
+    from kvtool.trace.sessions import Sessions
 
-    w = run.workload
     cfg = run.plan_inputs[a["config"]]
     dram = next((t.capacity for t in cfg.tiers if t.name == "dram"), None)
     if dram is None:
         raise FigureUnavailable("the configuration has no DRAM tier")
-    p = plan(Workload(sessions=w["sessions"], rounds=w["rounds"], input_tokens=w["input_tokens"],
-                      output_tokens=w["output_tokens"], system_prompt_tokens=w.get("system_prompt_tokens", 0),
-                      block_tokens=w.get("block_tokens", 256), answer_kv="next-round"),
+    p = plan(Workload(**asdict(Sessions.from_table(run.workload)), answer_kv="next-round"),
              Storage(run.block_bytes), dram=dram)
     c = p.as_given.collapse_round
     return Value(c, "none" if c is None else f"{c:.2f}", "modelled")

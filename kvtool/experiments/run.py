@@ -17,6 +17,7 @@ import csv
 import json
 import math
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -34,14 +35,13 @@ ProgressFactory = Callable[[str, float | None], Any]
 def write_trace(exp: Experiment, path: Path) -> int:
     """Generate the experiment's workload as a kvtool JSONL trace; return its requests."""
     from kvtool.trace.gen import MultiTurn, RandomPrompts, multi_turn, random_prompts
+    from kvtool.trace.sessions import Sessions
 
     w = exp.workload
     records: Any
     if exp.kind == "multi-turn":
-        records = multi_turn(MultiTurn(
-            sessions=w["sessions"], rounds=w["rounds"], input_tokens=w["input_tokens"],
-            output_tokens=w["output_tokens"], system_prompt_tokens=w.get("system_prompt_tokens", 0),
-            block_tokens=w.get("block_tokens", 256), seed=w.get("seed", 0), form="hash_ids"))
+        records = multi_turn(MultiTurn(**asdict(Sessions.from_table(w)), seed=w.get("seed", 0),
+                                       form="hash_ids"))
     else:
         records = random_prompts(RandomPrompts(
             input_lengths=tuple(w["input_lengths"]), num_prompts=w["num_prompts"],

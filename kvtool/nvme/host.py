@@ -246,6 +246,12 @@ class Controller:
                                            name="nvme-keepalive")
         self._ka_thread.start()
 
+    def stop_keep_alive(self) -> None:
+        """Send no more Keep Alive commands, for the rest of this controller's life: the
+        target drops the controller once KATO passes in silence, and the next command
+        reconnects (what a host that stalls looks like to the target)."""
+        self._ka_stop.set()
+
     def _keep_alive(self) -> None:
         interval = self.kato_ms / 2000.0
         while not self._ka_stop.wait(interval):
@@ -502,7 +508,7 @@ class Controller:
         """Write Zeroes over ``nlb`` blocks (at most 65536 per command) from ``slba``."""
         if not 1 <= nlb <= 0x10000:
             raise ValueError("Write Zeroes covers 1..65536 blocks per command")
-        self._simple_io(P.Sqe(spec.IO_WRITE_ZEROES, nsid=nsid, cdw10=slba & 0xFFFFFFFF,
+        self.execute_io(P.Sqe(spec.IO_WRITE_ZEROES, nsid=nsid, cdw10=slba & 0xFFFFFFFF,
                               cdw11=slba >> 32, cdw12=nlb - 1),
                         f"Write Zeroes nsid {nsid} lba {slba}+{nlb}")
 
@@ -512,10 +518,14 @@ class Controller:
         if not 1 <= len(ranges) <= 256:
             raise ValueError("Dataset Management takes 1..256 ranges")
         data = b"".join(struct.pack("<IIQ", 0, nlb, slba) for slba, nlb in ranges)
-        self._simple_io(P.Sqe(spec.IO_DSM, nsid=nsid, cdw10=len(ranges) - 1,
+        self.execute_io(P.Sqe(spec.IO_DSM, nsid=nsid, cdw10=len(ranges) - 1,
                               cdw11=1 << 2), f"Deallocate nsid {nsid}", data)
 
-    def _simple_io(self, sqe: P.Sqe, what: str, data: bytes | None = None) -> None:
+    def execute_io(self, sqe: P.Sqe, what: str, data: bytes | None = None) -> None:
+        """Run one I/O command as built (a passthrough: no range or size checks here, the
+        target judges it) and wait for it; ``data`` goes out with it. A lost connection
+        is recovered and the command sent again. A refusal raises
+        :class:`~kvtool.nvme.queue.NvmeStatusError` naming ``what``."""
         while True:
             generation = self.generation
             try:
@@ -530,7 +540,7 @@ class Controller:
 
     def flush(self, nsid: int) -> None:
         """NVMe Flush: every write completed before this call becomes durable."""
-        self._simple_io(P.Sqe(spec.IO_FLUSH, nsid=nsid), f"Flush nsid {nsid}")
+        self.execute_io(P.Sqe(spec.IO_FLUSH, nsid=nsid), f"Flush nsid {nsid}")
 
     # --- teardown -----------------------------------------------------------------------
 

@@ -38,7 +38,7 @@ import numpy as np
 from kvtool.cache.replayer import CacheConfig, Replayer, RequestLike, RequestOutcome, outcome
 from kvtool.cache.stats import RoundStats
 from kvtool.cache.timemodel import TimeModel, percentile
-from kvtool.errors import CheckFailed
+from kvtool.errors import CheckFailed, param
 from kvtool.replay.config import ON_TIER_ERROR
 from kvtool.store.payload import Payload, equal
 from kvtool.tiers.base import DataTier, Link, TierError, TransferJob
@@ -50,7 +50,7 @@ MAX_NAMED = 100
 
 
 class TierFailed(CheckFailed):
-    """A tier's medium failed mid-run and ``--on-tier-error fail`` stops the run (exit 1)."""
+    """A tier's medium failed mid-run and ``on_tier_error="fail"`` stops the run (exit 1)."""
 
 
 @dataclass
@@ -145,7 +145,7 @@ class DataReplayer(Replayer):
         self.on_tier_error = on_tier_error
         self.on_event = on_event
         super().__init__(config, block_tokens, block_bytes, time_model or TimeModel(),
-                         on_request=on_request, backends={t.name: self for t in config.tiers})
+                         on_request=on_request, movers={t.name: self for t in config.tiers})
         names = self.names
         gpu_cap = 0
         if names[0] == "gpu":
@@ -174,8 +174,8 @@ class DataReplayer(Replayer):
     # ------------------------------------------------------------------ failures
     def _fail(self, err: TierError) -> None:
         if self.on_tier_error == "fail":
-            raise TierFailed(f"{err}; stopped (--on-tier-error recompute goes on without "
-                             "the tier)") from None
+            raise TierFailed(f"{err}; stopped ({param('on_tier_error')} recompute goes on "
+                             "without the tier)") from None
         if err.tier not in self.dead:
             self.dead[err.tier] = str(err)
             if self.on_event is not None:

@@ -261,7 +261,7 @@ class ReplayJob:
                                      block_tokens=self.block_tokens,
                                      block_bytes=self.block_bytes, time_model=self.time_model,
                                      progress=progress, on_request=sink,
-                                     backends=[{"nvme": log}] if log is not None else None)
+                                     movers=[{"nvme": log}] if log is not None else None)
                 finally:
                     if log is not None:
                         log.close()

@@ -178,6 +178,11 @@ class ObjectStore:
     def free_slots(self) -> int:
         return len(self._free)
 
+    def is_free(self, slot: int) -> bool:
+        """Whether ``slot`` may be allocated (O(free slots)). A slot whose index entry
+        failed its checks never is: the evidence stays for ``verify``."""
+        return slot in self._free
+
     def __len__(self) -> int:
         return len(self.by_key)
 
@@ -189,9 +194,12 @@ class ObjectStore:
         return sorted(self.by_key.values())
 
     # ---------------------------------------------------------------- index writes
-    def _write_index(self, slots: list[int]) -> None:
-        """Write the index blocks (whole LBAs) holding ``slots``' entries from the image,
-        one write per run of adjacent blocks."""
+    def write_index(self, slots: list[int]) -> None:
+        """Write the index blocks (whole LBAs) holding ``slots``' entries from the image
+        (:attr:`entries` as it is now), one write per run of adjacent blocks; no flush.
+
+        :meth:`commit` calls it; called directly it writes outside the commit protocol
+        (what a repair tool, or a test planting a fault, does)."""
         if not slots:
             return
         lba = self.engine.lba_size
@@ -256,7 +264,7 @@ class ObjectStore:
             if retire:
                 self.entries[np.array(retire, dtype=np.int64)] = np.zeros(len(retire),
                                                                           dtype=ENTRY_DTYPE)
-        self._write_index(sorted(touched + retire))
+        self.write_index(sorted(touched + retire))
         self.engine.flush()
         with self._lock:
             self._free.extend(retire)

@@ -57,7 +57,9 @@ class MooncakeTier(DataTier):
         self._base = self.staging.ctypes.data
         self.held: set[int] = set()
 
-    def _key(self, key: int) -> str:
+    def object_key(self, key: int) -> str:
+        """The name block ``key`` has in the Mooncake pool: this run's prefix, then the key
+        in hex (one run's blocks never collide with another's)."""
         return f"{self.prefix}{key:x}"
 
     def __contains__(self, key: int) -> bool:
@@ -74,7 +76,7 @@ class MooncakeTier(DataTier):
         bb = self.block_bytes
         for start in range(0, len(keys), self.batch):
             part = keys[start:start + self.batch]
-            names = [self._key(k) for k in part]
+            names = [self.object_key(k) for k in part]
             got = self.client.batch_get_into(names, self._ptrs(len(part)),
                                                     [bb] * len(part))
             for i, (key, n) in enumerate(zip(part, got, strict=True)):
@@ -96,12 +98,12 @@ class MooncakeTier(DataTier):
             if len(self.held) + sum(k not in self.held for k in part) > self.slots:
                 raise RuntimeError(f"{self.name} tier: all {self.slots} slots in use "
                                    "(the engine sized it too small)")
-            stale = [self._key(k) for k in part if k in self.held]
+            stale = [self.object_key(k) for k in part if k in self.held]
             if stale:  # a re-put replaces the object (Mooncake refuses duplicate puts)
                 self.client.batch_remove(stale)
             for i in range(len(part)):
                 np.copyto(self.staging[i], srcs[start + i])
-            rcs = self.client.batch_put_from([self._key(k) for k in part],
+            rcs = self.client.batch_put_from([self.object_key(k) for k in part],
                                                     self._ptrs(len(part)), [bb] * len(part))
             for key, rc in zip(part, rcs, strict=True):
                 if rc != 0:
@@ -121,7 +123,7 @@ class MooncakeTier(DataTier):
             return
         self.held.difference_update(gone)
         for start in range(0, len(gone), 256):
-            self.client.batch_remove([self._key(k) for k in gone[start:start + 256]])
+            self.client.batch_remove([self.object_key(k) for k in gone[start:start + 256]])
 
     def close(self) -> None:
         if self.held:

@@ -5,7 +5,9 @@ A leaf without numpy: ``kvtool plan`` models this shape without generating a tra
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
 
 from kvtool.errors import UsageError
 
@@ -35,6 +37,12 @@ class Sessions:
     output_tokens: int
     system_prompt_tokens: int = 0
     block_tokens: int = 256
+
+    @staticmethod
+    def from_table(table: Mapping[str, Any]) -> Sessions:
+        """The shape a table gives (an experiment's multi-turn ``[workload]``, which may
+        hold more keys): its values for the fields it names, the defaults for the rest."""
+        return Sessions(**{f.name: table[f.name] for f in fields(Sessions) if f.name in table})
 
     def __post_init__(self) -> None:
         positive(self.sessions, "sessions")

@@ -195,6 +195,7 @@ def test_target_killed_mid_run(live_target: Target) -> None:
         eng.close()
     line = str(err.value)
     assert "\n" not in line and line.startswith(f"nvme tier ({url})")
+    assert line.endswith("stopped (on_tier_error recompute goes on without the tier)")
 
 
 @pytest.mark.integration

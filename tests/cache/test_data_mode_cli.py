@@ -76,6 +76,7 @@ def test_target_killed_mid_run_is_one_line_exit_1(long_trace: Path, tmp_path: Pa
     assert proc.returncode == 1, err
     last = err.strip().splitlines()[-1]
     assert last.startswith(f"kvtool: error: nvme tier ({url}): ")
+    assert last.endswith("stopped (--on-tier-error recompute goes on without the tier)")
     assert "reconnecting" not in err and "Traceback" not in err
 
 

@@ -1,4 +1,4 @@
-"""Tier hierarchy: attribution, write-through vs write-back accounting, promotion, backends."""
+"""Tier hierarchy: attribution, write-through vs write-back accounting, promotion, movers."""
 
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ def test_prefix_stops_at_first_block_in_no_tier() -> None:
 
 
 class Recorder:
-    """A TierBackend that records calls (it is the hook under test, not a mock of it)."""
+    """A TierMover that records calls (it is the hook under test, not a mock of it)."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, str, list[int]]] = []
@@ -125,13 +125,13 @@ def test_backend_hook_sees_every_metadata_change() -> None:
     rec = Recorder()
     cfg = CacheConfig([TierSpec("gpu", Capacity.parse("2blk")),
                        TierSpec("dram", Capacity.parse("10blk"))], "write-back")
-    r = Replayer(cfg, B, backends={"gpu": rec, "dram": rec})
+    r = Replayer(cfg, B, movers={"gpu": rec, "dram": rec})
     r.feed(req([1, 2, 3], session="a"))
     r.feed(req([1, 2, 3], session="a"))
     assert rec.calls[:3] == [("write", "gpu", [1, 2, 3]), ("evict", "gpu", [1]),
                              ("write", "dram", [1])]
     assert ("read", "dram", [1]) in rec.calls and ("read", "gpu", [2, 3]) in rec.calls
-    # same accounting as without backends
+    # same accounting as without movers
     plain = Replayer(cfg, B)
     plain.feed(req([1, 2, 3], session="a"))
     plain.feed(req([1, 2, 3], session="a"))
@@ -139,7 +139,7 @@ def test_backend_hook_sees_every_metadata_change() -> None:
 
 
 class Silent:
-    """A TierBackend that ignores every call: it only forces the general serve path."""
+    """A TierMover that ignores every call: it only forces the general serve path."""
 
     def on_write(self, tier: str, keys: list[int]) -> None:
         pass
@@ -155,7 +155,7 @@ class Silent:
 @pytest.mark.parametrize("caps", [("4blk",), ("2blk", "5blk"), ("2blk", "4blk", "8blk")])
 def test_general_path_counts_like_the_fast_paths(caps: tuple[str, ...],
                                                  write_policy: str) -> None:
-    """With a backend every request takes the general serve path; the counts must not change.
+    """With a mover every request takes the general serve path; the counts must not change.
 
     Short last blocks (input_length < k·B) exercise the hit-token cap.
     """
@@ -164,8 +164,8 @@ def test_general_path_counts_like_the_fast_paths(caps: tuple[str, ...],
                       write_policy)  # type: ignore[arg-type]
     chains = [[1, 2, 3], [1, 2, 3, 4], [5, 6], [1, 2, 3, 4, 7], [5, 6, 8], [1, 2], [9, 10, 11]]
     results = []
-    for backends in (None, {n: Silent() for n in names}):
-        r = Replayer(cfg, B, backends=backends)  # type: ignore[arg-type]
+    for movers in (None, {n: Silent() for n in names}):
+        r = Replayer(cfg, B, movers=movers)  # type: ignore[arg-type]
         for _ in range(2):
             for i, keys in enumerate(chains):
                 r.feed(req(keys, session=i % 3, input_length=len(keys) * B - 100))
@@ -210,10 +210,10 @@ def test_per_round_accounting_and_modelled_times() -> None:
 def test_write_through_promotes_mixed_prefix_into_middle_tier() -> None:
     """Head hits in the GPU, tail hits only in NVMe: the tail is copied into DRAM and GPU,
     the head is not copied down again (checked on the fast and the general path)."""
-    from kvtool.cache import LruTailFirstPolicy, NullBackend
+    from kvtool.cache import LruTailFirstPolicy, NullMover
 
-    for backend in (None, NullBackend()):
-        h = TierHierarchy([Tier("gpu", 2, LruTailFirstPolicy(), backend=backend),
+    for mover in (None, NullMover()):
+        h = TierHierarchy([Tier("gpu", 2, LruTailFirstPolicy(), mover=mover),
                            Tier("dram", 2, LruTailFirstPolicy()),
                            Tier("nvme", 100, LruTailFirstPolicy())], "write-through")
         serve(h, [1, 2, 3, 4], RoundStats(3))

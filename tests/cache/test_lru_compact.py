@@ -81,7 +81,7 @@ def p_order_reference(cls: type[LruPolicy]) -> list[int]:
     od: OrderedDict[int, None] = OrderedDict()
     for i in range(3000):
         keys = [i % 7, 100 + i % 5]
-        for key in (reversed(keys) if cls._reverse else keys):
+        for key in (reversed(keys) if cls.tail_first else keys):
             od[key] = None
             od.move_to_end(key)
     return list(od)

@@ -159,6 +159,6 @@ def test_chain_records_follow_cached_blocks_not_all_blocks_seen(cls) -> None:
         tier.evict_to_capacity()
     assert len(p.parent) <= 4 * 100 + 65536 + 5
     assert len(p.depth) <= 4 * 100 + 65536 + 5
-    assert len(p._lru) <= 4 * 100 + 4096 + 5
+    assert p.heap_entries <= 4 * 100 + 4096 + 5
     if isinstance(p, PrefixFairPolicy):
         assert all(k in p.depth for k in p.index)

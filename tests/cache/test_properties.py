@@ -1,5 +1,5 @@
 """Invariants on random request streams (hypothesis), and the fast paths against the
-general path of the hierarchy (a no-op backend forces the general path)."""
+general path of the hierarchy (a no-op mover forces the general path)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtool.cache import POLICIES, CacheConfig, NullBackend, Replayer, TierSpec, make_policy
+from kvtool.cache import POLICIES, CacheConfig, NullMover, Replayer, TierSpec, make_policy
 from kvtool.units import Capacity
 from tests.helpers.cache import req
 
@@ -38,8 +38,8 @@ def tier_policy(policy: str, tier: str, cap: str) -> str:
 
 
 def run(cfg: CacheConfig, stream: list[tuple[list[int], int, int]], general: bool) -> Replayer:
-    backends = {t.name: NullBackend() for t in cfg.tiers} if general else None
-    r = Replayer(cfg, B, backends=backends)  # type: ignore[arg-type]
+    movers = {t.name: NullMover() for t in cfg.tiers} if general else None
+    r = Replayer(cfg, B, movers=movers)  # type: ignore[arg-type]
     for keys, session, cut in stream:
         r.feed(req(keys, session=session, block_tokens=B,
                    input_length=len(keys) * B - cut))

@@ -136,6 +136,32 @@ def test_library_errors_name_parameters_and_the_cli_shows_flags() -> None:
     assert result.exit_code == 2 and "--allow-remote is given" in result.stderr
 
 
+def test_check_failures_name_parameters_and_the_cli_shows_flags() -> None:
+    """Every library error, not only bad input, names parameters through param()."""
+    from kvtool.cli.main import ConventionsGroup, name_flags
+    from kvtool.cli.output import Settings
+    from kvtool.errors import CheckFailed, param
+
+    failed = CheckFailed(f"tier lost; {param('on_tier_error')} recompute goes on")
+    assert str(failed) == "tier lost; on_tier_error recompute goes on"
+
+    @click.group(cls=ConventionsGroup)
+    @click.pass_context
+    def group(ctx: click.Context) -> None:
+        ctx.ensure_object(Settings)
+
+    @group.command()
+    @click.option("--on-tier-error", default="fail")
+    def go(on_tier_error: str) -> None:
+        raise failed
+
+    name_flags(group)
+    result = CliRunner().invoke(group, ["go"])
+    assert result.exit_code == 1
+    assert result.stderr.strip() == \
+        "kvtool: error: tier lost; --on-tier-error recompute goes on"
+
+
 def test_quiet_and_json_work_before_and_after_the_command(tmp_path: Path) -> None:
     """-q, like --json, is accepted by the group and by every command that has --json."""
     ctx = click.Context(cli)

@@ -82,8 +82,9 @@ def test_one_stderr_console_under_a_live_display(monkeypatch: pytest.MonkeyPatch
     """A note printed while a progress bar is live goes through the bar's console (a second
     console on rich's stderr proxy printed the bar twice)."""
     monkeypatch.setattr(sys, "stderr", io.StringIO())
-    con = Console(file=sys.stderr, force_terminal=True, width=80)
-    monkeypatch.setattr(output, "_stderr", con)
+    monkeypatch.setenv("FORCE_COLOR", "1")  # a terminal, so that Live redirects stderr
+    con = output.err_console()
+    assert con.file is sys.stderr and con.is_terminal
     with Live("bar", console=con, redirect_stderr=True):
         assert sys.stderr is not con.file  # rich redirected it
         assert output.err_console() is con

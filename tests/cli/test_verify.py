@@ -111,7 +111,7 @@ def test_wrong_content_with_a_matching_checksum_is_caught(loaded: Path) -> None:
         from kvtool.store import layout
 
         layout.seal(s.entries[slot_a:slot_a + 1])
-        s._write_index([slot_a])
+        s.write_index([slot_a])
         e.flush()
     finally:
         e.close()
@@ -134,7 +134,7 @@ def test_stored_checksum_wrong_but_bytes_right(loaded: Path) -> None:
         slot = s.by_key[key]
         s.entries["data_crc"][slot] ^= 1
         layout.seal(s.entries[slot:slot + 1])
-        s._write_index([slot])
+        s.write_index([slot])
         e.flush()
     finally:
         e.close()

@@ -109,7 +109,7 @@ def test_mooncake_tier_protocol(pool: dict[str, Any]) -> None:
         with pytest.raises(RuntimeError):
             tier.prepare_store([40], [src[0]])  # full
         tier.evict([5, 6])
-        assert 5 not in tier and not tier.client.exists(tier._key(5))
+        assert 5 not in tier and not tier.client.exists(tier.object_key(5))
         assert tier.complete_load(tier.prepare_load([5], dst[:1])) == [False]
         tier.prepare_store([5], [src[7]])  # a new block in a freed slot
         tier.prepare_store([5], [src[5]])  # re-put replaces

@@ -333,10 +333,10 @@ def test_large_streamed_writes_get_quick_acks(target: Target) -> None:
         pdu = P.encode(P.H2CData(9, r2t.ttag, 0, payload, last=True))
         s.sendall(pdu[:24 + 4096])  # the target now streams the rest into place
         deadline = time.monotonic() + 5
-        while mine[0]._sink is None and time.monotonic() < deadline:
+        while not mine[0].streaming and time.monotonic() < deadline:
             time.sleep(0.0005)
         # at once: Linux's delayed-ACK timer (40 ms) would end pingpong mode by itself
-        assert mine[0]._sink is not None and not _in_pingpong(theirs)
+        assert mine[0].streaming and not _in_pingpong(theirs)
         s.sendall(pdu[24 + 4096:])
         resp = _recv_pdus(s, P.CapsuleResp)[0]
         assert isinstance(resp, P.CapsuleResp) and resp.cqe.ok
@@ -371,7 +371,7 @@ def test_keep_alive_timeout_then_reconnect(target: Target) -> None:
     """A silent host loses its controller after KATO; the next I/O reconnects and works."""
     ctrl = host.connect("127.0.0.1", target.port, NQN, hostnqn=HOST_B, kato_ms=400)
     try:
-        ctrl._ka_stop.set()  # the host stops sending Keep Alive
+        ctrl.stop_keep_alive()  # the host stops sending Keep Alive
         ctrl.write(2, 0, b"k" * 512)
         first = ctrl.cntlid
         deadline = time.monotonic() + 10

@@ -167,8 +167,8 @@ def test_large_in_capsule_writes_land_in_place(tmp_path: Path, kind: str,
         s = ctrl.smart_log()
         assert s.host_writes == 2 and s.data_units_written == 3  # 2448 units of 512 B
         with pytest.raises(NvmeStatusError) as e:  # out of range: not landed, refused
-            ctrl._simple_io(P.Sqe(spec.IO_WRITE, nsid=1, cdw10=16384 - 100, cdw12=199),
-                            "write past the end", data[: 200 * 512])
+            ctrl.execute_io(P.Sqe(spec.IO_WRITE, nsid=1, cdw10=16384 - 100, cdw12=199),
+                           "write past the end", data[: 200 * 512])
         assert e.value.sc == spec.SC_LBA_OUT_OF_RANGE
     if kind == "file":
         raw = (tmp_path / "ns.img").read_bytes()

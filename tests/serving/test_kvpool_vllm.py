@@ -77,7 +77,7 @@ class Twin:
                                         new_computed_blocks=blocks_b, num_lookahead_tokens=lookahead,
                                         full_sequence_must_fit=full_sequence_must_fit,
                                         has_scheduled_reqs=scheduled)
-        self._same_new(new_a, new_b)
+        self.same_new(new_a, new_b)
         if new_a is not None:
             preempted = req.num_preemptions > 0
             self.pool.record_prefix_cache_stats(seq, hit_a, preempted)
@@ -95,7 +95,7 @@ class Twin:
         n = todo if n is None else max(1, min(n, todo))
         new_a = self.pool.allocate_slots(seq, n, num_lookahead_tokens=lookahead)
         new_b = self.mgr.allocate_slots(req, n, num_lookahead_tokens=lookahead)
-        self._same_new(new_a, new_b)
+        self.same_new(new_a, new_b)
         if new_a is not None:
             self._advance(rid, seq.num_computed_tokens + n)
         self.check()
@@ -131,7 +131,7 @@ class Twin:
     # -- comparison -----------------------------------------------------------------------
 
     @staticmethod
-    def _same_new(new_a: list[int] | None, new_b: Any) -> None:
+    def same_new(new_a: list[int] | None, new_b: Any) -> None:
         assert (new_a is None) == (new_b is None), (new_a, new_b)
         if new_a is not None:
             assert new_a == new_b.get_block_ids()[0]
@@ -148,7 +148,7 @@ class Twin:
         for k in self.keys_seen:
             blk = bp.cached_block_hash_to_block.get_one_block(
                 kvu.make_block_hash_with_group_id(key_bytes(k), 0))
-            assert pool._cached.get(k) == (blk.block_id if blk is not None else None), k
+            assert pool.hash_index.get(k) == (blk.block_id if blk is not None else None), k
         for b in range(1, pool.num_gpu_blocks):
             h = bp.blocks[b].block_hash
             mine_key = pool.block_key(b)
@@ -299,7 +299,7 @@ def test_lookahead_and_external_tokens(core: VLLMCore) -> None:
     seq, req = t.seqs["b"], t.reqs["b"]
     new_a = t.pool.allocate_slots(seq, 6, 0, [], num_external_computed_tokens=16)
     new_b = t.mgr.allocate_slots(req, 6, num_external_computed_tokens=16)
-    t._same_new(new_a, new_b)
+    t.same_new(new_a, new_b)
     t.check()
 
 

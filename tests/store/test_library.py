@@ -103,7 +103,7 @@ def test_many_objects_take_the_analytic_crc_path_and_still_catch_everything(
         slot = objects[20]["slot"]
         s.entries["data_crc"][slot] ^= 0x100  # object 20: only its stored CRC is wrong
         layout.seal(s.entries[slot:slot + 1])
-        s._write_index([slot])
+        s.write_index([slot])
         e.flush()
         s.close()
     finally:

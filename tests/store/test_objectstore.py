@@ -73,7 +73,7 @@ def test_crash_between_new_and_retire_keeps_the_newest(engine: IOEngine) -> None
     old_entry = s.entries[old_slot].copy()
     s.put(9, b"v2" * 50)
     s.entries[old_slot] = old_entry  # resurrect the retired entry on the medium
-    s._write_index([old_slot])
+    s.write_index([old_slot])
     engine.flush()
     s2 = ObjectStore.open(engine)
     assert s2.scan.superseded == 1
@@ -146,7 +146,7 @@ def test_damaged_index_entry_is_a_problem_not_an_object(engine: IOEngine) -> Non
     assert 5 not in s2 and s2.get(6) == b"r" * OBJ
     assert [(p.slot, p.reason) for p in s2.scan.problems] == [
         (slot, "index entry checksum mismatch")]
-    assert slot not in s2._free  # evidence is not overwritten
+    assert not s2.is_free(slot)  # evidence is not overwritten
 
 
 def test_reformat_orphans_old_entries(engine: IOEngine) -> None:
