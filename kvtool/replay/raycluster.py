@@ -26,7 +26,8 @@ Faults (:class:`Fault`, ``--fault KIND@SECONDS[:WHO]``) fire when the simulated 
 passes their time: ``engine`` kills an engine actor (Ray restarts it on its node, empty),
 ``target`` kills a storage target's process, ``node`` kills every engine actor of a node
 and drops its memory (its DRAM pool and the Mooncake segments it lent), ``link`` sets a
-netns node's links down inside its namespace (``ip link set DEV down``). A block that lived
+netns node's links down inside its namespace (``ip link set DEV down``). On a hosts
+cluster a process is killed by kvtool's agent on its host (its pid is that host's). A block that lived
 only there is lost from then on and recomputed when asked for; the report's ``faults``
 names each one and when it fired (simulated and wall seconds).
 
@@ -576,8 +577,14 @@ class RayClusterData:
             if target.pid is None:
                 raise UsageError(f"target {target.name} has no process recorded to kill",
                                  field="fault")
-            os.kill(target.pid, signal.SIGKILL)
-            doc["effect"] = f"process {target.pid} killed"
+            start = next((r.start for r in self.state.resources
+                          if r.kind == "target" and r.name == target.name
+                          and r.pid == target.pid), None)
+            doc["effect"] = (f"process {target.pid} killed"
+                             if _kill_recorded(self.state, target.node, target.pid, start)
+                             else f"process {target.pid} was gone already")
+            if self.state.kind == "hosts":
+                doc["effect"] += f" on {target.node} (through kvtool's agent there)"
         elif f.kind == "link":
             node = f.who or self.specs[0].node
             doc["who"] = node
@@ -603,6 +610,8 @@ class RayClusterData:
                              "killed and restarted; the node's DRAM pool and the Mooncake "
                              "segments its engines lent lost"
                              + (f"; its Mooncake segment (process {segment}) killed"
+                                + (" through kvtool's agent there"
+                                   if self.state.kind == "hosts" else "")
                                 if segment is not None else ""))
         return doc
 
@@ -850,14 +859,31 @@ class RayClusterData:
 def _kill_segment(state: ClusterState, node: str) -> int | None:
     """Kill the process lending ``node``'s Mooncake segment, when ``kvtool cluster up``
     recorded one (and it is still that process); its pid, else ``None``."""
-    from kvtool.target.procs import start_time
-
     for r in state.resources:
         if (r.kind == "process" and r.name == f"mooncake segment {node}" and r.pid
-                and start_time(r.pid) == r.start):
-            os.kill(r.pid, signal.SIGKILL)
+                and _kill_recorded(state, node, r.pid, r.start)):
             return r.pid
     return None
+
+
+def _kill_recorded(state: ClusterState, node: str, pid: int, start: int | None) -> bool:
+    """SIGKILL a process ``up`` recorded on ``node`` (``start``: its recorded start time,
+    checked so that a reused pid is never taken for it): here, where netns nodes share this
+    machine's pids, or through the node's agent on a hosts cluster, whose pids are that
+    host's. Whether it was still that process and is killed."""
+    from kvtool.target.procs import start_time
+
+    if state.kind == "hosts":
+        from kvtool.cluster.hosts import kill_processes
+
+        return pid in kill_processes(state, node, [(pid, start)])
+    if start is not None and start_time(pid) != start:
+        return False
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _cut_links(state: ClusterState, node: str) -> tuple[str, list[tuple[str, str]]]:
