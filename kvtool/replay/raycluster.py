@@ -27,9 +27,9 @@ passes their time: ``engine`` kills an engine actor (Ray restarts it on its node
 ``target`` kills a storage target's process, ``node`` kills every engine actor of a node
 and drops its memory (its DRAM pool and the Mooncake segments it lent), ``link`` sets a
 netns node's links down inside its namespace (``ip link set DEV down``). On a hosts
-cluster a process is killed by kvtool's agent on its host (its pid is that host's). A block that lived
-only there is lost from then on and recomputed when asked for; the report's ``faults``
-names each one and when it fired (simulated and wall seconds).
+cluster a process is killed by kvtool's agent on its host (its pid is that host's). A
+block that lived only there is lost from then on and recomputed when asked for; the
+report's ``faults`` names each one and when it fired (simulated and wall seconds).
 
 What is measured: bytes and the wall seconds each tier's transfers took on the engines;
 what is simulated: every time in the ``serving`` report.
@@ -584,7 +584,7 @@ class RayClusterData:
                              if _kill_recorded(self.state, target.node, target.pid, start)
                              else f"process {target.pid} was gone already")
             if self.state.kind == "hosts":
-                doc["effect"] += f" on {target.node} (through kvtool's agent there)"
+                doc["effect"] += f" on {target.node} through kvtool's agent there"
         elif f.kind == "link":
             node = f.who or self.specs[0].node
             doc["who"] = node
