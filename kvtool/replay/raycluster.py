@@ -577,14 +577,15 @@ class RayClusterData:
             if target.pid is None:
                 raise UsageError(f"target {target.name} has no process recorded to kill",
                                  field="fault")
-            start = next((r.start for r in self.state.resources
-                          if r.kind == "target" and r.name == target.name
-                          and r.pid == target.pid), None)
+            rec = next((r for r in self.state.resources if r.kind == "target"
+                        and r.name == target.name and r.pid == target.pid), None)
+            host = None if rec is None else rec.node
             doc["effect"] = (f"process {target.pid} killed"
-                             if _kill_recorded(self.state, target.node, target.pid, start)
+                             if _kill_recorded(self.state, host, target.pid,
+                                               None if rec is None else rec.start)
                              else f"process {target.pid} was gone already")
-            if self.state.kind == "hosts":
-                doc["effect"] += f" on {target.node} through kvtool's agent there"
+            if host is not None:
+                doc["effect"] += f" on {host}, through kvtool's agent there"
         elif f.kind == "link":
             node = f.who or self.specs[0].node
             doc["who"] = node
@@ -610,8 +611,6 @@ class RayClusterData:
                              "killed and restarted; the node's DRAM pool and the Mooncake "
                              "segments its engines lent lost"
                              + (f"; its Mooncake segment (process {segment}) killed"
-                                + (" through kvtool's agent there"
-                                   if self.state.kind == "hosts" else "")
                                 if segment is not None else ""))
         return doc
 
@@ -856,27 +855,31 @@ class RayClusterData:
             ray.shutdown()
 
 
-def _kill_segment(state: ClusterState, node: str) -> int | None:
+def _kill_segment(state: ClusterState, node: str) -> str | None:
     """Kill the process lending ``node``'s Mooncake segment, when ``kvtool cluster up``
-    recorded one (and it is still that process); its pid, else ``None``."""
+    recorded one (and it is still that process); its pid (and the host whose agent killed
+    it), else ``None``."""
     for r in state.resources:
         if (r.kind == "process" and r.name == f"mooncake segment {node}" and r.pid
-                and _kill_recorded(state, node, r.pid, r.start)):
-            return r.pid
+                and _kill_recorded(state, r.node, r.pid, r.start)):
+            return str(r.pid) + ("" if r.node is None
+                                 else f" on {r.node}, through kvtool's agent there")
     return None
 
 
-def _kill_recorded(state: ClusterState, node: str, pid: int, start: int | None) -> bool:
-    """SIGKILL a process ``up`` recorded on ``node`` (``start``: its recorded start time,
-    checked so that a reused pid is never taken for it): here, where netns nodes share this
-    machine's pids, or through the node's agent on a hosts cluster, whose pids are that
-    host's. Whether it was still that process and is killed."""
+def _kill_recorded(state: ClusterState, host: str | None, pid: int,
+                   start: int | None) -> bool:
+    """SIGKILL a process ``up`` recorded (``start``: its recorded start time, checked so
+    that a reused pid is never taken for it). ``host``: the node of a hosts cluster it is
+    on (its record's ``node``), whose agent kills it there (the pid is that host's);
+    ``None``: this machine (netns nodes share its pids). Whether it was still that process
+    and is killed."""
     from kvtool.target.procs import start_time
 
-    if state.kind == "hosts":
+    if host is not None:
         from kvtool.cluster.hosts import kill_processes
 
-        return pid in kill_processes(state, node, [(pid, start)])
+        return pid in kill_processes(state, host, [(pid, start)])
     if start is not None and start_time(pid) != start:
         return False
     try:

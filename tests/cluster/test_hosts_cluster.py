@@ -346,11 +346,11 @@ def test_replay_faults_kill_a_host_s_processes_through_its_agent(hosts: Hosts) -
         d = r["data"]
         t, n = d["faults"]
         assert t["kind"] == "target" and t["who"] == "t0", t
-        assert t["effect"] == (f"process {target['pid']} killed on s through kvtool's agent "
-                               "there"), t
+        assert t["effect"] == (f"process {target['pid']} killed on s, through kvtool's "
+                               "agent there"), t
         assert n["kind"] == "node" and n["who"] == "b", n
-        assert n["effect"].endswith(f"Mooncake segment (process {segment['pid']}) killed "
-                                    "through kvtool's agent there"), n
+        assert n["effect"].endswith(f"Mooncake segment (process {segment['pid']} on b, "
+                                    "through kvtool's agent there) killed"), n
         # killed on their hosts (one PID namespace here: this machine sees them gone)
         assert not pid_alive(target["pid"]) and not pid_alive(segment["pid"])
         assert all(pid_alive(p) for p in others)  # the agent killed nothing else
