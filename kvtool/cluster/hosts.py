@@ -206,6 +206,19 @@ class NodeAgent:
                 time.sleep(0.1)
         return pids
 
+    def kill(self, procs: list[tuple[int, int | None]]) -> list[int]:
+        """SIGKILL each recorded (pid, start time) that is still that process (a fault
+        injected on this host: nothing else is signalled); the pids killed."""
+        killed = []
+        for (pid, _start), ok in zip(procs, self.alive(procs), strict=True):
+            if ok:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+        for proc in self.procs.values():
+            proc.poll()  # reap our own children
+        return killed
+
     def remove(self, paths: list[str]) -> list[str]:
         """Remove each folder (with its files); those still there."""
         import shutil
@@ -297,6 +310,23 @@ class _Agents:
                 return True
             time.sleep(0.2)
         return False
+
+
+def kill_processes(state: ClusterState, node: str,
+                   procs: list[tuple[int, int | None]]) -> list[int]:
+    """SIGKILL recorded processes on ``node`` of a hosts cluster through the node's agent,
+    from a driver already joined to the cluster's Ray (a replay's fault); the pids killed
+    (a process no longer that one is left alone). A :class:`ClusterError` when the node has
+    no agent answering."""
+    import ray
+
+    agents = _Agents(ray, state)
+    n = state.node(node)
+    agent = agents.get(n, create=False)
+    if agent is None:
+        raise ClusterError(f"no kvtool agent on {n.name} ({n.address}): is the cluster up?")
+    killed: list[int] = agents.call(n, agent.kill, procs)
+    return killed
 
 
 def ray_settings(spec: ClusterSpec) -> tuple[str, str | None]:

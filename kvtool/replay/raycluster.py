@@ -26,9 +26,10 @@ Faults (:class:`Fault`, ``--fault KIND@SECONDS[:WHO]``) fire when the simulated 
 passes their time: ``engine`` kills an engine actor (Ray restarts it on its node, empty),
 ``target`` kills a storage target's process, ``node`` kills every engine actor of a node
 and drops its memory (its DRAM pool and the Mooncake segments it lent), ``link`` sets a
-netns node's links down inside its namespace (``ip link set DEV down``). A block that lived
-only there is lost from then on and recomputed when asked for; the report's ``faults``
-names each one and when it fired (simulated and wall seconds).
+netns node's links down inside its namespace (``ip link set DEV down``). On a hosts
+cluster a process is killed by kvtool's agent on its host (its pid is that host's). A
+block that lived only there is lost from then on and recomputed when asked for; the
+report's ``faults`` names each one and when it fired (simulated and wall seconds).
 
 What is measured: bytes and the wall seconds each tier's transfers took on the engines;
 what is simulated: every time in the ``serving`` report.
@@ -576,8 +577,15 @@ class RayClusterData:
             if target.pid is None:
                 raise UsageError(f"target {target.name} has no process recorded to kill",
                                  field="fault")
-            os.kill(target.pid, signal.SIGKILL)
-            doc["effect"] = f"process {target.pid} killed"
+            rec = next((r for r in self.state.resources if r.kind == "target"
+                        and r.name == target.name and r.pid == target.pid), None)
+            host = None if rec is None else rec.node
+            doc["effect"] = (f"process {target.pid} killed"
+                             if _kill_recorded(self.state, host, target.pid,
+                                               None if rec is None else rec.start)
+                             else f"process {target.pid} was gone already")
+            if host is not None:
+                doc["effect"] += f" on {host}, through kvtool's agent there"
         elif f.kind == "link":
             node = f.who or self.specs[0].node
             doc["who"] = node
@@ -847,17 +855,38 @@ class RayClusterData:
             ray.shutdown()
 
 
-def _kill_segment(state: ClusterState, node: str) -> int | None:
+def _kill_segment(state: ClusterState, node: str) -> str | None:
     """Kill the process lending ``node``'s Mooncake segment, when ``kvtool cluster up``
-    recorded one (and it is still that process); its pid, else ``None``."""
-    from kvtool.target.procs import start_time
-
+    recorded one (and it is still that process); its pid (and the host whose agent killed
+    it), else ``None``."""
     for r in state.resources:
         if (r.kind == "process" and r.name == f"mooncake segment {node}" and r.pid
-                and start_time(r.pid) == r.start):
-            os.kill(r.pid, signal.SIGKILL)
-            return r.pid
+                and _kill_recorded(state, r.node, r.pid, r.start)):
+            return str(r.pid) + ("" if r.node is None
+                                 else f" on {r.node}, through kvtool's agent there")
     return None
+
+
+def _kill_recorded(state: ClusterState, host: str | None, pid: int,
+                   start: int | None) -> bool:
+    """SIGKILL a process ``up`` recorded (``start``: its recorded start time, checked so
+    that a reused pid is never taken for it). ``host``: the node of a hosts cluster it is
+    on (its record's ``node``), whose agent kills it there (the pid is that host's);
+    ``None``: this machine (netns nodes share its pids). Whether it was still that process
+    and is killed."""
+    from kvtool.target.procs import start_time
+
+    if host is not None:
+        from kvtool.cluster.hosts import kill_processes
+
+        return pid in kill_processes(state, host, [(pid, start)])
+    if start is not None and start_time(pid) != start:
+        return False
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _cut_links(state: ClusterState, node: str) -> tuple[str, list[tuple[str, str]]]:

@@ -310,3 +310,59 @@ def test_down_after_an_up_that_failed_on_a_host(hosts: Hosts) -> None:
     agents = [p for n in NODES for p in N.netns_pids(hosts.netns[n]) if "NodeAgent" in _cmd(p)]
     assert agents == [] and all(hosts.ray_pids(n) for n in NODES)
     assert hosts.json("cluster", "status", str(f))["phase"] == "down"
+
+
+def test_replay_faults_kill_a_host_s_processes_through_its_agent(hosts: Hosts) -> None:
+    """A data-mode replay on the hosts cluster with a ``target`` and a ``node`` fault: the
+    target's process and node b's Mooncake segment client (pids of their hosts, started
+    there by kvtool's agents) are killed through the agents; the run completes, recomputing
+    what was lost, nothing corrupt. (The test's hosts share this machine's PID namespace,
+    where a kill from the driver would land too: the report says which way it went. A
+    driver in a PID namespace of its own cannot join the test's Ray.)"""
+    from tests.conftest import run
+
+    f = hosts.cluster_file("-faults")
+    # 1 MiB blocks: the target holds 32 of them, the tiers 16 each, an engine's GPU 48
+    f.write_text(f.read_text().replace("[placement]", "block_tokens = 16\n[placement]", 1)
+                 .replace("num_gpu_blocks = 16", "num_gpu_blocks = 48"))
+    name = f"{hosts.name}-faults"
+    trace = hosts.tmp / "faults.jsonl"
+    made = run("trace", "gen", "--sessions", "4", "--rounds", "4", "--input-tokens", "128",
+               "--output-tokens", "16", "-o", str(trace))
+    assert made.exit_code == 0, made.stderr
+    up = hosts.kvtool("cluster", "up", str(f))
+    assert up.returncode == 0, up.stderr[-3000:]
+    try:
+        res = hosts.json("cluster", "status", str(f))["resources"]
+        [target] = [r for r in res if r["kind"] == "target"]
+        [segment] = [r for r in res if r["name"] == "mooncake segment b"]
+        others = [r["pid"] for r in res if r["kind"] == "process" and r is not segment]
+        sim = hosts.json("replay", str(trace), "--cluster", str(f), "--simulate")["runs"][0]
+        third = sim["serving"]["duration"] / 3
+        doc = hosts.json("replay", str(trace), "--cluster", str(f), "--fault",
+                         f"target@{third:.3f}:t0", "--fault", f"node@{2 * third:.3f}:b",
+                         timeout=600)
+        r = doc["runs"][0]
+        d = r["data"]
+        t, n = d["faults"]
+        assert t["kind"] == "target" and t["who"] == "t0", t
+        assert t["effect"] == (f"process {target['pid']} killed on s, through kvtool's "
+                               "agent there"), t
+        assert n["kind"] == "node" and n["who"] == "b", n
+        assert n["effect"].endswith(f"Mooncake segment (process {segment['pid']} on b, "
+                                    "through kvtool's agent there) killed"), n
+        # killed on their hosts (one PID namespace here: this machine sees them gone)
+        assert not pid_alive(target["pid"]) and not pid_alive(segment["pid"])
+        assert all(pid_alive(p) for p in others)  # the agent killed nothing else
+        assert {e["name"] for e in d["engines"] if e["restarted"]} == {
+            e["name"] for e in d["engines"] if e["node"] == "b"}
+        assert r["serving"]["completed"] == doc["requests"]
+        assert d["corrupt_blocks"] == 0
+        # the engines found the target gone (its blocks lost from then on, recomputed)
+        assert any(p["kind"] == "target failed" and p["target"] == "t0"
+                   and p["at_s"] >= t["fired_at_s"] for p in d["problems"]), d["problems"]
+        assert r["cache"]["recomputed_after_check_blocks"] >= d["lost_blocks"]
+    finally:
+        down = hosts.kvtool("cluster", "down", str(f))
+    assert down.returncode == 0, down.stderr[-3000:]
+    assert _tagged(name) == []

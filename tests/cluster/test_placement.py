@@ -284,3 +284,30 @@ def test_hosts_status_fits_80_columns() -> None:
     for n in doc["nodes"]:  # type: ignore[attr-defined]
         n.update(netns=None, link_mbit=None, link_mbit_now=None, address="192.168.107.211")
     assert not width_problems(lambda con: render(con, doc))
+
+
+def test_a_host_agent_kills_only_the_recorded_process(tmp_path: Path) -> None:
+    """A fault's kill on a host (``NodeAgent.kill``, here in this process): a recorded
+    (pid, start time) that is still that process is SIGKILLed; one whose start time does not
+    match (a reused pid) and one that is gone are left alone."""
+    import signal
+    import subprocess
+
+    from kvtool.cluster.hosts import NodeAgent
+    from kvtool.target.procs import start_time
+
+    agent = NodeAgent("c", "n", "127.0.0.1", str(tmp_path))
+    procs = [subprocess.Popen(["sleep", "60"]) for _ in range(2)]
+    try:
+        mine, other = procs
+        start = start_time(mine.pid)
+        assert start is not None
+        assert agent.kill([(other.pid, (start_time(other.pid) or 0) + 1)]) == []
+        assert agent.kill([(mine.pid, start)]) == [mine.pid]
+        assert mine.wait(10) == -signal.SIGKILL
+        assert other.poll() is None  # not that process: untouched
+        assert agent.kill([(mine.pid, start)]) == []  # gone now
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
