@@ -7,8 +7,11 @@ writes its files with :func:`dump_json`; the CLI prints every ``--json`` documen
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
+from pathlib import Path
 from typing import Any
 
 
@@ -28,3 +31,25 @@ def jsonable(obj: Any) -> Any:
 def dump_json(obj: Any) -> str:
     """JSON text as kvtool prints it: inf/nan become null, numpy scalars plain numbers."""
     return json.dumps(jsonable(obj), indent=2, sort_keys=False)
+
+
+def save_record(path: Path, doc: Any) -> Path:
+    """Write ``doc`` to ``path`` as a record kvtool keeps (targets, clusters): readable by
+    its owner only (0600), atomically (a reader sees the old file or the new one, never
+    part of either) and durably (the file and its directory entry are synced)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, json.dumps(doc, indent=2, sort_keys=True).encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    with contextlib.suppress(OSError):
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    return path

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtool.errors import InputError
+from kvtool.jsondoc import save_record
 from kvtool.target.state import renamed_keys, state_dir
 
 SCHEMA = "kvtool.cluster.state/1"
@@ -205,23 +206,7 @@ class ClusterState:
 
 
 def save(state: ClusterState) -> Path:
-    path = state.path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, json.dumps(state.to_json(), indent=2, sort_keys=True).encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    with contextlib.suppress(OSError):
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    return path
+    return save_record(state.path, state.to_json())
 
 
 def cluster_name(file: str | os.PathLike[str]) -> str:

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kvtool.errors import UsageError, param
+from kvtool.replay.cluster import TierCounters
 
 if TYPE_CHECKING:
     from kvtool.cluster.state import ClusterState
@@ -391,20 +392,10 @@ class Fault:
 
 
 @dataclass
-class _Counter:
-    blocks_written: int = 0
-    blocks_read: int = 0
-    bytes_written: int = 0
-    bytes_read: int = 0
-    write_s: float = 0.0
-    read_s: float = 0.0
-    evicted: int = 0
-    failed_writes: int = 0
+class _Counter(TierCounters):
+    """A tier's measured traffic, and the writes that a dead target or node refused."""
 
-    def to_dict(self) -> dict[str, Any]:
-        return {**self.__dict__,
-                "write_gbps": self.bytes_written / self.write_s / 1e9 if self.write_s > 0 else None,
-                "read_gbps": self.bytes_read / self.read_s / 1e9 if self.read_s > 0 else None}
+    failed_writes: int = 0
 
 
 class RayClusterData:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtool.errors import InputError
+from kvtool.jsondoc import save_record
 
 
 def state_dir() -> Path:
@@ -67,23 +68,7 @@ class TargetState:
 
 
 def save(state: TargetState) -> Path:
-    path = state.path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, json.dumps(state.to_json(), indent=2, sort_keys=True).encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    with contextlib.suppress(OSError):
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    return path
+    return save_record(state.path, state.to_json())
 
 
 def load(name: str) -> TargetState | None:
