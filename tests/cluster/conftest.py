@@ -8,6 +8,7 @@ when a test fails.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -94,14 +95,14 @@ def make_cluster(tmp: Path, text: str, subnet_octet: int) -> Cluster:
     return Cluster(name, file, env)
 
 
-@pytest.fixture(scope="module")
-def mini(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """gp7000-mini brought up once for the module (and down at the end)."""
+@contextlib.contextmanager
+def cluster_up(tmp: Path, text: str, subnet_octet: int) -> Iterator[Cluster]:
+    """``text`` (a cluster file) brought up with ``kvtool cluster up`` (skipped with the
+    reason where it cannot be), and down at the end: down must succeed and leave nothing."""
     why = skip_reason()
     if why:
         pytest.skip(why)
-    c = make_cluster(tmp_path_factory.mktemp("cluster"),
-                     (FIXTURES / "clusters" / "gp7000-mini.toml").read_text(), 213)
+    c = make_cluster(tmp, text, subnet_octet)
     try:
         up = c.kvtool("cluster", "up", str(c.file))
         assert up.returncode == 0, up.stderr[-3000:]
@@ -110,3 +111,11 @@ def mini(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         down = c.kvtool("cluster", "down", str(c.file))
         left = c.leftovers()
         assert down.returncode == 0 and not left, (down.stderr[-2000:], left)
+
+
+@pytest.fixture(scope="module")
+def mini(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """gp7000-mini brought up once for the module (and down at the end)."""
+    with cluster_up(tmp_path_factory.mktemp("cluster"),
+                    (FIXTURES / "clusters" / "gp7000-mini.toml").read_text(), 213) as c:
+        yield c

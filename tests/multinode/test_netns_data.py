@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.conftest import Cluster, make_cluster, skip_reason
+from tests.cluster.conftest import Cluster, cluster_up
 from tests.conftest import run
 
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.mooncake]
@@ -80,18 +80,8 @@ def _trace(tmp: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    why = skip_reason()
-    if why:
-        pytest.skip(why)
-    c = make_cluster(tmp_path_factory.mktemp("netns-data"), CLUSTER, 219)
-    try:
-        up = c.kvtool("cluster", "up", str(c.file))
-        assert up.returncode == 0, up.stderr[-3000:]
+    with cluster_up(tmp_path_factory.mktemp("netns-data"), CLUSTER, 219) as c:
         yield c
-    finally:
-        down = c.kvtool("cluster", "down", str(c.file))
-        left = c.leftovers()
-        assert down.returncode == 0 and not left, (down.stderr[-2000:], left)
 
 
 def test_replay_on_the_cluster_hits_across_nodes_and_survives_a_node(
