@@ -123,6 +123,16 @@ class TierHierarchy:
                 break
         return src
 
+    def single_tier(self) -> Tier | None:
+        """The tier, when there is one, without a mover, a pooled policy or a watermark:
+        :meth:`serve` then is lookup, touch and evict-to-capacity in that tier alone
+        (:meth:`_serve_one`), which a caller serving many requests may run inline
+        (:meth:`kvtool.cache.replayer.Replayer.feed_many`)."""
+        if (self._pooled is None and not self._general and len(self.tiers) == 1
+                and self.tiers[0].watermark is None):
+            return self.tiers[0]
+        return None
+
     def server(self) -> Callable[[list[int], int, int, int, RoundStats], list[int]]:
         """:meth:`serve`, or for a single tier without a mover or a pooled policy the
         path it dispatches to (a call less per request for callers that serve many)."""
@@ -478,7 +488,7 @@ class TierHierarchy:
         elif len(index) > tier.capacity:
             # Tier.evict_to_capacity without a watermark or a mover (this path has
             # neither): evict the overflow, in the policy's order.
-            stats.evictions[0] += len(policy.evict(len(index) - int(tier.capacity)))
+            stats.evictions[0] += policy.discard(len(index) - int(tier.capacity))
         return [k]
 
     def _count_hits(self, src: list[int], input_length: int, block_tokens: int,

@@ -89,6 +89,11 @@ class EvictionPolicy(ABC):
     def evict(self, n: int) -> list[int]:
         """Remove at least ``n`` cached blocks (fewer only when the tier empties)."""
 
+    def discard(self, n: int) -> int:
+        """:meth:`evict`, for a caller that needs only how many blocks went (a tier
+        without a mover or a tier below); return that number."""
+        return len(self.evict(n))
+
 
 class LruPolicy(EvictionPolicy):
     """Head-first LRU, the insertion-ordered store (Mooncake lease LRU, old LMCache).
@@ -206,20 +211,36 @@ class LruPolicy(EvictionPolicy):
             return out
         pop = self.order.popleft
         add = out.append
-        get = index.get
+        take = index.pop
         # Every cached key has a last reference in `order`, so n ≤ len(index) keys are
-        # found before it runs dry.
+        # found before it runs dry. A stale reference's key is taken out and put back
+        # one count down (one dict operation for the common case, a last reference).
         need = min(n, len(index))
         while need:
             key = pop()
-            c = get(key)
+            c = take(key, 0)
             if c == 1:
-                del index[key]
                 add(key)
                 need -= 1
-            elif c is not None:     # None: a key removed from the index by hand
+            elif c:                 # 0: a key removed from the index by hand
                 index[key] = c - 1
         return out
+
+    def discard(self, n: int) -> int:
+        if not self.ordered:
+            return len(self.evict(n))
+        index = self.index
+        pop = self.order.popleft
+        take = index.pop
+        done = need = min(n, len(index))
+        while need:  # evict's loop, without the list of keys
+            key = pop()
+            c = take(key, 0)
+            if c == 1:
+                need -= 1
+            elif c:
+                index[key] = c - 1
+        return done
 
 
 class LruTailFirstPolicy(LruPolicy):

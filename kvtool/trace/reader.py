@@ -10,7 +10,9 @@ The reader makes two passes over a memory-mapped file, so its memory is proporti
 the number of lines, never to the number of blocks:
 
 1. at construction, every line is decoded and validated in file order (block keys are
-   not kept), which fixes the serve order and infers rounds;
+   not kept, but for Mooncake traces' first :data:`KEEP_BLOCK_IDS`), which fixes the
+   serve order and infers rounds; Mooncake lines are decoded a chunk at a time while the
+   chunks are clean, and the cyclic collector is paused meanwhile;
 2. on iteration, each good line is decoded again, in serve order, and its keys built.
 
 So every bad line is found before the first request is served. Formats (docs/trace.md):
@@ -31,6 +33,7 @@ first N bad lines (in file order) are skipped and listed in
 from __future__ import annotations
 
 import datetime as dt
+import gc
 import json
 import math
 import mmap
@@ -146,6 +149,9 @@ class _Entry(msgspec.Struct, gc=False):
     """Pass 1's decoded line, kept (Mooncake traces, within :data:`KEEP_BLOCK_IDS`) so
     that pass 2 does not decode it again."""
 
+
+CHUNK_BYTES = 1 << 20
+"""Pass 1 decodes Mooncake traces in chunks of about this many bytes (whole lines)."""
 
 KEEP_BLOCK_IDS = 2_000_000
 """Pass 1 keeps decoded Mooncake lines until they hold this many block ids (about 40 B
@@ -286,12 +292,11 @@ class TraceReader:
         except (OSError, ValueError) as err:
             raise InputError(f"cannot read: {err}", file=path) from None
 
-    def _lines(self) -> Iterator[tuple[int, int, int, bytes]]:
-        """``(line_no, start, end, text)`` of every non-blank line (without the newline)."""
+    def _lines(self, pos: int = 0, line_no: int = 0) -> Iterator[tuple[int, int, int, bytes]]:
+        """``(line_no, start, end, text)`` of every non-blank line (without the newline),
+        from offset ``pos``, the start of line ``line_no + 1``."""
         buf = self._buf
         size = len(buf)
-        pos = 0
-        line_no = 0
         find = buf.find
         while pos < size:
             line_no += 1
@@ -345,13 +350,78 @@ class TraceReader:
                 "bailian": self._parse_bailian, "azure": self._parse_azure}[self.format]
 
     def _scan(self) -> None:
+        # The cyclic collector is paused while pass 1 decodes: it builds only acyclic
+        # records (numbers, strings, lists of ints), and on a long trace the collector's
+        # passes over the kept lists cost as much as a third of the decoding
+        # (BENCHMARKS.md, "Replay speed").
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            self._scan_lines()
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _scan_mooncake_chunks(self, keep: int) -> tuple[int, int, int]:
+        """Pass 1 over the leading chunks of a Mooncake trace, one decoder call per chunk
+        of about :data:`CHUNK_BYTES` (msgspec's ``decode_lines``), instead of one per line.
+
+        A chunk is taken only when every line in it is a good Mooncake line, none is
+        blank (so line numbers follow from the order) and its block ids fit in ``keep``
+        (so pass 2 needs no offsets). The first chunk that is not is left, with the rest,
+        to the line-by-line scan, which finds and words the errors exactly as before.
+        Returns the offset and the number of lines taken, and what is left of ``keep``.
+        """
+        buf = self._buf
+        size = len(buf)
+        bt = self.block_tokens
+        entries = self._entries
+        decode_lines = _MOONCAKE_DECODER.decode_lines
+        pos = line_no = 0
+        while pos < size:
+            nl = buf.find(b"\n", pos + CHUNK_BYTES)
+            end = size if nl < 0 else nl + 1
+            chunk = buf[pos:end]
+            lines = chunk.count(b"\n") + (not chunk.endswith(b"\n"))
+            try:
+                recs = decode_lines(chunk)
+            except msgspec.MsgspecError:
+                break
+            if len(recs) != lines:      # a blank line: decode_lines skips it
+                break
+            ids = 0
+            made: list[_Entry] = []
+            add = made.append
+            for line, rec in enumerate(recs, line_no + 1):
+                ts, inp, out, hash_ids = (rec.timestamp, rec.input_length, rec.output_length,
+                                          rec.hash_ids)
+                if (ts is None or inp is None or out is None or hash_ids is None
+                        or len(hash_ids) > -(-inp // bt)):
+                    break
+                ids += len(hash_ids)
+                add(_Entry(line, 0, 0, ts, None, None,
+                           _Parsed(ts, inp, out, hash_ids, bt, None, None)))
+            if len(made) != lines or ids > keep:
+                break
+            keep -= ids
+            entries += made
+            pos = end
+            line_no += lines
+        return pos, line_no, keep
+
+    def _scan_lines(self) -> None:
         parse = self._parser()
         entries = self._entries
         timed: bool | None = None
         chats: dict[str | int, int] = {}       # bailian: chat_id -> line
         parents: dict[str | int, str | int | None] = {}
         keep = KEEP_BLOCK_IDS if self.format == "mooncake" else 0
-        for line, start, end, raw in self._lines():
+        pos = line_no = 0
+        if self.format == "mooncake":
+            pos, line_no, keep = self._scan_mooncake_chunks(keep)
+            if entries:
+                timed = True
+        for line, start, end, raw in self._lines(pos, line_no):
             if self.format == "azure" and self._azure_columns is None:
                 self._azure_columns = _azure_header(raw)
                 if self._azure_columns is None:

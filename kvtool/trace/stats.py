@@ -209,31 +209,78 @@ class InfiniteCache:
 class MaxHitRatio:
     """The infinite-cache token hit ratio alone (:class:`InfiniteCache`'s
     ``max_token_hit_ratio``), lean enough to run beside a replay (``kvtool replay``'s
-    "% of max"): a set of seen keys, one membership loop over the prefix and one
-    ``set.update`` per request.
+    "% of max"): the seen keys, and one membership loop over the prefix per request.
 
-    Invariant: ``seen`` holds every key of every request added; ``hit_tokens`` and
-    ``input_tokens`` are those of :class:`InfiniteCache` over the same requests.
+    The seen keys are a bitmap while every key is a small non-negative int, as a
+    Mooncake trace's ``hash_ids`` are: ``flags[key]`` is 1 for a seen key, so a trace of
+    millions of blocks costs a few MB and keeps no int alive, where a set costs about
+    60 B per key and, on a long trace, page faults and cache misses slow the replay
+    beside it more than the loop costs (BENCHMARKS.md, "Replay speed"). The first
+    request with a key that does not fit (negative, or making the bitmap larger than
+    :attr:`BITMAP_BYTES_PER_BLOCK` bytes per block added) turns it into a set for good.
+
+    Invariant: the seen keys (``flags``' set bytes, or ``seen``) are every key of every
+    request added; ``hit_tokens`` and ``input_tokens`` are those of
+    :class:`InfiniteCache` over the same requests.
     """
 
-    __slots__ = ("hit_tokens", "input_tokens", "seen")
+    __slots__ = ("blocks", "flags", "hit_tokens", "input_tokens", "seen")
+
+    BITMAP_BYTES_PER_BLOCK = 64
+    """How sparse the keys may be for the bitmap (beyond its first 64 KiB)."""
 
     def __init__(self) -> None:
         self.seen: set[int] = set()
+        self.flags: bytearray | None = bytearray()
+        self.blocks = 0
+        """Blocks added while the bitmap lasts (new ones, duplicates counted)."""
         self.hit_tokens = self.input_tokens = 0
 
+    def _grow(self, keys: list[int]) -> bool:
+        """Grow the bitmap to cover ``keys``; False when they do not belong in one."""
+        flags = self.flags
+        assert flags is not None
+        if min(keys) < 0:
+            return False
+        size = max(max(keys) + 1, 2 * len(flags), 1 << 16)
+        if size > max(1 << 16, self.BITMAP_BYTES_PER_BLOCK * (self.blocks + len(keys))):
+            return False
+        flags.extend(bytes(size - len(flags)))
+        return True
+
+    def _to_set(self) -> None:
+        flags = self.flags
+        assert flags is not None
+        self.seen = {key for key, flag in enumerate(flags) if flag}
+        self.flags = None
+
     def add(self, keys: list[int], input_length: int, block_tokens: int) -> None:
-        seen = self.seen
+        flags = self.flags
         k = 0
-        for key in keys:
-            if key not in seen:
-                break
-            k += 1
+        if (flags is not None and keys and (min(keys) < 0 or max(keys) >= len(flags))
+                and not self._grow(keys)):
+            self._to_set()
+            flags = None
+        if flags is not None:
+            for key in keys:
+                if not flags[key]:
+                    break
+                k += 1
+            if k < len(keys):
+                for key in keys[k:] if k else keys:
+                    flags[key] = 1
+                self.blocks += len(keys) - k
+        else:
+            seen = self.seen
+            for key in keys:
+                if key not in seen:
+                    break
+                k += 1
+            if k < len(keys):  # the prefix is in `seen` already
+                seen.update(keys[k:] if k else keys)
         hit = k * block_tokens
         self.hit_tokens += hit if hit < input_length else input_length
         self.input_tokens += input_length
-        if k < len(keys):  # the prefix is in `seen` already
-            seen.update(keys[k:] if k else keys)
 
     @property
     def ratio(self) -> float:

@@ -136,3 +136,32 @@ def test_mooncake_trace_stats(mooncake_traces: Path, name: str) -> None:
     assert len(s["per_round"]) == windows
     assert sum(b["count"] for b in s["reuse_distance"]["buckets"]) == \
         s["block_accesses"] - s["unique_blocks"]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.one_of(st.integers(0, 12), st.integers(-3, 2**40)),
+                                   max_size=6), st.integers(0, 30)), max_size=40),
+       st.integers(1, 8))
+def test_max_hit_ratio_with_keys_no_bitmap_holds(reqs: list[tuple[list[int], int]],
+                                                 b: int) -> None:
+    # negative or sparse keys turn MaxHitRatio's bitmap into a set mid-trace
+    requests = [req(keys, n, b) for keys, n in reqs]
+    lean = MaxHitRatio()
+    for r in requests:
+        lean.add(r.block_keys, r.input_length, r.block_tokens)
+    s = trace_stats(requests, reuse=False)
+    assert (lean.hit_tokens, lean.ratio) == (s["max_hit_tokens"], s["max_token_hit_ratio"])
+
+
+def test_max_hit_ratio_keeps_dense_keys_in_a_bitmap_and_others_in_a_set() -> None:
+    dense = MaxHitRatio()
+    for i in range(0, 300_000, 30):
+        dense.add(list(range(i, i + 30)), 30 * 16, 16)
+    assert dense.flags is not None and len(dense.flags) < 2**20 and not dense.seen
+    for keys in ([5, 6, -1], [2**50]):
+        m = MaxHitRatio()
+        m.add([1, 2, 3], 48, 16)
+        m.add(keys, 48, 16)
+        m.add([1, 2, 3, *keys], 96, 16)
+        assert m.flags is None and m.seen == {1, 2, 3, *keys}
+        assert m.hit_tokens == min(16 * (3 + len(keys)), 96)  # the last request hits all

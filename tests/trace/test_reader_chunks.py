@@ -1,0 +1,111 @@
+"""Pass 1 decodes a Mooncake trace a chunk of lines at a time (``decode_lines``) and
+leaves to the line-by-line scan every chunk with a blank or bad line, or more block ids
+than it may keep: the requests, their lines, the bad lines and the errors are the same as
+the line-by-line scan's alone."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+import kvtool.trace.reader as reader_mod
+from kvtool.errors import InputError
+from kvtool.trace import Request, read_trace
+from kvtool.trace.reader import TraceReader
+
+
+def lines(n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    out = []
+    t = 0
+    for _ in range(n):
+        t += rng.choice([0, 0, 250, 40_000])
+        ids = [rng.randrange(500) for _ in range(rng.randrange(0, 9))]
+        out.append(json.dumps({"timestamp": t, "input_length": len(ids) * 512 - 3 * bool(ids),
+                               "output_length": rng.randrange(9), "hash_ids": ids}))
+    return out
+
+
+TAKEN: list[int] = []
+"""Lines the chunked scan took, per read (to show it ran, and where it stopped)."""
+
+
+Read = tuple[list[Request], list[tuple[int, str]]]
+
+
+def read_both(path: Path, monkeypatch: pytest.MonkeyPatch, **kw: int) -> tuple[Read, Read]:
+    """(requests, bad lines) with 200-byte chunks, then with the line-by-line scan only."""
+    got: list[Read] = []
+    chunks = TraceReader._scan_mooncake_chunks
+    for chunk in (200, None):
+        with monkeypatch.context() as m:
+            if chunk is None:
+                m.setattr(TraceReader, "_scan_mooncake_chunks",
+                          lambda self, keep: (0, 0, keep))
+            else:
+                def spy(self: TraceReader, keep: int) -> tuple[int, int, int]:
+                    out = chunks(self, keep)
+                    TAKEN.append(out[1])
+                    return out
+
+                m.setattr(reader_mod, "CHUNK_BYTES", chunk)
+                m.setattr(TraceReader, "_scan_mooncake_chunks", spy)
+            r = read_trace(path, fmt="mooncake", **kw)
+            got.append((list(r), r.bad_lines))
+    return got[0], got[1]
+
+
+@pytest.mark.parametrize("keep", [10**9, 120, 0])
+def test_chunks_read_what_the_line_scan_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              keep: int) -> None:
+    monkeypatch.setattr(reader_mod, "KEEP_BLOCK_IDS", keep)
+    text = lines(400)
+    p = tmp_path / "t.jsonl"
+    p.write_text("\n".join(text) + "\n")
+    chunked, plain = read_both(p, monkeypatch)
+    assert chunked == plain
+    # chunks are taken while their block ids fit in `keep`
+    taken = TAKEN[-1]
+    if keep > 10**6:
+        assert taken == 400
+    elif keep:
+        assert 0 < taken < 400
+    else:
+        assert taken == 0
+    assert [r.line for r in chunked[0]] == sorted(
+        range(1, 401), key=lambda i: json.loads(text[i - 1])["timestamp"])
+
+
+def test_blank_and_bad_lines_in_later_chunks(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    text = lines(300, seed=1)
+    text[150] = ""                                           # blank
+    text[151] = "   "                                        # whitespace only
+    text[220] = '{"timestamp": 1, "input_length": 9}'        # no output_length
+    text[260] = json.dumps({"timestamp": 2, "input_length": 512, "output_length": 1,
+                            "hash_ids": [1, 2, 3]})          # more ids than blocks
+    p = tmp_path / "t.jsonl"
+    p.write_text("\n".join(text))                            # no final newline
+    chunked, plain = read_both(p, monkeypatch, skip_bad=2)
+    assert chunked == plain and 0 < TAKEN[-1] < 150          # stopped at the blank line
+    assert [line for line, _ in chunked[1]] == [221, 261]
+    errors = []
+    for chunk in (200, 1 << 20):
+        monkeypatch.setattr(reader_mod, "CHUNK_BYTES", chunk)
+        with pytest.raises(InputError) as err:
+            read_trace(p, fmt="mooncake", skip_bad=1)
+        errors.append(str(err.value))
+    assert errors[0] == errors[1] and ":261" in errors[0] and "hash_ids" in errors[0]
+
+
+def test_crlf_lines_and_a_file_of_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    p = tmp_path / "t.jsonl"
+    p.write_bytes("\r\n".join(lines(50, seed=2)).encode() + b"\r\n")
+    chunked, plain = read_both(p, monkeypatch)
+    assert chunked == plain and len(chunked[0]) == 50
+    p.write_text(lines(1, seed=3)[0])
+    chunked, plain = read_both(p, monkeypatch)
+    assert chunked == plain and len(chunked[0]) == 1
