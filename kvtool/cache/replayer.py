@@ -268,9 +268,9 @@ class Replayer:
         ``progress(1024)`` is called after every 1024th request. With one tier and
         nothing to tell per request (:meth:`TierHierarchy.single_tier`, no
         ``on_request``), the loop is :meth:`feed` and the hierarchy's single-tier serve
-        inlined, its counters kept in locals until the round changes: the same counts, a
-        third less time per request (BENCHMARKS.md, "Replay speed"; the equality with
-        :meth:`feed` is tests/cache/test_replayer.py's).
+        inlined, its counters kept in locals until the round changes: the same counts in
+        less time per request (BENCHMARKS.md, "Replay speed"; the equality with
+        :meth:`feed` is tests/cache/test_feed_many.py's).
         """
         tier = self.cache.single_tier() if self.on_request is None else None
         n = 0
@@ -299,67 +299,69 @@ class Replayer:
         r_now = None
         reqs = inp_sum = out_sum = recompute = hits = hit_blocks = written = evicted = 0
         latency = 0.0
-        for req in requests:
-            r = req.report_round
-            if r != r_now:
-                if st is not None:
-                    _add_one_tier(st, reqs, inp_sum, out_sum, recompute, hits, hit_blocks,
-                                  written, evicted)
-                    st.latency_s = latency
-                    reqs = inp_sum = out_sum = recompute = hits = hit_blocks = written = 0
-                    evicted = 0
-                st = rounds.get(r)
-                if st is None:
-                    st = rounds[r] = RoundStats(1)
-                ttft_s = st.ttft_s
-                latency = st.latency_s  # summed in the same order as feed's, bit for bit
-                r_now = r
-            if not real_rounds and req.round is not None:
-                real_rounds = True
-            session = req.session
-            if session is None:
-                anonymous += 1
-                sid = (1 << 40) + anonymous
-            else:
-                known = sessions.get(session)
-                if known is None:
-                    known = sessions[session] = len(sessions)
-                sid = known
-            keys = req.block_keys
-            inp = req.input_length
-            k = 0
-            for key in keys:
-                if key not in index:
-                    break
-                k += 1
-            hit = k * B
-            if hit > inp:
-                hit = inp
-            if k:
-                hits += hit
-                hit_blocks += k
-            recompute += inp - hit
-            written += access(keys, sid)
-            if len(index) > capacity:
-                evicted += discard(len(index) - int(capacity))
-            ttft = (inp - hit) / prefill
-            if k and spb:
-                ttft += k * spb
-            out = req.output_length
-            reqs += 1
-            inp_sum += inp
-            out_sum += out
-            ttft_s.append(ttft)
-            latency += ttft + out * tpot
-            n += 1
-            if progress is not None and not n & 1023:
-                progress(1024)
-        if st is not None:
-            _add_one_tier(st, reqs, inp_sum, out_sum, recompute, hits, hit_blocks, written,
-                          evicted)
-            st.latency_s = latency
-        self._anonymous = anonymous
-        self.real_rounds = real_rounds
+        try:
+            for req in requests:
+                r = req.report_round
+                if r != r_now:
+                    if st is not None:
+                        _add_one_tier(st, reqs, inp_sum, out_sum, recompute, hits, hit_blocks,
+                                      written, evicted)
+                        st.latency_s = latency
+                        reqs = inp_sum = out_sum = recompute = hits = hit_blocks = written = 0
+                        evicted = 0
+                    st = rounds.get(r)
+                    if st is None:
+                        st = rounds[r] = RoundStats(1)
+                    ttft_s = st.ttft_s
+                    latency = st.latency_s  # summed in the same order as feed's, bit for bit
+                    r_now = r
+                if not real_rounds and req.round is not None:
+                    real_rounds = True
+                session = req.session
+                if session is None:
+                    anonymous += 1
+                    sid = (1 << 40) + anonymous
+                else:
+                    known = sessions.get(session)
+                    if known is None:
+                        known = sessions[session] = len(sessions)
+                    sid = known
+                keys = req.block_keys
+                inp = req.input_length
+                k = 0
+                for key in keys:
+                    if key not in index:
+                        break
+                    k += 1
+                hit = k * B
+                if hit > inp:
+                    hit = inp
+                if k:
+                    hits += hit
+                    hit_blocks += k
+                recompute += inp - hit
+                written += access(keys, sid)
+                if len(index) > capacity:
+                    evicted += discard(len(index) - int(capacity))
+                ttft = (inp - hit) / prefill
+                if k and spb:
+                    ttft += k * spb
+                out = req.output_length
+                reqs += 1
+                inp_sum += inp
+                out_sum += out
+                ttft_s.append(ttft)
+                latency += ttft + out * tpot
+                n += 1
+                if progress is not None and not n & 1023:
+                    progress(1024)
+        finally:  # also when a request raises (Ctrl-C): what was served is counted
+            if st is not None:
+                _add_one_tier(st, reqs, inp_sum, out_sum, recompute, hits, hit_blocks, written,
+                              evicted)
+                st.latency_s = latency
+            self._anonymous = anonymous
+            self.real_rounds = real_rounds
         return n
 
     def _serve(self, req: RequestLike, st: RoundStats) -> float:

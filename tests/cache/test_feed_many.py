@@ -6,6 +6,7 @@ exactly what ``evict`` does."""
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 
 import pytest
 
@@ -140,3 +141,20 @@ def test_lru_discard_keeps_the_lru_order(cls: type[LruPolicy]) -> None:
             b.index.pop(keys[0], None)
         assert a.index == b.index
     assert a.evict(len(a)) == b.evict(len(b))
+
+
+def test_an_interrupted_feed_many_counts_what_it_served() -> None:
+    reqs = trace(9, 700)
+    cfg = CacheConfig([TierSpec("dram", Capacity.parse("25blk"))])
+
+    def until_ctrl_c() -> Iterator[Request]:
+        yield from reqs[:450]
+        raise KeyboardInterrupt
+
+    many = Replayer(cfg, 16)
+    with pytest.raises(KeyboardInterrupt):
+        many.feed_many(until_ctrl_c())
+    one = Replayer(cfg, 16)
+    for r in reqs[:450]:
+        one.feed(r)
+    assert many.result() == one.result()
