@@ -12,7 +12,9 @@ the tier's membership test (the lookup loop uses it directly, for speed), and im
 * :meth:`~EvictionPolicy.admit` — blocks arriving without a request (write-back
   demotion from the tier above), inserted as most recent in the order given;
 * :meth:`~EvictionPolicy.evict` — remove at least ``n`` blocks (exactly ``n`` unless the
-  policy evicts in units, as :class:`OraclePolicy` does) and return them in eviction order.
+  policy evicts in units, as :class:`OraclePolicy` does) and return them in eviction order;
+  :meth:`~EvictionPolicy.discard` does the same and returns only how many (``lru``'s
+  skips building the list: a tier without a mover needs no more).
 
 Keys are plain ints (the chained block keys of :mod:`kvtool.trace.hashing` or a
 Mooncake trace's ``hash_ids``): no per-block objects, so that a tier of ten million
