@@ -115,7 +115,8 @@ class FileBacking(Backing):
                  field: str = "backing", file: str | None = None) -> None:
         self.path = path
         flags = os.O_RDWR | os.O_CLOEXEC
-        if create_size is not None and not path.exists():
+        created = create_size is not None and not path.exists()
+        if created:
             flags |= os.O_CREAT
         try:
             self._fd = os.open(path, flags, 0o600)
@@ -129,7 +130,15 @@ class FileBacking(Backing):
         elif stat.S_ISREG(st.st_mode):
             self.kind = "file"
             if create_size is not None and st.st_size < create_size:
-                os.ftruncate(self._fd, create_size)
+                try:
+                    os.ftruncate(self._fd, create_size)
+                except (OSError, OverflowError) as exc:  # beyond the file system's limit
+                    os.close(self._fd)
+                    if created:
+                        path.unlink(missing_ok=True)
+                    raise InputError(f"cannot size backing {path} to "
+                                     f"{format_size(create_size)}: {_why(exc)}",
+                                     file=file, field=field) from None
             self.size = os.fstat(self._fd).st_size
         else:
             os.close(self._fd)
@@ -190,7 +199,18 @@ def open_backing(spec: str, *, size: str | int | None = None, field: str = "back
     except InputError:
         raise InputError(f"{spec!r} is neither an existing file or block device nor a size "
                          "such as 64MiB", file=file, field=field) from None
-    return MemoryBacking(nbytes)
+    try:
+        return MemoryBacking(nbytes)
+    except (OSError, OverflowError) as exc:
+        raise InputError(f"cannot reserve {format_size(nbytes)} of memory for the namespace: "
+                         f"{_why(exc)}", file=file, field=field) from None
+
+
+def _why(exc: OSError | OverflowError) -> str:
+    """The reason a size could not be had, in words."""
+    if isinstance(exc, OverflowError):
+        return "larger than this system can address"
+    return exc.strerror or str(exc)
 
 
 def _is_size(spec: str) -> bool:

@@ -79,6 +79,13 @@ def test_bad_options_one_line_exit_2(tmp_path: Path) -> None:
                                       "--allow-any-host")  # a directory
     assert "field '--size'" in bad("--nqn", NQN, "--backing", str(tmp_path / "n.img"),
                                    "--size", "0", "--allow-any-host")
+    # sizes no machine has: one line, and no file left behind
+    err = bad("--nqn", NQN, "--backing", "9000000TiB", "--allow-any-host")
+    assert "field '--backing'" in err and "cannot reserve" in err
+    err = bad("--nqn", NQN, "--backing", str(tmp_path / "huge.img"), "--size", "9000000TiB",
+              "--allow-any-host")
+    assert "field '--backing'" in err and "cannot size" in err
+    assert not (tmp_path / "huge.img").exists()
     err = bad("--nqn", NQN, "--backing", "1MiB", "--allow-any-host", "--listen", "127.0.0.1:0",
               "--ready-file", str(tmp_path / "missing" / "ready.json"))
     assert "field '--ready-file'" in err and "cannot listen" not in err
