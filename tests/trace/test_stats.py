@@ -89,11 +89,12 @@ def test_reuse_distance_survives_fenwick_growth() -> None:
             if b["count"]} == hist
 
 
-@settings(max_examples=80, deadline=None)
-@given(st.lists(st.tuples(st.lists(st.integers(0, 12), max_size=6), st.integers(0, 30)),
-                max_size=40), st.integers(1, 8))
-def test_max_hit_ratio_alone_equals_the_infinite_cache(reqs: list[tuple[list[int], int]],
-                                                      b: int) -> None:
+def traces(key: st.SearchStrategy[int]) -> st.SearchStrategy[list[tuple[list[int], int]]]:
+    """Up to 40 requests of up to 6 keys drawn from ``key``, with input lengths."""
+    return st.lists(st.tuples(st.lists(key, max_size=6), st.integers(0, 30)), max_size=40)
+
+
+def lean_equals_the_infinite_cache(reqs: list[tuple[list[int], int]], b: int) -> None:
     # replay's "% of max" runs MaxHitRatio beside the engine; it must be trace_stats' figure
     requests = [req(keys, n, b) for keys, n in reqs]
     lean = MaxHitRatio()
@@ -101,6 +102,20 @@ def test_max_hit_ratio_alone_equals_the_infinite_cache(reqs: list[tuple[list[int
         lean.add(r.block_keys, r.input_length, r.block_tokens)
     s = trace_stats(requests, reuse=False)
     assert (lean.hit_tokens, lean.ratio) == (s["max_hit_tokens"], s["max_token_hit_ratio"])
+
+
+@settings(max_examples=80, deadline=None)
+@given(traces(st.integers(0, 12)), st.integers(1, 8))
+def test_max_hit_ratio_alone_equals_the_infinite_cache(reqs: list[tuple[list[int], int]],
+                                                      b: int) -> None:
+    lean_equals_the_infinite_cache(reqs, b)  # small keys: the bitmap
+
+
+@settings(max_examples=80, deadline=None)
+@given(traces(st.one_of(st.integers(0, 12), st.integers(-3, 2**40))), st.integers(1, 8))
+def test_max_hit_ratio_with_keys_no_bitmap_holds(reqs: list[tuple[list[int], int]],
+                                                 b: int) -> None:
+    lean_equals_the_infinite_cache(reqs, b)  # negative or sparse keys: a set, mid-trace
 
 
 def test_options() -> None:
@@ -137,20 +152,6 @@ def test_mooncake_trace_stats(mooncake_traces: Path, name: str) -> None:
     assert sum(b["count"] for b in s["reuse_distance"]["buckets"]) == \
         s["block_accesses"] - s["unique_blocks"]
 
-
-@settings(max_examples=80, deadline=None)
-@given(st.lists(st.tuples(st.lists(st.one_of(st.integers(0, 12), st.integers(-3, 2**40)),
-                                   max_size=6), st.integers(0, 30)), max_size=40),
-       st.integers(1, 8))
-def test_max_hit_ratio_with_keys_no_bitmap_holds(reqs: list[tuple[list[int], int]],
-                                                 b: int) -> None:
-    # negative or sparse keys turn MaxHitRatio's bitmap into a set mid-trace
-    requests = [req(keys, n, b) for keys, n in reqs]
-    lean = MaxHitRatio()
-    for r in requests:
-        lean.add(r.block_keys, r.input_length, r.block_tokens)
-    s = trace_stats(requests, reuse=False)
-    assert (lean.hit_tokens, lean.ratio) == (s["max_hit_tokens"], s["max_token_hit_ratio"])
 
 
 def test_max_hit_ratio_keeps_dense_keys_in_a_bitmap_and_others_in_a_set() -> None:
