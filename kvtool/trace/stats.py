@@ -209,29 +209,40 @@ class InfiniteCache:
 class MaxHitRatio:
     """The infinite-cache token hit ratio alone (:class:`InfiniteCache`'s
     ``max_token_hit_ratio``), lean enough to run beside a replay (``kvtool replay``'s
-    "% of max"): the seen keys, and one membership loop over the prefix per request.
+    "% of max"): the seen keys, and one membership test per prefix block.
 
-    The seen keys are a bitmap while every key is a small non-negative int, as a
-    Mooncake trace's ``hash_ids`` are: ``flags[key]`` is 1 for a seen key, so a trace of
-    millions of blocks costs a few MB and keeps no int alive, where a set costs about
-    60 B per key and, on a long trace, page faults and cache misses slow the replay
-    beside it more than the loop costs (BENCHMARKS.md, "Replay speed"). The first
-    request with a key that does not fit (negative, or making the bitmap larger than
-    :attr:`BITMAP_BYTES_PER_BLOCK` bytes per block added) turns it into a set for good.
+    The seen keys take the cheapest of three forms that holds, checked request by
+    request, each turning into the next for good at the first request it cannot hold:
 
-    Invariant: the seen keys (``flags``' set bytes, or ``seen``) are every key of every
-    request added; ``hit_tokens`` and ``input_tokens`` are those of
-    :class:`InfiniteCache` over the same requests.
+    1. **A watermark** while the keys were minted in order, as a Mooncake trace's
+       ``hash_ids`` are (a block's id is the number of distinct blocks before it): the
+       seen keys are exactly ``range(watermark)``, so the prefix test is ``key <
+       watermark`` and a request is added with one list comparison, since its keys
+       after the prefix must be ``watermark, watermark + 1, …``. Nothing per key is
+       kept, and no loop runs over a request's new keys.
+    2. **A bitmap** while every key is a small non-negative int: ``flags[key]`` is 1 for
+       a seen key, so millions of blocks cost a few MB and keep no int alive, where a
+       set costs about 60 B per key and, on a long trace, its page faults and cache
+       misses slow the replay beside it more than its loop costs (BENCHMARKS.md,
+       "Replay speed"). It stops at a key that is negative or that would make the
+       bitmap larger than :attr:`BITMAP_BYTES_PER_BLOCK` bytes per block added.
+    3. **A set** (``seen``) otherwise.
+
+    Invariant: the seen keys (``range(watermark)``, ``flags``' set bytes, or ``seen``)
+    are every key of every request added; ``hit_tokens`` and ``input_tokens`` are those
+    of :class:`InfiniteCache` over the same requests.
     """
 
-    __slots__ = ("blocks", "flags", "hit_tokens", "input_tokens", "seen")
+    __slots__ = ("blocks", "flags", "hit_tokens", "input_tokens", "seen", "watermark")
 
     BITMAP_BYTES_PER_BLOCK = 64
     """How sparse the keys may be for the bitmap (beyond its first 64 KiB)."""
 
     def __init__(self) -> None:
+        self.watermark: int | None = 0
+        """While not None: the seen keys are exactly ``range(watermark)``."""
         self.seen: set[int] = set()
-        self.flags: bytearray | None = bytearray()
+        self.flags: bytearray | None = None
         self.blocks = 0
         """Blocks added while the bitmap lasts (new ones, duplicates counted)."""
         self.hit_tokens = self.input_tokens = 0
@@ -248,6 +259,14 @@ class MaxHitRatio:
         flags.extend(bytes(size - len(flags)))
         return True
 
+    def _to_bitmap(self) -> None:
+        """Leave the watermark: ``range(watermark)`` as a bitmap."""
+        w = self.watermark
+        assert w is not None
+        self.flags = bytearray(b"\x01") * w
+        self.blocks = w
+        self.watermark = None
+
     def _to_set(self) -> None:
         flags = self.flags
         assert flags is not None
@@ -255,8 +274,28 @@ class MaxHitRatio:
         self.flags = None
 
     def add(self, keys: list[int], input_length: int, block_tokens: int) -> None:
-        flags = self.flags
+        w = self.watermark
         k = 0
+        if w is not None:
+            # Seen: range(w). The prefix is the keys below w; the rest must be w, w + 1, ….
+            for key in keys:
+                if key >= w or key < 0:
+                    break
+                k += 1
+            top = w
+            for key in keys[k:] if k else keys:
+                if key != top:
+                    break
+                top += 1
+            else:
+                self.watermark = top
+                hit = k * block_tokens
+                self.hit_tokens += hit if hit < input_length else input_length
+                self.input_tokens += input_length
+                return
+            self._to_bitmap()
+            k = 0
+        flags = self.flags
         if (flags is not None and keys and (min(keys) < 0 or max(keys) >= len(flags))
                 and not self._grow(keys)):
             self._to_set()

@@ -154,15 +154,53 @@ def test_mooncake_trace_stats(mooncake_traces: Path, name: str) -> None:
 
 
 
-def test_max_hit_ratio_keeps_dense_keys_in_a_bitmap_and_others_in_a_set() -> None:
-    dense = MaxHitRatio()
+@st.composite
+def minted_traces(draw: st.DrawFn) -> list[tuple[list[int], int]]:
+    """Up to 40 requests whose keys are mostly minted in order (a fresh key is the number
+    of keys before it, as Mooncake's ``hash_ids``), with seen keys, repeats and the odd
+    stray key mixed in: the watermark must hold, or give way, at any request."""
+    minted = 0
+    out = []
+    for _ in range(draw(st.integers(0, 40))):
+        keys = []
+        for kind in draw(st.lists(st.sampled_from("ffffsrx"), max_size=6)):
+            if kind == "f" or (kind in "sr" and not minted):
+                keys.append(minted)
+                minted += 1
+            elif kind == "s":
+                keys.append(draw(st.integers(0, minted - 1)))
+            elif kind == "r":
+                keys.append(keys[-1] if keys else minted - 1)
+            else:
+                keys.append(draw(st.integers(-2, minted + 3)))
+        out.append((keys, draw(st.integers(0, 30))))
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(minted_traces(), st.integers(1, 8))
+def test_max_hit_ratio_with_keys_minted_in_order_holds(reqs: list[tuple[list[int], int]],
+                                                       b: int) -> None:
+    lean_equals_the_infinite_cache(reqs, b)  # the watermark, then a bitmap or a set
+
+
+def test_max_hit_ratio_keeps_the_cheapest_form_of_the_seen_keys() -> None:
+    minted = MaxHitRatio()  # Mooncake's hash_ids: a watermark, nothing kept per key
     for i in range(0, 300_000, 30):
-        dense.add(list(range(i, i + 30)), 30 * 16, 16)
-    assert dense.flags is not None and len(dense.flags) < 2**20 and not dense.seen
+        minted.add(list(range(max(0, i - 60), i + 30)), 90 * 16, 16)
+    assert (minted.watermark, minted.flags, minted.seen) == (300_000, None, set())
+    assert minted.hit_tokens == 60 * 16 * (300_000 // 30 - 2) + 30 * 16
+    dense = MaxHitRatio()  # small keys out of order: a bitmap
+    for i in range(0, 300_000, 30):
+        dense.add(list(range(i + 29, i - 1, -1)), 30 * 16, 16)
+    assert dense.watermark is None and dense.flags is not None
+    assert len(dense.flags) < 2**20 and not dense.seen
     for keys in ([5, 6, -1], [2**50]):
         m = MaxHitRatio()
-        m.add([1, 2, 3], 48, 16)
+        m.add([0, 1, 2], 48, 16)
+        m.add([3], 16, 16)
+        assert m.watermark == 4
         m.add(keys, 48, 16)
         m.add([1, 2, 3, *keys], 96, 16)
-        assert m.flags is None and m.seen == {1, 2, 3, *keys}
+        assert m.watermark is None and m.flags is None and m.seen == {0, 1, 2, 3, *keys}
         assert m.hit_tokens == min(16 * (3 + len(keys)), 96)  # the last request hits all
