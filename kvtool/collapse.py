@@ -7,13 +7,17 @@ lower (relative) than round r−1's; ``None`` when there is none.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from fractions import Fraction
+from typing import TYPE_CHECKING, TypeAlias
+
+if TYPE_CHECKING:  # (fractions is imported by the callers that pass them: not at start-up)
+    from fractions import Fraction
 
 FIRST_ROUND = 3
-DROP = Fraction(1, 4)
-"""A round whose hit ratio is at least this much (relative) below the previous one's."""
+DROP = (1, 4)
+"""A round whose hit ratio is at least this much (relative) below the previous one's, as
+numerator and denominator (1/4: exact with ints and fractions alike)."""
 
-Number = int | Fraction
+Number: TypeAlias = "int | Fraction"
 
 
 def collapse_round(ratios: Mapping[int, tuple[Number, Number]]) -> int | None:
@@ -31,6 +35,6 @@ def collapse_round(ratios: Mapping[int, tuple[Number, Number]]) -> int | None:
         prev_hit, prev_inp = ratios[r - 1]
         if prev_hit <= 0 or prev_inp <= 0 or inp <= 0:
             continue
-        if hit * prev_inp <= (1 - DROP) * prev_hit * inp:
+        if DROP[1] * hit * prev_inp <= (DROP[1] - DROP[0]) * prev_hit * inp:
             return r
     return None

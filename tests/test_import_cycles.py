@@ -22,7 +22,7 @@ PACKAGES = ("kvtool", "emulator")
 # unit with the longest matching name); it may import itself and units of lower layers,
 # never a unit of its own layer or of a higher one. docs/architecture.md draws this table.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("kvtool", "kvtool.errors", "kvtool.lazy", "kvtool.collapse", "emulator"),
+    ("kvtool", "kvtool.errors", "kvtool.lazy", "kvtool.gcpause", "kvtool.collapse", "emulator"),
     ("kvtool.units", "kvtool.metrics", "kvtool.plotting", "kvtool.jsondoc", "kvtool.fanout"),
     ("kvtool.configfile",),
     ("kvtool.geometry", "kvtool.trace", "kvtool.store.io", "kvtool.serving.kvpool"),

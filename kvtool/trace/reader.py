@@ -33,7 +33,6 @@ first N bad lines (in file order) are skipped and listed in
 from __future__ import annotations
 
 import datetime as dt
-import gc
 import json
 import math
 import mmap
@@ -47,6 +46,7 @@ from typing import Annotated, Any, cast
 import msgspec
 
 from kvtool.errors import InputError, param
+from kvtool.gcpause import cyclic_gc_paused
 from kvtool.trace.hashing import TOKEN_MAX, chain_hashes
 from kvtool.trace.schema import (
     AZURE_COLUMNS,
@@ -354,13 +354,8 @@ class TraceReader:
         # records (numbers, strings, lists of ints), and on a long trace the collector's
         # passes over the kept lists cost as much as a third of the decoding
         # (BENCHMARKS.md, "Replay speed").
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
+        with cyclic_gc_paused():
             self._scan_lines()
-        finally:
-            if collecting:
-                gc.enable()
 
     def _scan_mooncake_chunks(self, keep: int) -> tuple[int, int, int]:
         """Pass 1 over the leading chunks of a Mooncake trace, one decoder call per chunk

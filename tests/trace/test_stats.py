@@ -177,7 +177,7 @@ def minted_traces(draw: st.DrawFn) -> list[tuple[list[int], int]]:
     return out
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=90, deadline=None)
 @given(minted_traces(), st.integers(1, 8))
 def test_max_hit_ratio_with_keys_minted_in_order_holds(reqs: list[tuple[list[int], int]],
                                                        b: int) -> None:
