@@ -26,8 +26,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from kvtool.errors import UsageError, param
 
@@ -58,8 +57,7 @@ def local_cpus() -> int:
         return os.cpu_count() or 1
 
 
-@dataclass(frozen=True)
-class Fanout:
+class Fanout(NamedTuple):
     """Where a sweep's points run (module docstring). Invariant: :meth:`map` returns
     ``[fn(shared, 0), ..., fn(shared, n - 1)]`` whatever the kind."""
 

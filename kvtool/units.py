@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from kvtool.errors import UsageError, param
 
@@ -123,8 +122,7 @@ def parse_percent(text: str, *, field: str = "percent") -> float:
 CapacityUnit = Literal["bytes", "blocks", "tokens", "inf"]
 
 
-@dataclass(frozen=True)
-class Capacity:
+class Capacity(NamedTuple):
     """A cache-tier capacity as the user gave it: bytes, blocks, tokens or unbounded.
 
     It is resolved to whole blocks only once block size is known

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
+
+import msgspec
 
 from kvtool.cache.hierarchy import WRITE_POLICIES, TierHierarchy, WritePolicy
 from kvtool.cache.policies import (
@@ -57,8 +58,7 @@ class RequestLike(Protocol):
     def line(self) -> int: ...
 
 
-@dataclass
-class TierSpec:
+class TierSpec(msgspec.Struct):
     """One tier as the user configured it (capacity not yet resolved to blocks)."""
 
     name: str
@@ -106,8 +106,7 @@ class TierSpec:
         return self.capacity.blocks(block_bytes or 0, block_tokens)
 
 
-@dataclass
-class CacheConfig:
+class CacheConfig(msgspec.Struct):
     """A whole cache: present tiers (highest first), write policy, and a label."""
 
     tiers: list[TierSpec]
@@ -192,18 +191,19 @@ def outcome(req: RequestLike, r: int, names: list[str], one: RoundStats, ttft: f
         promoted_blocks=per(one.promoted_blocks), corrupt_blocks=corrupt, load_s=load_s)
 
 
-@dataclass
 class Replayer:
     """One configuration being replayed: feed it requests, then ask for :meth:`result`."""
 
-    config: CacheConfig
-    block_tokens: int
-    block_bytes: int | None = None
-    time_model: TimeModel = field(default_factory=TimeModel)
-    on_request: Callable[[RequestOutcome], None] | None = None
-    movers: dict[str, TierMover] | None = None
-
-    def __post_init__(self) -> None:
+    def __init__(self, config: CacheConfig, block_tokens: int, block_bytes: int | None = None,
+                 time_model: TimeModel | None = None,
+                 on_request: Callable[[RequestOutcome], None] | None = None,
+                 movers: dict[str, TierMover] | None = None) -> None:
+        self.config = config
+        self.block_tokens = block_tokens
+        self.block_bytes = block_bytes
+        self.time_model = time_model if time_model is not None else TimeModel()
+        self.on_request = on_request
+        self.movers = movers
         self.cache = self.config.build(self.block_bytes, self.block_tokens, self.movers)
         self._serve_request = self.cache.server()
         self.names = self.cache.names

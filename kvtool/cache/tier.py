@@ -10,8 +10,9 @@ eviction logic.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Protocol
+
+import msgspec
 
 from kvtool.cache.policies import EvictionPolicy
 
@@ -49,8 +50,7 @@ class NullMover:
         return None
 
 
-@dataclass(frozen=True)
-class Watermark:
+class Watermark(msgspec.Struct, frozen=True):
     """Mooncake-style batch eviction (docs/replay.md).
 
     When a tier holds more than ``high × capacity`` blocks it evicts, in one batch, the

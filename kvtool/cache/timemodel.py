@@ -20,20 +20,20 @@ Per round: ``wall = Σ latency / concurrency`` (requests of a round overlap
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+
+import msgspec
 
 DEFAULT_READ_GBPS: dict[str, float] = {"gpu": math.inf, "dram": 25.0, "nvme": 5.2}
 """GB/s (10⁹ B/s) a request loads hit blocks at: HBM in place; PCIe 5 host→device;
 a parallel NVMe(-oF) read path (the seed report measured 5.23 GB/s)."""
 
 
-@dataclass
-class TimeModel:
+class TimeModel(msgspec.Struct):
     """Rates of the modelled times (all settable)."""
 
     prefill_tokens_per_s: float = 10_000.0
     tpot_ms: float = 20.0
-    read_gbps: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_READ_GBPS))
+    read_gbps: dict[str, float] = msgspec.field(default_factory=lambda: dict(DEFAULT_READ_GBPS))
     concurrency: int = 1
 
     def __post_init__(self) -> None:

@@ -14,8 +14,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import click
 
@@ -28,13 +27,13 @@ if TYPE_CHECKING:  # rich costs ~35 ms to import: only human output pays for it
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-@dataclass
 class Settings:
     """Global CLI settings, stored as ``ctx.obj``."""
 
-    json: bool = False
-    debug: bool = False
-    quiet: bool = False
+    __slots__ = ("debug", "json", "quiet")
+
+    def __init__(self, json: bool = False, debug: bool = False, quiet: bool = False) -> None:
+        self.json, self.debug, self.quiet = json, debug, quiet
 
 
 def settings() -> Settings:
@@ -127,8 +126,7 @@ def err_console() -> Console:
     return _stderr
 
 
-@dataclass(frozen=True)
-class Column:
+class Column(NamedTuple):
     """One column of a :func:`print_table`: its header (``\\n`` splits it over lines), how its
     cells are justified, and its ``rank``: 0 is always shown; when the table is wider than the
     console, the column with the highest rank goes first (ties: the rightmost). ``wrap``:

@@ -12,9 +12,8 @@ ranks holding each byte (the capacity formula's per-rank duplication).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kvtool.errors import UsageError, param
 
@@ -22,8 +21,7 @@ if TYPE_CHECKING:
     from kvtool.geometry.model import KVGeometry
 
 
-@dataclass(frozen=True)
-class BlockSize:
+class BlockSize(NamedTuple):
     """The size of one block as stored, with the terms it comes from."""
 
     block_bytes: int

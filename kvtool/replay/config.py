@@ -32,9 +32,10 @@ Compare spec (``--compare``, repeatable): comma-separated ``key=value`` with key
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from kvtool.cache.names import POLICY_NAMES, WRITE_POLICIES
 from kvtool.cache.policies import POLICIES, WATERMARK_DEFAULTS
@@ -57,8 +58,7 @@ _TIME_KEYS = {"prefill_tokens_per_s", "tpot_ms", "concurrency", "read_gbps"}
 _TOP_KEYS = {"write_policy", "time", *TIER_NAMES}
 
 
-@dataclass
-class TierOptions:
+class TierOptions(msgspec.Struct):
     """What a tiers file says about one tier (``None``: not said)."""
 
     capacity: TierOption | None = None
@@ -70,13 +70,12 @@ class TierOptions:
     admit_ttl: int | None = None
 
 
-@dataclass
-class TiersFile:
+class TiersFile(msgspec.Struct):
     """A parsed tiers file."""
 
-    tiers: dict[str, TierOptions] = field(default_factory=dict)
+    tiers: dict[str, TierOptions] = msgspec.field(default_factory=dict)
     write_policy: str | None = None
-    time: dict[str, Any] = field(default_factory=dict)
+    time: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
 def load_tiers_file(path: str | Path) -> TiersFile:

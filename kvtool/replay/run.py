@@ -21,9 +21,10 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from kvtool.cache.replayer import CacheConfig, RequestOutcome, TierSpec, replay
 from kvtool.cache.timemodel import TimeModel
@@ -90,8 +91,7 @@ def mem_available() -> int | None:
     return None
 
 
-@dataclass
-class ReplaySettings:
+class ReplaySettings(msgspec.Struct):
     """Everything ``kvtool replay`` takes, as typed values (CLI options map 1:1)."""
 
     trace: str
@@ -99,7 +99,7 @@ class ReplaySettings:
     block_tokens: int | None = None
     skip_bad: int = 0
     simulate: bool = False
-    tiers: dict[str, TierOption] = field(default_factory=dict)
+    tiers: dict[str, TierOption] = msgspec.field(default_factory=dict)
     policy: str | None = None
     tiers_file: str | None = None
     write_policy: str | None = None
@@ -112,7 +112,7 @@ class ReplaySettings:
     block_bytes: int | None = None
     prefill_tps: float | None = None
     tpot_ms: float | None = None
-    read_gbps: dict[str, float] = field(default_factory=dict)
+    read_gbps: dict[str, float] = msgspec.field(default_factory=dict)
     concurrency: int | None = None
     engine_gpu: str | None = None
     """The GPU of the one-engine case that times the replay (kvtool.replay.timing)."""
@@ -191,8 +191,7 @@ def _check(s: ReplaySettings) -> None:
                          field="iolog")
 
 
-@dataclass
-class ReplayJob:
+class ReplayJob(msgspec.Struct):
     """A prepared replay: the trace read, configurations resolved, nothing run yet."""
 
     settings: ReplaySettings
@@ -205,7 +204,7 @@ class ReplayJob:
     """What was chosen (mode, model, block size, tiers, places): printed before the run."""
     work_blocks: int = 0
     _sink: Callable[[int, RequestOutcome], None] | None = None
-    create: dict[str, int] = field(default_factory=dict)
+    create: dict[str, int] = msgspec.field(default_factory=dict)
     on_event: Callable[[str], None] | None = None
     interrupted: bool = False
 
@@ -310,8 +309,6 @@ class ReplayJob:
 
     def _report(self, results: list[dict[str, Any]], timing: ReplayTiming | None,
                 maximum: MaxHitRatio) -> dict[str, Any]:
-        from kvtool.replay.timing import timing_off
-
         for i, r in enumerate(results):
             if timing is not None and not self.interrupted:
                 timing.apply(i, r)
@@ -370,7 +367,7 @@ class ReplayJob:
         tiers, media, cfg = open_tiers(cfg, self.block_bytes, self.work_blocks, s, self.setup,
                                        self.create)
         if self.setup["defaults"]:  # the label names the NVMe tier's real capacity
-            cfg = replace(cfg, label="")
+            cfg = msgspec.structs.replace(cfg, label="")
         if self.on_event is not None:
             caps = {t.name: int(t.blocks(self.block_bytes, self.block_tokens)) for t in cfg.tiers}
             if "nvme" in tiers:
@@ -430,8 +427,7 @@ def _simulated(r: dict[str, Any]) -> None:
                   "failed": None, "committed_objects": None})
 
 
-@dataclass
-class _ConfigPoints:
+class _ConfigPoints(msgspec.Struct):
     """``--compare`` with ``--simulate``: one point per configuration (its replay, and
     its one-engine times when ``timing`` gives their parameters)."""
 
@@ -451,6 +447,14 @@ def _run_config_point(p: _ConfigPoints, i: int) -> tuple[dict[str, Any], Any]:
                     time_model=p.time_model)[0]
     times = one_engine_times(p.requests, cfg, **p.timing) if p.timing is not None else None
     return result, times
+
+
+def timing_off(result: dict[str, Any], why: str) -> None:
+    """A report without times (``--no-times``, or an interrupted run): they are null."""
+    for d in [result, *result.get("rounds", [])]:
+        for key in ("ttft_p50_s", "ttft_p99_s", "wall_s", "requests_per_s"):
+            d[key] = None
+    result["time_model"] = {"kind": None, "basis": None, "why_none": why}
 
 
 def _one_shape(result: dict[str, Any]) -> None:
@@ -590,7 +594,8 @@ def open_tiers(cfg: CacheConfig, block_bytes: int, work_blocks: int, s: ReplaySe
                             f"{place} holds {tier.slots} blocks of {block_bytes:,} B, not "
                             f"more than the {head} one request needs in flight; use a bigger "
                             f"place or {param('simulate')}", field="nvme")
-                    spec = replace(spec, capacity=Capacity(tier.slots - head, "blocks"))
+                    spec = msgspec.structs.replace(spec, capacity=Capacity(tier.slots - head,
+                                                                           "blocks"))
                 elif tier.slots < int(want) + head:
                     raise UsageError(
                         f"{place} holds {tier.slots} blocks of {block_bytes:,} B; "
@@ -739,7 +744,8 @@ def _prepare_data(job: ReplayJob) -> None:
             if spec.name == "dram" and spec.place is not None and spec.capacity.unit == "inf":
                 # A Mooncake pool's size is what its clients contribute, and this replay is
                 # the client: without a size it contributes the default profile's DRAM.
-                spec = replace(spec, capacity=Capacity.parse(DEFAULT_PROFILE["dram"][0]))
+                spec = msgspec.structs.replace(
+                    spec, capacity=Capacity.parse(DEFAULT_PROFILE["dram"][0]))
             if spec.name in ("gpu", "dram"):
                 if spec.capacity.unit == "inf":
                     raise UsageError(f"data mode holds real bytes: the {spec.name} tier needs "
@@ -759,7 +765,7 @@ def _prepare_data(job: ReplayJob) -> None:
             if create is not None:
                 job.create[place] = create
             cap = spec.capacity
-            spec = replace(spec, place=place)
+            spec = msgspec.structs.replace(spec, place=place)
             specs.append(spec)
             tiers_setup["nvme"] = {"capacity": str(cap) if cap.unit != "inf" else "all of it",
                                    "place": place, "why": why, "policy": spec.policy}

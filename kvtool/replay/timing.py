@@ -226,11 +226,3 @@ class ReplayTiming:
     def apply(self, config: int, result: dict[str, Any]) -> None:
         times, described = self.runs[config]
         apply_times(result, self.requests, times, described)
-
-
-def timing_off(result: dict[str, Any], why: str) -> None:
-    """A report without times (``--no-times``, or an interrupted run): they are null."""
-    for d in [result, *result.get("rounds", [])]:
-        for key in ("ttft_p50_s", "ttft_p99_s", "wall_s", "requests_per_s"):
-            d[key] = None
-    result["time_model"] = {"kind": None, "basis": None, "why_none": why}

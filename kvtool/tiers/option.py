@@ -9,7 +9,7 @@ units and ``inf`` (``--simulate`` only, unless the place bounds it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvtool.errors import UsageError
 from kvtool.units import Capacity
@@ -25,8 +25,7 @@ def _looks_like_place(text: str) -> bool:
     return "://" in text or text.startswith(("/", "./", "../", "~"))
 
 
-@dataclass(frozen=True)
-class TierOption:
+class TierOption(NamedTuple):
     """One tier as given on the command line: ``capacity`` and/or ``place``."""
 
     capacity: Capacity | None = None
