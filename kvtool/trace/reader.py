@@ -40,6 +40,7 @@ import os
 import re
 import sys
 from collections.abc import Iterator
+from itertools import accumulate
 from pathlib import Path
 from typing import Annotated, Any, cast
 
@@ -361,11 +362,13 @@ class TraceReader:
         """Pass 1 over the leading chunks of a Mooncake trace, one decoder call per chunk
         of about :data:`CHUNK_BYTES` (msgspec's ``decode_lines``), instead of one per line.
 
-        A chunk is taken only when every line in it is a good Mooncake line, none is
-        blank (so line numbers follow from the order) and its block ids fit in ``keep``
-        (so pass 2 needs no offsets). The first chunk that is not is left, with the rest,
-        to the line-by-line scan, which finds and words the errors exactly as before.
-        Returns the offset and the number of lines taken, and what is left of ``keep``.
+        A chunk is taken only when every line in it is a good Mooncake line and none is
+        blank (so line numbers follow from the order). Its decoded lines are kept while
+        their block ids fit in ``keep``; past that, a chunk's entries keep only their
+        lines' offsets, and pass 2 decodes them again (:meth:`_redecoded`), a run at a
+        time. The first chunk that is not taken is left, with the rest, to the
+        line-by-line scan, which finds and words the errors exactly as before. Returns the
+        offset and the number of lines taken, and what is left of ``keep``.
         """
         buf = self._buf
         size = len(buf)
@@ -385,21 +388,29 @@ class TraceReader:
             if len(recs) != lines:      # a blank line: decode_lines skips it
                 break
             ids = 0
-            made: list[_Entry] = []
-            add = made.append
-            for line, rec in enumerate(recs, line_no + 1):
-                ts, inp, out, hash_ids = (rec.timestamp, rec.input_length, rec.output_length,
-                                          rec.hash_ids)
-                if (ts is None or inp is None or out is None or hash_ids is None
-                        or len(hash_ids) > -(-inp // bt)):
+            for rec in recs:
+                hash_ids = rec.hash_ids
+                if (rec.timestamp is None or rec.input_length is None
+                        or rec.output_length is None or hash_ids is None
+                        or len(hash_ids) > -(-rec.input_length // bt)):
+                    ids = -1
                     break
                 ids += len(hash_ids)
-                add(_Entry(line, 0, 0, ts, None, None,
-                           _Parsed(ts, inp, out, hash_ids, bt, None, None)))
-            if len(made) != lines or ids > keep:
+            if ids < 0:
                 break
-            keep -= ids
-            entries += made
+            checked = cast(list[Any], recs)  # every field present: checked just above
+            first = line_no + 1
+            if ids <= keep:
+                keep -= ids
+                entries += [_Entry(line, 0, 0, rec.timestamp, None, None,
+                                   _Parsed(rec.timestamp, rec.input_length, rec.output_length,
+                                           rec.hash_ids, bt, None, None))
+                            for line, rec in enumerate(checked, first)]
+            else:  # keep the offsets only: each line's start, and its end before the newline
+                keep = 0
+                starts = list(accumulate((len(t) + 1 for t in chunk.split(b"\n")), initial=pos))
+                entries += [_Entry(first + i, starts[i], starts[i + 1] - 1, rec.timestamp, None,
+                                   None) for i, rec in enumerate(checked)]
             pos = end
             line_no += lines
         return pos, line_no, keep
@@ -522,21 +533,12 @@ class TraceReader:
         return len(self._entries)
 
     def __iter__(self) -> Iterator[Request]:
-        buf = self._buf
-        parse = self._parser()
         fresh = self.format == "azure"
         next_key = 0
         # a timed request without a round is filed under its window (inline: this loop
         # runs once per request of every replay)
         timed, t0, window, floor = self.timed, self._t0, self.window_ms, math.floor
-        for e in self._entries:
-            req = e.parsed
-            if req is None:
-                try:
-                    req = parse(buf[e.start:e.end], keys=True)
-                except _BadLine as bad:  # pragma: no cover - only if the file changed under us
-                    raise InputError(bad.message, file=self.path, line=e.line,
-                                     field=bad.field) from None
+        for e, req in self._parsed():
             keys = req.block_keys
             if fresh:  # no prefix structure: every block is new (module docstring)
                 n = -(-req.input_length // self.block_tokens)
@@ -547,6 +549,48 @@ class TraceReader:
                           req.block_tokens, e.session, rnd, e.line,
                           None if rnd is not None or not timed
                           else floor((e.timestamp - t0) / window) + 1)
+
+    def _parsed(self) -> Iterator[tuple[_Entry, _Parsed]]:
+        """Every entry in serve order with its decoded line: the one pass 1 kept, or the
+        line decoded again (:meth:`_redecoded`)."""
+        entries = self._entries
+        i, n = 0, len(entries)
+        while i < n:
+            e = entries[i]
+            if e.parsed is not None:
+                yield e, e.parsed
+                i += 1
+                continue
+            run = self._redecoded(i)
+            yield from zip(entries[i:i + len(run)], run, strict=True)
+            i += len(run)
+
+    def _redecoded(self, i: int) -> list[_Parsed]:
+        """Entry ``i``'s line decoded again, with the lines right after it in the file
+        when they follow it in serve order too and are not kept (a sorted Mooncake
+        trace past :data:`KEEP_BLOCK_IDS`): those go to the decoder as one chunk of up to
+        :data:`CHUNK_BYTES`."""
+        entries, buf, bt = self._entries, self._buf, self.block_tokens
+        e = entries[i]
+        j = i + 1
+        if self.format == "mooncake":
+            stop = min(len(entries), i + 1 + CHUNK_BYTES // 64)
+            limit = e.start + CHUNK_BYTES
+            while (j < stop and entries[j].parsed is None and entries[j].start == entries[j - 1].end + 1
+                   and entries[j].end <= limit):
+                j += 1
+        if j > i + 1:
+            try:
+                recs = _MOONCAKE_DECODER.decode_lines(buf[e.start:entries[j - 1].end])
+            except msgspec.MsgspecError:  # pragma: no cover - only if the file changed under us
+                recs = []
+            if len(recs) == j - i:  # (pass 1 checked every field of these lines)
+                return [_Parsed(r.timestamp, r.input_length, r.output_length, r.hash_ids, bt,
+                                None, None) for r in cast(list[Any], recs)]
+        try:
+            return [self._parser()(buf[e.start:e.end], keys=True)]
+        except _BadLine as bad:  # pragma: no cover - only if the file changed under us
+            raise InputError(bad.message, file=self.path, line=e.line, field=bad.field) from None
 
     def _check_hash_ids(self, ids: list[int], input_length: int) -> None:
         allowed = -(-input_length // self.block_tokens)

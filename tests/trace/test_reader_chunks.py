@@ -1,13 +1,15 @@
 """Pass 1 decodes a Mooncake trace a chunk of lines at a time (``decode_lines``) and
-leaves to the line-by-line scan every chunk with a blank or bad line, or more block ids
-than it may keep: the requests, their lines, the bad lines and the errors are the same as
-the line-by-line scan's alone."""
+leaves to the line-by-line scan every chunk with a blank or bad line; it keeps the decoded
+lines while their block ids fit, and pass 2 decodes the others again, a run of lines at a
+time where serve order follows the file. The requests, their lines, the bad lines and the
+errors are the same as the line-by-line scan's alone."""
 
 from __future__ import annotations
 
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -59,24 +61,52 @@ def read_both(path: Path, monkeypatch: pytest.MonkeyPatch, **kw: int) -> tuple[R
 
 
 @pytest.mark.parametrize("keep", [10**9, 120, 0])
+@pytest.mark.parametrize("shuffled", [False, True], ids=["sorted", "shuffled"])
 def test_chunks_read_what_the_line_scan_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                              keep: int) -> None:
+                                              keep: int, shuffled: bool) -> None:
     monkeypatch.setattr(reader_mod, "KEEP_BLOCK_IDS", keep)
     text = lines(400)
+    if shuffled:  # serve order is not file order: pass 2 decodes line by line
+        random.Random(4).shuffle(text)
     p = tmp_path / "t.jsonl"
     p.write_text("\n".join(text) + "\n")
     chunked, plain = read_both(p, monkeypatch)
     assert chunked == plain
-    # chunks are taken while their block ids fit in `keep`
-    taken = TAKEN[-1]
+    assert TAKEN[-1] == 400  # every chunk, kept or not
+    # decoded lines are kept while their block ids fit in `keep`
+    monkeypatch.setattr(reader_mod, "CHUNK_BYTES", 200)
+    entries = read_trace(p, fmt="mooncake")._entries
+    kept = [e.parsed.block_keys for e in entries if e.parsed is not None]
+    assert sum(map(len, kept)) <= keep
     if keep > 10**6:
-        assert taken == 400
+        assert len(kept) == 400
     elif keep:
-        assert 0 < taken < 400
-    else:
-        assert taken == 0
+        assert 0 < len(kept) < 400
     assert [r.line for r in chunked[0]] == sorted(
         range(1, 401), key=lambda i: json.loads(text[i - 1])["timestamp"])
+
+
+def test_pass_2_decodes_runs_of_lines_not_kept(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(reader_mod, "KEEP_BLOCK_IDS", 0)
+    monkeypatch.setattr(reader_mod, "CHUNK_BYTES", 1000)
+    p = tmp_path / "t.jsonl"
+    p.write_bytes("\r\n".join(lines(300, seed=5)).encode())  # CRLF, no final newline
+    runs: list[int] = []
+    real = TraceReader._redecoded
+
+    def spy(self: TraceReader, i: int) -> list[Any]:
+        out = real(self, i)
+        runs.append(len(out))
+        return out
+
+    monkeypatch.setattr(TraceReader, "_redecoded", spy)
+    r = read_trace(p, fmt="mooncake")
+    got = list(r)
+    assert sum(runs) == 300 and max(runs) > 5  # whole runs, each within CHUNK_BYTES
+    monkeypatch.setattr(TraceReader, "_scan_mooncake_chunks", lambda self, keep: (0, 0, keep))
+    monkeypatch.setattr(TraceReader, "_redecoded", real)
+    assert got == list(read_trace(p, fmt="mooncake"))
 
 
 def test_blank_and_bad_lines_in_later_chunks(tmp_path: Path,
