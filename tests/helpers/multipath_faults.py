@@ -67,6 +67,12 @@ def faults_during(argv: list[str], name: str, p1: int, p2: int, out: Path, *,
                 fault("kill listener", a, lambda a=a: kill(a))  # type: ignore[misc]
                 time.sleep(1.0)
                 revive(a)
+                # The host failed over to b. Nothing says when it goes back to a revived
+                # a, so the states say where the I/O goes: b optimized (carrying it), a
+                # not; the next flip then takes the path that carries the I/O.
+                flip(a, "non-optimized")
+                flip(b, "optimized")
+                a, b = b, a
                 time.sleep(0.5)
                 continue
             flip(b, "optimized")
