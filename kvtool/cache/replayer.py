@@ -192,16 +192,25 @@ def outcome(req: RequestLike, r: int, names: list[str], one: RoundStats, ttft: f
 
 
 class Replayer:
-    """One configuration being replayed: feed it requests, then ask for :meth:`result`."""
+    """One configuration being replayed: feed it requests, then ask for :meth:`result`.
+
+    ``times=False``: the caller has no use for the time model's figures (its report's times
+    come from elsewhere, or are none); they are ``None`` in :meth:`result`, and the
+    one-tier loop (:meth:`feed_many`) does not compute them.
+    """
+
+    TIME_KEYS = ("ttft_p50_s", "ttft_p99_s", "wall_s", "requests_per_s")
+    """The time model's figures in :meth:`result`, in total and per round."""
 
     def __init__(self, config: CacheConfig, block_tokens: int, block_bytes: int | None = None,
                  time_model: TimeModel | None = None,
                  on_request: Callable[[RequestOutcome], None] | None = None,
-                 movers: dict[str, TierMover] | None = None) -> None:
+                 movers: dict[str, TierMover] | None = None, *, times: bool = True) -> None:
         self.config = config
         self.block_tokens = block_tokens
         self.block_bytes = block_bytes
         self.time_model = time_model if time_model is not None else TimeModel()
+        self.times = times
         self.on_request = on_request
         self.movers = movers
         self.cache = self.config.build(self.block_bytes, self.block_tokens, self.movers)
@@ -290,6 +299,7 @@ class Replayer:
         prefill, tpot = self._prefill, self._tpot
         spb = self._spb[0] if self._load_costs else 0.0
         rounds = self.rounds
+        timed = self.times
         sessions = self._sessions
         anonymous = self._anonymous
         real_rounds = self.real_rounds
@@ -343,15 +353,16 @@ class Replayer:
                 written += access(keys, sid)
                 if len(index) > capacity:
                     evicted += discard(len(index) - int(capacity))
-                ttft = (inp - hit) / prefill
-                if k and spb:
-                    ttft += k * spb
                 out = req.output_length
                 reqs += 1
                 inp_sum += inp
                 out_sum += out
-                ttft_s.append(ttft)
-                latency += ttft + out * tpot
+                if timed:
+                    ttft = (inp - hit) / prefill
+                    if k and spb:
+                        ttft += k * spb
+                    ttft_s.append(ttft)
+                    latency += ttft + out * tpot
                 n += 1
                 if progress is not None and not n & 1023:
                     progress(1024)
@@ -428,6 +439,9 @@ class Replayer:
         out["time_model"] = self.time_model.to_dict()
         out["rounds"] = [{"round": r, **self.rounds[r].to_dict(self.names, self.block_bytes, conc)}
                          for r in sorted(self.rounds)]
+        if not self.times:
+            for d in [out, *out["rounds"]]:
+                d.update(dict.fromkeys(self.TIME_KEYS))
         return out
 
 
@@ -452,13 +466,14 @@ def replay(requests: Iterable[RequestLike], configs: Sequence[CacheConfig], *,
            time_model: TimeModel | None = None,
            progress: Callable[[int], None] | None = None,
            on_request: Callable[[int, RequestOutcome], None] | None = None,
-           movers: Sequence[dict[str, TierMover] | None] | None = None
-           ) -> list[dict[str, Any]]:
+           movers: Sequence[dict[str, TierMover] | None] | None = None,
+           times: bool = True) -> list[dict[str, Any]]:
     """Replay ``requests`` through every configuration side by side; return their reports.
 
     ``progress(n)`` is called every 1024 requests (and at the end) with the number served.
     ``on_request(i, outcome)`` receives every request's accounting for configuration ``i``.
     ``movers[i]`` gives configuration ``i``'s tiers data movers (an I/O log, say).
+    ``times=False``: the reports' time-model figures are ``None`` (:class:`Replayer`).
     """
     tm = time_model or TimeModel()
 
@@ -468,7 +483,7 @@ def replay(requests: Iterable[RequestLike], configs: Sequence[CacheConfig], *,
         return lambda outcome: on_request(i, outcome)
 
     runs = [Replayer(c, block_tokens, block_bytes, tm, on_request=recorder(i),
-                   movers=movers[i] if movers else None)
+                     movers=movers[i] if movers else None, times=times)
             for i, c in enumerate(configs)]
     feeds = [r.feed for r in runs]
     n = 0

@@ -260,7 +260,8 @@ class ReplayJob(msgspec.Struct):
                                      block_tokens=self.block_tokens,
                                      block_bytes=self.block_bytes, time_model=self.time_model,
                                      progress=progress, on_request=sink,
-                                     movers=[{"nvme": log}] if log is not None else None)
+                                     movers=[{"nvme": log}] if log is not None else None,
+                                     times=self.settings.times == "per-request")
                 finally:
                     if log is not None:
                         log.close()
@@ -290,7 +291,8 @@ class ReplayJob(msgspec.Struct):
             maximum.add(r.block_keys, r.input_length, r.block_tokens)
         timing_kwargs = self._timing_kwargs() if self.settings.times == "serving" else None
         points = _ConfigPoints(requests, self.configs, self.block_tokens, self.block_bytes,
-                               self.time_model, timing_kwargs)
+                               self.time_model, timing_kwargs,
+                               times=self.settings.times == "per-request")
         share = len(requests) // len(self.configs)
 
         def done(_i: int) -> None:
@@ -437,6 +439,8 @@ class _ConfigPoints(msgspec.Struct):
     block_bytes: int | None
     time_model: TimeModel
     timing: dict[str, Any] | None
+    times: bool = True
+    """The replayer's own times are reported (``times = "per-request"``)."""
 
 
 def _run_config_point(p: _ConfigPoints, i: int) -> tuple[dict[str, Any], Any]:
@@ -444,7 +448,7 @@ def _run_config_point(p: _ConfigPoints, i: int) -> tuple[dict[str, Any], Any]:
 
     cfg = p.configs[i]
     result = replay(p.requests, [cfg], block_tokens=p.block_tokens, block_bytes=p.block_bytes,
-                    time_model=p.time_model)[0]
+                    time_model=p.time_model, times=p.times)[0]
     times = one_engine_times(p.requests, cfg, **p.timing) if p.timing is not None else None
     return result, times
 

@@ -54,6 +54,24 @@ def test_feed_many_equals_feed(policy: str, admit_after: int | None) -> None:
         assert many.real_rounds and many.cliff_round() == one.cliff_round()
 
 
+@pytest.mark.parametrize("specs", [
+    [TierSpec("dram", Capacity.parse("37blk"))],                                 # inline loop
+    [TierSpec("gpu", Capacity.parse("9blk")), TierSpec("dram", Capacity.parse("30blk"))],
+])
+def test_without_times_the_report_is_the_same_but_for_the_times(specs: list[TierSpec]) -> None:
+    tm = TimeModel(prefill_tokens_per_s=5000.0, tpot_ms=7.0, read_gbps={"dram": 3.0})
+    reqs = trace(3)
+    timed, untimed = Replayer(CacheConfig(specs), 16, 4096, tm), \
+        Replayer(CacheConfig(specs), 16, 4096, tm, times=False)
+    timed.feed_many(reqs)
+    untimed.feed_many(reqs)
+    a, b = timed.result(), untimed.result()
+    assert a["ttft_p50_s"] is not None and a["rounds"][0]["wall_s"] > 0
+    for d in [a, *a["rounds"]]:
+        d.update(dict.fromkeys(Replayer.TIME_KEYS))
+    assert a == b
+
+
 def test_feed_many_takes_the_inline_path_for_one_plain_tier_only() -> None:
     def single(specs: list[TierSpec]) -> bool:
         return Replayer(CacheConfig(specs), 16).cache.single_tier() is not None
