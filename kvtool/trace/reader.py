@@ -152,12 +152,14 @@ class _Entry(msgspec.Struct, gc=False):
 
 
 CHUNK_BYTES = 1 << 20
-"""Pass 1 decodes Mooncake traces in chunks of about this many bytes (whole lines)."""
+"""Pass 1 decodes Mooncake traces in chunks of about this many bytes (whole lines), and
+pass 2 the lines it did not keep."""
 
 KEEP_BLOCK_IDS = 2_000_000
 """Pass 1 keeps decoded Mooncake lines until they hold this many block ids (about 40 B
 each, so at most about 80 MB): a trace that size is decoded once; beyond it, pass 2
-decodes the rest again, so memory stays bounded whatever the trace's length."""
+decodes the rest again (a chunk at a time where serve order follows the file), so
+memory stays bounded whatever the trace's length."""
 
 
 def _words(type_expr: str) -> str:
