@@ -540,7 +540,15 @@ class TraceReader:
         # a timed request without a round is filed under its window (inline: this loop
         # runs once per request of every replay)
         timed, t0, window, floor = self.timed, self._t0, self.window_ms, math.floor
-        for e, req in self._parsed():
+        run: list[_Parsed] = []  # lines decoded again (:meth:`_redecoded`), in order
+        taken = 0
+        for i, e in enumerate(self._entries):
+            req = e.parsed
+            if req is None:  # a run holds consecutive entries that pass 1 did not keep
+                if taken == len(run):
+                    run, taken = self._redecoded(i), 0
+                req = run[taken]
+                taken += 1
             keys = req.block_keys
             if fresh:  # no prefix structure: every block is new (module docstring)
                 n = -(-req.input_length // self.block_tokens)
@@ -551,21 +559,6 @@ class TraceReader:
                           req.block_tokens, e.session, rnd, e.line,
                           None if rnd is not None or not timed
                           else floor((e.timestamp - t0) / window) + 1)
-
-    def _parsed(self) -> Iterator[tuple[_Entry, _Parsed]]:
-        """Every entry in serve order with its decoded line: the one pass 1 kept, or the
-        line decoded again (:meth:`_redecoded`)."""
-        entries = self._entries
-        i, n = 0, len(entries)
-        while i < n:
-            e = entries[i]
-            if e.parsed is not None:
-                yield e, e.parsed
-                i += 1
-                continue
-            run = self._redecoded(i)
-            yield from zip(entries[i:i + len(run)], run, strict=True)
-            i += len(run)
 
     def _redecoded(self, i: int) -> list[_Parsed]:
         """Entry ``i``'s line decoded again, with the lines right after it in the file
