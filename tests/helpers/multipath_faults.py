@@ -67,13 +67,16 @@ def faults_during(argv: list[str], name: str, p1: int, p2: int, out: Path, *,
                 fault("kill listener", a, lambda a=a: kill(a))  # type: ignore[misc]
                 time.sleep(1.0)
                 revive(a)
-                # The host failed over to b. Nothing says when it goes back to a revived
-                # a, so the states say where the I/O goes: b optimized (carrying it), a
-                # not; the next flip then takes the path that carries the I/O.
-                flip(a, "non-optimized")
+                # The host failed over to b, and may or may not go back to the revived a.
+                # So that the next flip takes the path that carries the I/O, the I/O is
+                # put on b: b optimized, a inaccessible for a moment (the host leaves it
+                # if it went back), then non-optimized. Not a fault: nothing checks it.
                 flip(b, "optimized")
+                flip(a, "inaccessible")
+                time.sleep(0.3)
+                flip(a, "non-optimized")
                 a, b = b, a
-                time.sleep(0.5)
+                time.sleep(0.3)
                 continue
             flip(b, "optimized")
             fault("flip to inaccessible", a, lambda a=a: flip(a, "inaccessible"))  # type: ignore[misc]
