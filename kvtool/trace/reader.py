@@ -15,6 +15,11 @@ the number of lines, never to the number of blocks:
    chunks are clean, and the cyclic collector is paused meanwhile;
 2. on iteration, each good line is decoded again, in serve order, and its keys built.
 
+A Mooncake trace whose lines are all good and in timestamp order (the published ones)
+is streamed: its serve order is file order, so pass 1 keeps nothing per line, only each
+chunk's offsets, and pass 2 decodes the chunks again in order; its memory is then
+proportional to the number of chunks.
+
 So every bad line is found before the first request is served. Formats (docs/trace.md):
 
 * **kvtool** and **mooncake** JSONL, timestamps in ms;
@@ -85,6 +90,17 @@ class _MooncakeLine(msgspec.Struct, gc=False):
     hash_ids: list[int] | None = None
 
 
+class _MooncakeRecord(msgspec.Struct, gc=False):
+    """A Mooncake line with every field present, as a streamed trace's lines are
+    (:meth:`TraceReader._scan_sorted_mooncake`): the decoder checks their presence, so
+    no per-line code does; a line without one is left to the scan that words the error."""
+
+    timestamp: float
+    input_length: NonNegInt
+    output_length: NonNegInt
+    hash_ids: list[int]
+
+
 class _BailianLine(msgspec.Struct, gc=False):
     """A Qwen-Bailian line (its README's schema); ``type`` is checked, then ignored."""
 
@@ -100,16 +116,17 @@ class _BailianLine(msgspec.Struct, gc=False):
 
 _KVTOOL_DECODER = msgspec.json.Decoder(_Line)
 _MOONCAKE_DECODER = msgspec.json.Decoder(_MooncakeLine)
+_RECORD_DECODER = msgspec.json.Decoder(_MooncakeRecord)
 _BAILIAN_DECODER = msgspec.json.Decoder(_BailianLine)
 BAILIAN_ROOT = -1
 """``parent_chat_id`` of a session's first request in Qwen-Bailian traces."""
-_AZURE_TIME_RE = re.compile(
-    r"^(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?"
-    r"(?:(Z)|([+-])(\d{2}):?(\d{2}))?$")
+# (patterns compiled on first use, by re's cache: the Mooncake path needs neither)
+_AZURE_TIME_RE = (r"^(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?"
+                  r"(?:(Z)|([+-])(\d{2}):?(\d{2}))?$")
 
 _TYPE_WORDS = {"int": "an integer", "float": "a number", "str": "a string", "array": "a list",
                "object": "a JSON object", "bool": "true/false", "null": "null"}
-_PATH_RE = re.compile(r"^\$\.([A-Za-z_][A-Za-z0-9_]*)((?:\[\d+\])*)")
+_PATH_RE = r"^\$\.([A-Za-z_][A-Za-z0-9_]*)((?:\[\d+\])*)"
 
 
 class _BadLine(Exception):
@@ -137,6 +154,12 @@ class _Parsed(msgspec.Struct, frozen=True, gc=False):
     """Qwen-Bailian: ``parent_chat_id`` (None for a root); ``session`` holds ``chat_id``."""
 
 
+def _parsed_mooncake(rec: Any, block_tokens: int) -> _Parsed:
+    """A Mooncake line, decoded and checked (every field present), as :class:`_Parsed`."""
+    return _Parsed(rec.timestamp, rec.input_length, rec.output_length, rec.hash_ids,
+                   block_tokens, None, None)
+
+
 class _Entry(msgspec.Struct, gc=False):
     """One good line after pass 1."""
 
@@ -154,6 +177,13 @@ class _Entry(msgspec.Struct, gc=False):
 CHUNK_BYTES = 1 << 20
 """Pass 1 decodes Mooncake traces in chunks of about this many bytes (whole lines), and
 pass 2 the lines it did not keep."""
+
+STREAM_CHUNK_BYTES = 1 << 16
+"""A Mooncake trace in timestamp order is decoded in chunks of about this many bytes
+(:meth:`TraceReader._scan_sorted_mooncake`), in both passes. Small on purpose: a chunk's
+decoded lines then reuse the memory the last chunk's freed, where larger chunks make
+the allocator map fresh pages, and each page's first touch is a page fault (about 3 µs
+here: BENCHMARKS.md, "Issue 23 speed, fifth pass")."""
 
 KEEP_BLOCK_IDS = 2_000_000
 """Pass 1 keeps decoded Mooncake lines until they hold this many block ids (about 40 B
@@ -174,7 +204,7 @@ def _explain_validation(err: msgspec.ValidationError, raw: bytes) -> _BadLine:
     where = where.strip("`")
     field: str | None = None
     index = ""
-    m = _PATH_RE.match(where)
+    m = re.match(_PATH_RE, where)
     if m:
         field, index = m.group(1), m.group(2)
     got = ""
@@ -273,6 +303,11 @@ class TraceReader:
         self.timed = False
         self.has_rounds = False
         self._t0 = 0.0
+        self._runs: list[tuple[int, int, int, int]] = []
+        """A streamed Mooncake trace (:meth:`_scan_sorted_mooncake`): ``(start, end,
+        first line, lines)`` of each chunk, in file order, which is serve order;
+        ``_entries`` is then empty."""
+        self._streamed = 0
         self._scan()
 
     # -- input ---------------------------------------------------------------------------
@@ -360,6 +395,54 @@ class TraceReader:
         with cyclic_gc_paused():
             self._scan_lines()
 
+    def _scan_sorted_mooncake(self) -> bool:
+        """Pass 1 of a Mooncake trace whose lines are all good, none blank, and in
+        timestamp order, as the published traces are; True when the trace is one.
+
+        Its serve order is then file order, so pass 1 keeps nothing per line: it checks
+        every line, a chunk of about :data:`STREAM_CHUNK_BYTES` at a time (one
+        ``decode_lines`` call each), and keeps each chunk's offsets and first line in
+        :attr:`_runs`; pass 2 (:meth:`_stream`) decodes the chunks again. Decoding twice
+        costs less than keeping the block ids: a kept id holds about 40 B, and the pages
+        they fill fault in (BENCHMARKS.md, "Issue 23 speed, fifth pass"). At the first
+        chunk that is not clean, or the first timestamp that goes back, it returns False
+        having kept nothing, and pass 1 starts again the general way.
+        """
+        buf = self._buf
+        size = len(buf)
+        bt = self.block_tokens
+        decode_lines = _RECORD_DECODER.decode_lines
+        runs: list[tuple[int, int, int, int]] = []
+        pos = line_no = 0
+        last = -math.inf
+        while pos < size:
+            nl = buf.find(b"\n", pos + STREAM_CHUNK_BYTES)
+            end = size if nl < 0 else nl + 1
+            chunk = buf[pos:end]
+            lines = chunk.count(b"\n") + (not chunk.endswith(b"\n"))
+            try:
+                recs = decode_lines(chunk)
+            except msgspec.MsgspecError:
+                return False
+            if len(recs) != lines:      # a blank line: decode_lines skips it
+                return False
+            for rec in recs:
+                ts = rec.timestamp
+                if ts < last or len(rec.hash_ids) > -(-rec.input_length // bt):
+                    return False
+                last = ts
+            if not runs:
+                self._t0 = recs[0].timestamp
+            runs.append((pos, end, line_no + 1, lines))
+            pos = end
+            line_no += lines
+        if not runs:
+            return False
+        self._runs = runs
+        self._streamed = line_no
+        self.timed = True
+        return True
+
     def _scan_mooncake_chunks(self, keep: int) -> tuple[int, int, int]:
         """Pass 1 over the leading chunks of a Mooncake trace, one decoder call per chunk
         of about :data:`CHUNK_BYTES` (msgspec's ``decode_lines``), instead of one per line.
@@ -405,8 +488,7 @@ class TraceReader:
             if ids <= keep:
                 keep -= ids
                 entries += [_Entry(line, 0, 0, rec.timestamp, None, None,
-                                   _Parsed(rec.timestamp, rec.input_length, rec.output_length,
-                                           rec.hash_ids, bt, None, None))
+                                   _parsed_mooncake(rec, bt))
                             for line, rec in enumerate(checked, first)]
             else:  # keep the offsets only: each line's start, and its end before the newline
                 keep = 0
@@ -426,6 +508,8 @@ class TraceReader:
         keep = KEEP_BLOCK_IDS if self.format == "mooncake" else 0
         pos = line_no = 0
         if self.format == "mooncake":
+            if self._scan_sorted_mooncake():
+                return
             pos, line_no, keep = self._scan_mooncake_chunks(keep)
             if entries:
                 timed = True
@@ -532,9 +616,33 @@ class TraceReader:
 
     # -- pass 2 ----------------------------------------------------------------------------
     def __len__(self) -> int:
-        return len(self._entries)
+        return self._streamed or len(self._entries)
 
     def __iter__(self) -> Iterator[Request]:
+        return self._stream() if self._runs else self._served()
+
+    def _stream(self) -> Iterator[Request]:
+        """The requests of a streamed Mooncake trace (:meth:`_scan_sorted_mooncake`):
+        its chunks decoded again, in file order."""
+        buf, bt, t0, window, floor = self._buf, self.block_tokens, self._t0, self.window_ms, math.floor
+        decode_lines = _RECORD_DECODER.decode_lines
+        for start, end, first, lines in self._runs:
+            try:
+                recs = decode_lines(buf[start:end])
+            except msgspec.MsgspecError:  # pragma: no cover - only if the file changed under us
+                recs = []
+            if len(recs) != lines:  # pragma: no cover - the same
+                raise InputError("changed while being read: this line no longer decodes as "
+                                 "it did", file=self.path, line=first)
+            # (pass 1 checked the ids' count; a Mooncake request has no round, so its
+            # period is its window: :meth:`_served`'s rule for a timed request without a round)
+            for line, rec in enumerate(recs, first):
+                ts = rec.timestamp
+                yield Request(ts, rec.input_length, rec.output_length, rec.hash_ids, bt, None,
+                              None, line, floor((ts - t0) / window) + 1)
+
+    def _served(self) -> Iterator[Request]:
+        """The requests in serve order, from :attr:`_entries`."""
         fresh = self.format == "azure"
         next_key = 0
         # a timed request without a round is filed under its window (inline: this loop
@@ -580,8 +688,7 @@ class TraceReader:
             except msgspec.MsgspecError:  # pragma: no cover - only if the file changed under us
                 recs = []
             if len(recs) == j - i:  # (pass 1 checked every field of these lines)
-                return [_Parsed(r.timestamp, r.input_length, r.output_length, r.hash_ids, bt,
-                                None, None) for r in cast(list[Any], recs)]
+                return [_parsed_mooncake(r, bt) for r in recs]
         try:
             return [self._parser()(buf[e.start:e.end], keys=True)]
         except _BadLine as bad:  # pragma: no cover - only if the file changed under us
@@ -607,8 +714,7 @@ class TraceReader:
             raise AssertionError("unreachable")
         if len(rec.hash_ids) * self.block_tokens >= rec.input_length + self.block_tokens:
             self._check_hash_ids(rec.hash_ids, rec.input_length)
-        return _Parsed(rec.timestamp, rec.input_length, rec.output_length, rec.hash_ids,
-                       self.block_tokens, None, None)
+        return _parsed_mooncake(rec, self.block_tokens)
 
     def _parse_bailian(self, raw: bytes, *, keys: bool) -> _Parsed:
         try:  # the decoder directly: a call less per line
@@ -713,7 +819,7 @@ def _azure_header(raw: bytes) -> tuple[int, int, int, int] | None:
 
 def _azure_time_ns(text: str) -> int:
     """``2023-11-16 18:15:46.6805900`` (optionally with a UTC offset) in ns since 1970."""
-    m = _AZURE_TIME_RE.match(text.strip())
+    m = re.match(_AZURE_TIME_RE, text.strip())
     if m is None:
         raise _BadLine(f"expected a time like 2023-11-16 18:15:46.6805900, got "
                        f"{json.dumps(text[:40])}", AZURE_COLUMNS[0])

@@ -1,13 +1,17 @@
-"""Pass 1 decodes a Mooncake trace a chunk of lines at a time (``decode_lines``) and
-leaves to the line-by-line scan every chunk with a blank or bad line; it keeps the decoded
-lines while their block ids fit, and pass 2 decodes the others again, a run of lines at a
-time where serve order follows the file. The requests, their lines, the bad lines and the
+"""Pass 1 of a Mooncake trace. A trace whose lines are all good and in timestamp order
+is streamed: pass 1 checks it a chunk at a time and keeps only the chunks' offsets, and
+pass 2 decodes the chunks again (``_scan_sorted_mooncake``, ``_stream``). Any other
+trace: pass 1 decodes it a chunk of lines at a time (``decode_lines``), leaves to the
+line-by-line scan every chunk with a blank or bad line, and keeps the decoded lines while
+their block ids fit; pass 2 decodes the others again, a run of lines at a time where
+serve order follows the file. Either way the requests, their lines, the bad lines and the
 errors are the same as the line-by-line scan's alone."""
 
 from __future__ import annotations
 
 import json
 import random
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +42,18 @@ TAKEN: list[int] = []
 Read = tuple[list[Request], list[tuple[int, str]]]
 
 
+def no_stream(m: pytest.MonkeyPatch) -> None:
+    m.setattr(TraceReader, "_scan_sorted_mooncake", lambda self: False)
+
+
 def read_both(path: Path, monkeypatch: pytest.MonkeyPatch, **kw: int) -> tuple[Read, Read]:
-    """(requests, bad lines) with 200-byte chunks, then with the line-by-line scan only."""
+    """(requests, bad lines) with 200-byte chunks (not streamed), then with the
+    line-by-line scan only."""
     got: list[Read] = []
     chunks = TraceReader._scan_mooncake_chunks
     for chunk in (200, None):
         with monkeypatch.context() as m:
+            no_stream(m)
             if chunk is None:
                 m.setattr(TraceReader, "_scan_mooncake_chunks",
                           lambda self, keep: (0, 0, keep))
@@ -58,6 +68,16 @@ def read_both(path: Path, monkeypatch: pytest.MonkeyPatch, **kw: int) -> tuple[R
             r = read_trace(path, fmt="mooncake", **kw)
             got.append((list(r), r.bad_lines))
     return got[0], got[1]
+
+
+def read_streamed(path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int = 200,
+                  **kw: int) -> tuple[Read, TraceReader]:
+    """(requests, bad lines) as a reader reads them by default, with ``chunk``-byte
+    stream chunks, and the reader."""
+    with monkeypatch.context() as m:
+        m.setattr(reader_mod, "STREAM_CHUNK_BYTES", chunk)
+        r = read_trace(path, fmt="mooncake", **kw)
+        return (list(r), r.bad_lines), r
 
 
 @pytest.mark.parametrize("keep", [10**9, 120, 0])
@@ -75,6 +95,7 @@ def test_chunks_read_what_the_line_scan_reads(tmp_path: Path, monkeypatch: pytes
     assert TAKEN[-1] == 400  # every chunk, kept or not
     # decoded lines are kept while their block ids fit in `keep`
     monkeypatch.setattr(reader_mod, "CHUNK_BYTES", 200)
+    no_stream(monkeypatch)
     entries = read_trace(p, fmt="mooncake")._entries
     kept = [e.parsed.block_keys for e in entries if e.parsed is not None]
     assert sum(map(len, kept)) <= keep
@@ -90,6 +111,7 @@ def test_pass_2_decodes_runs_of_lines_not_kept(tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(reader_mod, "KEEP_BLOCK_IDS", 0)
     monkeypatch.setattr(reader_mod, "CHUNK_BYTES", 1000)
+    no_stream(monkeypatch)
     p = tmp_path / "t.jsonl"
     p.write_bytes("\r\n".join(lines(300, seed=5)).encode())  # CRLF, no final newline
     runs: list[int] = []
@@ -122,9 +144,12 @@ def test_blank_and_bad_lines_in_later_chunks(tmp_path: Path,
     chunked, plain = read_both(p, monkeypatch, skip_bad=2)
     assert chunked == plain and 0 < TAKEN[-1] < 150          # stopped at the blank line
     assert [line for line, _ in chunked[1]] == [221, 261]
+    streamed, r = read_streamed(p, monkeypatch, skip_bad=2)
+    assert streamed == plain and r._runs == []  # not streamed: it has bad lines
     errors = []
     for chunk in (200, 1 << 20):
         monkeypatch.setattr(reader_mod, "CHUNK_BYTES", chunk)
+        monkeypatch.setattr(reader_mod, "STREAM_CHUNK_BYTES", chunk)
         with pytest.raises(InputError) as err:
             read_trace(p, fmt="mooncake", skip_bad=1)
         errors.append(str(err.value))
@@ -136,6 +161,49 @@ def test_crlf_lines_and_a_file_of_one_line(tmp_path: Path, monkeypatch: pytest.M
     p.write_bytes("\r\n".join(lines(50, seed=2)).encode() + b"\r\n")
     chunked, plain = read_both(p, monkeypatch)
     assert chunked == plain and len(chunked[0]) == 50
+    streamed, r = read_streamed(p, monkeypatch)
+    assert streamed == plain and len(r._runs) > 1
     p.write_text(lines(1, seed=3)[0])
     chunked, plain = read_both(p, monkeypatch)
     assert chunked == plain and len(chunked[0]) == 1
+    streamed, r = read_streamed(p, monkeypatch)
+    assert streamed == plain and len(r._runs) == 1
+
+
+@pytest.mark.parametrize("chunk", [1, 200, 1 << 16])
+def test_a_sorted_trace_is_streamed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                    chunk: int) -> None:
+    """Good lines in timestamp order (ties included): pass 1 keeps only the chunks, and
+    every pass reads what the line scan reads; the requests' windows (``period``) too."""
+    text = lines(400, seed=6)
+    p = tmp_path / "t.jsonl"
+    p.write_text("\n".join(text) + "\n")
+    (got, bad), r = read_streamed(p, monkeypatch, chunk=chunk)
+    with monkeypatch.context() as m:
+        no_stream(m)
+        m.setattr(TraceReader, "_scan_mooncake_chunks", lambda self, keep: (0, 0, keep))
+        plain = read_trace(p, fmt="mooncake")
+    assert got == list(plain) and bad == [] and len(r) == len(plain) == 400
+    assert r._entries == [] and r._runs and sum(n for *_, n in r._runs) == 400
+    assert [first for _, _, first, _ in r._runs] == list(
+        accumulate((n for *_, n in r._runs[:-1]), initial=1))
+    assert (r.timed, r.has_rounds) == (plain.timed, plain.has_rounds) == (True, False)
+    assert list(r) == got  # a second pass decodes the same
+    assert {q.period for q in got} == {q.period for q in plain} and len({q.period for q in got}) > 1
+
+
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+def test_a_timestamp_going_back_is_not_streamed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                where: str) -> None:
+    text = lines(300, seed=7)
+    i = {"first": 1, "middle": 150, "last": 299}[where]
+    rec = json.loads(text[i])
+    rec["timestamp"] = json.loads(text[i - 1])["timestamp"] - 1
+    text[i] = json.dumps(rec)
+    p = tmp_path / "t.jsonl"
+    p.write_text("\n".join(text) + "\n")
+    (got, _bad), r = read_streamed(p, monkeypatch)
+    assert r._runs == [] and len(r._entries) == 300
+    _chunked, plain = read_both(p, monkeypatch)
+    assert got == plain[0]
+    assert [q.line for q in got].index(i + 1) < [q.line for q in got].index(i)  # served first
