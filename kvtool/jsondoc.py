@@ -11,8 +11,9 @@ import contextlib
 import json
 import math
 import os
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 
 def jsonable(obj: Any) -> Any:
@@ -23,14 +24,26 @@ def jsonable(obj: Any) -> Any:
         return {str(k): jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [jsonable(v) for v in obj]
-    if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
-        return obj.item()
+    if hasattr(obj, "item") and callable(obj.item):  # numpy scalars (a float one may be inf)
+        return jsonable(obj.item())
     return obj
 
 
 def dump_json(obj: Any) -> str:
-    """JSON text as kvtool prints it: inf/nan become null, numpy scalars plain numbers."""
-    return json.dumps(jsonable(obj), indent=2, sort_keys=False)
+    """JSON text as kvtool prints it: inf/nan become null, numpy scalars plain numbers;
+    indented by two spaces, keys in their order, non-ASCII characters escaped.
+
+    When msgspec is loaded already (every replay), the standard encoder writes the
+    document compact, in C, and ``msgspec.json.format`` indents it, in C: the same text
+    (tests/test_jsondoc.py), in a third of the time of ``json.dumps(indent=2)``, which
+    runs in Python. Commands that do not load msgspec keep ``json.dumps``: importing
+    msgspec costs more than the indenting saves.
+    """
+    doc = jsonable(obj)
+    fast = sys.modules.get("msgspec")
+    if fast is not None:
+        return cast(str, fast.json.format(json.dumps(doc).encode(), indent=2).decode())
+    return json.dumps(doc, indent=2)
 
 
 def save_record(path: Path, doc: Any) -> Path:
