@@ -13,7 +13,8 @@ import re
 from collections.abc import Callable, Mapping
 from os import PathLike
 
-_PARAM = re.compile("\x00([A-Za-z_][A-Za-z0-9_]*)\x00")
+_PARAM = "\x00([A-Za-z_][A-Za-z0-9_]*)\x00"
+"""A :func:`param` in a message (compiled on first use: most runs raise no error)."""
 
 
 def param(name: str) -> str:
@@ -37,7 +38,7 @@ class KvtoolError(Exception):
     def __init__(self, message: str = "") -> None:
         self.raw_message = message
         self._params_named = False
-        self.message = _PARAM.sub(r"\1", message)
+        self.message = re.sub(_PARAM, r"\1", message) if "\x00" in message else message
         super().__init__(self._format())
 
     def name_params(self, flag_of: Callable[[str], str | None] | Mapping[str, str]) -> None:
@@ -45,11 +46,11 @@ class KvtoolError(Exception):
 
         The first call wins: the innermost command, whose flags the user typed, names them.
         """
-        if self._params_named or _PARAM.search(self.raw_message) is None:
+        if self._params_named or re.search(_PARAM, self.raw_message) is None:
             return
         self._params_named = True
         lookup = flag_of.get if isinstance(flag_of, Mapping) else flag_of
-        self.message = _PARAM.sub(lambda m: lookup(m.group(1)) or m.group(1), self.raw_message)
+        self.message = re.sub(_PARAM, lambda m: lookup(m.group(1)) or m.group(1), self.raw_message)
         self.args = (self._format(),)
 
     def _format(self) -> str:

@@ -39,8 +39,9 @@ _UNITS: dict[str, int] = {
     "pib": 1 << 50,
 }
 
-_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([A-Za-z]*)\s*$")
-_CAP_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(blk|blks|blocks?|tok|toks|tokens?)\s*$", re.I)
+# Patterns, compiled on first use (re caches them): a command pays only for those it uses.
+_SIZE_RE = r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([A-Za-z]*)\s*$"
+_CAP_RE = r"(?i)^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(blk|blks|blocks?|tok|toks|tokens?)\s*$"
 
 
 def parse_size(text: str | int, *, field: str = "size", allow_zero: bool = True) -> int:
@@ -50,7 +51,7 @@ def parse_size(text: str | int, *, field: str = "size", allow_zero: bool = True)
             raise UsageError(f"size must not be negative, got {text}", field=field)
         return text
     s = str(text)
-    m = _SIZE_RE.match(s)
+    m = re.match(_SIZE_RE, s)
     if not m:
         raise UsageError(
             f"not a size: {s!r} (examples: 512, 4KiB, 429.5GB, 46.09TB)", field=field
@@ -138,7 +139,7 @@ class Capacity(NamedTuple):
         s = str(text).strip()
         if s.lower() in {"inf", "infinite", "unlimited"}:
             return cls(0, "inf")
-        m = _CAP_RE.match(s)
+        m = re.match(_CAP_RE, s)
         if m:
             number, unit = m.groups()
             d = Decimal(number)

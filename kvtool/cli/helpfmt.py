@@ -21,12 +21,12 @@ from typing import Any
 
 import click
 
-_WORD = re.compile(r"""(?:'[^']*'|"[^"]*"|\S)+""")
+_WORD = r"""(?:'[^']*'|"[^"]*"|\S)+"""  # compiled on first use (help only)
 
 
 def _units(body: str) -> list[str]:
     """Shell words, an option kept with its value (``--dram 429.5GB`` breaks as one)."""
-    words = _WORD.findall(body)
+    words = re.findall(_WORD, body)
     units: list[str] = []
     for w in words:
         if units and units[-1].startswith("-") and " " not in units[-1] and not w.startswith("-"):
