@@ -5,6 +5,11 @@ Order of checks as Linux nvmet: controller ready, namespace, the data length the
 needs (Data SGL Length Invalid), then the LBA range. A range past the end is LBA Out of
 Range, as the specification says; Linux answers Internal Error there (the block layer's
 EIO), which a host cannot tell from a media failure.
+
+Force Unit Access (CDW12 bit 30) on Write and Write Zeroes: the target reports a volatile
+write cache (VWC 1), so such a command completes only once its data is durable: the
+backing is flushed (``fdatasync``) first, and a failed flush fails the command (Linux
+nvmet: ``IOCB_DSYNC`` on a file, ``REQ_FUA`` on a block device).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ log = logging.getLogger("emulator.nvmetcp")
 _DIRECT_MIN = 64 * 1024  # larger reads are sent from the backing's memory without a copy
 _DSM_RANGE = struct.Struct("<IIQ")  # context attributes, NLB (1's based), SLBA
 _DSM_AD = 1 << 2
+_FUA = 1 << 30  # CDW12 of Write and Write Zeroes
 
 
 def dispatch(conn: Queue, ctrl: Controller, sqe: P.Sqe,
@@ -129,34 +135,50 @@ def write(conn: Queue, ns: Namespace, sqe: P.Sqe, data: bytes | memoryview) -> N
         return
     offset, length = checked
     cid = sqe.cid
+    fua = bool(sqe.cdw12 & _FUA)
     if data:
         if conn.landed is not None and data is conn.landed:
-            ns.count_write(length)  # received straight into the namespace
-            conn.complete(cid)
+            _written(conn, ns, cid, length, fua)  # received straight into the namespace
         else:
-            _store(conn, ns, cid, offset, data)
+            _store(conn, ns, cid, offset, data, fua)
         return
     direct = ns.backing.view(offset, length)
 
     def finish(received: memoryview) -> None:
         if direct is None:
-            _store(conn, ns, cid, offset, received)
+            _store(conn, ns, cid, offset, received, fua)
         else:  # the data already sits in the backing's memory
-            ns.count_write(length)
-            conn.complete(cid)
+            _written(conn, ns, cid, length, fua)
 
     conn.receive_data(cid, length, direct, finish)
 
 
 def _store(conn: Queue, ns: Namespace, cid: int, offset: int,
-           data: bytes | bytearray | memoryview) -> None:
+           data: bytes | bytearray | memoryview, fua: bool) -> None:
     try:
         ns.backing.write(offset, data)
     except OSError as exc:
         _io_error(conn, ns, cid, "write", exc)
         return
-    ns.count_write(len(data))
+    _written(conn, ns, cid, len(data), fua)
+
+
+def _written(conn: Queue, ns: Namespace, cid: int, length: int, fua: bool) -> None:
+    """Complete a Write whose data is in the backing; with FUA, once it is durable."""
+    if fua and not _durable(conn, ns, cid, "write"):
+        return
+    ns.count_write(length)
     conn.complete(cid)
+
+
+def _durable(conn: Queue, ns: Namespace, cid: int, what: str) -> bool:
+    """Flush the backing for a FUA command; False once the command has been failed."""
+    try:
+        ns.backing.flush()
+    except OSError as exc:
+        _io_error(conn, ns, cid, what, exc)
+        return False
+    return True
 
 
 def write_zeroes(conn: Queue, ns: Namespace, sqe: P.Sqe,
@@ -168,6 +190,8 @@ def write_zeroes(conn: Queue, ns: Namespace, sqe: P.Sqe,
         ns.backing.write_zeroes(slba * ns.lba_size, nlb * ns.lba_size)
     except OSError as exc:
         _io_error(conn, ns, sqe.cid, "write zeroes", exc)
+        return
+    if sqe.cdw12 & _FUA and not _durable(conn, ns, sqe.cid, "write zeroes"):
         return
     conn.complete(sqe.cid)
 

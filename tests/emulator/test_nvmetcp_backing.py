@@ -55,3 +55,56 @@ def test_block_device_namespace(loop_device: Callable[..., str]) -> None:
     with open(dev, "rb") as fh:  # the bytes are on the device itself
         fh.seek(2048 * 512)
         assert fh.read(len(data)) == data
+
+
+def test_force_unit_access_completes_only_once_durable(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The target reports a volatile write cache, so a Write or Write Zeroes with FUA
+    completes only after the backing is flushed: a flush that fails fails the command,
+    and without FUA no flush runs (in-capsule data and data after an R2T alike)."""
+    from emulator.nvmetcp.conformance.host import Session, rw
+    from emulator.nvmetcp.conformance.host import Target as Peer
+    from kvtool.nvme import spec
+
+    flushes: list[str] = []
+    fail = {"on": False}
+    real_flush = FileBacking.flush
+
+    def flush(self: FileBacking) -> None:
+        flushes.append("fail" if fail["on"] else "ok")
+        if fail["on"]:
+            raise OSError(5, "injected: the medium did not take the data")
+        real_flush(self)
+
+    monkeypatch.setattr(FileBacking, "flush", flush)
+    img = tmp_path / "ns.img"
+    target = Target(simple_config(nqn=NQN, backing=str(img), size="4MiB", allow_any_host=True,
+                                  listen=["127.0.0.1:0"])).start_in_thread()
+    fua = 1 << 30
+    small, large = os.urandom(512), os.urandom(128 * 1024)  # in-capsule; after an R2T
+    try:
+        with Session(Peer("127.0.0.1", target.port, NQN), io=True) as s:
+            assert s.io is not None
+            for data, slba in ((small, 8), (large, 64)):
+                nlb = len(data) // 512
+                assert rw(s.io, spec.IO_WRITE, slba, nlb, data=data).cqe.ok
+                assert flushes == []
+                assert rw(s.io, spec.IO_WRITE, slba, nlb, data=data, cdw12_extra=fua).cqe.ok
+                assert flushes == ["ok"]
+                fail["on"] = True
+                failed = rw(s.io, spec.IO_WRITE, slba, nlb, data=data, cdw12_extra=fua)
+                assert not failed.cqe.ok and flushes == ["ok", "fail"]
+                assert rw(s.io, spec.IO_WRITE, slba, nlb, data=data).cqe.ok  # no FUA, no flush
+                fail["on"] = False
+                flushes.clear()
+            assert rw(s.io, spec.IO_WRITE_ZEROES, 8, 1).cqe.ok and flushes == []
+            assert rw(s.io, spec.IO_WRITE_ZEROES, 8, 1, cdw12_extra=fua).cqe.ok
+            fail["on"] = True
+            assert not rw(s.io, spec.IO_WRITE_ZEROES, 8, 1, cdw12_extra=fua).cqe.ok
+            assert flushes == ["ok", "fail"]
+            fail["on"] = False
+    finally:
+        target.stop()
+    with open(img, "rb") as fh:
+        fh.seek(64 * 512)
+        assert fh.read(len(large)) == large
