@@ -632,8 +632,8 @@ class TraceReader:
             except msgspec.MsgspecError:  # pragma: no cover - only if the file changed under us
                 recs = []
             if len(recs) != lines:  # pragma: no cover - the same
-                raise InputError("changed while being read: this line no longer decodes as "
-                                 "it did", file=self.path, line=first)
+                raise InputError("changed while being read: the lines from here no longer "
+                                 "decode as they did", file=self.path, line=first)
             # (pass 1 checked the ids' count; a Mooncake request has no round, so its
             # period is its window: :meth:`_served`'s rule for a timed request without a round)
             for line, rec in enumerate(recs, first):
