@@ -116,7 +116,10 @@ def load_through_faults(name: str, p1: int, p2: int, nqn: str, out: Path, *,
     # the start of the fault's command (an upper bound: the fault lands within it)
     timed = []
     for f in faults:
-        if f["end"] > load_end - 0.2:
+        # the command's last data I/O comes before its exit by its final commit, the
+        # paths' disconnects and the interpreter's shutdown: a fault in that tail is not
+        # followed by any I/O, so it has no failover to show
+        if f["end"] > load_end - 0.5:
             continue
         after = [x for x in mp["failovers"]
                  if x["from"] == f["path"] and x["completed_at"] >= f["start"]]
