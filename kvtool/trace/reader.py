@@ -307,7 +307,6 @@ class TraceReader:
         """A streamed Mooncake trace (:meth:`_scan_sorted_mooncake`): ``(start, end,
         first line, lines)`` of each chunk, in file order, which is serve order;
         ``_entries`` is then empty."""
-        self._streamed = 0
         self._scan()
 
     # -- input ---------------------------------------------------------------------------
@@ -395,6 +394,29 @@ class TraceReader:
         with cyclic_gc_paused():
             self._scan_lines()
 
+    def _clean_chunks(self, decoder: msgspec.json.Decoder[Any], chunk_bytes: int
+                      ) -> Iterator[tuple[int, int, bytes, int, list[Any]]]:
+        """The file's leading chunks of whole lines, about ``chunk_bytes`` each, decoded
+        with one ``decode_lines`` call a chunk: ``(start, end, chunk, lines, records)``, up
+        to the first chunk that does not decode or holds a blank line (``decode_lines``
+        skips those, so line numbers would no longer follow from the order)."""
+        buf = self._buf
+        size = len(buf)
+        pos = 0
+        while pos < size:
+            nl = buf.find(b"\n", pos + chunk_bytes)
+            end = size if nl < 0 else nl + 1
+            chunk = buf[pos:end]
+            lines = chunk.count(b"\n") + (not chunk.endswith(b"\n"))
+            try:
+                recs = decoder.decode_lines(chunk)
+            except msgspec.MsgspecError:
+                return
+            if len(recs) != lines:
+                return
+            yield pos, end, chunk, lines, recs
+            pos = end
+
     def _scan_sorted_mooncake(self) -> bool:
         """Pass 1 of a Mooncake trace whose lines are all good, none blank, and in
         timestamp order, as the published traces are; True when the trace is one.
@@ -408,24 +430,12 @@ class TraceReader:
         chunk that is not clean, or the first timestamp that goes back, it returns False
         having kept nothing, and pass 1 starts again the general way.
         """
-        buf = self._buf
-        size = len(buf)
         bt = self.block_tokens
-        decode_lines = _RECORD_DECODER.decode_lines
         runs: list[tuple[int, int, int, int]] = []
         pos = line_no = 0
         last = -math.inf
-        while pos < size:
-            nl = buf.find(b"\n", pos + STREAM_CHUNK_BYTES)
-            end = size if nl < 0 else nl + 1
-            chunk = buf[pos:end]
-            lines = chunk.count(b"\n") + (not chunk.endswith(b"\n"))
-            try:
-                recs = decode_lines(chunk)
-            except msgspec.MsgspecError:
-                return False
-            if len(recs) != lines:      # a blank line: decode_lines skips it
-                return False
+        for start, end, _chunk, lines, recs in self._clean_chunks(_RECORD_DECODER,
+                                                                  STREAM_CHUNK_BYTES):
             for rec in recs:
                 ts = rec.timestamp
                 if ts < last or len(rec.hash_ids) > -(-rec.input_length // bt):
@@ -433,13 +443,12 @@ class TraceReader:
                 last = ts
             if not runs:
                 self._t0 = recs[0].timestamp
-            runs.append((pos, end, line_no + 1, lines))
+            runs.append((start, end, line_no + 1, lines))
             pos = end
             line_no += lines
-        if not runs:
+        if not runs or pos < len(self._buf):  # empty, or a chunk that is not clean
             return False
         self._runs = runs
-        self._streamed = line_no
         self.timed = True
         return True
 
@@ -455,23 +464,10 @@ class TraceReader:
         line-by-line scan, which finds and words the errors exactly as before. Returns the
         offset and the number of lines taken, and what is left of ``keep``.
         """
-        buf = self._buf
-        size = len(buf)
         bt = self.block_tokens
         entries = self._entries
-        decode_lines = _MOONCAKE_DECODER.decode_lines
         pos = line_no = 0
-        while pos < size:
-            nl = buf.find(b"\n", pos + CHUNK_BYTES)
-            end = size if nl < 0 else nl + 1
-            chunk = buf[pos:end]
-            lines = chunk.count(b"\n") + (not chunk.endswith(b"\n"))
-            try:
-                recs = decode_lines(chunk)
-            except msgspec.MsgspecError:
-                break
-            if len(recs) != lines:      # a blank line: decode_lines skips it
-                break
+        for start, end, chunk, lines, recs in self._clean_chunks(_MOONCAKE_DECODER, CHUNK_BYTES):
             ids = 0
             for rec in recs:
                 hash_ids = rec.hash_ids
@@ -492,7 +488,7 @@ class TraceReader:
                             for line, rec in enumerate(checked, first)]
             else:  # keep the offsets only: each line's start, and its end before the newline
                 keep = 0
-                starts = list(accumulate((len(t) + 1 for t in chunk.split(b"\n")), initial=pos))
+                starts = list(accumulate((len(t) + 1 for t in chunk.split(b"\n")), initial=start))
                 entries += [_Entry(first + i, starts[i], starts[i + 1] - 1, rec.timestamp, None,
                                    None) for i, rec in enumerate(checked)]
             pos = end
@@ -616,7 +612,7 @@ class TraceReader:
 
     # -- pass 2 ----------------------------------------------------------------------------
     def __len__(self) -> int:
-        return self._streamed or len(self._entries)
+        return sum(run[3] for run in self._runs) if self._runs else len(self._entries)
 
     def __iter__(self) -> Iterator[Request]:
         return self._stream() if self._runs else self._served()
