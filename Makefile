@@ -5,6 +5,9 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
+# bench: kvtool with its runtime dependencies only, as `pip install kvtool` gives users;
+# the test and plot extras in .venv add modules that change the CLI's start-up.
+BENCH_VENV ?= .venv-bench
 # fio: reference for bench/; qemu-system-x86: the real Linux NVMe/TCP target and host in a
 # guest; util-linux: losetup; libibverbs1: Mooncake Store's transfer engine (extra).
 SYS_PKGS = python3-venv python3-dev gcc fio qemu-system-x86 util-linux e2fsprogs cpio \
@@ -27,6 +30,12 @@ $(VENV)/.stamp: pyproject.toml
 
 venv: $(VENV)/.stamp
 
+$(BENCH_VENV)/.stamp: pyproject.toml
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install -q --upgrade pip
+	$(BENCH_VENV)/bin/python -m pip install -q -e .
+	touch $@
+
 ## The main job on the embedded default (the emulator): see README "Quick start".
 demo: sysdeps venv
 	PATH=$(abspath $(VENV))/bin:$$PATH bash fixtures/demo.sh
@@ -35,6 +44,13 @@ demo: sysdeps venv
 test: sysdeps venv
 	$(VENV)/bin/tox run
 
+## The replay speed and memory benchmarks (BENCHMARKS.md) in $(BENCH_VENV). They print
+## ratios against references measured in the same run; nothing here asserts on time.
+bench: $(BENCH_VENV)/.stamp
+	$(BENCH_VENV)/bin/python bench/replay_speed.py --repeat 21
+	$(BENCH_VENV)/bin/python bench/replay_speed.py --repeat 5 --times 10
+	$(BENCH_VENV)/bin/python bench/replay_memory.py
+
 lint: venv
 	$(VENV)/bin/tox run -e lint
 
@@ -42,4 +58,4 @@ type: venv
 	$(VENV)/bin/tox run -e type
 
 clean:
-	rm -rf $(VENV) .tox build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(BENCH_VENV) .tox build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
