@@ -108,6 +108,7 @@ def main() -> None:
     for tag, k in trees:
         cmds |= {
             f"{tag}kvtool --version": ([*k.cmd, "--version"], None, k),
+            f"{tag}kvtool --help": ([*k.cmd, "--help"], None, k),
             f"{tag}kvtool load (1 object, new store)": (
                 [*k.cmd, "load", str(store), "--object-bytes", "4096", "--count", "1"], fresh,
                 k),

@@ -20,35 +20,39 @@ from kvtool.cli.output import Settings, err_console
 from kvtool.errors import KvtoolError, UsageError
 
 # One module per command under kvtool/cli/, each exposing ``command`` (a click command or
-# group). Keep this list sorted; add a line when a command lands.
-COMMAND_MODULES: list[str] = [
-    "audit",
-    "bench",
-    "calibrate",
-    "cluster",
-    "experiment",
-    "load",
-    "plan",
-    "pool",
-    "replay",
-    "store",
-    "target",
-    "trace",
-    "verify",
-]
+# group), with the line ``kvtool --help`` lists for it: the list is printed from here, so
+# that it imports no command (bench/startup.py), and each command gets its line as its
+# short help when it is loaded. A line fits the list at 80 columns (tests/cli/test_main.py).
+# Keep this sorted; add an entry when a command lands.
+COMMANDS: dict[str, str] = {
+    "audit": "Audit KV object sizes and placements against 512 B / 4 KiB LBAs",
+    "bench": "Measure GB/s, IOPS and latency of object-sized I/O on a target",
+    "calibrate": "Fit the serving model's MFU, eta and c0 to vllm bench results",
+    "cluster": "Bring a cluster's nodes, targets and Mooncake up and down",
+    "experiment": "Re-run the published tiering experiments at laptop scale",
+    "load": "Write KV objects, indexed and CRC32C-checked, onto a target",
+    "plan": "How much cache a workload needs: from a trace or the formula",
+    "pool": "Start, stop and report a Mooncake Store pool on 127.0.0.1",
+    "replay": "Replay a request trace through a GPU → DRAM → NVMe prefix cache",
+    "store": "Inspect the KV object store on a namespace",
+    "target": "Provision NVMe-oF targets (SPDK, kernel nvmet, the emulator)",
+    "trace": "Make traces and look inside them (Mooncake, Qwen, Azure, …)",
+    "verify": "Verify every object on a target: checksum and content",
+}
 
 EXAMPLES = """
 \b
 Examples:
   kvtool audit --model deepseek-v4-flash --dtype fp8 --lba 512
-  kvtool plan --sessions 112 --input-tokens 109030 --output-tokens 5000 --dram 429.5GB \\
-      --model deepseek-v4-flash
+  kvtool plan --sessions 112 --input-tokens 109030 --output-tokens 5000 \\
+      --dram 429.5GB --model deepseek-v4-flash
   kvtool target up
   kvtool replay trace.jsonl
-  kvtool replay trace.jsonl --simulate --model deepseek-v4-flash --dram 3000000tok \\
-      --nvme 46.09TB --plot replay.png
+  kvtool replay trace.jsonl --simulate --model deepseek-v4-flash \\
+      --dram 3000000tok --nvme 46.09TB --plot replay.png
   kvtool target up fixtures/targets/demo.toml
-  kvtool load nvme+tcp://127.0.0.1:4420/nqn.2026-01.io.kvtool:demo/1 --object-bytes 1002240
+  kvtool load nvme+tcp://127.0.0.1:4420/nqn.2026-01.io.kvtool:demo/1 \\
+      --object-bytes 1002240
   kvtool --json verify /dev/loop3
 """
 
@@ -94,15 +98,36 @@ class KvtoolGroup(ConventionsGroup):
     """
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(set(COMMAND_MODULES) | set(self.commands))
+        return sorted(set(COMMANDS) | set(self.commands))
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if cmd_name not in self.commands and cmd_name in COMMAND_MODULES:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
             module = importlib.import_module(f"kvtool.cli.{cmd_name}")
+            module.command.short_help = COMMANDS[cmd_name]
             name_flags(module.command)
             fit_help(module.command)
             self.add_command(module.command, cmd_name)
         return self.commands.get(cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """click's command list, with each command not loaded yet listed by its line in
+        :data:`COMMANDS` (the short help it gets when loaded): no command is imported."""
+        names = self.list_commands(ctx)
+        if not names:
+            return
+        limit = formatter.width - 6 - max(len(name) for name in names)
+        rows: list[tuple[str, str]] = []
+        for name in names:
+            cmd = self.commands.get(name)
+            if cmd is None and name in COMMANDS:
+                rows.append((name, COMMANDS[name]))
+                continue
+            cmd = cmd or self.get_command(ctx, name)
+            if cmd is not None and not cmd.hidden:
+                rows.append((name, cmd.get_short_help_str(limit)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
 
 def name_flags(cmd: click.Command) -> None:
@@ -142,7 +167,12 @@ def name_flags(cmd: click.Command) -> None:
 
 
 def _usage_exit(exc: click.UsageError) -> click.exceptions.Exit:
-    """Bad usage as one line (docs/json.md), naming the command to ask for --help."""
+    """Bad usage as one line (docs/json.md), naming the command to ask for --help. A group
+    given no command (``kvtool``, ``kvtool target``) prints its help instead, on stderr
+    with exit 2, as click does."""
+    if isinstance(exc, click.exceptions.NoArgsIsHelpError):
+        exc.show()
+        return click.exceptions.Exit(exc.exit_code)
     where = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
     click.echo(f"kvtool: error: {exc.format_message()}{where}", err=True)
     return click.exceptions.Exit(exc.exit_code)

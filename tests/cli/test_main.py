@@ -27,15 +27,54 @@ def test_help_lists_examples_and_every_exit_code() -> None:
 
 
 def test_every_command_has_help_with_example() -> None:
-    def walk(cmd, path):
+    ctx = click.Context(cli)
+
+    def walk(cmd, path):  # through get_command: commands are loaded on first use
         yield path, cmd
-        for name, sub in getattr(cmd, "commands", {}).items():
-            yield from walk(sub, [*path, name])
+        if isinstance(cmd, click.Group):
+            for name in cmd.list_commands(ctx):
+                yield from walk(cmd.get_command(ctx, name), [*path, name])
 
     for path, _cmd in walk(cli, []):
         result = CliRunner().invoke(cli, [*path, "--help"])
         assert result.exit_code == 0, path
         assert "kvtool" in result.output and "xample" in result.output, f"{path}: no example in --help"
+
+
+HELP_AFTER_LOADING = """
+import click
+from kvtool.cli.main import COMMANDS, cli
+ctx = click.Context(cli)
+for name in COMMANDS:
+    cli.get_command(ctx, name)
+cli.main(["--help"], prog_name="kvtool")
+"""
+
+
+def test_the_command_list_is_the_same_before_and_after_the_commands_load() -> None:
+    """``kvtool --help`` lists commands not loaded yet from ``COMMANDS``; once loaded, each
+    lists its own short help. Both lists are the same, one line per command at 80 columns."""
+    env = {**os.environ, "COLUMNS": "80"}
+    lazy = subprocess.run([sys.executable, "-m", "kvtool", "--help"], capture_output=True,
+                          text=True, cwd=REPO, env=env, check=True).stdout
+    loaded = subprocess.run([sys.executable, "-c", HELP_AFTER_LOADING], capture_output=True,
+                            text=True, cwd=REPO, env=env, check=True).stdout
+    assert lazy == loaded
+    listed = lazy.split("Commands:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    from kvtool.cli.main import COMMANDS
+
+    assert [line.split()[0] for line in listed] == sorted(COMMANDS)
+    assert all(len(line) <= 80 for line in lazy.splitlines())
+
+
+def test_a_group_without_a_command_prints_its_help() -> None:
+    """As click does (exit 2, the help on stderr), not as a one-line usage error."""
+    for path in ([], ["target"]):
+        result = CliRunner().invoke(cli, path, prog_name="kvtool")
+        assert result.exit_code == 2, path
+        assert result.stderr.startswith(f"Usage: {' '.join(['kvtool', *path])} "), result.stderr
+        assert "error" not in result.stderr.split("\n", 1)[0]
+        assert "Commands:" in result.stderr and result.stdout == ""
 
 
 def test_unknown_command_is_usage_error() -> None:

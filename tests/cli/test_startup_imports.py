@@ -66,6 +66,14 @@ def test_version_imports_no_command(tmp_path: Path) -> None:
                   "kvtool.trace", "kvtool.replay") == []
 
 
+def test_help_imports_no_command(tmp_path: Path) -> None:
+    """``kvtool --help`` lists every command without loading one (kvtool.cli.main.COMMANDS)."""
+    from kvtool.cli.main import COMMANDS
+
+    mods = imported(tmp_path, "--help")
+    assert loaded(mods, "numpy", "rich", "msgspec", *(f"kvtool.cli.{c}" for c in COMMANDS)) == []
+
+
 @pytest.mark.parametrize("json_output", [True, False], ids=["json", "human"])
 def test_load_imports_the_store_not_the_replay(store_dir: Path, tmp_path: Path,
                                                 json_output: bool) -> None:

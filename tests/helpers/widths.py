@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from kvtool.cli import output
-from kvtool.cli.main import COMMAND_MODULES
+from kvtool.cli.main import COMMANDS
 
 WIDTHS = (80, 120)
 WIDE = 1000
@@ -79,7 +79,7 @@ def checking_widths(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
             problems.extend(width_problems(human))
         real(result, human)
 
-    for name in COMMAND_MODULES:
+    for name in COMMANDS:
         module = importlib.import_module(f"kvtool.cli.{name}")
         if hasattr(module, "emit"):
             monkeypatch.setattr(module, "emit", emit)
