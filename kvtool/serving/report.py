@@ -10,36 +10,124 @@ follow ``vllm bench serve --save-result`` (vllm/benchmarks/serve.py):
 * ``ttft_ms``: arrival → first token; ``tpot_ms``: (e2el − ttft) / (output − 1), for requests
   with more than one output token; ``itl_ms``: every gap between two tokens of a request;
   ``e2el_ms``: arrival → last token;
-* for each: ``mean_``, ``median_``, ``std_``, ``p90_`` and ``p99_`` (numpy's linear
-  percentile, as vLLM computes them).
+* for each: ``mean_``, ``median_``, ``std_``, ``p90_`` and ``p99_`` (numpy's ``mean``,
+  ``median``, ``std`` and linear ``percentile``, as vLLM computes them).
+
+numpy computes them for large samples. A small one (up to :data:`SMALL` values, as a short
+trace gives) gets the same float64 arithmetic written out here (:func:`describe`): the
+pairwise summation of numpy's ``add.reduce``, its median and its linear interpolation, bit
+for bit (tests/serving/test_report_stats.py checks them against numpy), so that a short
+``replay --simulate`` does not import numpy (0.1 s of start-up, bench/startup.py).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 PERCENTILES: tuple[int, ...] = (90, 99)
 METRICS: tuple[str, ...] = ("ttft", "tpot", "itl", "e2el")
+SMALL = 65_536
+"""Samples up to this many values are described in Python, larger ones with numpy."""
+
+_PW_BLOCK = 128
+"""numpy's ``PW_BLOCKSIZE``: pairwise summation's leaf size."""
 
 
-def _stats(name: str, values_ms: np.ndarray) -> dict[str, float]:
-    out: dict[str, float] = {}
-    if values_ms.size == 0:
-        out[f"mean_{name}_ms"] = 0.0
-        out[f"median_{name}_ms"] = 0.0
-        out[f"std_{name}_ms"] = 0.0
-        for p in PERCENTILES:
-            out[f"p{p}_{name}_ms"] = 0.0
-        return out
-    out[f"mean_{name}_ms"] = float(np.mean(values_ms))
-    out[f"median_{name}_ms"] = float(np.median(values_ms))
-    out[f"std_{name}_ms"] = float(np.std(values_ms))
-    for p in PERCENTILES:
-        out[f"p{p}_{name}_ms"] = float(np.percentile(values_ms, p))
-    return out
+def _pairwise_sum(v: Sequence[float], lo: int, n: int) -> float:
+    """numpy's ``DOUBLE_pairwise_sum`` (``loops_utils.h``) over ``v[lo:lo + n]``: under 8
+    values one running sum, up to 128 eight running sums combined as a tree, else the two
+    halves (split at a multiple of 8) summed apart."""
+    if n < 8:
+        res = 0.0
+        for i in range(lo, lo + n):
+            res += v[i]
+        return res
+    if n <= _PW_BLOCK:
+        r0, r1, r2, r3, r4, r5, r6, r7 = v[lo:lo + 8]
+        i = lo + 8
+        end = lo + n - n % 8
+        while i < end:
+            r0 += v[i]
+            r1 += v[i + 1]
+            r2 += v[i + 2]
+            r3 += v[i + 3]
+            r4 += v[i + 4]
+            r5 += v[i + 5]
+            r6 += v[i + 6]
+            r7 += v[i + 7]
+            i += 8
+        res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+        for j in range(end, lo + n):
+            res += v[j]
+        return res
+    n2 = n // 2
+    n2 -= n2 % 8
+    return _pairwise_sum(v, lo, n2) + _pairwise_sum(v, lo + n2, n - n2)
+
+
+def _mean(v: Sequence[float]) -> float:
+    """``np.mean``: ``add.reduce`` from 0.0, divided by the count."""
+    return (0.0 + _pairwise_sum(v, 0, len(v))) / len(v)
+
+
+def _std(v: Sequence[float]) -> float:
+    """``np.std`` (ddof 0): the mean of the squared deviations from the mean, its root."""
+    m = _mean(v)
+    dev = [x - m for x in v]
+    return math.sqrt(_mean([d * d for d in dev]))
+
+
+def _median(ordered: Sequence[float]) -> float:
+    """``np.median`` of sorted values: the middle one, or the mean of the middle two."""
+    n = len(ordered)
+    h = n // 2
+    if n % 2:
+        return _mean(ordered[h:h + 1])
+    return _mean(ordered[h - 1:h + 1])
+
+
+def _percentile(ordered: Sequence[float], p: int) -> float:
+    """``np.percentile(…, p)`` of sorted values, method "linear": the virtual index
+    ``(n - 1) · p/100``, and numpy's ``_lerp`` between its neighbours (from the upper one
+    when the weight is at least 0.5)."""
+    n = len(ordered)
+    virtual = (n - 1) * (p / 100)
+    if virtual >= n - 1:
+        prev = nxt = n - 1
+        gamma = virtual + 1  # numpy's index -1 for the last value; a, b equal anyway
+    else:
+        prev = math.floor(virtual)
+        nxt = prev + 1
+        gamma = virtual - prev
+    a, b = ordered[prev], ordered[nxt]
+    diff = b - a
+    if gamma >= 0.5:
+        return b - diff * (1 - gamma)
+    return a + diff * gamma
+
+
+def describe(values: Sequence[float]) -> dict[str, float]:
+    """``mean``, ``median``, ``std`` and ``p90``, ``p99`` (:data:`PERCENTILES`) of
+    ``values`` as numpy computes them; all 0.0 for no values."""
+    if not len(values):
+        return {"mean": 0.0, "median": 0.0, "std": 0.0, **{f"p{p}": 0.0 for p in PERCENTILES}}
+    if len(values) > SMALL:
+        import numpy as np  # only for large samples: 0.1 s of start-up
+
+        a = np.asarray(values, dtype=float)
+        return {"mean": float(np.mean(a)), "median": float(np.median(a)),
+                "std": float(np.std(a)),
+                **{f"p{p}": float(np.percentile(a, p)) for p in PERCENTILES}}
+    v = [float(x) for x in values]
+    ordered = sorted(v)
+    return {"mean": _mean(v), "median": _median(ordered), "std": _std(v),
+            **{f"p{p}": _percentile(ordered, p) for p in PERCENTILES}}
+
+
+def _stats(name: str, values_ms: Sequence[float]) -> dict[str, float]:
+    return {(f"{k}_{name}_ms"): x for k, x in describe(values_ms).items()}
 
 
 def serving_metrics(*, start: float, end: float, input_tokens: Sequence[int],
@@ -52,13 +140,19 @@ def serving_metrics(*, start: float, end: float, input_tokens: Sequence[int],
     duration = max(0.0, end - start)
     tot_in = int(sum(input_tokens))
     tot_out = int(sum(output_tokens))
-    ttft = np.asarray(ttft_s, dtype=float) * 1000.0
-    e2el = np.asarray(e2el_s, dtype=float) * 1000.0
-    outs = np.asarray(output_tokens, dtype=float)
-    multi = outs > 1
-    tpot = (e2el[multi] - ttft[multi]) / (outs[multi] - 1) if n else np.zeros(0)
-    itl = (np.repeat(np.asarray(itl_values_s, dtype=float), np.asarray(itl_counts, dtype=np.int64))
-           * 1000.0) if len(itl_values_s) else np.zeros(0)
+    ttft = [float(t) * 1000.0 for t in ttft_s]
+    e2el = [float(t) * 1000.0 for t in e2el_s]
+    tpot = [(e - t) / (float(o) - 1) for t, e, o in zip(ttft, e2el, output_tokens, strict=True)
+            if o > 1]
+    itl: Any
+    if sum(itl_counts) > SMALL:  # numpy's repeat, as numpy describes it anyway
+        import numpy as np
+
+        itl = np.repeat(np.asarray(itl_values_s, dtype=float),
+                        np.asarray(itl_counts, dtype=np.int64)) * 1000.0
+    else:
+        itl = [float(v) * 1000.0 for v, c in zip(itl_values_s, itl_counts, strict=True)
+               for _ in range(c)]
     per_s = (lambda x: x / duration) if duration > 0 else (lambda x: 0.0)
     doc: dict[str, Any] = {
         "duration": duration,

@@ -30,15 +30,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import numpy as np
-
 from kvtool.cache.policies import make_policy
 from kvtool.cache.tier import Tier
 from kvtool.serving.engine import FAILED, FINISHED, LOADING, Engine, Seq
 from kvtool.serving.kvpool import KVPool
 from kvtool.serving.links import FlowNetwork
 from kvtool.serving.load import Arrivals, Load, output_block_keys
-from kvtool.serving.report import serving_metrics
+from kvtool.serving.report import describe, serving_metrics
 
 ARRIVAL, STEP = 0, 1
 
@@ -590,9 +588,9 @@ class Simulation:
         serving["unfinished"] = sum(1 for s in self.seqs
                                     if s is not None and s.status not in (FINISHED, FAILED))
         span = end - start
-        queue = np.asarray([s.first_scheduled - s.arrival for s in done], dtype=float) * 1000.0
-        serving["mean_queue_ms"] = float(queue.mean()) if queue.size else 0.0
-        serving["p99_queue_ms"] = float(np.percentile(queue, 99)) if queue.size else 0.0
+        queue = describe([(s.first_scheduled - s.arrival) * 1000.0 for s in done])
+        serving["mean_queue_ms"] = queue["mean"]
+        serving["p99_queue_ms"] = queue["p99"]
         prompt = sum(s.num_prompt_tokens for s in done)
         gpu_hit = sum(max(0, s.local_hit_tokens) for s in done)
         ext_hit = sum(s.ext_tokens for s in done)

@@ -60,6 +60,19 @@ def test_replay_simulate_imports_only_the_replayer(tmp_path: Path) -> None:
     assert loaded(mods, *NOT_FOR_SIMULATE) == []
 
 
+def test_replay_simulate_with_the_serving_model_of_a_short_trace_imports_no_numpy(
+        tmp_path: Path) -> None:
+    """The default ``--simulate`` runs the serving model for the report's times; its
+    statistics come without numpy for samples this small (kvtool.serving.report)."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"timestamp": 0, "input_length": 3072, "output_length": 256,
+                                 "hash_ids": list(range(6))}) + "\n")
+    mods = imported(tmp_path, "--json", "replay", "--simulate", str(trace), "--format",
+                    "mooncake", "--dram", "10blk")
+    assert "kvtool.serving.sim" in mods  # the probe saw the serving model run
+    assert loaded(mods, "numpy", "rich", "kvtool.store", "kvtool.nvme") == []
+
+
 def test_version_imports_no_command(tmp_path: Path) -> None:
     mods = imported(tmp_path, "--version")
     assert loaded(mods, "numpy", "rich", "msgspec", "kvtool.cache", "kvtool.store",
