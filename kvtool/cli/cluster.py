@@ -31,7 +31,8 @@ def command() -> None:
     Mooncake)."""
 
 
-@command.command("up", epilog=EPILOG)
+@command.command("up", short_help="Make the nodes of FILE's [placement] and start everything on them",
+                 epilog=EPILOG)
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--runtime", type=click.Choice(["userspace", "spdk"]), default=None,
               help="How the storage nodes' NVMe/TCP targets run: kvtool's userspace target "
@@ -49,7 +50,8 @@ def up_cmd(file: str, runtime: str | None, engine: str | None) -> None:
     emit(doc, lambda con: render(con, doc))
 
 
-@command.command("status", epilog=EPILOG)
+@command.command("status", short_help="Report every node, engine, target and pool, each checked",
+                 epilog=EPILOG)
 @click.argument("file", required=False, type=click.Path(dir_okay=False))
 @json_option
 def status_cmd(file: str | None) -> None:
@@ -77,7 +79,8 @@ def status_cmd(file: str | None) -> None:
     emit(doc, lambda con: render(con, doc))
 
 
-@command.command("down", epilog=EPILOG)
+@command.command("down", short_help="Remove every namespace, bridge, process and Ray instance",
+                 epilog=EPILOG)
 @click.argument("file", type=click.Path(dir_okay=False))
 @json_option
 def down_cmd(file: str) -> None:

@@ -48,7 +48,8 @@ def command() -> None:
     TPOT) on the serving model (kvtool.serving), always simulated."""
 
 
-@command.command("list", epilog=EPILOG_LIST)
+@command.command("list", short_help="List the experiments in fixtures/experiments/",
+                 epilog=EPILOG_LIST)
 @json_option
 def list_cmd() -> None:
     """List the experiments in fixtures/experiments/."""
@@ -70,7 +71,8 @@ def list_cmd() -> None:
     emit(doc, human)
 
 
-@command.command("run", epilog=EPILOG_RUN)
+@command.command("run", short_help="Run one experiment and print its side-by-side table",
+                 epilog=EPILOG_RUN)
 @click.argument("name")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Directory for JSON, CSV, PNG and the trace [default: out/experiments/NAME].")

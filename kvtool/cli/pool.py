@@ -29,7 +29,8 @@ def command() -> None:
     """Start, stop and report a Mooncake Store pool on 127.0.0.1 (extra kvtool[mooncake])."""
 
 
-@command.command("up", epilog=EPILOG)
+@command.command("up", short_help="Start mooncake_master and the metadata server",
+                 epilog=EPILOG)
 @_name
 @click.option("--rpc-port", type=click.IntRange(1, 65535), default=50051, show_default=True,
               help="mooncake_master RPC port (the mooncake:// URL's port).")
@@ -53,7 +54,8 @@ def up_cmd(name: str, rpc_port: int, metadata_port: int, metrics_port: int, wate
     emit(doc, lambda con: _render(con, doc))
 
 
-@command.command("down", epilog=EPILOG)
+@command.command("down", short_help="Stop the pool's processes and forget it",
+                 epilog=EPILOG)
 @_name
 @json_option
 def down_cmd(name: str) -> None:
@@ -65,7 +67,8 @@ def down_cmd(name: str) -> None:
                                                          else "was not up")))
 
 
-@command.command("status", epilog=EPILOG)
+@command.command("status", short_help="Report the pool: running or not, URL, processes, metrics",
+                 epilog=EPILOG)
 @_name
 @json_option
 def status_cmd(name: str) -> None:

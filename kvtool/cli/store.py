@@ -29,7 +29,8 @@ def command() -> None:
     """Inspect the KV object store on a namespace (layout: docs/store-layout.md)."""
 
 
-@command.command("inspect", epilog=EPILOG)
+@command.command("inspect", short_help="Show TARGET's superblock and a summary of its index (read-only)",
+                 epilog=EPILOG)
 @click.argument("target")
 @click.option("--objects", "list_objects", type=int, default=0, show_default=True,
               help="Also list the first N objects (slot order).")

@@ -121,7 +121,8 @@ def command() -> None:
     """
 
 
-@command.command(epilog=EXAMPLES_UP)
+@command.command(short_help="Bring a target up to CONFIG (TOML, kvtool or nvmetcli JSON)",
+                 epilog=EXAMPLES_UP)
 @click.argument("config", required=False, type=click.Path(dir_okay=False))
 @_backend_options
 @click.option("--name", help="Target name (default: the config's 'name', else the file stem).")
@@ -174,7 +175,8 @@ def _after_up(con: Console, doc: dict[str, Any]) -> None:
     _status_tables(con, doc["status"])
 
 
-@command.command(epilog="""
+@command.command(short_help="Tear down what CONFIG (or the recorded target NAME) owns",
+                 epilog="""
 \b
 Example:
   kvtool target down                # the built-in default (or the only target up)
@@ -206,7 +208,8 @@ def down(config: str | None, backend: str | None, runtime: str | None, configfs_
     emit(doc, human)
 
 
-@command.command(epilog="""
+@command.command(short_help="Show namespaces, listeners, URLs and records of what is up",
+                 epilog="""
 \b
 Example:
   kvtool target status
@@ -301,7 +304,8 @@ def _status_tables(con: Console, doc: dict[str, Any]) -> None:
         con.print(f"  note: {n}")
 
 
-@command.command(epilog="""
+@command.command(short_help="Print the discovery log page of an NVMe/TCP target",
+                 epilog="""
 \b
 Example:
   kvtool target discover 127.0.0.1:4420
@@ -329,7 +333,8 @@ def discover(address: str, hostnqn: str | None, timeout: float) -> None:
     emit(doc, human)
 
 
-@command.command(epilog="""
+@command.command(short_help="Change a listener's ANA state on a running target",
+                 epilog="""
 \b
 Example:
   kvtool target ana fixtures/targets/multipath.toml --listener 127.0.0.1:4421 --state inaccessible
@@ -357,7 +362,8 @@ def ana(config: str | None, backend: str | None, runtime: str | None, configfs_r
                                     f"{doc['previous']} -> [bold]{doc['state']}[/]"))
 
 
-@command.command(epilog="""
+@command.command(short_help="Write a new DH-HMAC-CHAP secret (DHHC-1) to a file",
+                 epilog="""
 \b
 Example:
   kvtool target keygen host1.key
@@ -407,7 +413,8 @@ def _port(text: str) -> int:
     return int(text)
 
 
-@command.command(epilog="""
+@command.command(short_help="Print CONFIG's state as SPDK, nvmetcli or kvtool JSON",
+                 epilog="""
 \b
 Example:
   kvtool target export fixtures/targets/spdk-production.toml --format spdk > spdk.json

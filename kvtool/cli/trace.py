@@ -82,7 +82,8 @@ def command() -> None:
 
 
 # -- stats ------------------------------------------------------------------------------------
-@command.command("stats", epilog="""
+@command.command("stats", short_help="Requests, sessions, tokens, unique blocks, maximum hit ratio",
+                 epilog="""
 \b
 Examples:
   kvtool trace stats fixtures/traces/multiturn-4x6.tokens.jsonl
@@ -192,7 +193,8 @@ def _lengths(text: str | None) -> tuple[int, ...]:
                          field="--random-input-len") from None
 
 
-@command.command("gen", epilog="""
+@command.command("gen", short_help="Write a synthetic workload (sessions, random prompts, prefixes)",
+                 epilog="""
 \b
 Examples:
   kvtool trace gen --sessions 4 --rounds 6 --input-tokens 300 --output-tokens 100 \\
@@ -340,7 +342,8 @@ def gen_cmd(output: str, sessions: int | None, rounds: int | None, input_tokens:
 
 
 # -- convert ----------------------------------------------------------------------------------
-@command.command("convert", epilog="""
+@command.command("convert", short_help="Convert between trace formats; tokens become compact hash_ids",
+                 epilog="""
 \b
 Examples:
   kvtool trace convert conversation_trace.jsonl --to kvtool -o conversation.kvtool.jsonl

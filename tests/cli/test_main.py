@@ -67,6 +67,24 @@ def test_the_command_list_is_the_same_before_and_after_the_commands_load() -> No
     assert all(len(line) <= 80 for line in lazy.splitlines())
 
 
+def test_every_command_list_fits_80_columns_uncut() -> None:
+    """Each group's list of commands shows each command's whole line at 80 columns: one
+    line per command, none cut with "..." (click's default for a long first sentence)."""
+    ctx = click.Context(cli)
+    groups = [[]] + [[name] for name in cli.list_commands(ctx)
+                     if isinstance(cli.get_command(ctx, name), click.Group)]
+    assert len(groups) > 1
+    for path in groups:
+        result = CliRunner().invoke(cli, [*path, "--help"], prog_name="kvtool",
+                                    env={"COLUMNS": "80"})
+        assert result.exit_code == 0, path
+        listed = result.output.split("Commands:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+        group = cli if not path else cli.get_command(ctx, path[0])
+        assert isinstance(group, click.Group)
+        assert [line.split()[0] for line in listed] == group.list_commands(ctx), path
+        assert all(len(line) <= 80 and not line.endswith("...") for line in listed), listed
+
+
 def test_a_group_without_a_command_prints_its_help() -> None:
     """As click does (exit 2, the help on stderr), not as a one-line usage error."""
     for path in ([], ["target"]):
