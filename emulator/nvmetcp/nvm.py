@@ -90,14 +90,8 @@ def _io_error(conn: Queue, ns: Namespace, cid: int, what: str,
 
 
 def flush(conn: Queue, ns: Namespace, sqe: P.Sqe, data: bytes | memoryview) -> None:
-    if not expect_len(conn, sqe, data, 0):
-        return
-    try:
-        ns.backing.flush()
-    except OSError as exc:
-        _io_error(conn, ns, sqe.cid, "flush", exc)
-        return
-    conn.complete(sqe.cid)
+    if expect_len(conn, sqe, data, 0) and _durable(conn, ns, sqe.cid, "flush"):
+        conn.complete(sqe.cid)
 
 
 def _transfer(conn: Queue, ns: Namespace, sqe: P.Sqe,
@@ -172,7 +166,8 @@ def _written(conn: Queue, ns: Namespace, cid: int, length: int, fua: bool) -> No
 
 
 def _durable(conn: Queue, ns: Namespace, cid: int, what: str) -> bool:
-    """Flush the backing for a FUA command; False once the command has been failed."""
+    """Flush the backing (a Flush, or a command with FUA); False once the command has
+    been failed for it."""
     try:
         ns.backing.flush()
     except OSError as exc:

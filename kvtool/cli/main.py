@@ -112,22 +112,17 @@ class KvtoolGroup(ConventionsGroup):
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         """click's command list, with each command not loaded yet listed by its line in
         :data:`COMMANDS` (the short help it gets when loaded): no command is imported."""
-        names = self.list_commands(ctx)
-        if not names:
-            return
+        names = self.list_commands(ctx)  # those of COMMANDS, and any added by hand
         limit = formatter.width - 6 - max(len(name) for name in names)
         rows: list[tuple[str, str]] = []
         for name in names:
             cmd = self.commands.get(name)
-            if cmd is None and name in COMMANDS:
+            if cmd is None:
                 rows.append((name, COMMANDS[name]))
-                continue
-            cmd = cmd or self.get_command(ctx, name)
-            if cmd is not None and not cmd.hidden:
+            elif not cmd.hidden:
                 rows.append((name, cmd.get_short_help_str(limit)))
-        if rows:
-            with formatter.section("Commands"):
-                formatter.write_dl(rows)
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
 
 def name_flags(cmd: click.Command) -> None:

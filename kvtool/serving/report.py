@@ -75,8 +75,7 @@ def _mean(v: Sequence[float]) -> float:
 def _std(v: Sequence[float]) -> float:
     """``np.std`` (ddof 0): the mean of the squared deviations from the mean, its root."""
     m = _mean(v)
-    dev = [x - m for x in v]
-    return math.sqrt(_mean([d * d for d in dev]))
+    return math.sqrt(_mean([d * d for d in (x - m for x in v)]))
 
 
 def _median(ordered: Sequence[float]) -> float:
