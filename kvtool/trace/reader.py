@@ -619,12 +619,15 @@ class TraceReader:
 
     def _stream(self) -> Iterator[Request]:
         """The requests of a streamed Mooncake trace (:meth:`_scan_sorted_mooncake`):
-        its chunks decoded again, in file order."""
+        its chunks decoded again, in file order, each from a view of the mapped file (a
+        copy per chunk churns the heap: BENCHMARKS.md, "Issue 23 speed, seventh pass")
+        that is released before the chunk's requests are yielded."""
         buf, bt, t0, window, floor = self._buf, self.block_tokens, self._t0, self.window_ms, math.floor
         decode_lines = _RECORD_DECODER.decode_lines
         for start, end, first, lines in self._runs:
             try:
-                recs = decode_lines(buf[start:end])
+                with memoryview(buf) as whole, whole[start:end] as part:
+                    recs = decode_lines(part)
             except msgspec.MsgspecError:  # pragma: no cover - only if the file changed under us
                 recs = []
             if len(recs) != lines:  # pragma: no cover - the same
@@ -680,7 +683,8 @@ class TraceReader:
                 j += 1
         if j > i + 1:
             try:
-                recs = _MOONCAKE_DECODER.decode_lines(buf[e.start:entries[j - 1].end])
+                with memoryview(buf) as whole, whole[e.start:entries[j - 1].end] as part:
+                    recs = _MOONCAKE_DECODER.decode_lines(part)
             except msgspec.MsgspecError:  # pragma: no cover - only if the file changed under us
                 recs = []
             if len(recs) == j - i:  # (pass 1 checked every field of these lines)

@@ -131,6 +131,43 @@ def test_pass_2_decodes_runs_of_lines_not_kept(tmp_path: Path,
     assert got == list(read_trace(p, fmt="mooncake"))
 
 
+class _SpyDecoder:
+    """A decoder that notes the type of every buffer pass 2 hands it."""
+
+    def __init__(self, real: Any, seen: list[type]) -> None:
+        self.real, self.seen = real, seen
+
+    def decode_lines(self, data: Any) -> Any:
+        self.seen.append(type(data))
+        return self.real.decode_lines(data)
+
+
+@pytest.mark.parametrize("streamed", [True, False], ids=["streamed", "runs-decoded-again"])
+def test_pass_2_decodes_the_mapped_file_in_place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  streamed: bool) -> None:
+    """Pass 2 hands the decoder views of the mapped file, not copies of its chunks (a
+    copy per chunk churns the heap: about 500 more page faults on the conversation
+    trace, BENCHMARKS.md), and no view outlives its chunk: the reader closes mid-way."""
+    p = tmp_path / "t.jsonl"
+    p.write_text("\n".join(lines(300, seed=8)) + "\n")
+    monkeypatch.setattr(reader_mod, "STREAM_CHUNK_BYTES", 200)
+    monkeypatch.setattr(reader_mod, "CHUNK_BYTES", 1000)
+    if not streamed:
+        monkeypatch.setattr(reader_mod, "KEEP_BLOCK_IDS", 0)
+        no_stream(monkeypatch)
+    want = list(read_trace(p, fmt="mooncake"))
+    r = read_trace(p, fmt="mooncake")
+    assert bool(r._runs) == streamed
+    seen: list[type] = []
+    name = "_RECORD_DECODER" if streamed else "_MOONCAKE_DECODER"
+    monkeypatch.setattr(reader_mod, name, _SpyDecoder(getattr(reader_mod, name), seen))
+    it = iter(r)
+    got = [next(it) for _ in range(150)]
+    r.close()  # a view still held would make this raise BufferError
+    assert got == want[:150]
+    assert seen and set(seen) == {memoryview}
+
+
 def test_blank_and_bad_lines_in_later_chunks(tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     text = lines(300, seed=1)
