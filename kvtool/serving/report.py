@@ -126,7 +126,7 @@ def describe(values: Sequence[float]) -> dict[str, float]:
 
 
 def _stats(name: str, values_ms: Sequence[float]) -> dict[str, float]:
-    return {(f"{k}_{name}_ms"): x for k, x in describe(values_ms).items()}
+    return {f"{k}_{name}_ms": x for k, x in describe(values_ms).items()}
 
 
 def serving_metrics(*, start: float, end: float, input_tokens: Sequence[int],

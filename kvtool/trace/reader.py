@@ -619,15 +619,12 @@ class TraceReader:
 
     def _stream(self) -> Iterator[Request]:
         """The requests of a streamed Mooncake trace (:meth:`_scan_sorted_mooncake`):
-        its chunks decoded again, in file order, each from a view of the mapped file (a
-        copy per chunk churns the heap: BENCHMARKS.md, "Issue 23 speed, seventh pass")
-        that is released before the chunk's requests are yielded."""
-        buf, bt, t0, window, floor = self._buf, self.block_tokens, self._t0, self.window_ms, math.floor
-        decode_lines = _RECORD_DECODER.decode_lines
+        its chunks decoded again (:meth:`_decoded`), in file order."""
+        bt, t0, window, floor = self.block_tokens, self._t0, self.window_ms, math.floor
+        decoder = _RECORD_DECODER
         for start, end, first, lines in self._runs:
             try:
-                with memoryview(buf) as whole, whole[start:end] as part:
-                    recs = decode_lines(part)
+                recs = self._decoded(decoder, start, end)
             except msgspec.MsgspecError:  # pragma: no cover - only if the file changed under us
                 recs = []
             if len(recs) != lines:  # pragma: no cover - the same
@@ -667,6 +664,14 @@ class TraceReader:
                           None if rnd is not None or not timed
                           else floor((e.timestamp - t0) / window) + 1)
 
+    def _decoded(self, decoder: msgspec.json.Decoder[Any], start: int, end: int) -> list[Any]:
+        """``decoder.decode_lines`` of the file's bytes ``start:end``, read in place: from a
+        view of the mapped file, released before it returns (a copy per chunk churns the
+        heap: BENCHMARKS.md, "Issue 23 speed, seventh pass"; pass 1 copies its chunks,
+        whose lines it counts with ``bytes`` methods)."""
+        with memoryview(self._buf) as whole, whole[start:end] as part:
+            return decoder.decode_lines(part)
+
     def _redecoded(self, i: int) -> list[_Parsed]:
         """Entry ``i``'s line decoded again, with the lines right after it in the file
         when they follow it in serve order too and are not kept (a sorted Mooncake
@@ -683,8 +688,7 @@ class TraceReader:
                 j += 1
         if j > i + 1:
             try:
-                with memoryview(buf) as whole, whole[e.start:entries[j - 1].end] as part:
-                    recs = _MOONCAKE_DECODER.decode_lines(part)
+                recs = self._decoded(_MOONCAKE_DECODER, e.start, entries[j - 1].end)
             except msgspec.MsgspecError:  # pragma: no cover - only if the file changed under us
                 recs = []
             if len(recs) == j - i:  # (pass 1 checked every field of these lines)
