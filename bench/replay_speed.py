@@ -8,11 +8,13 @@ block ids (``--times 10``); BENCHMARKS.md has where it stands. Each command runs
 ``--repeat`` times; the median wall time is compared.
 
 Besides the whole-process ratio through the CLI, it prints the ratio of the library path
-(``python -c`` importing only kvtool.cache and kvtool.trace), which separates the engine
-from the start-up of the CLI. Every tier is ``lru`` (``--policy lru``: the CLI's default
+(``python -c`` importing only kvtool.cache and kvtool.trace, reading the trace as the
+CLI's ``--simulate`` does: ``late_id_checks``), which separates the engine from the
+start-up of the CLI. Every tier is ``lru`` (``--policy lru``: the CLI's default
 for a finite GPU tier is ``vllm``, which the library path and the bars do not use).
 ``--baseline DIR`` also times the CLI from another source tree (a checkout of an older
-commit, ``PYTHONPATH=DIR``) in the same interleaved runs, for a before/after figure.
+commit, ``PYTHONPATH=DIR``, run from DIR) in the same interleaved runs, for a before/after
+figure; this tree's one-tier CLI then runs the same way from its own root.
 
     python bench/replay_speed.py [TRACE] [--repeat 5] [--times 10] [--baseline DIR]
 """
@@ -40,7 +42,7 @@ from kvtool.cache import CacheConfig, TierSpec, replay
 from kvtool.trace import read_trace
 from kvtool.units import Capacity
 tiers = [TierSpec(n, Capacity.parse(c)) for n, c in (a.split("=") for a in sys.argv[2:])]
-trace = read_trace(sys.argv[1], fmt="mooncake", block_tokens=512)
+trace = read_trace(sys.argv[1], fmt="mooncake", block_tokens=512, late_id_checks=True)
 [res] = replay(trace, [CacheConfig(tiers)], block_tokens=512)
 print(res["token_hit_ratio"])
 """
@@ -145,6 +147,10 @@ def main() -> None:
     if args.baseline is not None:
         cmds["base1"] = kv + one
         envs["base1"] = {**os.environ, "PYTHONPATH": str(args.baseline.resolve())}
+        # this tree's CLI the same way (its root as working directory and on PYTHONPATH),
+        # so that the two differ in their code only: the path entries alone move the
+        # page-fault count by about 170 (BENCHMARKS.md, "Issue 23 speed, eighth pass")
+        envs["cli1"] = {**os.environ, "PYTHONPATH": str(HERE.parent)}
     if os.environ.get("PYTHONDONTWRITEBYTECODE"):
         print("PYTHONDONTWRITEBYTECODE is set here; the timed commands run without it "
               "(bytecode cached, as users run them)")

@@ -658,7 +658,11 @@ def prepare(s: ReplaySettings, *, on_event: Callable[[str], None] | None = None)
 
     _check(s)
     tf: TiersFile | None = load_tiers_file(s.tiers_file) if s.tiers_file else None
-    reader = read_trace(s.trace, fmt=s.fmt, block_tokens=s.block_tokens, skip_bad=s.skip_bad)
+    # A simulation writing no file while it runs (--iolog, --requests-csv) may meet a bad
+    # block id when it reaches the line: its output comes at the end, and pass 1 is faster.
+    reader = read_trace(s.trace, fmt=s.fmt, block_tokens=s.block_tokens, skip_bad=s.skip_bad,
+                        late_id_checks=(s.simulate and s.iolog is None
+                                        and s.requests_csv is None))
     B = reader.block_tokens
     data = not s.simulate
     from kvtool.geometry.blocksize import block_size

@@ -20,7 +20,10 @@ is streamed: its serve order is file order, so pass 1 keeps nothing per line, on
 chunk's offsets, and pass 2 decodes the chunks again in order; its memory is then
 proportional to the number of chunks.
 
-So every bad line is found before the first request is served. Formats (docs/trace.md):
+So every bad line is found before the first request is served, except with
+``late_id_checks``: a streamed trace's pass 1 then checks the block ids only for being
+there, and pass 2 checks the rest of them as it reads them (for a caller that writes
+nothing while it iterates: ``kvtool replay --simulate``). Formats (docs/trace.md):
 
 * **kvtool** and **mooncake** JSONL, timestamps in ms;
 * **bailian** (Qwen-Bailian) JSONL: ``timestamp`` in seconds (× 1000 here); a request's
@@ -114,9 +117,22 @@ class _BailianLine(msgspec.Struct, gc=False):
     hash_ids: list[int] | None = None
 
 
+class _MooncakeHead(msgspec.Struct, gc=False):
+    """A Mooncake line with every field present, its block ids left undecoded (checked
+    to be present only): pass 1 of a streamed trace with late id checks
+    (:meth:`TraceReader._scan_sorted_mooncake`). Building the ids' ints is most of a
+    line's decoding; pass 2 builds them anyway."""
+
+    timestamp: float
+    input_length: NonNegInt
+    output_length: NonNegInt
+    hash_ids: msgspec.Raw
+
+
 _KVTOOL_DECODER = msgspec.json.Decoder(_Line)
 _MOONCAKE_DECODER = msgspec.json.Decoder(_MooncakeLine)
 _RECORD_DECODER = msgspec.json.Decoder(_MooncakeRecord)
+_HEAD_DECODER = msgspec.json.Decoder(_MooncakeHead)
 _BAILIAN_DECODER = msgspec.json.Decoder(_BailianLine)
 BAILIAN_ROOT = -1
 """``parent_chat_id`` of a session's first request in Qwen-Bailian traces."""
@@ -256,6 +272,13 @@ class TraceReader:
     :attr:`timed`, :attr:`has_rounds` and ``len(reader)`` (requests that passed pass 1).
     :attr:`bad_lines` grows as bad lines are met (``(line, message)`` pairs).
 
+    ``late_id_checks=True`` lets a streamed Mooncake trace (lines in timestamp order)
+    leave its block ids' checks to pass 2, which decodes them anyway: pass 1 then takes a
+    third to a half of the time (BENCHMARKS.md, "Issue 23 speed, eighth pass"), and a bad
+    id raises the same :class:`~kvtool.errors.InputError` when iteration reaches its line,
+    after the requests before it. It is for callers that write nothing while they iterate.
+    It does nothing with ``skip_bad`` (a skipped line must be known before ``len()``).
+
     ``timed`` is True when the trace has timestamps (Mooncake, Qwen-Bailian and Azure
     traces always; kvtool traces when their lines do): a replay may then run the requests
     at their ``timestamp``, which the reader keeps as the file gives it (in ms).
@@ -269,6 +292,7 @@ class TraceReader:
         block_tokens: int | None = None,
         skip_bad: int = 0,
         window_ms: float = DEFAULT_WINDOW_MS,
+        late_id_checks: bool = False,
     ) -> None:
         if fmt not in FORMATS:
             raise InputError(f"unknown trace format {fmt!r} (use {', '.join(FORMATS)})",
@@ -283,6 +307,7 @@ class TraceReader:
         self.path = str(path)
         self.skip_bad = skip_bad
         self.window_ms = float(window_ms)
+        self._late_ids = late_id_checks and skip_bad == 0
         self.bad_lines: list[tuple[int, str]] = []
         self._bad_seen: set[int] = set()
         self._explicit_block_tokens = block_tokens
@@ -428,17 +453,20 @@ class TraceReader:
         costs less than keeping the block ids: a kept id holds about 40 B, and the pages
         they fill fault in (BENCHMARKS.md, "Issue 23 speed, fifth pass"). At the first
         chunk that is not clean, or the first timestamp that goes back, it returns False
-        having kept nothing, and pass 1 starts again the general way.
+        having kept nothing, and pass 1 starts again the general way. With late id checks
+        the ids are only checked to be there (:class:`_MooncakeHead`), and
+        :meth:`_stream` checks the rest.
         """
         bt = self.block_tokens
+        late = self._late_ids
         runs: list[tuple[int, int, int, int]] = []
         pos = line_no = 0
         last = -math.inf
-        for start, end, _chunk, lines, recs in self._clean_chunks(_RECORD_DECODER,
-                                                                  STREAM_CHUNK_BYTES):
+        for start, end, _chunk, lines, recs in self._clean_chunks(
+                _HEAD_DECODER if late else _RECORD_DECODER, STREAM_CHUNK_BYTES):
             for rec in recs:
                 ts = rec.timestamp
-                if ts < last or len(rec.hash_ids) > -(-rec.input_length // bt):
+                if ts < last or (not late and len(rec.hash_ids) > -(-rec.input_length // bt)):
                     return False
                 last = ts
             if not runs:
@@ -619,19 +647,25 @@ class TraceReader:
 
     def _stream(self) -> Iterator[Request]:
         """The requests of a streamed Mooncake trace (:meth:`_scan_sorted_mooncake`):
-        its chunks decoded again (:meth:`_decoded`), in file order."""
+        its chunks decoded again (:meth:`_decoded`), in file order. With late id checks,
+        a chunk's ids are checked here, before any of its requests is yielded."""
         bt, t0, window, floor = self.block_tokens, self._t0, self.window_ms, math.floor
         decoder = _RECORD_DECODER
+        late = self._late_ids
         for start, end, first, lines in self._runs:
             try:
                 recs = self._decoded(decoder, start, end)
-            except msgspec.MsgspecError:  # pragma: no cover - only if the file changed under us
+            except msgspec.MsgspecError:
                 recs = []
-            if len(recs) != lines:  # pragma: no cover - the same
+            if late and (len(recs) != lines or any(
+                    len(rec.hash_ids) > -(-rec.input_length // bt) for rec in recs)):
+                self._raise_first_bad(start, end, first)
+            if len(recs) != lines:  # pragma: no cover - only if the file changed under us
                 raise InputError("changed while being read: the lines from here no longer "
                                  "decode as they did", file=self.path, line=first)
-            # (pass 1 checked the ids' count; a Mooncake request has no round, so its
-            # period is its window: :meth:`_served`'s rule for a timed request without a round)
+            # (pass 1 or the late check above checked the ids' count; a Mooncake request has
+            # no round, so its period is its window: :meth:`_served`'s rule for a timed
+            # request without a round)
             for line, rec in enumerate(recs, first):
                 ts = rec.timestamp
                 yield Request(ts, rec.input_length, rec.output_length, rec.hash_ids, bt, None,
@@ -663,6 +697,20 @@ class TraceReader:
                           req.block_tokens, e.session, rnd, e.line,
                           None if rnd is not None or not timed
                           else floor((e.timestamp - t0) / window) + 1)
+
+    def _raise_first_bad(self, start: int, end: int, first: int) -> None:
+        """Raise the error of the first bad line in the file's bytes ``start:end`` (line
+        ``first`` on), worded as pass 1 words it; late id checks only, so ``skip_bad``
+        is 0 and :meth:`_bad` raises."""
+        for line, _start, stop, raw in self._lines(start, first - 1):
+            if stop > end:
+                break
+            try:
+                self._parse_mooncake(raw, keys=True)
+            except _BadLine as bad:
+                self._bad(line, bad)
+        raise InputError("changed while being read: the lines from here no longer decode as "
+                         "they did", file=self.path, line=first)  # pragma: no cover
 
     def _decoded(self, decoder: msgspec.json.Decoder[Any], start: int, end: int) -> list[Any]:
         """``decoder.decode_lines`` of the file's bytes ``start:end``, read in place: from a
@@ -858,6 +906,7 @@ def read_trace(
     block_tokens: int | None = None,
     skip_bad: int = 0,
     window_ms: float = DEFAULT_WINDOW_MS,
+    late_id_checks: bool = False,
 ) -> TraceReader:
     """Open a trace (``"-"`` reads stdin); see :class:`TraceReader`.
 
@@ -868,6 +917,7 @@ def read_trace(
     line's ``block_tokens``, else 256 for kvtool and Azure, 512 for Mooncake, 16 for
     Qwen-Bailian). Requests without a round in a timed trace get a ``period``: the
     1-based index of their ``window_ms`` window from the first request.
+    ``late_id_checks``: see :class:`TraceReader`.
     """
     return TraceReader(Path(path) if path != "-" else "-", fmt=fmt, block_tokens=block_tokens,
-                       skip_bad=skip_bad, window_ms=window_ms)
+                       skip_bad=skip_bad, window_ms=window_ms, late_id_checks=late_id_checks)

@@ -146,6 +146,8 @@ def test_bad_tiers_file_names_file_line_field(trace: Path, tmp_path: Path) -> No
      "input_length"),
     ('{"timestamp": 5, "input_length": 600, "output_length": 1, "hash_ids": [1, 2, 3, 4]}',
      "hash_ids"),
+    ('{"timestamp": 5, "input_length": 600, "output_length": 1, "hash_ids": [1, "x"]}',
+     "hash_ids"),
 ])
 def test_bad_trace_lines_exit_2_with_line_number(tmp_path: Path, line: str,
                                                  field: str | None) -> None:
@@ -162,6 +164,23 @@ def test_bad_trace_lines_exit_2_with_line_number(tmp_path: Path, line: str,
     ok = run_json("replay", "--simulate", path, "--format", "mooncake", "--dram", "10blk", "--skip-bad", "1")
     assert [b["line"] for b in ok["bad_lines"]] == [3]
     assert ok["requests"] == 3
+
+
+def test_a_bad_block_id_stops_a_replay_before_it_writes_a_file(tmp_path: Path) -> None:
+    """``--simulate`` checks a sorted Mooncake trace's block ids as it reads them
+    (``late_id_checks``), but not when it writes files while it runs: an --iolog or a
+    --requests-csv replay meets the bad line before it creates either."""
+    good = '{"timestamp": %d, "input_length": 600, "output_length": 1, "hash_ids": [1, 2]}'
+    bad = '{"timestamp": 5, "input_length": 600, "output_length": 1, "hash_ids": [1, "x"]}'
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join([good % 1, good % 2, bad, good % 9]) + "\n")
+    log, csv = tmp_path / "nvme.iolog", tmp_path / "requests.csv"
+    for extra in (["--nvme", "20blk", "--block-bytes", "4096", "--iolog", str(log)],
+                  ["--dram", "10blk", "--requests-csv", str(csv)]):
+        result = run("replay", "--simulate", path, "--format", "mooncake", *extra)
+        assert result.exit_code == 2, result.stderr
+        assert f"{path}:3: field 'hash_ids'" in result.stderr
+    assert not log.exists() and not csv.exists()
 
 
 def test_bad_values_exit_2(trace: Path) -> None:

@@ -244,3 +244,54 @@ def test_a_timestamp_going_back_is_not_streamed(tmp_path: Path, monkeypatch: pyt
     _chunked, plain = read_both(p, monkeypatch)
     assert got == plain[0]
     assert [q.line for q in got].index(i + 1) < [q.line for q in got].index(i)  # served first
+
+
+BAD_IDS = {"item": lambda r: r["hash_ids"].__setitem__(0, "x"),
+           "float": lambda r: r["hash_ids"].__setitem__(-1, 1.5),
+           "count": lambda r: r.__setitem__("input_length", 1),
+           "null": lambda r: r.__setitem__("hash_ids", None),
+           "not a list": lambda r: r.__setitem__("hash_ids", {"a": 1})}
+
+
+@pytest.mark.parametrize("chunk", [1, 200, 1 << 16])
+@pytest.mark.parametrize("bad", list(BAD_IDS))
+def test_late_id_checks_leave_the_ids_to_pass_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                chunk: int, bad: str) -> None:
+    """With ``late_id_checks``, pass 1 of a sorted trace does not check the block ids: a
+    bad one raises the error the default reader raises at construction (same words, line
+    and field) when iteration reaches its chunk, after every request before that chunk.
+    A good trace reads the same either way; ``skip_bad`` turns the late checks off."""
+    text = lines(300, seed=8)
+    i = 180  # the bad line (1-based); lines(…) gives it ids, so it has something to spoil
+    rec = json.loads(text[i - 1])
+    rec["hash_ids"] = rec["hash_ids"] or [7, 8]
+    rec["input_length"] = max(rec["input_length"], 2 * 512)
+    BAD_IDS[bad](rec)
+    text[i - 1] = json.dumps(rec)
+    p = tmp_path / "t.jsonl"
+    p.write_text("\n".join(text) + "\n")
+    with monkeypatch.context() as m:
+        m.setattr(reader_mod, "STREAM_CHUNK_BYTES", chunk)
+        with pytest.raises(InputError) as eager:
+            read_trace(p, fmt="mooncake")
+        r = read_trace(p, fmt="mooncake", late_id_checks=True)
+        assert r._runs and len(r) == 300  # streamed; pass 1 took the bad line
+        got: list[Request] = []
+        with pytest.raises(InputError) as late:
+            for q in r:
+                got.append(q)
+        skipping = read_trace(p, fmt="mooncake", late_id_checks=True, skip_bad=1)
+    assert (str(late.value), late.value.line, late.value.field) == (
+        str(eager.value), eager.value.line, eager.value.field)
+    assert eager.value.line == i and str(p) in str(eager.value)
+    assert [q.line for q in got] == list(range(1, len(got) + 1)) and len(got) < i
+    if chunk == 1:  # a chunk a line: every request before the bad one was served
+        assert len(got) == i - 1
+    assert [b for b, _ in skipping.bad_lines] == [i] and len(skipping) == 299
+    assert [q.line for q in skipping] == [n for n in range(1, 301) if n != i]
+    text[i - 1] = text[i - 2]  # good again (a tie with the line before)
+    p.write_text("\n".join(text) + "\n")
+    with monkeypatch.context() as m:
+        m.setattr(reader_mod, "STREAM_CHUNK_BYTES", chunk)
+        assert list(read_trace(p, fmt="mooncake", late_id_checks=True)) == list(
+            read_trace(p, fmt="mooncake"))
