@@ -148,8 +148,8 @@ def main() -> None:
         cmds["base1"] = kv + one
         envs["base1"] = {**os.environ, "PYTHONPATH": str(args.baseline.resolve())}
         # this tree's CLI the same way (its root as working directory and on PYTHONPATH),
-        # so that the two differ in their code only: the path entries alone move the
-        # page-fault count by about 170 (BENCHMARKS.md, "Issue 23 speed, eighth pass")
+        # so that the two differ in their code only: the same code run from two places
+        # took 3,944 and 4,113 page faults (BENCHMARKS.md, "Issue 23 speed, eighth pass")
         envs["cli1"] = {**os.environ, "PYTHONPATH": str(HERE.parent)}
     if os.environ.get("PYTHONDONTWRITEBYTECODE"):
         print("PYTHONDONTWRITEBYTECODE is set here; the timed commands run without it "
