@@ -659,7 +659,8 @@ class TraceReader:
                 recs = []
             if late and (len(recs) != lines or any(
                     len(rec.hash_ids) > -(-rec.input_length // bt) for rec in recs)):
-                self._raise_first_bad(start, end, first)
+                self._check_lines(start, end, first)
+                recs = []  # no line is bad: the file changed under us
             if len(recs) != lines:  # pragma: no cover - only if the file changed under us
                 raise InputError("changed while being read: the lines from here no longer "
                                  "decode as they did", file=self.path, line=first)
@@ -698,10 +699,10 @@ class TraceReader:
                           None if rnd is not None or not timed
                           else floor((e.timestamp - t0) / window) + 1)
 
-    def _raise_first_bad(self, start: int, end: int, first: int) -> None:
-        """Raise the error of the first bad line in the file's bytes ``start:end`` (line
-        ``first`` on), worded as pass 1 words it; late id checks only, so ``skip_bad``
-        is 0 and :meth:`_bad` raises."""
+    def _check_lines(self, start: int, end: int, first: int) -> None:
+        """Raise the error of the first bad Mooncake line in the file's bytes
+        ``start:end`` (line ``first`` on), worded as pass 1 words it; return when none
+        is bad. Late id checks only, so ``skip_bad`` is 0 and :meth:`_bad` raises."""
         for line, _start, stop, raw in self._lines(start, first - 1):
             if stop > end:
                 break
@@ -709,8 +710,6 @@ class TraceReader:
                 self._parse_mooncake(raw, keys=True)
             except _BadLine as bad:
                 self._bad(line, bad)
-        raise InputError("changed while being read: the lines from here no longer decode as "
-                         "they did", file=self.path, line=first)  # pragma: no cover
 
     def _decoded(self, decoder: msgspec.json.Decoder[Any], start: int, end: int) -> list[Any]:
         """``decoder.decode_lines`` of the file's bytes ``start:end``, read in place: from a
