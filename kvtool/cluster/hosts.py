@@ -47,8 +47,8 @@ from kvtool.cluster.services import (
     STOP_TIMEOUT_S,
     SUB_NQN_PREFIX,
     TARGET_PORT,
-    last_line,
     listening,
+    log_reason,
     master_args,
     metadata_args,
     segment_args,
@@ -135,7 +135,7 @@ class NodeAgent:
     def kvtool(self, args: list[str], log: str, state_dir: str,
                timeout: float) -> dict[str, Any]:
         """Run ``kvtool ARGS`` here to its end (``target up``/``down``): its exit status,
-        standard output and the last line of its log."""
+        standard output and, from its log, why it stopped (:func:`log_reason`)."""
         self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         path = self.folder / log
         with open(path, "ab") as err:
@@ -146,7 +146,7 @@ class NodeAgent:
             except subprocess.TimeoutExpired:
                 return {"rc": None, "stdout": "", "last": f"no end in {timeout:g} s"}
         return {"rc": proc.returncode, "stdout": proc.stdout.decode(errors="replace"),
-                "last": last_line(path)}
+                "last": log_reason(path)}
 
     def wait_listening(self, pid: int | None, port: int, log: str) -> str | None:
         """Wait until something listens on this node's ``address:port``; why not
@@ -156,7 +156,7 @@ class NodeAgent:
         while not listening(self.address, port):
             if proc is not None and proc.poll() is not None:
                 return (f"exited with status {proc.returncode} ({self.folder / log}: "
-                        f"{last_line(self.folder / log)})")
+                        f"{log_reason(self.folder / log)})")
             if time.monotonic() > deadline:
                 return f"not listening on {self.address}:{port} after {START_TIMEOUT_S:.0f} s"
             time.sleep(0.1)

@@ -55,8 +55,8 @@ from kvtool.cluster.services import (
     STOP_TIMEOUT_S,
     SUB_NQN_PREFIX,
     TARGET_PORT,
-    last_line,
     listening,
+    log_reason,
     master_args,
     metadata_args,
     segment_args,
@@ -240,7 +240,7 @@ class _Builder:
             if proc.poll() is not None:
                 raise ClusterError(f"{what} on {node.name} exited with status "
                                    f"{proc.returncode} ({self.state.files_dir / log}: "
-                                   f"{last_line(self.state.files_dir / log)})")
+                                   f"{log_reason(self.state.files_dir / log)})")
             if time.monotonic() > deadline:
                 raise ClusterError(f"{what} on {node.name} is not listening on "
                                    f"{node.address}:{port} after {START_TIMEOUT_S:.0f} s")
@@ -280,7 +280,7 @@ class _Builder:
                                     timeout=START_TIMEOUT_S * 2).returncode
             if rc != 0:
                 raise ClusterError(f"ray start on {node.name} exited with status {rc} "
-                                   f"({log}: {last_line(log)})")
+                                   f"({log}: {log_reason(log)})")
 
     def targets(self) -> None:
         """Each target through ``kvtool target up`` in its node's namespace: a generated
@@ -327,7 +327,7 @@ class _Builder:
                     timeout=START_TIMEOUT_S * 3)
             if proc.returncode != 0:
                 raise ClusterError(f"target {t.name} on {node.name} did not start (exit "
-                                   f"{proc.returncode}: {last_line(log)})")
+                                   f"{proc.returncode}: {log_reason(log)})")
             pid = json.loads(proc.stdout)["status"].get("pid")
             res.pid, res.start = pid, start_time(pid) if pid else None
             url = f"nvme+tcp://{node.address}:{port}/{subnqn}"

@@ -9,6 +9,7 @@ environment, so ``down`` finds what it started (and their children) and nothing 
 from __future__ import annotations
 
 import os
+import re
 import socket
 from dataclasses import replace
 from pathlib import Path
@@ -76,13 +77,23 @@ def listening(host: str, port: int) -> bool:
         return False
 
 
-def last_line(path: Path) -> str:
-    """The last non-empty line of a log (at most 200 characters), for an error."""
+_ERROR_LINE = re.compile(r"[EF]\d{4} |.*\b(ERROR|FATAL|CRITICAL)\b")
+"""glog's error and fatal lines (``E1203 00:51:32.254616 …``), and lines that say ERROR,
+FATAL or CRITICAL (SPDK's ``*ERROR*``, Python's logging, Ray's)."""
+
+
+def log_reason(path: Path) -> str:
+    """Why a process stopped, from its log, for an error (at most 200 characters): the
+    last error line (glog's ``E`` or ``F`` lines, as Mooncake and SPDK's ``ERROR`` lines
+    write them: the cause, where a process logs more lines on its way out) or else the
+    last non-empty line."""
     try:
         lines = [x for x in path.read_text(errors="replace").splitlines() if x.strip()]
     except OSError:
         return "no log"
-    return lines[-1][-200:] if lines else "empty log"
+    errors = [x for x in lines if _ERROR_LINE.match(x)]
+    line = errors[-1] if errors else lines[-1] if lines else "empty log"
+    return line[-200:]
 
 
 def tagged_pids(name: str) -> list[int]:

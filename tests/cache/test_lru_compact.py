@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 from collections import OrderedDict
+from typing import Any
 
 import pytest
 
@@ -47,12 +48,20 @@ def stream(seed: int, n: int = 4000) -> list[list[int]]:
     return out
 
 
+def repeating(seed: int, n: int = 4000) -> list[list[int]]:
+    """Requests that name a block more than once (one reference per mention: the
+    counts are tallied a request at a time)."""
+    rng = random.Random(seed)
+    return [[rng.randrange(60) for _ in range(rng.randrange(1, 12))] for _ in range(n)]
+
+
+@pytest.mark.parametrize("make", [stream, repeating])
 @pytest.mark.parametrize("caps", [[5], [40], [3, 12], [4, 9, 30]])
-def test_compact_lru_equals_an_ordereddict_lru(caps: list[int]) -> None:
+def test_compact_lru_equals_an_ordereddict_lru(caps: list[int], make: Any) -> None:
     names = ["gpu", "dram", "nvme"][: len(caps)]
     specs = [TierSpec(n, Capacity.parse(f"{c}blk")) for n, c in zip(names, caps, strict=True)]
     for seed in range(3):
-        s = stream(seed)
+        s = make(seed)
         outcomes: list[RequestOutcome] = []
         rep = Replayer(CacheConfig(specs), 16, on_request=outcomes.append)
         for keys in s:
