@@ -47,6 +47,7 @@ from kvtool.cluster.services import (
     STOP_TIMEOUT_S,
     SUB_NQN_PREFIX,
     TARGET_PORT,
+    last_line,
     listening,
     log_reason,
     master_args,
@@ -135,7 +136,7 @@ class NodeAgent:
     def kvtool(self, args: list[str], log: str, state_dir: str,
                timeout: float) -> dict[str, Any]:
         """Run ``kvtool ARGS`` here to its end (``target up``/``down``): its exit status,
-        standard output and, from its log, why it stopped (:func:`log_reason`)."""
+        standard output and the last line of its log."""
         self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         path = self.folder / log
         with open(path, "ab") as err:
@@ -146,7 +147,7 @@ class NodeAgent:
             except subprocess.TimeoutExpired:
                 return {"rc": None, "stdout": "", "last": f"no end in {timeout:g} s"}
         return {"rc": proc.returncode, "stdout": proc.stdout.decode(errors="replace"),
-                "last": log_reason(path)}
+                "last": last_line(path)}
 
     def wait_listening(self, pid: int | None, port: int, log: str) -> str | None:
         """Wait until something listens on this node's ``address:port``; why not

@@ -55,6 +55,7 @@ from kvtool.cluster.services import (
     STOP_TIMEOUT_S,
     SUB_NQN_PREFIX,
     TARGET_PORT,
+    last_line,
     listening,
     log_reason,
     master_args,
@@ -327,7 +328,7 @@ class _Builder:
                     timeout=START_TIMEOUT_S * 3)
             if proc.returncode != 0:
                 raise ClusterError(f"target {t.name} on {node.name} did not start (exit "
-                                   f"{proc.returncode}: {log_reason(log)})")
+                                   f"{proc.returncode}: {last_line(log)})")
             pid = json.loads(proc.stdout)["status"].get("pid")
             res.pid, res.start = pid, start_time(pid) if pid else None
             url = f"nvme+tcp://{node.address}:{port}/{subnqn}"

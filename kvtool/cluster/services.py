@@ -84,16 +84,30 @@ FATAL or CRITICAL (SPDK's ``*ERROR*``, Python's logging, Ray's)."""
 
 def log_reason(path: Path) -> str:
     """Why a process stopped, from its log, for an error (at most 200 characters): the
-    last error line (glog's ``E`` or ``F`` lines, as Mooncake and SPDK's ``ERROR`` lines
-    write them: the cause, where a process logs more lines on its way out) or else the
-    last non-empty line."""
-    try:
-        lines = [x for x in path.read_text(errors="replace").splitlines() if x.strip()]
-    except OSError:
-        return "no log"
+    last error line (glog's ``E`` or ``F`` lines, as Mooncake writes them, or a line
+    that says ERROR: the cause, where a process logs more lines on its way out), or else
+    the last line (:func:`last_line`)."""
+    lines = _lines(path)
     errors = [x for x in lines if _ERROR_LINE.match(x)]
-    line = errors[-1] if errors else lines[-1] if lines else "empty log"
-    return line[-200:]
+    return errors[-1][-200:] if errors else last_line(path, lines)
+
+
+def last_line(path: Path, lines: list[str] | None = None) -> str:
+    """The last non-empty line of a log (at most 200 characters), for an error: kvtool's
+    own one-line error, where the log is a kvtool command's standard error."""
+    if lines is None:
+        lines = _lines(path)
+    if not lines:
+        return "empty log" if path.exists() else "no log"
+    return lines[-1][-200:]
+
+
+def _lines(path: Path) -> list[str]:
+    """The non-empty lines of a log ([] when there is none)."""
+    try:
+        return [x for x in path.read_text(errors="replace").splitlines() if x.strip()]
+    except OSError:
+        return []
 
 
 def tagged_pids(name: str) -> list[int]:

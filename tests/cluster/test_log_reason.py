@@ -1,11 +1,12 @@
 """What a cluster error quotes from a process's log when the process stopped: its last
-error line, which precedes what a process logs on its way out, or else its last line."""
+error line, which precedes what a process logs on its way out, or else its last line;
+from a kvtool command's log, its last line (kvtool's own one-line error)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from kvtool.cluster.services import log_reason
+from kvtool.cluster.services import last_line, log_reason
 
 MOONCAKE_EXIT = """\
 I1203 00:51:27.984741 16271 client_service.cpp:423] client_id=1428-39163
@@ -43,3 +44,12 @@ def test_without_an_error_line_the_last_line(tmp_path: Path) -> None:
     log.write_text("\n \n")
     assert log_reason(log) == "empty log"
     assert log_reason(tmp_path / "missing.log") == "no log"
+
+
+def test_a_kvtool_command_s_log_gives_its_last_line(tmp_path: Path) -> None:
+    log = tmp_path / "target-t0.log"
+    log.write_text("app.c: *ERROR*: a line the target printed\n"
+                   "kvtool: target up: port 4420 on 10.77.0.2 is taken (by pid 812)\n")
+    assert last_line(log) == "kvtool: target up: port 4420 on 10.77.0.2 is taken (by pid 812)"
+    assert log_reason(log) == "app.c: *ERROR*: a line the target printed"
+    assert last_line(tmp_path / "missing.log") == "no log"
