@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 from collections import OrderedDict
-from typing import Any
+from collections.abc import Callable
 
 import pytest
 
@@ -57,7 +57,8 @@ def repeating(seed: int, n: int = 4000) -> list[list[int]]:
 
 @pytest.mark.parametrize("make", [stream, repeating])
 @pytest.mark.parametrize("caps", [[5], [40], [3, 12], [4, 9, 30]])
-def test_compact_lru_equals_an_ordereddict_lru(caps: list[int], make: Any) -> None:
+def test_compact_lru_equals_an_ordereddict_lru(
+        caps: list[int], make: Callable[[int], list[list[int]]]) -> None:
     names = ["gpu", "dram", "nvme"][: len(caps)]
     specs = [TierSpec(n, Capacity.parse(f"{c}blk")) for n, c in zip(names, caps, strict=True)]
     for seed in range(3):
