@@ -89,17 +89,13 @@ def log_reason(path: Path) -> str:
     the last line (:func:`last_line`)."""
     lines = _lines(path)
     errors = [x for x in lines if _ERROR_LINE.match(x)]
-    return errors[-1][-200:] if errors else last_line(path, lines)
+    return _last(errors or lines, path)
 
 
-def last_line(path: Path, lines: list[str] | None = None) -> str:
+def last_line(path: Path) -> str:
     """The last non-empty line of a log (at most 200 characters), for an error: kvtool's
     own one-line error, where the log is a kvtool command's standard error."""
-    if lines is None:
-        lines = _lines(path)
-    if not lines:
-        return "empty log" if path.exists() else "no log"
-    return lines[-1][-200:]
+    return _last(_lines(path), path)
 
 
 def _lines(path: Path) -> list[str]:
@@ -108,6 +104,12 @@ def _lines(path: Path) -> list[str]:
         return [x for x in path.read_text(errors="replace").splitlines() if x.strip()]
     except OSError:
         return []
+
+
+def _last(lines: list[str], path: Path) -> str:
+    if not lines:
+        return "empty log" if path.exists() else "no log"
+    return lines[-1][-200:]
 
 
 def tagged_pids(name: str) -> list[int]:
