@@ -5,8 +5,11 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
-# bench: kvtool with its runtime dependencies only, as `pip install kvtool` gives users;
-# the test and plot extras in .venv add modules that change the CLI's start-up.
+# bench: kvtool with its runtime dependencies only, installed as `pip install kvtool` installs
+# it (not editable: an editable install's import hook loads pathlib, re and more into every
+# Python process, the reference's too). The bench scripts run this tree's kvtool ahead of
+# the installed copy (PYTHONPATH). The test and plot extras in .venv add modules that change
+# the CLI's start-up.
 BENCH_VENV ?= .venv-bench
 # fio: reference for bench/; qemu-system-x86: the real Linux NVMe/TCP target and host in a
 # guest; util-linux: losetup; libibverbs1: Mooncake Store's transfer engine (extra).
@@ -33,7 +36,7 @@ venv: $(VENV)/.stamp
 $(BENCH_VENV)/.stamp: pyproject.toml
 	$(PYTHON) -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/python -m pip install -q --upgrade pip
-	$(BENCH_VENV)/bin/python -m pip install -q -e .
+	$(BENCH_VENV)/bin/python -m pip install -q .
 	touch $@
 
 ## The main job on the embedded default (the emulator): see README "Quick start".
@@ -47,9 +50,9 @@ test: sysdeps venv
 ## The replay speed and memory benchmarks (BENCHMARKS.md) in $(BENCH_VENV). They print
 ## ratios against references measured in the same run; nothing here asserts on time.
 bench: $(BENCH_VENV)/.stamp
-	$(BENCH_VENV)/bin/python bench/replay_speed.py --repeat 21
-	$(BENCH_VENV)/bin/python bench/replay_speed.py --repeat 5 --times 10
-	$(BENCH_VENV)/bin/python bench/replay_memory.py
+	PYTHONPATH=$(CURDIR) $(BENCH_VENV)/bin/python bench/replay_speed.py --repeat 21
+	PYTHONPATH=$(CURDIR) $(BENCH_VENV)/bin/python bench/replay_speed.py --repeat 5 --times 10
+	PYTHONPATH=$(CURDIR) $(BENCH_VENV)/bin/python bench/replay_memory.py
 
 lint: venv
 	$(VENV)/bin/tox run -e lint

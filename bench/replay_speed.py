@@ -14,7 +14,15 @@ start-up of the CLI. Every tier is ``lru`` (``--policy lru``: the CLI's default
 for a finite GPU tier is ``vllm``, which the library path and the bars do not use).
 ``--baseline DIR`` also times the CLI from another source tree (a checkout of an older
 commit, ``PYTHONPATH=DIR``, run from DIR) in the same interleaved runs, for a before/after
-figure; this tree's one-tier CLI then runs the same way from its own root.
+figure.
+
+Every command runs as a user's does: the CLI through the environment's ``kvtool`` script
+(``python -m kvtool`` where there is none), every command with this tree's root as the
+working directory and first on ``PYTHONPATH``, so that this tree's code runs ahead of any
+installed copy. ``make bench`` runs it in ``.venv-bench``, where kvtool and its runtime
+dependencies are installed as ``pip install kvtool`` installs them. The script says
+whether an editable install's import hook runs at start-up here: it loads pathlib, re and
+more into every process, the reference's too, which hides part of the CLI's start-up.
 
     python bench/replay_speed.py [TRACE] [--repeat 5] [--times 10] [--baseline DIR]
 """
@@ -48,15 +56,20 @@ print(res["token_hit_ratio"])
 """
 
 
+def _here() -> dict[str, str]:
+    """The environment of this tree's commands: its root on PYTHONPATH."""
+    return {**os.environ, "PYTHONPATH": str(HERE.parent)}
+
+
 def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, float, str]:
-    """Wall seconds, CPU seconds (user+sys of the child) and stdout of one run. With
-    ``env`` (a baseline tree on PYTHONPATH) the child runs in that tree: ``python -m``
-    puts the working directory first on sys.path, which would shadow it otherwise."""
+    """Wall seconds, CPU seconds (user+sys of the child) and stdout of one run. The child
+    runs in the tree on its PYTHONPATH (``env``'s, by default this one: :func:`_here`), as
+    its working directory too: ``python -m`` puts that first on sys.path."""
+    env = env or _here()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
-    cwd = env["PYTHONPATH"] if env else None
     out = subprocess.run(cmd, check=True, capture_output=True, text=True,
-                         env=_with_bytecode(env or dict(os.environ)), cwd=cwd).stdout
+                         env=_with_bytecode(env), cwd=env["PYTHONPATH"]).stdout
     wall = time.perf_counter() - t
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -70,27 +83,40 @@ def _with_bytecode(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
-def measure(cmds: dict[str, list[str]], repeat: int,
-            envs: dict[str, dict[str, str]]) -> dict[str, tuple[float, float, str, float]]:
-    """Median wall and CPU time of each command, its first stdout and its least CPU time;
-    runs are interleaved (round-robin) so that load from other processes on a shared
-    machine hits every command alike. Load only adds time, so the least is the least
-    disturbed figure (``timeit``'s advice); the bars use the medians."""
+def measure(cmds: dict[str, list[str]], repeat: int, envs: dict[str, dict[str, str]]
+            ) -> dict[str, tuple[float, float, str, float, list[float]]]:
+    """Median wall and CPU time of each command, its first stdout, its least CPU time and
+    the CPU time of every run, in order; runs are interleaved (round-robin) so that load
+    from other processes on a shared machine hits every command alike. Load only adds
+    time, so the least is the least disturbed figure (``timeit``'s advice); the bars use
+    the medians."""
     runs: dict[str, list[tuple[float, float, str]]] = {name: [] for name in cmds}
     for _ in range(repeat):
         for name, cmd in cmds.items():
             runs[name].append(timed(cmd, envs.get(name)))
     return {name: (statistics.median(r[0] for r in rs), statistics.median(r[1] for r in rs),
-                   rs[0][2], min(r[1] for r in rs)) for name, rs in runs.items()}
+                   rs[0][2], min(r[1] for r in rs), [r[1] for r in rs])
+            for name, rs in runs.items()}
+
+
+def paired(runs: list[float], ref: list[float]) -> float:
+    """The median of the per-round ratios ``runs[i] / ref[i]``. A round's two runs are
+    seconds apart, so a machine whose speed drifts over minutes (a virtual machine's
+    host under load) moves both alike, where it moves the two medians apart."""
+    return statistics.median(a / b for a, b in zip(runs, ref, strict=True))
 
 
 def startup_extras(py: str) -> list[str]:
-    """Modules that ``import msgspec`` loads in this environment and a runtime-only install
-    of kvtool (``make bench``) lacks. msgspec imports typing_extensions when it is installed
-    (the test extras' tools pull it in): about 10 ms of start-up, BENCHMARKS.md."""
-    probe = "import sys, msgspec; print('typing_extensions' in sys.modules)"
-    out = subprocess.run([py, "-c", probe], check=True, capture_output=True, text=True).stdout
-    return ["typing_extensions"] if out.strip() == "True" else []
+    """What this environment loads at start-up that a runtime-only install of kvtool
+    (``make bench``) does not: an editable install's import hook (site runs it in every
+    process: pathlib, re, importlib.util, …), and typing_extensions, which msgspec imports
+    when it is installed (the test extras' tools pull it in: about 10 ms, BENCHMARKS.md)."""
+    probe = ("import sys, msgspec; print(any(m.startswith('__editable__') for m in sys.modules),"
+             " 'typing_extensions' in sys.modules)")
+    out = subprocess.run([py, "-c", probe], check=True, capture_output=True, text=True,
+                         env=_here()).stdout.split()
+    return [name for name, on in zip(("an editable install's import hook", "typing_extensions"),
+                                     out, strict=True) if on == "True"]
 
 
 def repeated(trace: str, times: int, out: Path) -> str:
@@ -130,7 +156,9 @@ def main() -> None:
              "--policy", "lru"]
     # --no-times: the bars compare the replayer with a minimal simulator, which
     # computes no times (the serving model's timing run is measured by bench/serving.py)
-    kv = [py, "-m", "kvtool", "--json", "replay", "--simulate", trace, "--format", "mooncake",
+    script = Path(py).parent / "kvtool"
+    entry = [str(script)] if script.exists() else [py, "-m", "kvtool"]
+    kv = [*entry, "--json", "replay", "--simulate", trace, "--format", "mooncake",
           "--block-tokens", str(BLOCK_TOKENS), "--no-times"]
 
     cmds = {
@@ -147,10 +175,6 @@ def main() -> None:
     if args.baseline is not None:
         cmds["base1"] = kv + one
         envs["base1"] = {**os.environ, "PYTHONPATH": str(args.baseline.resolve())}
-        # this tree's CLI the same way (its root as working directory and on PYTHONPATH),
-        # so that the two differ in their code only: the same code run from two places
-        # took 3,944 and 4,113 page faults (BENCHMARKS.md, "Issue 23 speed, eighth pass")
-        envs["cli1"] = {**os.environ, "PYTHONPATH": str(HERE.parent)}
     if os.environ.get("PYTHONDONTWRITEBYTECODE"):
         print("PYTHONDONTWRITEBYTECODE is set here; the timed commands run without it "
               "(bytecode cached, as users run them)")
@@ -161,7 +185,7 @@ def main() -> None:
             import shutil
 
             shutil.rmtree(tmp, ignore_errors=True)
-    ref_wall, ref_cpu, ref_out, ref_best = m["minimal"]
+    ref_wall, ref_cpu, ref_out, ref_best, ref_runs = m["minimal"]
     ref_ratio = float(ref_out)
     cli_ratio = json.loads(m["cli1"][2])["token_hit_ratio"]
     agree = abs(ref_ratio - cli_ratio) < 1e-12 and abs(ref_ratio - float(m["lib1"][2])) < 1e-12
@@ -169,9 +193,10 @@ def main() -> None:
     print(f"token hit ratio, 1 LRU tier of {CAP_TOKENS} tokens: minimal {ref_ratio:.6f}, "
           f"kvtool {cli_ratio:.6f} ({'agree' if agree else 'DISAGREE'})")
     extras = startup_extras(py)
-    print(f"python: {py}; " + (f"msgspec also imports {', '.join(extras)} here (not in a "
-                               "runtime-only install: make bench)" if extras else
-                               "runtime-only start-up (msgspec imports no typing_extensions)"))
+    print(f"python: {py}; " + (f"start-up also loads {' and '.join(extras)} here (not in "
+                               "a runtime-only install: make bench)" if extras else
+                               "runtime-only start-up, as pip install kvtool gives"))
+    print(f"kvtool: {' '.join(entry)}, this tree's code (PYTHONPATH={HERE.parent})")
     print(f"median of {args.repeat} interleaved runs, whole process (wall s / CPU s):")
     rows = [("minimal OrderedDict simulator", "minimal", None),
             ("CLI start-up alone (import)", "start", None),
@@ -182,7 +207,7 @@ def main() -> None:
     if args.baseline is not None:
         rows.append((f"baseline CLI, 1 tier ({args.baseline.name})", "base1", None))
     for label, key, target in rows:
-        wall, cpu, _, _ = m[key]
+        wall, cpu, _, _, _ = m[key]
         rw, rc = wall / ref_wall, cpu / ref_cpu
         line = f"  {label:33s} {wall:6.3f} / {cpu:6.3f}"
         if key != "minimal" and key != "start":
@@ -196,6 +221,10 @@ def main() -> None:
     cli_best = m["cli1"][3]
     print(f"least CPU s of the runs: minimal {ref_best:.3f}, kvtool replay 1 LRU tier (CLI) "
           f"{cli_best:.3f}: ratio {cli_best / ref_best:4.2f}")
+    print("median of the per-round CPU ratios (each round's runs seconds apart): CLI 1 tier "
+          f"{paired(m['cli1'][4], ref_runs):4.2f}, library 1 tier {paired(m['lib1'][4], ref_runs):4.2f}"
+          + (f", baseline CLI 1 tier {paired(m['base1'][4], ref_runs):4.2f}"
+             if args.baseline is not None else ""))
     if not agree:
         sys.exit(1)
 

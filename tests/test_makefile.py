@@ -38,15 +38,18 @@ def test_every_declared_target_has_a_rule(target: str) -> None:
 
 
 def test_bench_uses_a_runtime_only_virtualenv() -> None:
-    """``make bench`` installs kvtool without extras into its own virtualenv and runs the
-    replay benchmarks with that interpreter (BENCHMARKS.md: the test extras add modules
-    that msgspec imports at start-up)."""
+    """``make bench`` installs kvtool without extras, and not editable, into its own
+    virtualenv, as ``pip install kvtool`` does (BENCHMARKS.md: the test extras add modules
+    that msgspec imports at start-up, and an editable install's import hook loads more
+    into every process), and runs the replay benchmarks with that interpreter on this
+    tree's code (its root on PYTHONPATH, ahead of the installed copy)."""
     done = dry_run("bench", "BENCH_VENV=/nonexistent/bench")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     installs = [line for line in lines if "pip install" in line and "--upgrade" not in line]
-    assert installs == ["/nonexistent/bench/bin/python -m pip install -q -e ."]
-    runs = [line.split()[1] for line in lines if line.startswith("/nonexistent/bench/bin/python bench/")]
+    assert installs == ["/nonexistent/bench/bin/python -m pip install -q ."]
+    prefix = f"PYTHONPATH={REPO} /nonexistent/bench/bin/python bench/"
+    runs = [line.split()[2] for line in lines if line.startswith(prefix)]
     assert runs == ["bench/replay_speed.py", "bench/replay_speed.py", "bench/replay_memory.py"]
     for script in runs:
         assert (REPO / script).is_file()
