@@ -10,12 +10,14 @@ and sees the same ``shared``).
 
 Where the points run (:func:`choose_fanout`):
 
-* **Ray**, when a Ray cluster is named: ``ray_address`` (``--ray ADDRESS``: the head of
-  a ``kvtool cluster up``, ``auto``, or ``local`` to start one for the run), else the
-  ``RAY_ADDRESS`` environment variable (Ray's own), else the Ray head of the run's
-  cluster file when ``kvtool cluster up`` made that cluster and it is up. ``shared`` goes into Ray's object
-  store once; each point is one task. A Ray already initialised in this process (a test's
-  ``ray.init(num_cpus=2)``) is used as it is.
+* **Ray**, when a Ray cluster is named: ``ray_address`` (``--ray ADDRESS``: the head of a
+  ``kvtool cluster up``, ``auto``, or ``local`` to start one for the run), else the
+  ``RAY_ADDRESS`` environment variable (Ray's own), else the Ray head of the run's cluster
+  file when ``kvtool cluster up`` made that cluster and it is up. ``shared`` goes into
+  Ray's object store once; each point is one task. A Ray started for the run (``local``)
+  listens on 127.0.0.1 only, is shut down after it, and its session directory removed. A
+  Ray already initialised in this process (a test's ``ray.init(num_cpus=2)``) is used as
+  it is.
 * **Local processes** otherwise (``concurrent.futures.ProcessPoolExecutor``, forked:
   the workers inherit ``shared`` instead of unpickling it), as many as there are points,
   at most ``jobs`` (default: the CPUs this process may use).
@@ -24,8 +26,9 @@ Where the points run (:func:`choose_fanout`):
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 from kvtool.errors import UsageError, param
@@ -128,9 +131,25 @@ class Fanout(NamedTuple):
         import ray
 
         started = False
+        temp: str | None = None
         if not ray.is_initialized():
-            ray.init(address=self.ray_address, log_to_driver=False,
-                     logging_level=logging.ERROR, include_dashboard=False)
+            local = self.ray_address == "local"
+            extra: dict[str, Any] = {}
+            if local:
+                # A Ray started for this run keeps its session (logs, sockets, spilled
+                # objects) in a directory of the run's, removed with it: by default it
+                # would stay in $TMPDIR/ray after the run.
+                import tempfile
+
+                temp = tempfile.mkdtemp(prefix="kvtool-ray-")
+                extra["_temp_dir"] = temp
+            try:
+                with _single_machine_ray() if local else contextlib.nullcontext():
+                    ray.init(address=self.ray_address, log_to_driver=False,
+                             logging_level=logging.ERROR, include_dashboard=False, **extra)
+            except BaseException:
+                _remove(temp)
+                raise
             started = True
         try:
             task = ray.remote(num_cpus=1, max_retries=0)(_ray_point)
@@ -155,6 +174,38 @@ class Fanout(NamedTuple):
         finally:
             if started:
                 ray.shutdown()
+            _remove(temp)
+
+
+@contextlib.contextmanager
+def _single_machine_ray() -> Iterator[None]:
+    """Ray's single-machine mode while a Ray is started here (``--ray local``): its node
+    address is 127.0.0.1, and its GCS, raylet and workers listen there only (by default
+    they listen on every interface). Ray reads the switch when it is imported, here and in
+    the processes ``ray.init`` starts, which inherit it; it is set for the start only, so
+    that a multi-node Ray joined later in this process is not refused. The module constant
+    (private to Ray, its only handle on the mode) covers a ray imported earlier here."""
+    import ray._private.ray_constants as constants
+
+    name = constants.ENABLE_RAY_CLUSTERS_ENV_VAR
+    old, was = os.environ.get(name), constants.ENABLE_RAY_CLUSTER
+    os.environ[name] = "0"
+    constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        constants.ENABLE_RAY_CLUSTER = was
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
+def _remove(temp: str | None) -> None:
+    if temp is not None:
+        import shutil
+
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def _ray_point(fn: PointFn, shared: Any, i: int) -> Any:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,8 +38,12 @@ def local_ray() -> Iterator[Any]:
         # through PYTHONPATH, inherited from the driver.
         old = os.environ.get("PYTHONPATH")
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), old) if p)
+        # Its session (logs, sockets) in a directory of its own, removed after it: Ray's
+        # default, /tmp/ray, outlives it. Short, under /tmp: a Unix socket's path has at
+        # most 107 bytes.
+        temp = tempfile.mkdtemp(prefix="kvtool-test-ray-", dir="/tmp")
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-                 logging_level="error")
+                 logging_level="error", _temp_dir=temp)
     finally:
         os.environ.pop(switch, None)
     assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}
@@ -45,6 +51,7 @@ def local_ray() -> Iterator[Any]:
         yield ray
     finally:
         ray.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)
         if old is None:
             os.environ.pop("PYTHONPATH", None)
         else:

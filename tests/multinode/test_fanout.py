@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kvtool.fanout import Fanout, choose_fanout
-from tests.conftest import FIXTURES, run
+from tests.conftest import FIXTURES, REPO, run
 
 TRACE = str(FIXTURES / "traces" / "multiturn-8x12.jsonl")
 CLUSTER = str(FIXTURES / "clusters" / "gp7000.toml")
@@ -103,6 +107,52 @@ def test_sweep_and_compare_identical_serial_processes_ray(local_ray: Any) -> Non
     assert len(json.loads(serial)["configs"]) == 3
     assert _compare(Fanout("processes", workers=2)) == serial
     assert _compare(Fanout("ray")) == serial
+
+
+NODE_IPS = """
+import sys
+from kvtool.fanout import Fanout
+
+def node_ip(_shared, _i):
+    import ray
+    return ray.util.get_node_ip_address()
+
+print(sorted(set(Fanout("ray", workers=2, ray_address="local").map(node_ip, None, 2))))
+"""
+
+
+@pytest.mark.slow
+def test_a_local_ray_listens_on_loopback_and_leaves_no_file() -> None:
+    """``--ray local`` starts a Ray for the run: in Ray's single-machine mode (its node is
+    127.0.0.1, where its servers listen), shut down after the run, its session directory
+    removed (Ray's default, $TMPDIR/ray, outlives the run). In processes of their own,
+    with a temporary directory of the test's: this session's Ray (conftest.py) would be
+    joined instead of started. The directory is short and under /tmp: Ray's Unix sockets
+    live in it, and a socket's path has at most 107 bytes."""
+    pytest.importorskip("ray", reason="the cluster extra (ray) is not installed")
+    tmp = Path(tempfile.mkdtemp(prefix="kvtool-test-", dir="/tmp"))
+    try:
+        _local_ray_runs(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _local_ray_runs(tmp: Path) -> None:
+    env = {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": str(REPO)}
+    env.pop("RAY_ADDRESS", None)
+    env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
+    ips = subprocess.run([sys.executable, "-c", NODE_IPS], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert ips.returncode == 0, ips.stderr
+    assert ips.stdout.strip() == "['127.0.0.1']"
+    assert list(tmp.iterdir()) == []
+    args = ["--json", "replay", TRACE, "--simulate", "--cluster", CLUSTER, "--sweep",
+            "concurrency=1,4"]
+    fanned = subprocess.run([sys.executable, "-m", "kvtool", *args, "--ray", "local"], env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert fanned.returncode == 0, fanned.stderr
+    assert fanned.stdout == run(*args, "--jobs", "1").stdout
+    assert list(tmp.iterdir()) == []
 
 
 def test_cli_jobs_checked() -> None:
