@@ -110,7 +110,6 @@ def test_sweep_and_compare_identical_serial_processes_ray(local_ray: Any) -> Non
 
 
 NODE_IPS = """
-import sys
 from kvtool.fanout import Fanout
 
 def node_ip(_shared, _i):
