@@ -38,6 +38,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_TRACE = HERE.parent.parent / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"
@@ -83,19 +84,29 @@ def _with_bytecode(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
-def measure(cmds: dict[str, list[str]], repeat: int, envs: dict[str, dict[str, str]]
-            ) -> dict[str, tuple[float, float, str, float, list[float]]]:
-    """Median wall and CPU time of each command, its first stdout, its least CPU time and
-    the CPU time of every run, in order; runs are interleaved (round-robin) so that load
-    from other processes on a shared machine hits every command alike. Load only adds
-    time, so the least is the least disturbed figure (``timeit``'s advice); the bars use
-    the medians."""
+class Runs(NamedTuple):
+    """One command's runs: median wall and CPU seconds, its first stdout, its least CPU
+    seconds, and the CPU seconds of every run, in order."""
+
+    wall: float
+    cpu: float
+    out: str
+    least: float
+    cpus: list[float]
+
+
+def measure(cmds: dict[str, list[str]], repeat: int,
+            envs: dict[str, dict[str, str]]) -> dict[str, Runs]:
+    """Every command's :class:`Runs`; runs are interleaved (round-robin) so that load from
+    other processes on a shared machine hits every command alike. Load only adds time, so
+    the least is the least disturbed figure (``timeit``'s advice); the bars use the
+    medians."""
     runs: dict[str, list[tuple[float, float, str]]] = {name: [] for name in cmds}
     for _ in range(repeat):
         for name, cmd in cmds.items():
             runs[name].append(timed(cmd, envs.get(name)))
-    return {name: (statistics.median(r[0] for r in rs), statistics.median(r[1] for r in rs),
-                   rs[0][2], min(r[1] for r in rs), [r[1] for r in rs])
+    return {name: Runs(statistics.median(r[0] for r in rs), statistics.median(r[1] for r in rs),
+                       rs[0][2], min(r[1] for r in rs), [r[1] for r in rs])
             for name, rs in runs.items()}
 
 
@@ -185,10 +196,10 @@ def main() -> None:
             import shutil
 
             shutil.rmtree(tmp, ignore_errors=True)
-    ref_wall, ref_cpu, ref_out, ref_best, ref_runs = m["minimal"]
-    ref_ratio = float(ref_out)
-    cli_ratio = json.loads(m["cli1"][2])["token_hit_ratio"]
-    agree = abs(ref_ratio - cli_ratio) < 1e-12 and abs(ref_ratio - float(m["lib1"][2])) < 1e-12
+    ref = m["minimal"]
+    ref_ratio = float(ref.out)
+    cli_ratio = json.loads(m["cli1"].out)["token_hit_ratio"]
+    agree = abs(ref_ratio - cli_ratio) < 1e-12 and abs(ref_ratio - float(m["lib1"].out)) < 1e-12
     print(f"trace: {trace}")
     print(f"token hit ratio, 1 LRU tier of {CAP_TOKENS} tokens: minimal {ref_ratio:.6f}, "
           f"kvtool {cli_ratio:.6f} ({'agree' if agree else 'DISAGREE'})")
@@ -207,8 +218,8 @@ def main() -> None:
     if args.baseline is not None:
         rows.append((f"baseline CLI, 1 tier ({args.baseline.name})", "base1", None))
     for label, key, target in rows:
-        wall, cpu, _, _, _ = m[key]
-        rw, rc = wall / ref_wall, cpu / ref_cpu
+        wall, cpu = m[key].wall, m[key].cpu
+        rw, rc = wall / ref.wall, cpu / ref.cpu
         line = f"  {label:33s} {wall:6.3f} / {cpu:6.3f}"
         if key != "minimal" and key != "start":
             line += f"   ratio wall {rw:4.2f} cpu {rc:4.2f}"
@@ -218,12 +229,13 @@ def main() -> None:
                 line += f"; ≤ 1.2×: {'ok' if max(rw, rc) <= 1.2 else 'OVER'}"
             line += ")"
         print(line)
-    cli_best = m["cli1"][3]
-    print(f"least CPU s of the runs: minimal {ref_best:.3f}, kvtool replay 1 LRU tier (CLI) "
-          f"{cli_best:.3f}: ratio {cli_best / ref_best:4.2f}")
+    cli_best = m["cli1"].least
+    print(f"least CPU s of the runs: minimal {ref.least:.3f}, kvtool replay 1 LRU tier (CLI) "
+          f"{cli_best:.3f}: ratio {cli_best / ref.least:4.2f}")
     print("median of the per-round CPU ratios (each round's runs seconds apart): CLI 1 tier "
-          f"{paired(m['cli1'][4], ref_runs):4.2f}, library 1 tier {paired(m['lib1'][4], ref_runs):4.2f}"
-          + (f", baseline CLI 1 tier {paired(m['base1'][4], ref_runs):4.2f}"
+          f"{paired(m['cli1'].cpus, ref.cpus):4.2f}, library 1 tier "
+          f"{paired(m['lib1'].cpus, ref.cpus):4.2f}"
+          + (f", baseline CLI 1 tier {paired(m['base1'].cpus, ref.cpus):4.2f}"
              if args.baseline is not None else ""))
     if not agree:
         sys.exit(1)

@@ -130,28 +130,15 @@ class Fanout(NamedTuple):
             os.environ.update(dict(self.ray_env))  # read when ray is imported
         import ray
 
-        started = False
-        temp: str | None = None
-        if not ray.is_initialized():
-            local = self.ray_address == "local"
-            extra: dict[str, Any] = {}
-            if local:
-                # A Ray started for this run keeps its session (logs, sockets, spilled
-                # objects) in a directory of the run's, removed with it: by default it
-                # would stay in $TMPDIR/ray after the run.
-                import tempfile
-
-                temp = tempfile.mkdtemp(prefix="kvtool-ray-")
-                extra["_temp_dir"] = temp
-            try:
-                with _single_machine_ray() if local else contextlib.nullcontext():
-                    ray.init(address=self.ray_address, log_to_driver=False,
-                             logging_level=logging.ERROR, include_dashboard=False, **extra)
-            except BaseException:
-                _remove(temp)
-                raise
-            started = True
-        try:
+        opts = {"log_to_driver": False, "logging_level": logging.ERROR,
+                "include_dashboard": False}
+        if ray.is_initialized():
+            session: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+        elif self.ray_address == "local":
+            session = local_ray(**opts)
+        else:
+            session = _joined_ray(self.ray_address, **opts)
+        with session:
             task = ray.remote(num_cpus=1, max_retries=0)(_ray_point)
             ref = ray.put(shared)
             pending = {task.remote(fn, ref, i): i for i in range(n)}
@@ -171,41 +158,58 @@ class Fanout(NamedTuple):
             if errors:
                 raise errors[min(errors)]
             return results
-        finally:
-            if started:
-                ray.shutdown()
-            _remove(temp)
 
 
 @contextlib.contextmanager
-def _single_machine_ray() -> Iterator[None]:
-    """Ray's single-machine mode while a Ray is started here (``--ray local``): its node
-    address is 127.0.0.1, and its GCS, raylet and workers listen there only (by default
-    they listen on every interface). Ray reads the switch when it is imported, here and in
-    the processes ``ray.init`` starts, which inherit it; it is set for the start only, so
-    that a multi-node Ray joined later in this process is not refused. The module constant
-    (private to Ray, its only handle on the mode) covers a ray imported earlier here."""
+def local_ray(**init: Any) -> Iterator[None]:
+    """A Ray started in this process for the block (``--ray local``; the tests' Ray),
+    ``ray.init(**init)``, and shut down after it.
+
+    * It runs in Ray's single-machine mode: its node address is 127.0.0.1, and its GCS,
+      raylet and workers listen there only (by default they listen on every interface).
+      Ray reads the switch when it is imported, here and in the processes ``ray.init``
+      starts, which inherit it. It is set for the start only, so that a multi-node Ray
+      joined later in this process is not refused. The module constant (private to Ray,
+      its only handle on the mode) covers a ray imported earlier here.
+    * Its session (logs, sockets, spilled objects) is kept in a directory of the block's,
+      removed after it: Ray's default, ``$TMPDIR/ray``, outlives the run. Ray's Unix
+      sockets live there, so ``$TMPDIR`` must be short (a socket's path has at most 107
+      bytes; ``/tmp`` is).
+    """
+    import tempfile
+
+    import ray
     import ray._private.ray_constants as constants
 
     name = constants.ENABLE_RAY_CLUSTERS_ENV_VAR
-    old, was = os.environ.get(name), constants.ENABLE_RAY_CLUSTER
-    os.environ[name] = "0"
-    constants.ENABLE_RAY_CLUSTER = False
+    with tempfile.TemporaryDirectory(prefix="kvtool-ray-", ignore_cleanup_errors=True) as temp:
+        old, was = os.environ.get(name), constants.ENABLE_RAY_CLUSTER
+        os.environ[name] = "0"
+        constants.ENABLE_RAY_CLUSTER = False
+        try:
+            ray.init(address="local", _temp_dir=temp, **init)
+        finally:
+            constants.ENABLE_RAY_CLUSTER = was
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
+        try:
+            yield
+        finally:
+            ray.shutdown()
+
+
+@contextlib.contextmanager
+def _joined_ray(address: str | None, **init: Any) -> Iterator[None]:
+    """Ray joined at ``address`` for the block, and left after it."""
+    import ray
+
+    ray.init(address=address, **init)
     try:
         yield
     finally:
-        constants.ENABLE_RAY_CLUSTER = was
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
-
-
-def _remove(temp: str | None) -> None:
-    if temp is not None:
-        import shutil
-
-        shutil.rmtree(temp, ignore_errors=True)
+        ray.shutdown()
 
 
 def _ray_point(fn: PointFn, shared: Any, i: int) -> Any:
@@ -252,4 +256,5 @@ def choose_fanout(points: int, *, jobs: int | None = None, ray_address: str | No
     return Fanout("processes", workers=workers)
 
 
-__all__ = ["KINDS", "ClusterRay", "Fanout", "choose_fanout", "local_cpus", "ray_from_env"]
+__all__ = ["KINDS", "ClusterRay", "Fanout", "choose_fanout", "local_cpus", "local_ray",
+           "ray_from_env"]

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,36 +20,21 @@ from tests.conftest import REPO, free_port
 
 @pytest.fixture(scope="session")
 def local_ray() -> Iterator[Any]:
-    # Ray binds its node to loopback only in its single-machine mode: everything listens
-    # on 127.0.0.1. The switch is read when ray is imported, and by the processes
-    # ray.init starts (its workers inherit theirs); a ray imported earlier in this session
-    # is switched in place. It is this Ray's only: gone from the environment once it is
-    # up, so a multi-node Ray started later in the session (tests/cluster) is not refused.
-    switch = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
-    os.environ[switch] = "0"
-    try:
-        ray = pytest.importorskip("ray", reason="the cluster extra (ray) is not installed")
-        from ray._private import ray_constants
+    """This session's Ray, started as ``--ray local`` starts one (:func:`kvtool.fanout.local_ray`:
+    on 127.0.0.1 only, its session directory removed after it)."""
+    ray = pytest.importorskip("ray", reason="the cluster extra (ray) is not installed")
+    from kvtool.fanout import local_ray as started
 
-        ray_constants.ENABLE_RAY_CLUSTER = False
-        # Ray's workers are processes of their own: they find this checkout's kvtool
-        # through PYTHONPATH, inherited from the driver.
-        old = os.environ.get("PYTHONPATH")
-        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), old) if p)
-        # Its session (logs, sockets) in a directory of its own, removed after it: Ray's
-        # default, /tmp/ray, outlives it. Short, under /tmp: a Unix socket's path has at
-        # most 107 bytes.
-        temp = tempfile.mkdtemp(prefix="kvtool-test-ray-", dir="/tmp")
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-                 logging_level="error", _temp_dir=temp)
-    finally:
-        os.environ.pop(switch, None)
-    assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}
+    # Ray's workers are processes of their own: they find this checkout's kvtool
+    # through PYTHONPATH, inherited from the driver.
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), old) if p)
     try:
-        yield ray
+        with started(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                     logging_level="error"):
+            assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}
+            yield ray
     finally:
-        ray.shutdown()
-        shutil.rmtree(temp, ignore_errors=True)
         if old is None:
             os.environ.pop("PYTHONPATH", None)
         else:
