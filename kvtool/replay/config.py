@@ -49,9 +49,6 @@ from kvtool.units import Capacity
 if TYPE_CHECKING:
     from kvtool.configfile import ConfigTable
 
-ON_TIER_ERROR = ("fail", "recompute")
-"""What data-mode replay does when a tier's medium fails mid-run (``--on-tier-error``)."""
-
 _TIER_KEYS = {"capacity", "policy", "watermark", "evict_ratio", "window", "admit_after",
               "admit_ttl"}
 _TIME_KEYS = {"prefill_tokens_per_s", "tpot_ms", "concurrency", "read_gbps"}

@@ -31,14 +31,13 @@ from kvtool.cache.timemodel import TimeModel
 from kvtool.errors import UsageError, param
 from kvtool.fanout import Fanout
 from kvtool.replay.config import (
-    ON_TIER_ERROR,
     TiersFile,
     build_config,
     load_tiers_file,
     parse_compare,
     time_model_from,
 )
-from kvtool.tiers.option import TierOption
+from kvtool.tiers.option import ON_TIER_ERROR, TierOption
 from kvtool.trace.stats import MaxHitRatio
 from kvtool.units import Capacity, format_size
 

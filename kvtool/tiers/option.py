@@ -14,6 +14,9 @@ from typing import NamedTuple
 from kvtool.errors import UsageError
 from kvtool.units import Capacity
 
+ON_TIER_ERROR = ("fail", "recompute")
+"""What a data run does when a tier's medium fails: stop, or go on without the tier."""
+
 PLACED_TIERS: dict[str, str] = {
     "dram": "a mooncake:// URL (a Mooncake Store pool: kvtool pool up)",
     "nvme": "a file, a block device or an nvme+tcp:// URL",
