@@ -59,17 +59,7 @@ def credentials(hostnqn: str | None, secret_file: str | None, ctrl_file: str | N
             "--dhchap-ctrl-secret"
         raise UsageError(f"{target} is not an nvme+tcp:// target; {given} applies to NVMe/TCP "
                          "only", field=given)
-    if ctrl_file is not None and secret_file is None:
-        raise UsageError("bidirectional authentication needs the host's own secret too "
-                         "(--dhchap-secret)", field="--dhchap-ctrl-secret")
-    from kvtool.nvme.dhchap import load_secret_file
     from kvtool.nvme.hostauth import HostCredentials
-    from kvtool.nvme.url import check_nqn
 
-    if hostnqn is not None:
-        check_nqn(hostnqn, field="--hostnqn")
-    return HostCredentials(
-        hostnqn=hostnqn,
-        secret=load_secret_file(secret_file, field="--dhchap-secret") if secret_file else None,
-        ctrl_secret=(load_secret_file(ctrl_file, field="--dhchap-ctrl-secret")
-                     if ctrl_file else None))
+    return HostCredentials.load(hostnqn, secret_file, ctrl_file,
+                                fields=("--hostnqn", "--dhchap-secret", "--dhchap-ctrl-secret"))

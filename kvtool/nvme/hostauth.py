@@ -28,6 +28,30 @@ class HostCredentials:
     secret: Secret | None = None  # the host's DH-HMAC-CHAP secret
     ctrl_secret: Secret | None = None  # the controller's: set = bidirectional
 
+    @classmethod
+    def load(cls, hostnqn: str | None, secret_file: str | None, ctrl_file: str | None, *,
+             fields: tuple[str, str, str] = ("hostnqn", "dhchap_secret", "dhchap_ctrl_secret")
+             ) -> HostCredentials | None:
+        """Credentials from a host NQN and DH-HMAC-CHAP key *files* (mode 0600; secrets
+        never come from argv or a config's text); None when none is given. ``fields``
+        name the three where a caller took them (options, config keys), for its errors:
+        :class:`~kvtool.errors.UsageError`, one line, no key material."""
+        if hostnqn is None and secret_file is None and ctrl_file is None:
+            return None
+        from kvtool.errors import UsageError
+        from kvtool.nvme.dhchap import load_secret_file
+        from kvtool.nvme.url import check_nqn
+
+        if ctrl_file is not None and secret_file is None:
+            raise UsageError(f"bidirectional authentication needs the host's own secret too "
+                             f"({fields[1]})", field=fields[2])
+        if hostnqn is not None:
+            check_nqn(hostnqn, field=fields[0])
+        return cls(hostnqn=hostnqn,
+                   secret=load_secret_file(secret_file, field=fields[1]) if secret_file else None,
+                   ctrl_secret=(load_secret_file(ctrl_file, field=fields[2])
+                                if ctrl_file else None))
+
 
 class AuthenticationError(OSError):
     """DH-HMAC-CHAP failed. ``side`` is who failed to prove itself: "host" or "controller"."""

@@ -554,11 +554,20 @@ def open_tiers(cfg: CacheConfig, block_bytes: int, work_blocks: int, s: ReplaySe
             head = _headroom(cfg, spec.name, block_bytes, B, work_blocks)
             if spec.name == "dram":
                 cap = int(spec.blocks(block_bytes, B))
-                if spec.place is not None:  # a Mooncake Store pool (kvtool pool)
-                    from kvtool.tiers.mooncake import MooncakeTier
+                if spec.place is not None and spec.place.startswith("mooncake://"):
+                    from kvtool.tiers.mooncake import MooncakeTier  # kvtool pool
 
                     tiers["dram"] = MooncakeTier(spec.place, slots=cap + head,
                                                  block_bytes=block_bytes)
+                elif spec.place is not None:  # a shared-memory pool file
+                    from kvtool.tiers.shm import ShmDramTier
+
+                    try:
+                        shm = ShmDramTier(spec.place, cap + head, block_bytes)
+                    except TierError as exc:
+                        raise UsageError(str(exc), field="dram") from None
+                    shm.evict(list(shm.rows))  # a replay starts cold
+                    tiers["dram"] = shm
                 else:
                     tiers["dram"] = DramTier(cap + head, block_bytes)
             elif spec.name == "nvme":

@@ -343,10 +343,15 @@ class ObjectStore:
 
     def delete(self, key: int) -> None:
         """Remove ``key``; durable on return. KeyError if absent."""
+        self.retire(key)
+        self.commit([])
+
+    def retire(self, key: int) -> None:
+        """Remove ``key`` from the index as of the next :meth:`commit` (which zeroes its
+        entry; its slot is free once that commit is durable). KeyError if absent."""
         with self._lock:
             slot = self.by_key.pop(key)
             self._retire.append(slot)
-        self.commit([])
 
     def writer(self, *, qd: int | None = None, batch_objects: int = 64,
                on_commit: Callable[[list[tuple[int, int]]], None] | None = None) -> BatchWriter:

@@ -16,8 +16,10 @@ Per request, the caller:
 
 1. **loads** the hit blocks the hierarchy's lookup placed in the lower tiers
    (:meth:`DataMover.load`): NVMe reads first (``read_qd`` in flight), DRAM copies
-   meanwhile; every block is checked (``check(key, block)``: a deterministic payload, or a
-   CRC32C); a corrupt or lost block is counted, named, and loaded from a lower tier that
+   meanwhile; every block is checked (``check(key, block)``: a deterministic payload; or,
+   with ``checksums``, against the CRC32C of the bytes that were stored in that tier:
+   the mover takes it as it stores them, per tier, since two tiers may hold copies made
+   at different times); a corrupt or lost block is counted, named, and loaded from a lower tier that
    holds a good copy, else left to the caller to recompute;
 2. calls the hierarchy's ``serve`` between :meth:`begin` (``source(key)``: the bytes of
    any block of this request) and :meth:`end`: each insert into a data tier is stored from
@@ -44,6 +46,7 @@ import numpy as np
 
 from kvtool.cache.timemodel import percentile
 from kvtool.errors import CheckFailed, param
+from kvtool.store.checksum import crc32c
 from kvtool.tiers.base import DataTier, Link, TierError, TransferJob
 from kvtool.tiers.dram import DramTier
 from kvtool.tiers.option import ON_TIER_ERROR
@@ -148,7 +151,8 @@ class Failure(NamedTuple):
 
 
 Check = Callable[[int, np.ndarray], bool]
-"""``check(key, block)``: whether ``block`` holds the right bytes for ``key``."""
+"""``check(key, block)``: whether ``block`` holds the right bytes for ``key`` (None: the
+CRC32C the mover recorded when it stored the block in that tier, ``checksums=True``)."""
 
 Problem = Callable[[str, int, str], None]
 """``problem(kind, key, tier)``: a block failed (``corrupt`` or ``lost``) in ``tier``."""
@@ -163,7 +167,7 @@ class DataMover:
 
     def __init__(self, names: Sequence[str], tiers: dict[str, DataTier], *,
                  holds: Callable[[int, int], bool], top: TopPool | None = None,
-                 source: str = "gpu", on_tier_error: str = "fail",
+                 source: str = "gpu", on_tier_error: str = "fail", checksums: bool = False,
                  on_event: Callable[[str], None] | None = None) -> None:
         if on_tier_error not in ON_TIER_ERROR:
             raise ValueError(f"on_tier_error must be one of {ON_TIER_ERROR}")
@@ -177,6 +181,10 @@ class DataMover:
         self.on_tier_error = on_tier_error
         self.on_event = on_event
         self.measured = Measured()
+        self.crcs: dict[str, dict[int, int]] | None = (
+            {name: {} for name in tiers} if checksums else None)
+        """``checksums``: per tier, the CRC32C of each block it holds, as stored."""
+        self._req_crcs: dict[int, int] = {}
         self.dead: dict[str, str] = {}
         """Tiers whose medium failed (``recompute``): name → the error."""
         self._busy: dict[str, Interval] = {}
@@ -211,7 +219,7 @@ class DataMover:
 
     # ------------------------------------------------------------------ loads
     def load(self, keys: Sequence[int], where: Sequence[str], dsts: Sequence[np.ndarray],
-             check: Check, counters: DataCounters, problem: Problem) -> list[Failure]:
+             check: Check | None, counters: DataCounters, problem: Problem) -> list[Failure]:
         """Load ``keys[i]`` from tier ``where[i]`` into ``dsts[i]`` and check each block.
 
         Lowest tier first, so NVMe reads are in flight during DRAM copies. A block that is
@@ -257,7 +265,7 @@ class DataMover:
             for i, good in zip(ps, ok, strict=True):
                 if not good:
                     failed.append((i, name, "lost"))
-                elif not check(keys[i], dsts[i]):
+                elif not self._good(check, name, keys[i], dsts[i]):
                     failed.append((i, name, "corrupt"))
                 else:
                     counters.verified_blocks += 1
@@ -267,7 +275,7 @@ class DataMover:
         return self.recover(failed, keys, dsts, check, counters, problem)
 
     def recover(self, failed: list[tuple[int, str, str]], keys: Sequence[int],
-                dsts: Sequence[np.ndarray], check: Check, counters: DataCounters,
+                dsts: Sequence[np.ndarray], check: Check | None, counters: DataCounters,
                 problem: Problem) -> list[Failure]:
         """Each failed block: counted and named, then loaded from a lower tier holding a
         good copy, else left for the caller to recompute (``served`` None)."""
@@ -301,7 +309,7 @@ class DataMover:
                     counters.lost_blocks += 1
                     problem("lost", key, lower)
                     continue
-                if check(key, block):
+                if self._good(check, lower, key, block):
                     counters.verified_blocks += 1
                     served = lower
                     break
@@ -312,11 +320,19 @@ class DataMover:
             out.append(Failure(i, name, kind, served))
         return out
 
+    def _good(self, check: Check | None, tier: str, key: int, block: np.ndarray) -> bool:
+        if check is not None:
+            return check(key, block)
+        assert self.crcs is not None, "a load without a check needs checksums=True"
+        want = self.crcs[tier].get(key)
+        return want is not None and crc32c(block) == want
+
     # ------------------------------------------------------------------ one request
     def begin(self, source: Callable[[int], np.ndarray]) -> None:
         """Before the hierarchy serves a request: ``source(key)`` gives the bytes of any
         block of that request (computed, or loaded and checked)."""
         self._source = source
+        self._req_crcs.clear()
         self._evicted.clear()
         self._evicting = False
 
@@ -341,6 +357,12 @@ class DataMover:
         for name, ks in self._defer.items():
             if name in self.tiers and name not in self.dead:
                 self.tiers[name].evict(ks)
+            if self.crcs is not None and name in self.crcs:
+                held = self.crcs[name]
+                tier = self.tiers[name]
+                for key in ks:
+                    if key not in tier:  # (evicted, not stored again in this request)
+                        held.pop(key, None)
         self.measured.busy_s += time.perf_counter() - t_f
         self._defer.clear()
         self._evicted.clear()
@@ -361,6 +383,20 @@ class DataMover:
         else:
             rows = self._evicted[frm]
             srcs = [rows[key] for key in keys]
+        if self.crcs is not None:
+            held = self.crcs[name]
+            if demote:
+                above = self.crcs.get(frm, {})
+                for key, row in zip(keys, srcs, strict=True):
+                    crc = above.get(key)
+                    held[key] = crc32c(row) if crc is None else crc
+            else:
+                taken = self._req_crcs
+                for key, row in zip(keys, srcs, strict=True):
+                    crc = taken.get(key)
+                    if crc is None:
+                        crc = taken[key] = crc32c(row)
+                    held[key] = crc
         start = time.perf_counter()
         try:
             job = tier.prepare_store(keys, srcs)

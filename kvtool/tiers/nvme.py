@@ -13,6 +13,14 @@ needs is taken from the staged bytes by a helper thread once the write has compl
 off the caller's thread (a 1 MB block's CRC costs ~100 µs, five times the replay's
 per-block overhead budget).
 
+**Durable mode** (``durable=True``, an engine's connector): the tier opens the store the
+place already holds (formatting it only when it holds none), so a new process finds the
+blocks an earlier one stored; writes go to free slots of the store and
+:meth:`NvmeTier.commit` commits them (and the evictions since the last commit) through
+the store's crash-consistent protocol, batch by batch while the engine runs: an entry on
+the medium always names bytes that were durable before it. A block stored but not yet
+committed when the process dies is a miss for the next one, never wrong bytes.
+
 Every write is staged through an aligned buffer of the padded slot size (the bounce path,
 which a misaligned object such as DeepSeek-V4-Flash's 1,002,240 B needs anyway), so the
 caller's row is free again when :meth:`prepare_store` returns and the write completes in
@@ -34,8 +42,16 @@ import numpy as np
 
 from kvtool.store.checksum import crc32c
 from kvtool.store.engine import AlignedBuffer, IOEngine
-from kvtool.store.layout import ORDINAL_KEYED, ORDINAL_NONE, Geometry, Written, new_superblock
-from kvtool.store.objectstore import ObjectStore
+from kvtool.store.layout import (
+    ORDINAL_KEYED,
+    ORDINAL_NONE,
+    BadSuperblock,
+    Geometry,
+    NotAStore,
+    Written,
+    new_superblock,
+)
+from kvtool.store.objectstore import ObjectStore, StoreFull
 from kvtool.tiers.base import DataTier, TierError, TransferJob
 
 IO_TIMEOUT_S = 30.0
@@ -50,9 +66,12 @@ class NvmeTier(DataTier):
     def __init__(self, engine: IOEngine, *, block_bytes: int, url: str,
                  max_slots: int | None = None, read_qd: int = 16, write_qd: int = 16,
                  seed: int = 0, geometry: Geometry | None = None, name: str = "nvme",
-                 keyed_payload: bool = False) -> None:
+                 keyed_payload: bool = False, durable: bool = False,
+                 reformat: bool = False) -> None:
         """``keyed_payload``: every block stored is ``Payload(block_bytes, seed)`` of its
-        key (a data-mode replay's blocks), so committed entries let verify check content."""
+        key (a data-mode replay's blocks), so committed entries let verify check content.
+        ``durable``: open the store the place holds (see the module docstring); one of
+        other blocks (another object size or geometry) is an error unless ``reformat``."""
         self.name = name
         self.ordinal = ORDINAL_KEYED if keyed_payload else ORDINAL_NONE
         self.url = url
@@ -69,16 +88,30 @@ class NvmeTier(DataTier):
             sb = replace(sb, slot_count=max_slots)
         if sb.slot_count < 1:
             raise TierError(name, url, f"{engine.size} bytes hold no {block_bytes}-byte block")
+        self.durable = durable
+        self.reopened = 0
+        """Durable mode: blocks found in the store the place already held."""
+        self.dead: str | None = None
+        store = None
+        if durable and not reformat:
+            store = self._reopen(engine, block_bytes, geometry)
+        if store is not None:
+            sb = store.sb
         self.sb = sb
         self.slots = sb.slot_count
         self.metadata_bytes = sb.index_offset + sb.index_bytes
         """Bytes formatting writes (superblock and zeroed index), besides the blocks."""
         self.padded = sb.slot_bytes
-        try:
-            self.store = ObjectStore.format(engine, sb)
-        except Exception as exc:
-            raise self._error(exc) from None
-        self.slot_of: dict[int, int] = {}
+        if store is None:
+            try:
+                store = ObjectStore.format(engine, sb)
+            except Exception as exc:
+                raise self._error(exc) from None
+        self.store = store
+        self.slot_of: dict[int, int] = dict(store.by_key)
+        self.reopened = len(self.slot_of)
+        self._uncommitted: dict[int, int] = {}
+        """Durable mode: key → slot of writes not yet committed."""
         self._pending: dict[int, Future[None]] = {}
         self._free: deque[int] = deque(range(sb.slot_count))
         self._wstage: queue.SimpleQueue[AlignedBuffer] = queue.SimpleQueue()
@@ -88,14 +121,51 @@ class NvmeTier(DataTier):
         self._rstage = [np.frombuffer(ab.view, dtype=np.uint8)
                         for ab in self._owned[self.write_qd:]]
         self._rviews = [ab.view for ab in self._owned[self.write_qd:]]
-        self.dead: str | None = None
         self._crc_of: dict[int, Future[int]] = {}
         """Each held key's CRC32C, computed after its latest write completed."""
+        for key, slot in self.slot_of.items():
+            done: Future[int] = Future()
+            done.set_result(int(store.entries[slot]["data_crc"]))
+            self._crc_of[key] = done
         self._crc_pool = ThreadPoolExecutor(1, thread_name_prefix=f"{name}-crc")
         self.committed: int | None = None
         """Objects :meth:`commit` made durable in the store's index (None: not committed)."""
 
     # ------------------------------------------------------------------ helpers
+    def _reopen(self, engine: IOEngine, block_bytes: int,
+                geometry: Geometry | None) -> ObjectStore | None:
+        """The store ``engine`` holds, if it is one of these blocks (None: none there)."""
+        try:
+            store = ObjectStore.open(engine)
+        except NotAStore:
+            return None
+        except BadSuperblock as exc:
+            raise TierError(self.name, self.url, f"{exc}; reformat it to use it as a cache "
+                            "(this erases it)") from None
+        except Exception as exc:
+            raise self._error(exc) from None
+        sb = store.sb
+        want = geometry or Geometry()
+        # (the superblock keeps the first 64 bytes of the model's name, 16 of the dtype's)
+        want = replace(want, model=want.model.encode()[:64].decode(errors="replace"),
+                       dtype=want.dtype.encode()[:16].decode(errors="replace"))
+        if sb.object_bytes != block_bytes or sb.geometry != want:
+            have = (f"{sb.object_bytes:,}-byte objects of {sb.geometry.model or 'no model'} "
+                    f"{sb.geometry.dtype} ({sb.geometry.block_tokens} tokens/block, "
+                    f"tp {sb.geometry.tp})")
+            need = (f"{block_bytes:,}-byte blocks of {want.model or 'no model'} {want.dtype} "
+                    f"({want.block_tokens} tokens/block, tp {want.tp})")
+            store.close()
+            raise TierError(self.name, self.url, f"holds a kvtool store of {have}, not "
+                            f"{need}; reformat it to use it for these (this erases it)")
+        return store
+
+    def persisted_crcs(self) -> dict[int, int]:
+        """Durable mode: the CRC32C of every block the store held when it was opened."""
+        entries = self.store.entries
+        return {key: int(entries[slot]["data_crc"])
+                for key, slot in self.store.by_key.items()}
+
     def _error(self, exc: BaseException) -> TierError:
         text = str(exc) or type(exc).__name__
         self.dead = text.splitlines()[0]
@@ -192,14 +262,18 @@ class NvmeTier(DataTier):
         job = TransferJob(list(keys), [])
         n = self.block_bytes
         for key, src in zip(keys, srcs, strict=True):
-            slot = self.slot_of.get(key)
-            if slot is None:
-                if not self._free:
-                    raise RuntimeError(f"{self.name} tier: all {self.slots} slots in use "
-                                       "(the engine sized it too small)")
-                slot = self._free.popleft()
+            if self.durable:
+                slot = self._durable_slot(key)
             else:
-                self._settle(key)
+                held = self.slot_of.get(key)
+                if held is None:
+                    if not self._free:
+                        raise RuntimeError(f"{self.name} tier: all {self.slots} slots in use "
+                                           "(the engine sized it too small)")
+                    slot = self._free.popleft()
+                else:
+                    slot = held
+                    self._settle(key)
             try:
                 ab = self._wstage.get(timeout=IO_TIMEOUT_S)
             except queue.Empty:
@@ -210,12 +284,17 @@ class NvmeTier(DataTier):
                 fut = self.engine.submit_write(self.sb.slot_offset(slot), ab.view)
             except Exception as exc:
                 self._wstage.put(ab)
-                self._free.appendleft(slot)
+                if self.durable:
+                    self.store.release(slot)
+                else:
+                    self._free.appendleft(slot)
                 raise self._error(exc) from None
             crc: Future[int] = Future()
             fut.add_done_callback(self._returner(ab, n, crc))
             self._crc_of[key] = crc
             self.slot_of[key] = slot
+            if self.durable:
+                self._uncommitted[key] = slot
             self._pending[key] = fut
             job.futures.append(fut)
             job.ok.append(True)
@@ -248,6 +327,32 @@ class NvmeTier(DataTier):
                 self._wstage.put(ab)
         return done
 
+    def _durable_slot(self, key: int) -> int:
+        """A free slot of the store for a new version of ``key``. A committed version
+        stays where it is until the commit of the new one retires it; an uncommitted one
+        was never in the index, and its slot is free again once its write has landed."""
+        old = self._uncommitted.pop(key, None)
+        if old is not None:
+            self._settle(key)
+            self.store.release(old)
+        try:
+            return self.store.allocate()
+        except StoreFull:
+            pass
+        # retired versions are freed by a commit: make them durable and try again
+        try:
+            self.commit_pending()
+            self.store.commit([])
+        except TierError:
+            raise
+        except Exception as exc:
+            raise self._error(exc) from None
+        try:
+            return self.store.allocate()
+        except StoreFull:
+            raise RuntimeError(f"{self.name} tier: all {self.slots} slots in use (the "
+                               "engine sized it too small)") from None
+
     def complete_store(self, job: TransferJob) -> None:
         self._alive()
         self._wait(job.futures, "write")
@@ -267,18 +372,54 @@ class NvmeTier(DataTier):
                 # the slot is reused only after its write has landed
                 with contextlib.suppress(Exception):
                     fut.result(timeout=IO_TIMEOUT_S)
-            self._free.append(slot)
+            if not self.durable:
+                self._free.append(slot)
+                continue
+            if self._uncommitted.pop(key, None) is not None:
+                self.store.release(slot)  # never in the index
+            if key in self.store.by_key:
+                self.store.retire(key)  # its entry goes with the next commit
 
     def drain(self) -> None:
         """Wait for every write in flight (end of a run)."""
         for key in list(self._pending):
             self._settle(key)
 
+    def commit_pending(self) -> int:
+        """Durable mode: commit the writes since the last commit (waiting for each) and the
+        evictions since then, in one batch of the store's protocol; returns the number of
+        blocks it committed. Cheap when there is nothing to commit."""
+        self._alive()
+        if not self._uncommitted and not self.store.retiring:
+            return 0
+        records = []
+        for key, slot in self._uncommitted.items():
+            self._settle(key)
+            try:
+                crc = self._crc_of[key].result(timeout=IO_TIMEOUT_S)
+            except Exception as exc:
+                raise self._error(exc) from None
+            records.append(Written(slot, key, self.block_bytes, crc, self.ordinal))
+        try:
+            self.store.commit(records)
+        except Exception as exc:
+            raise self._error(exc) from None
+        self._uncommitted.clear()
+        return len(records)
+
     def commit(self) -> int:
         """Make the store durable at the end of a run (or a clean stop): wait for every
         write, then commit an index entry for every block the tier holds through the
         store's commit protocol, so ``kvtool verify`` of the place checks them. Call it
-        once, after the last store; returns the number of objects committed."""
+        once, after the last store; returns the number of objects committed (durable
+        mode: every block the store holds, after committing what is pending)."""
+        if self.durable:
+            self.commit_pending()
+            if self.store.retiring:
+                with contextlib.suppress(Exception):
+                    self.store.commit([])
+            self.committed = len(self.store)
+            return self.committed
         self._alive()
         self.drain()
         records = []

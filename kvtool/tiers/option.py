@@ -18,7 +18,8 @@ ON_TIER_ERROR = ("fail", "recompute")
 """What a data run does when a tier's medium fails: stop, or go on without the tier."""
 
 PLACED_TIERS: dict[str, str] = {
-    "dram": "a mooncake:// URL (a Mooncake Store pool: kvtool pool up)",
+    "dram": "a mooncake:// URL (a Mooncake Store pool: kvtool pool up) or a shared-memory "
+            "file such as /dev/shm/kvtool-pool (a pool that outlives the process)",
     "nvme": "a file, a block device or an nvme+tcp:// URL",
 }
 """Tiers that take a place, and what the place may be."""
@@ -58,13 +59,16 @@ class TierOption(NamedTuple):
             if place.startswith("~"):
                 from pathlib import Path
                 place = str(Path(place).expanduser())
-            if (tier == "dram") != place.startswith("mooncake://"):
+            if tier == "nvme" and place.startswith("mooncake://"):
                 raise UsageError(f"{text!r}: the {tier} tier's place is "
                                  f"{PLACED_TIERS[tier]}", field=field)
-            if tier == "dram":
+            if tier == "dram" and place.startswith("mooncake://"):
                 from kvtool.mooncake import parse_mooncake_url
 
                 parse_mooncake_url(place, field=field)
+            elif tier == "dram" and ("://" in place or not place.startswith("/")):
+                raise UsageError(f"{text!r}: the {tier} tier's place is "
+                                 f"{PLACED_TIERS[tier]}", field=field)
         return cls(cap, place)
 
     @property
