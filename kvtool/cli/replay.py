@@ -37,6 +37,7 @@ Examples:
   kvtool replay mt.jsonl --simulate --tiers tiers.toml --csv rounds.csv
   kvtool replay mt.jsonl --simulate --cluster fixtures/clusters/a100-llama2.toml \
       --sweep concurrency=1,4,16 --csv sweep.csv      # the serving model (docs/serving.md)
+  kvtool replay mt.jsonl --engine vllm --check-outputs   # a real vLLM (kvtool[vllm])
 
 \b
 Data mode (default) moves real bytes: a CPU "GPU" pool, a DRAM pool and an NVMe tier on
@@ -168,6 +169,18 @@ def _fraction(_ctx: click.Context, param: click.Parameter, value: float | None) 
               help="--cluster on a cluster that is up (data mode): at this simulated second "
                    "kill an engine actor (engine), a storage target (target) or a node "
                    "(node), or cut a node's links (link); WHO names it (repeatable).")
+@click.option("--engine", type=click.Choice(["vllm"]), default=None,
+              help="Run the trace through a real engine (vLLM, kvtool[vllm]) whose KV "
+                   "connector is kvtool's tiers; times are measured (docs/integrations.md).")
+@click.option("--model-path", type=click.Path(file_okay=False), default=None, metavar="DIR",
+              help="--engine: the model checkpoint [default: a tiny random-weight Llama "
+                   "kvtool makes once: not a real model].")
+@click.option("--check-outputs", is_flag=True,
+              help="--engine: run the trace again without the connector and require "
+                   "identical greedy tokens.")
+@click.option("--bench-result", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="--engine: also write the run as vllm bench serve --save-result JSON "
+                   "(for kvtool calibrate).")
 @json_option
 @host_options
 def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: str | None,
@@ -181,7 +194,8 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
             iolog_version: str, metrics_port: int | None,
             clusters: tuple[str, ...], request_rate: float | None, speedup: float | None,
             sweep: str | None, scalars: tuple[str, ...], jobs: int | None,
-            ray_address: str | None, faults: tuple[str, ...],
+            ray_address: str | None, faults: tuple[str, ...], engine: str | None,
+            model_path: str | None, check_outputs: bool, bench_result: str | None,
             credentials: HostCredentials | None) -> None:
     """Replay a request trace through a GPU → DRAM → NVMe prefix cache.
 
@@ -195,6 +209,14 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
     from kvtool.replay.run import ReplaySettings, describe_setup, prepare
 
     check_output_paths(csv=csv_path, plot=plot_path, requests_csv=requests_csv, iolog=iolog)
+    if engine is not None:
+        _engine(locals())
+        return
+    for name, given in (("model_path", model_path), ("check_outputs", check_outputs or None),
+                        ("bench_result", bench_result)):
+        if given is not None:
+            raise UsageError(f"{param(name)} applies to a real engine: give "
+                             f"{param('engine')} vllm", field=name)
     if clusters and not ray_address:
         _relaunch_on_head(clusters[0])
     fanout = _fanout(simulate, jobs, ray_address,
@@ -300,6 +322,66 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
            for r in results):
         raise CheckFailed("corrupt or lost blocks were found (recomputed, never served); "
                           "see the report")
+
+
+ENGINE_ONLY_WITHOUT = ("simulate", "compares", "clusters", "sweep", "scalars", "faults",
+                       "jobs", "ray_address", "iolog", "requests_csv", "plot_path",
+                       "watermark", "evict_ratio", "speedup", "metrics_port", "engine_gpu",
+                       "no_times")
+"""Options a ``--engine`` replay does not take (they shape a model or a simulation)."""
+
+
+def _engine(o: dict[str, Any]) -> None:
+    """``--engine vllm``: the trace through a real engine on kvtool's tiers."""
+    from kvtool.cli import engine as cli_engine
+    from kvtool.integrations.engine_replay import EngineReplaySettings
+    from kvtool.serving.load import Load
+
+    for name in ENGINE_ONLY_WITHOUT:
+        value = o[name]
+        if value not in (None, False, (), {}):
+            flag = {"compares": "compare", "clusters": "cluster", "scalars": "scalar",
+                    "faults": "fault", "ray_address": "ray", "plot_path": "plot",
+                    "requests_csv": "requests_csv"}.get(name, name)
+            raise UsageError(f"{param(flag)} does not apply to a real engine "
+                             f"({param('engine')}): its times are measured, its tiers real",
+                             field=flag)
+    for name in ("model", "dtype", "tp", "block_bytes", "read_gbps"):
+        if o[name] not in (None, {}):
+            raise UsageError(f"{param(name)}: with {param('engine')} the block size is the "
+                             "model's own (--model-path)", field=name)
+    load = None
+    if o["concurrency"] is not None:
+        load = Load("concurrency", float(o["concurrency"]))
+    elif o["request_rate"] is not None:
+        load = Load("request-rate", o["request_rate"])
+    gpu = o["gpu"]
+    if gpu is not None and gpu.place is not None:
+        raise UsageError("the GPU tier is the engine's own KV cache: give a size",
+                         field="gpu")
+    creds = o["credentials"]
+    settings = EngineReplaySettings(
+        trace=o["trace"], fmt=o["fmt"], block_tokens=o["block_tokens"],
+        skip_bad=o["skip_bad"], engine=o["engine"], model_path=o["model_path"],
+        gpu=gpu.capacity if gpu is not None else None, dram=o["dram"], nvme=o["nvme"],
+        policy=o["policy"], write_policy=o["write_policy"], tiers_file=o["tiers_file"],
+        hostnqn=creds.hostnqn if creds is not None else None,
+        dhchap_secret=_secret_path("dhchap_secret"),
+        dhchap_ctrl_secret=_secret_path("dhchap_ctrl_secret"),
+        read_qd=o["read_qd"], load=load, check_outputs=o["check_outputs"], seed=o["seed"],
+        bench_result=o["bench_result"])
+    if o["policy"] == "vllm":
+        raise UsageError("policy 'vllm' is the engine's own KV cache: give the DRAM and NVMe "
+                         "tiers' policy", field="policy")
+    cli_engine.run(settings, o["csv_path"])
+
+
+def _secret_path(name: str) -> str | None:
+    """A DH-HMAC-CHAP key file given on the command line: the engine's connector reads it
+    itself, in the engine's process (the options' values before ``host_options`` loaded
+    them)."""
+    value = click.get_current_context().params.get(name)
+    return str(value) if value else None
 
 
 def _relaunch_on_head(cluster: str) -> None:

@@ -36,7 +36,7 @@ KEYS: dict[str, str] = {
     "dhchap_secret": "DH-HMAC-CHAP: the host's key file (mode 0600)",
     "dhchap_ctrl_secret": "DH-HMAC-CHAP: the controller's key file (bidirectional)",
     "read_qd": "NVMe reads in flight",
-    "reformat": "format a place that holds a kvtool store of other blocks (erases it)",
+    "reformat": "format a place holding a kvtool store of other blocks (erases it)",
     "metrics_port": "serve kvtool's Prometheus metrics on 127.0.0.1:PORT",
     "on_tier_error": "a tier's medium fails: recompute (default: its blocks are misses) or fail",
 }

@@ -88,6 +88,23 @@ _STORES: dict[str, tuple[BlockStore, int]] = {}
 _STORES_LOCK = threading.Lock()
 
 
+def store_reports() -> list[dict[str, Any]]:
+    """The report of every block store this process has open (one per engine)."""
+    with _STORES_LOCK:
+        stores = [s for s, _refs in _STORES.values()]
+    return [s.report() for s in stores]
+
+
+def close_stores() -> None:
+    """Commit and close every block store of this process (an engine that is not shut
+    down through vLLM, e.g. at the end of a script: what was saved stays durable)."""
+    with _STORES_LOCK:
+        stores = [s for s, _refs in _STORES.values()]
+        _STORES.clear()
+    for s in stores:
+        s.close()
+
+
 def _engine_key(vllm_config: VllmConfig) -> str:
     kt = vllm_config.kv_transfer_config
     assert kt is not None

@@ -71,7 +71,8 @@ class NvmeTier(DataTier):
         """``keyed_payload``: every block stored is ``Payload(block_bytes, seed)`` of its
         key (a data-mode replay's blocks), so committed entries let verify check content.
         ``durable``: open the store the place holds (see the module docstring); one of
-        other blocks (another object size or geometry) is an error unless ``reformat``."""
+        other blocks (another object size or geometry), or a damaged one, is an error
+        unless ``reformat`` (then it is formatted anew)."""
         self.name = name
         self.ordinal = ORDINAL_KEYED if keyed_payload else ORDINAL_NONE
         self.url = url
@@ -93,8 +94,8 @@ class NvmeTier(DataTier):
         """Durable mode: blocks found in the store the place already held."""
         self.dead: str | None = None
         store = None
-        if durable and not reformat:
-            store = self._reopen(engine, block_bytes, geometry)
+        if durable:
+            store = self._reopen(engine, block_bytes, geometry, reformat)
         if store is not None:
             sb = store.sb
         self.sb = sb
@@ -132,14 +133,17 @@ class NvmeTier(DataTier):
         """Objects :meth:`commit` made durable in the store's index (None: not committed)."""
 
     # ------------------------------------------------------------------ helpers
-    def _reopen(self, engine: IOEngine, block_bytes: int,
-                geometry: Geometry | None) -> ObjectStore | None:
-        """The store ``engine`` holds, if it is one of these blocks (None: none there)."""
+    def _reopen(self, engine: IOEngine, block_bytes: int, geometry: Geometry | None,
+                reformat: bool) -> ObjectStore | None:
+        """The store ``engine`` holds, if it is one of these blocks (None: none there, or
+        one of other blocks and ``reformat``)."""
         try:
             store = ObjectStore.open(engine)
         except NotAStore:
             return None
         except BadSuperblock as exc:
+            if reformat:
+                return None
             raise TierError(self.name, self.url, f"{exc}; reformat it to use it as a cache "
                             "(this erases it)") from None
         except Exception as exc:
@@ -156,6 +160,8 @@ class NvmeTier(DataTier):
             need = (f"{block_bytes:,}-byte blocks of {want.model or 'no model'} {want.dtype} "
                     f"({want.block_tokens} tokens/block, tp {want.tp})")
             store.close()
+            if reformat:
+                return None
             raise TierError(self.name, self.url, f"holds a kvtool store of {have}, not "
                             f"{need}; reformat it to use it for these (this erases it)")
         return store

@@ -61,6 +61,9 @@ def collect() -> list[str]:
 
 
 SKIP = {
+    "kvtool replay mt.jsonl --engine vllm --check-outputs":
+        "needs vLLM (kvtool[vllm], a 3.9 GB virtualenv): tests/integrations/test_vllm_engine.py "
+        "runs replay --engine vllm --check-outputs in the cached engine venv",
     "kvtool bench --cluster fixtures/clusters/gp7000-mini.toml --block-bytes 1MiB --qd 8":
         "needs the cluster up (root, network namespaces, Ray): "
         "tests/cluster/test_netns_cluster.py runs bench --cluster on one",
