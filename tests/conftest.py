@@ -18,7 +18,8 @@ from click.testing import CliRunner, Result
 
 from kvtool.cli.main import cli
 
-pytest_plugins = ["tests.helpers.qemu_guest", "tests.helpers.spdk_fixtures"]
+pytest_plugins = ["tests.helpers.qemu_guest", "tests.helpers.spdk_fixtures",
+                  "tests.helpers.engines"]
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
 FIXTURES = REPO / "fixtures"

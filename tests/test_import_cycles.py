@@ -34,6 +34,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("kvtool.tiers",),
     ("kvtool.cluster",),
     ("kvtool.replay",),
+    ("kvtool.integrations",),
     ("kvtool.experiments",),
     ("kvtool.cli",),
     ("kvtool.__main__",),

@@ -13,6 +13,7 @@ EPILOG = """
 \b
 Examples:
   kvtool pool up
+  kvtool pool up --memory 1GiB --memory-port 50062 --name held   # holds objects itself
   kvtool pool status --json          # "url": the mooncake:// URL to pass as --dram
   kvtool pool up --rpc-port 50061 --metadata-port 8081 --metrics-port 9013 --name b
   kvtool pool down
@@ -42,15 +43,23 @@ def command() -> None:
               show_default=True, help="The master starts evicting above this fill.")
 @click.option("--evict-ratio", type=click.FloatRange(0, 1, min_open=True), default=0.05,
               show_default=True, help="Fraction of objects the master evicts per batch.")
+@click.option("--memory", default=None, metavar="SIZE",
+              help="Memory the pool holds itself (mooncake_client): objects outlive the "
+                   "clients that put them [default: none, clients contribute it].")
+@click.option("--memory-port", type=click.IntRange(1, 65535), default=50052,
+              show_default=True, help="The memory process's port (with --memory).")
 @json_option
 def up_cmd(name: str, rpc_port: int, metadata_port: int, metrics_port: int, watermark: float,
-           evict_ratio: float) -> None:
+           evict_ratio: float, memory: str | None, memory_port: int) -> None:
     """Start mooncake_master and the metadata server (does nothing when already up)."""
     from kvtool.mooncake import pool
+    from kvtool.units import parse_size
 
     doc = pool.up(name, rpc_port=rpc_port, metadata_port=metadata_port,
                   metrics_port=metrics_port, eviction_high_watermark=watermark,
-                  eviction_ratio=evict_ratio)
+                  eviction_ratio=evict_ratio,
+                  memory_bytes=parse_size(memory, field="--memory") if memory else 0,
+                  memory_port=memory_port)
     emit(doc, lambda con: _render(con, doc))
 
 
@@ -80,6 +89,8 @@ def status_cmd(name: str) -> None:
 
 
 def _render(con: Any, doc: dict[str, Any]) -> None:
+    from kvtool.units import format_size
+
     if doc["url"] is None:
         con.print(f"pool {doc['name']}: not up (kvtool pool up)")
         return
@@ -88,8 +99,11 @@ def _render(con: Any, doc: dict[str, Any]) -> None:
     verb = "" if changed is None else (" (started)" if changed else " (already up)")
     con.print(f"pool {doc['name']}: {state}{verb}")
     con.print(f"  url       {doc['url']}   (pass as --dram)")
-    for part in ("master", "metadata"):
-        p = doc[part]
+    for part in ("master", "metadata", "memory"):
+        p = doc.get(part)
+        if p is None:
+            continue
         con.print(f"  {part:9} pid {p['pid']} · 127.0.0.1:{p['port']} · "
-                  + ("alive" if p["alive"] else "dead"))
+                  + ("alive" if p["alive"] else "dead")
+                  + (f" · holds {format_size(doc['memory_bytes'])}" if part == "memory" else ""))
     con.print(f"  metrics   {doc['metrics_url']}")

@@ -100,18 +100,22 @@ class BlockStore:
             raise UsageError("the engine's own KV cache is the GPU tier: give dram and nvme "
                              "tiers only", field="tiers")
         self._lock = threading.RLock()
-        self.data_tiers, cfg = _open_tiers(cfg, spec, block_bytes, block_tokens,
-                                           request_blocks, identity)
+        self.data_tiers, cfg, self.unavailable = _open_tiers(
+            cfg, spec, block_bytes, block_tokens, request_blocks, identity)
+        for why in self.unavailable.values():
+            if on_event is not None:
+                on_event(f"{why}; going on without it (its blocks are misses)")
         self.config = cfg
-        names = [t.name for t in cfg.tiers]
+        names = [t.name for t in cfg.tiers] if cfg is not None else []
         self.names = names
         try:
             self.mover = DataMover(names, self.data_tiers,
-                                   holds=lambda j, key: key in self.hierarchy.tiers[j],
+                                   holds=self._holds,
                                    source="engine", on_tier_error=spec.on_tier_error,
                                    checksums=True, on_event=on_event)
-            self.hierarchy: TierHierarchy = cfg.build(block_bytes, block_tokens,
-                                                      {n: self.mover for n in names})
+            self.hierarchy: TierHierarchy | None = (
+                cfg.build(block_bytes, block_tokens, {n: self.mover for n in names})
+                if cfg is not None else None)
             self.reopened = self._adopt()
         except BaseException:
             for t in self.data_tiers.values():
@@ -130,6 +134,9 @@ class BlockStore:
         """(tier, key) of copies that failed their check: rewritten at the next save."""
         self.closed = False
 
+    def _holds(self, j: int, key: int) -> bool:
+        return self.hierarchy is not None and key in self.hierarchy.tiers[j]
+
     # ------------------------------------------------------------------ opening
     def _adopt(self) -> dict[str, int]:
         """Durable tiers: what their places already held joins the hierarchy's metadata
@@ -138,6 +145,8 @@ class BlockStore:
         found: dict[str, int] = {}
         crcs = self.mover.crcs
         assert crcs is not None
+        if self.hierarchy is None:
+            return found
         for i, name in enumerate(self.names):
             tier = self.data_tiers[name]
             persisted = getattr(tier, "persisted_crcs", None)
@@ -165,6 +174,8 @@ class BlockStore:
         with self._lock:
             self.lookups += 1
             self.lookup_blocks += len(keys)
+            if self.hierarchy is None:
+                return []
             src = self.hierarchy.lookup(list(keys))
             dead = self.mover.dead
             names = self.names
@@ -216,6 +227,8 @@ class BlockStore:
         cache); copies that failed their check earlier are rewritten. Stores complete in
         the background; :meth:`commit` makes them durable."""
         with self._lock:
+            if self.hierarchy is None:
+                return
             st = RoundStats(len(self.names))
             if session is None:  # each session-less request is a session of its own
                 self._anonymous += 1
@@ -268,12 +281,17 @@ class BlockStore:
             tiers = []
             for name in self.names:
                 dt = self.data_tiers[name]
+                assert self.hierarchy is not None
                 tiers.append({"name": name, "backend": dt.backend, "url": dt.url,
                               "slots": dt.slots, "held_blocks": len(self.hierarchy.tiers[
                                   self.names.index(name)]),
                               "reopened_blocks": self.reopened.get(name, 0),
                               "failed": self.mover.dead.get(name),
                               **self.per_tier[name].to_dict()})
+            for name, why in self.unavailable.items():
+                tiers.append({"name": name, "backend": None, "url": None, "slots": 0,
+                              "held_blocks": 0, "reopened_blocks": 0, "failed": why,
+                              **TierCounters().to_dict()})
             return {"schema": SCHEMA, "block_bytes": self.block_bytes,
                     "block_tokens": self.block_tokens, "tiers": tiers,
                     "lookups": self.lookups, "commits": self.commits,
@@ -297,85 +315,110 @@ class BlockStore:
         self.close()
 
 
+class _Unreachable(Exception):
+    """A tier's place could not be opened (one line: why)."""
+
+
 def _open_tiers(cfg: Any, spec: StoreSpec, block_bytes: int, block_tokens: int,
-                request_blocks: int, identity: Geometry) -> tuple[dict[str, DataTier], Any]:
-    """Open the data tiers of ``cfg``; return them with ``cfg`` whose capacities are
-    resolved to blocks (a place without a size: what it holds, less one request's room)."""
+                request_blocks: int, identity: Geometry
+                ) -> tuple[dict[str, DataTier], Any, dict[str, str]]:
+    """Open the data tiers of ``cfg``; return them, ``cfg`` with the tiers that opened and
+    their capacities resolved to blocks (a place without a size: what it holds, less one
+    request's room), and why each other tier did not open. A place that cannot be opened
+    (a target down, refused credentials, a pool in use, a store of other blocks) is an
+    error with ``on_tier_error = fail``, else a tier that is not there (its blocks miss)."""
     import msgspec
 
     from kvtool.cache.replayer import CacheConfig
+
+    head = request_blocks + 1
+    tiers: dict[str, DataTier] = {}
+    unavailable: dict[str, str] = {}
+    specs = []
+    try:
+        for ts in cfg.tiers:
+            try:
+                tier, cap = _open_tier(ts, spec, block_bytes, block_tokens, head, identity)
+            except _Unreachable as exc:
+                if spec.on_tier_error == "fail":
+                    raise UsageError(str(exc), field=ts.name) from None
+                unavailable[ts.name] = str(exc)
+                continue
+            tiers[ts.name] = tier
+            specs.append(msgspec.structs.replace(ts, capacity=Capacity(cap, "blocks")))
+    except BaseException:
+        for t in tiers.values():
+            t.close()
+        raise
+    return (tiers, CacheConfig(specs, cfg.write_policy, cfg.label) if specs else None,
+            unavailable)
+
+
+def _open_tier(ts: Any, spec: StoreSpec, block_bytes: int, block_tokens: int, head: int,
+               identity: Geometry) -> tuple[DataTier, int]:
+    """One tier and its capacity in blocks; :class:`_Unreachable` when its place cannot
+    be opened, :class:`UsageError` when it is not described right."""
     from kvtool.nvme.hostauth import HostCredentials
     from kvtool.replay.run import nvme_engine
     from kvtool.tiers.dram import DramTier
     from kvtool.tiers.nvme import NvmeTier
 
-    head = request_blocks + 1
-    tiers: dict[str, DataTier] = {}
-    specs = []
+    if ts.name == "dram":
+        if ts.capacity.unit == "inf":
+            raise UsageError("the DRAM tier holds real bytes: give it a size (example: 1GiB, "
+                             "or 1GiB@/dev/shm/kvtool-pool)", field="dram")
+        cap = int(ts.blocks(block_bytes, block_tokens))
+        place = ts.place
+        try:
+            if place is not None and place.startswith("mooncake://"):
+                from kvtool.tiers.mooncake import MooncakeTier
+
+                return MooncakeTier(place, slots=cap + head, block_bytes=block_bytes,
+                                    run_id=_mooncake_prefix(identity), durable=True), cap
+            if place is not None:
+                from kvtool.tiers.shm import ShmDramTier
+
+                return ShmDramTier(place, cap + head, block_bytes,
+                                   identity=(identity.model, identity.dtype,
+                                             identity.block_tokens, identity.tp)), cap
+        except Exception as exc:
+            raise _Unreachable(f"dram tier ({place}): {_line(exc)}") from None
+        return DramTier(cap + head, block_bytes), cap
+    place = ts.place
+    if place is None:
+        raise UsageError("the NVMe tier needs a place: a file (SIZE@/var/tmp/kv.img), a block "
+                         "device or an nvme+tcp:// URL", field="nvme")
+    want = ts.blocks(block_bytes, block_tokens)
+    creds = HostCredentials.load(spec.hostnqn, spec.dhchap_secret, spec.dhchap_ctrl_secret)
+    create = None
+    if not place.startswith("nvme+") and want != math.inf:
+        import os
+
+        if not os.path.exists(place):
+            create = (int(want) + head) * -(-block_bytes // 4096) * 4096 + (64 << 20)
     try:
-        for ts in cfg.tiers:
-            if ts.name == "dram":
-                if ts.capacity.unit == "inf":
-                    raise UsageError("the DRAM tier holds real bytes: give it a size "
-                                     "(example: 1GiB, or 1GiB@/dev/shm/kvtool-pool)",
-                                     field="dram")
-                cap = int(ts.blocks(block_bytes, block_tokens))
-                place = ts.place
-                if place is not None and place.startswith("mooncake://"):
-                    from kvtool.tiers.mooncake import MooncakeTier
+        engine = nvme_engine(place, create, spec.read_qd, creds)
+    except Exception as exc:
+        raise _Unreachable(f"nvme tier ({place}): {_line(exc)}") from None
+    try:
+        tier = NvmeTier(engine, block_bytes=block_bytes, url=place,
+                        max_slots=None if want == math.inf else int(want) + head,
+                        read_qd=spec.read_qd, geometry=identity, durable=True,
+                        reformat=spec.reformat)
+    except Exception as exc:
+        engine.close()
+        raise _Unreachable(_line(exc)) from None
+    if tier.slots <= head:
+        tier.close()
+        raise UsageError(f"{place} holds {tier.slots} blocks of {block_bytes:,} B, not more "
+                         f"than the {head} one request needs", field="nvme")
+    cap = tier.slots - head if want == math.inf else min(int(want), tier.slots - head)
+    return tier, cap
 
-                    tiers["dram"] = MooncakeTier(place, slots=cap + head,
-                                                 block_bytes=block_bytes,
-                                                 run_id=_mooncake_prefix(identity))
-                elif place is not None:
-                    from kvtool.tiers.shm import ShmDramTier
 
-                    try:
-                        tiers["dram"] = ShmDramTier(
-                            place, cap + head, block_bytes,
-                            identity=(identity.model, identity.dtype, identity.block_tokens,
-                                      identity.tp))
-                    except TierError as exc:
-                        raise UsageError(str(exc), field="dram") from None
-                else:
-                    tiers["dram"] = DramTier(cap + head, block_bytes)
-                specs.append(ts)
-                continue
-            # nvme
-            place = ts.place
-            if place is None:
-                raise UsageError("the NVMe tier needs a place: a file (SIZE@/var/tmp/kv.img), a "
-                                 "block device or an nvme+tcp:// URL", field="nvme")
-            want = ts.blocks(block_bytes, block_tokens)
-            creds = HostCredentials.load(spec.hostnqn, spec.dhchap_secret,
-                                         spec.dhchap_ctrl_secret)
-            create = None
-            if not place.startswith("nvme+") and want != math.inf:
-                import os
-
-                if not os.path.exists(place):
-                    create = (int(want) + head) * -(-block_bytes // 4096) * 4096 + (64 << 20)
-            engine = nvme_engine(place, create, spec.read_qd, creds)
-            try:
-                tier = NvmeTier(engine, block_bytes=block_bytes, url=place,
-                                max_slots=None if want == math.inf else int(want) + head,
-                                read_qd=spec.read_qd, geometry=identity, durable=True,
-                                reformat=spec.reformat)
-            except TierError as exc:
-                engine.close()
-                raise UsageError(str(exc), field="nvme") from None
-            tiers["nvme"] = tier
-            if tier.slots <= head:
-                raise UsageError(f"{place} holds {tier.slots} blocks of {block_bytes:,} B, not "
-                                 f"more than the {head} one request needs", field="nvme")
-            cap_blocks = tier.slots - head if want == math.inf else min(int(want),
-                                                                        tier.slots - head)
-            specs.append(msgspec.structs.replace(ts, capacity=Capacity(cap_blocks, "blocks")))
-    except BaseException:
-        for t in tiers.values():
-            t.close()
-        raise
-    return tiers, CacheConfig(specs, cfg.write_policy, cfg.label)
+def _line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]
 
 
 def _mooncake_prefix(identity: Geometry) -> str:

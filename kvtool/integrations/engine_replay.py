@@ -278,7 +278,7 @@ def _last_error(log: Path) -> str:
 
 def _model(path: str | None) -> tuple[str, bool, int, int, int]:
     """(checkpoint dir, is kvtool's tiny model, vocabulary, longest context, KV bytes per
-    token in 16-bit)."""
+    token in the checkpoint's dtype)."""
     from kvtool.integrations import tinymodel
 
     p = tinymodel.tiny_model() if path is None else Path(path)
@@ -296,8 +296,9 @@ def _model(path: str | None) -> tuple[str, bool, int, int, int]:
     try:
         heads = int(c["num_attention_heads"])
         head_dim = int(c.get("head_dim") or int(c["hidden_size"]) // heads)
+        width = 4 if str(c.get("dtype") or c.get("torch_dtype")) == "float32" else 2
         kv = 2 * int(c["num_hidden_layers"]) * int(c.get("num_key_value_heads") or heads) \
-            * head_dim * 2
+            * head_dim * width
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         kv = 0
     return (str(p.resolve()), tinymodel.is_tiny(p), vocab, ctx if isinstance(ctx, int) else 0,

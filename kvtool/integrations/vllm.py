@@ -86,6 +86,9 @@ SOURCE = {"dram": CacheHitSource.HOST, "nvme": CacheHitSource.DISK}
 # ---------------------------------------------------------------------- shared per process
 _STORES: dict[str, tuple[BlockStore, int]] = {}
 _STORES_LOCK = threading.Lock()
+_RELOAD: dict[str, set[str]] = {}
+"""Per engine: requests whose load failed a check this step. vLLM recomputes their
+blocks; the scheduler side then plans their save again, which rewrites the bad copies."""
 
 
 def store_reports() -> list[dict[str, Any]]:
@@ -351,6 +354,12 @@ class KvtoolConnector(KVConnectorBase_V1):
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         meta = KvtoolConnectorMetadata()
         B = self.block_size
+        with _STORES_LOCK:
+            redo = _RELOAD.pop(self._key, set())
+        for rid in redo:
+            st = self._reqs.get(rid)
+            if st is not None:
+                st.saved = False
         for new in scheduler_output.scheduled_new_reqs:
             st = self._reqs.get(new.req_id)
             if st is None:
@@ -454,7 +463,10 @@ class KvtoolConnector(KVConnectorBase_V1):
             except Exception as exc:  # never the engine's problem: recompute them
                 log.warning("kvtool load failed (recomputed): %s", exc)
             bad = [b for b, good in zip(ld.block_ids, ok, strict=True) if not good]
-            self._load_errors.update(bad)
+            if bad:
+                self._load_errors.update(bad)
+                with _STORES_LOCK:
+                    _RELOAD.setdefault(self._key, set()).add(ld.req_id)
             self._staged.append((ld.block_ids, rows, ok))
         self._count("load_seconds", time.perf_counter() - t0)
 
@@ -492,7 +504,8 @@ class KvtoolConnector(KVConnectorBase_V1):
         try:
             for sv in meta.saves:
                 if self._load_errors & set(sv.block_ids):
-                    # recomputed next step: saved then (the scheduler asks again)
+                    # vLLM recomputes them after this step; the scheduler then plans this
+                    # save again (_RELOAD), with the recomputed bytes
                     continue
                 where = dict(zip(sv.keys, sv.block_ids, strict=True))
                 rows: dict[int, np.ndarray] = {}

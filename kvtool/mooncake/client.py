@@ -12,6 +12,7 @@ find nothing for a key that was put earlier. Callers must treat that as a miss.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -127,6 +128,24 @@ class MooncakeClient:
     def batch_remove(self, keys: list[str]) -> None:
         """:meth:`remove` for many keys in one call."""
         self._store.batch_remove(keys, True)
+
+    def get_bytes(self, key: str) -> bytes:
+        """The object ``key`` whole (b"" when absent)."""
+        return bytes(self._store.get(key) or b"")
+
+    def upsert(self, key: str, data: bytes) -> None:
+        """Put ``key``, replacing any object of that name."""
+        with contextlib.suppress(Exception):
+            self._store.remove(key, True)
+        rc = self._store.put(key, data)
+        if rc != 0:
+            raise MooncakeError(f"put {key!r} failed ({rc}): the pool may be full or down")
+
+    def batch_exists(self, keys: list[str]) -> list[bool]:
+        """Whether the pool holds each key."""
+        if not keys:
+            return []
+        return [int(x) == 1 for x in self._store.batch_is_exist(keys)]
 
     def exists(self, key: str) -> bool:
         return bool(self._store.is_exist(key) == 1)

@@ -8,7 +8,11 @@ Two processes, both bound to 127.0.0.1:
   Run on its own rather than the master's built-in one, which binds every interface.
 
 Clients (the DRAM tier, :mod:`kvtool.mooncake.client`) contribute the memory and move the
-bytes over Mooncake's TCP transport. The pool's record (pids, ports, URL, logs) is
+bytes over Mooncake's TCP transport. ``memory`` (``kvtool pool up --memory 1GiB``) adds a
+third process, ``mooncake_client`` (Mooncake's standalone "real client"), that contributes
+that much memory of its own: objects put there outlive the processes that put them (an
+engine restarted finds the KV blocks it stored; the connector's DRAM tier on
+``mooncake://`` contributes nothing and relies on it). The pool's record (pids, ports, URL, logs) is
 ``$STATE_DIR/pools/<name>.json``; ``up`` on a running pool does nothing, ``down`` stops
 both processes (SIGTERM, then SIGKILL) and removes the record.
 """
@@ -36,6 +40,7 @@ LOOPBACK = "127.0.0.1"
 DEFAULT_RPC_PORT = 50051
 DEFAULT_METADATA_PORT = 8080
 DEFAULT_METRICS_PORT = 9003
+DEFAULT_MEMORY_PORT = 50052
 START_TIMEOUT_S = 20.0
 
 
@@ -52,6 +57,9 @@ class PoolRecord:
     started: float
     eviction_high_watermark: float
     eviction_ratio: float
+    memory_bytes: int = 0
+    memory_pid: int = 0
+    memory_port: int = 0
 
 
 def pools_dir() -> Path:
@@ -115,7 +123,7 @@ def _not_up(name: str) -> dict[str, Any]:
     """The document of a pool that is not up: the same keys as a running one's."""
     return {"schema": "kvtool.pool/1", "name": name, "running": False, "url": None,
             "master": None, "metadata": None, "metrics_url": None, "logs": None,
-            "started": None, "eviction": None}
+            "started": None, "memory_bytes": None, "eviction": None}
 
 
 def status(name: str = "default") -> dict[str, Any]:
@@ -125,6 +133,8 @@ def status(name: str = "default") -> dict[str, Any]:
         return {**_not_up(name), "changed": None}
     procs = {"master": (rec.master_pid, rec.rpc_port), "metadata": (rec.metadata_pid,
                                                                     rec.metadata_port)}
+    if rec.memory_pid:
+        procs["memory"] = (rec.memory_pid, rec.memory_port)
     parts = {k: {"pid": pid, "port": port, "alive": pid_alive(pid), "listening": _listening(port)}
              for k, (pid, port) in procs.items()}
     running = all(p["alive"] and p["listening"] and _is_mooncake(p["pid"])
@@ -133,31 +143,41 @@ def status(name: str = "default") -> dict[str, Any]:
             "changed": None,
             **parts, "metrics_url": f"http://{LOOPBACK}:{rec.metrics_port}/metrics",
             "logs": rec.logs, "started": rec.started,
+            "memory_bytes": rec.memory_bytes,
             "eviction": {"high_watermark": rec.eviction_high_watermark,
                          "ratio": rec.eviction_ratio}}
 
 
 def up(name: str = "default", *, rpc_port: int = DEFAULT_RPC_PORT,
        metadata_port: int = DEFAULT_METADATA_PORT, metrics_port: int = DEFAULT_METRICS_PORT,
-       eviction_high_watermark: float = 0.9, eviction_ratio: float = 0.05) -> dict[str, Any]:
-    """Start the pool (idempotent); return :func:`status` plus ``changed``."""
+       eviction_high_watermark: float = 0.9, eviction_ratio: float = 0.05,
+       memory_bytes: int = 0, memory_port: int = DEFAULT_MEMORY_PORT) -> dict[str, Any]:
+    """Start the pool (idempotent); return :func:`status` plus ``changed``.
+    ``memory_bytes``: memory the pool holds itself (the ``mooncake_client`` process)."""
     current = status(name)
     if current["running"]:
         return {**current, "changed": False}
     if current["url"] is not None:  # a stale record: clean up what is left of it
         down(name)
-    for port, key in ((rpc_port, "rpc_port"), (metadata_port, "metadata_port"),
-                      (metrics_port, "metrics_port")):
+    ports = [(rpc_port, "rpc_port"), (metadata_port, "metadata_port"),
+             (metrics_port, "metrics_port")]
+    if memory_bytes:
+        ports.append((memory_port, "memory_port"))
+    for port, key in ports:
         if not _port_free(port):
             raise UsageError(f"127.0.0.1:{port} is in use", field=key)
-    if len({rpc_port, metadata_port, metrics_port}) != 3:
-        raise UsageError("the three ports must differ", field="rpc_port")
+    if len({p for p, _k in ports}) != len(ports):
+        raise UsageError("the ports must differ", field="rpc_port")
+    if memory_bytes < 0:
+        raise UsageError("must be a size ≥ 0", field="memory")
     master, meta = (mooncake_binary("mooncake_master"),
                     mooncake_binary("mooncake_http_metadata_server"))
     logdir = state_dir() / "run"
     logdir.mkdir(parents=True, exist_ok=True)
     logs = {"master": str(logdir / f"pool-{name}-master.log"),
             "metadata": str(logdir / f"pool-{name}-metadata.log")}
+    if memory_bytes:
+        logs["memory"] = str(logdir / f"pool-{name}-memory.log")
     procs: list[subprocess.Popen[bytes]] = []
     try:
         with open(logs["metadata"], "ab") as log:
@@ -171,17 +191,19 @@ def up(name: str = "default", *, rpc_port: int = DEFAULT_RPC_PORT,
                  f"--eviction_high_watermark_ratio={eviction_high_watermark}",
                  f"--eviction_ratio={eviction_ratio}"],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True))
-        deadline = time.monotonic() + START_TIMEOUT_S
-        for proc, port, what in ((procs[0], metadata_port, "metadata"),
-                                 (procs[1], rpc_port, "master")):
-            while not _listening(port):
-                if proc.poll() is not None:
-                    raise InputError(f"mooncake {what} exited with status {proc.returncode} "
-                                     f"(log: {logs[what]})")
-                if time.monotonic() > deadline:
-                    raise InputError(f"mooncake {what} is not listening on 127.0.0.1:{port} "
-                                     f"after {START_TIMEOUT_S:.0f} s (log: {logs[what]})")
-                time.sleep(0.05)
+        waits = [(procs[0], metadata_port, "metadata"), (procs[1], rpc_port, "master")]
+        if memory_bytes:
+            _wait_listening(waits, logs)
+            with open(logs["memory"], "ab") as log:
+                procs.append(subprocess.Popen(
+                    [mooncake_binary("mooncake_client"),
+                     f"-global_segment_size={memory_bytes}", f"-host={LOOPBACK}",
+                     f"-port={memory_port}", f"-master_server_address={LOOPBACK}:{rpc_port}",
+                     f"-metadata_server=http://{LOOPBACK}:{metadata_port}/metadata",
+                     "-protocol=tcp"],
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True))
+            waits = [(procs[2], memory_port, "memory")]
+        _wait_listening(waits, logs)
     except BaseException:
         for proc in procs:
             _stop_pid(proc.pid)
@@ -189,8 +211,25 @@ def up(name: str = "default", *, rpc_port: int = DEFAULT_RPC_PORT,
     url = MooncakeUrl(LOOPBACK, rpc_port, LOOPBACK, metadata_port)
     _write_record(PoolRecord(name, rpc_port, metadata_port, metrics_port, procs[1].pid,
                              procs[0].pid, str(url), logs, time.time(),
-                             eviction_high_watermark, eviction_ratio))
+                             eviction_high_watermark, eviction_ratio, memory_bytes,
+                             procs[2].pid if memory_bytes else 0,
+                             memory_port if memory_bytes else 0))
     return {**status(name), "changed": True}
+
+
+def _wait_listening(waits: list[tuple[subprocess.Popen[bytes], int, str]],
+                    logs: dict[str, str]) -> None:
+    """Each process listens on its port, or InputError naming its log."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    for proc, port, what in waits:
+        while not _listening(port):
+            if proc.poll() is not None:
+                raise InputError(f"mooncake {what} exited with status {proc.returncode} "
+                                 f"(log: {logs[what]})")
+            if time.monotonic() > deadline:
+                raise InputError(f"mooncake {what} is not listening on 127.0.0.1:{port} "
+                                 f"after {START_TIMEOUT_S:.0f} s (log: {logs[what]})")
+            time.sleep(0.05)
 
 
 def _is_mooncake(pid: int) -> bool:
@@ -221,7 +260,8 @@ def down(name: str = "default") -> dict[str, Any]:
     rec = read_record(name)
     if rec is None:
         return {**_not_up(name), "changed": False}
-    for pid in (rec.master_pid, rec.metadata_pid):
-        _stop_pid(pid)
+    for pid in (rec.memory_pid, rec.master_pid, rec.metadata_pid):
+        if pid:
+            _stop_pid(pid)
     _record_path(name).unlink(missing_ok=True)
     return {**_not_up(name), "changed": True}
