@@ -91,7 +91,8 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
               "kv_connector_module_path": "kvtool.integrations.vllm",
               "kv_role": "kv_both", "kv_connector_extra_config": job["connector"]}
     t_init = time.perf_counter()
-    llm = LLM(model=job["model"], skip_tokenizer_init=True, enable_prefix_caching=True,
+    llm = LLM(model=job["model"], dtype=job.get("dtype", "auto"), skip_tokenizer_init=True,
+              enable_prefix_caching=True,
               kv_cache_memory_bytes=int(job["gpu_bytes"]), enforce_eager=True,
               seed=job["seed"], disable_log_stats=False, max_model_len=job["max_model_len"],
               block_size=B, kv_transfer_config=kv)

@@ -121,7 +121,8 @@ class EngineJob(msgspec.Struct):
         s = self.settings
         return {"trace": s.trace, "fmt": s.fmt, "trace_block_tokens": self.trace_block_tokens,
                 "skip_bad": s.skip_bad, "block_tokens": self.block_tokens, "vocab": self.vocab,
-                "model": self.model, "gpu_bytes": self.gpu_bytes, "seed": s.seed,
+                "model": self.model, "dtype": "float32" if self.tiny else "auto",
+                "gpu_bytes": self.gpu_bytes, "seed": s.seed,
                 "max_model_len": self.max_model_len,
                 "load": {"kind": self.load.kind, "value": self.load.value,
                          "seed": self.load.seed},

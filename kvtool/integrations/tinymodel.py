@@ -5,10 +5,15 @@ generates means nothing. It exercises everything a KV-cache tier sees of a real 
 vLLM's scheduler, paged KV cache, prefix cache and connector API, KV blocks of a real
 layout — in a few MB, without a download (this machine kind reaches no model hub).
 
-The geometry (:data:`CONFIG`): 2 layers, 2 query heads and 1 KV head of 64 dims (512 B of
-bf16 KV per token: a 256-token block is 128 KiB), a vocabulary of 1,024, and room for
-32k-token prompts; half the width of the model ``reference/real-engines.md`` checked, so
-that a 100-request multi-turn trace runs in CI on one CPU thread. Made once with
+The geometry (:data:`CONFIG`): 2 layers, 2 query heads and 1 KV head of 64 dims, a
+vocabulary of 1,024, and room for 32k-token prompts: small enough that a 100-request
+multi-turn trace runs in CI on one CPU thread. Its weights are float32 and kvtool runs it
+in float32 (``dtype="float32"``: vLLM's CPU build would cast to bfloat16), 1 KiB of KV per
+token (a 256-token block is 256 KiB): KV computed in other chunks or batches then differs
+from a recomputation only in float32 rounding, which greedy decoding of a random model
+does not notice, so ``--check-outputs`` can ask for identical tokens (in bfloat16, 3–5 of
+the 96 requests of fixtures/traces/multiturn-8x12.jsonl drifted apart after 9–245
+tokens). Made once with
 transformers (the ``vllm`` extra brings it) under the cache directory, keyed by a digest
 of its config and seed, in a child process (``python -m kvtool.integrations.tinymodel
 DIR``: torch stays out of the caller); an ``flock`` keeps two processes from making it at

@@ -48,7 +48,8 @@ def main() -> None:
     elif job.get("connector") == "example":
         kv = {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
               "kv_connector_extra_config": {"shared_storage_path": job["extra"]["path"]}}
-    llm = LLM(model=job["model"], skip_tokenizer_init=True, enable_prefix_caching=True,
+    llm = LLM(model=job["model"], dtype=job.get("dtype", "float32"), skip_tokenizer_init=True,
+              enable_prefix_caching=True,
               kv_cache_memory_bytes=int(job.get("gpu_bytes", 64 << 20)), enforce_eager=True,
               seed=0, disable_log_stats=False, max_model_len=int(job.get("max_model_len", 4096)),
               block_size=int(job.get("block_size", 32)), kv_transfer_config=kv)

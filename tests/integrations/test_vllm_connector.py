@@ -74,7 +74,7 @@ def test_store_and_reload_over_nvme_tcp_with_dhchap(engine_python: Path, tiny_mo
                          ctrl_key=keys[1]) as t:
         extra = {"nvme": t["url"], "hostnqn": HOSTNQN, "dhchap_secret": str(keys[0]),
                  "dhchap_ctrl_secret": str(keys[1])}
-        w0, r0 = smart(t["url"], keys)
+        w0, _r0 = smart(t["url"], keys)
         first, end1 = run_engine(engine_python, job(tiny_model_dir, extra, [P]), tmp_path)
         w1, r1 = smart(t["url"], keys)
         second, end2 = run_engine(engine_python, job(tiny_model_dir, extra, [P]), tmp_path)
