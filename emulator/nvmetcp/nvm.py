@@ -75,6 +75,47 @@ def landing_zone(conn: Queue, sqe: P.Sqe, n: int) -> memoryview | None:
     return ns.backing.view(sqe.slba * ns.lba_size, n)
 
 
+def hot_read(conn: Queue, ctrl: Controller, nsid: int, slba: int, nlb: int,
+             length: int) -> bytes | None:
+    """The data of a small Read that passes every check :func:`dispatch` and :func:`read`
+    make, read and counted; None (nothing done) for anything else, which then takes the
+    general path. The connection's hot path (canonical capsules, no digests) uses it."""
+    if not ctrl.ready or length > _DIRECT_MIN:
+        return None
+    ns = ctrl.subsys.namespaces.get(nsid)
+    if (ns is None or length != nlb * ns.lba_size or slba + nlb > ns.nblocks
+            or length > conn.state.max_transfer
+            or conn.state.ana_state(conn.local, ns.anagrpid) in _ANA_REFUSED):
+        return None
+    try:
+        data = ns.backing.read(slba * ns.lba_size, length)
+    except OSError:
+        return None  # the general path reads again and fails the command
+    ns.count_read(length)
+    return data
+
+
+def hot_write(conn: Queue, ctrl: Controller, nsid: int, slba: int, nlb: int, cdw12: int,
+              data: memoryview) -> bool:
+    """Store a small in-capsule Write (no FUA) that passes every check :func:`dispatch`
+    and :func:`write` make, and count it: True. False (nothing written) for anything
+    else, which then takes the general path."""
+    if not ctrl.ready or cdw12 & _FUA:
+        return False
+    ns = ctrl.subsys.namespaces.get(nsid)
+    length = len(data)
+    if (ns is None or length != nlb * ns.lba_size or slba + nlb > ns.nblocks
+            or length > conn.state.max_transfer
+            or conn.state.ana_state(conn.local, ns.anagrpid) in _ANA_REFUSED):
+        return False
+    try:
+        ns.backing.write(slba * ns.lba_size, data)
+    except OSError:
+        return False  # the general path writes again and fails the command
+    ns.count_write(length)
+    return True
+
+
 def _range_ok(conn: Queue, ns: Namespace, sqe: P.Sqe, slba: int, nlb: int) -> bool:
     if slba + nlb > ns.nblocks:
         conn.complete(sqe.cid, status(spec.SC_LBA_OUT_OF_RANGE))
