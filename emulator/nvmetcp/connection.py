@@ -234,6 +234,7 @@ class QueueConnection(asyncio.BufferedProtocol):
     def _process(self) -> None:
         view = self._sview
         hot = self._hot_ready()
+        answered = False  # by the hot path
         while self._state != _CLOSED and self._sink is None:
             if self._sink_pdu is not None:  # a streamed H2CData's data is all in place
                 if not self._finish_stream():
@@ -245,6 +246,7 @@ class QueueConnection(asyncio.BufferedProtocol):
                 used = self._hot(start, avail)
                 if used:
                     self._start = start + used
+                    answered = True
                     continue
             if avail < 8:
                 break
@@ -280,6 +282,8 @@ class QueueConnection(asyncio.BufferedProtocol):
             hot = self._hot_ready()  # a Connect, an ICReq or authentication may change it
         if self._start == self._end and self._sink is None:
             self._start = self._end = 0
+        if answered and self.ctrl is not None:
+            self.ctrl.touch()  # keep-alive: once for the commands of this receive
 
     def _hot_ready(self) -> bool:
         """Whether this queue's Read/Write capsules may take :meth:`_hot`: a connected I/O
@@ -309,7 +313,6 @@ class QueueConnection(asyncio.BufferedProtocol):
             if data is None:
                 return 0
             self.sqhd = (self.sqhd + 1) % self.sq_entries
-            ctrl.touch()
             out = self._out
             if self.sqflow_disabled:
                 out.append(P.encode_hot_c2h(cid, length, True))
@@ -327,7 +330,6 @@ class QueueConnection(asyncio.BufferedProtocol):
                              self._sview[d0: d0 + incap]):
             return 0
         self.sqhd = (self.sqhd + 1) % self.sq_entries
-        ctrl.touch()
         self._out.append(P.encode_hot_resp(
             cid, 0xFFFF if self.sqflow_disabled else self.sqhd, self.qid))
         return 72 + incap

@@ -168,3 +168,14 @@ def test_generated_commands_same_bytes(cmds: list[bytes], sqflow: bool, seed: in
     finally:
         hot.close()
         general.close()
+
+
+@pytest.mark.parametrize("ana", [spec.ANA_INACCESSIBLE, spec.ANA_NON_OPTIMIZED])
+def test_ana_states_same_bytes(pair: tuple[Harness, Harness], taken: list[int],
+                               ana: int) -> None:
+    """An inaccessible group refuses I/O with a path error (general path); a
+    non-optimized one serves it (hot path) — the same bytes either way."""
+    for h in pair:
+        h.state.set_ana({0: {1: ana}})
+    _same(pair, io_hot_session(random.Random(4)), 6)
+    assert (sum(taken) > 0) == (ana == spec.ANA_NON_OPTIMIZED)
