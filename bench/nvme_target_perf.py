@@ -19,7 +19,8 @@ third target in the same rounds, for before/after figures. ``--profile DIR`` rec
 py-spy flame graph (SVG) of kvtool's target per case (needs ``py-spy``; slower runs).
 
 usage: python bench/nvme_target_perf.py [--rounds 3] [--seconds 3] [--write]
-           [--qd128] [--baseline DIR] [--profile DIR] [--json]
+           [--qd128] [--baseline DIR] [--target-arg ARG] [--spdk-zerocopy on|off]
+           [--profile DIR] [--priority NICE] [--json]
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -67,8 +69,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_spdk(install: Any, port: int) -> SpdkApp:
-    app = SpdkApp(install, cpumask=f"{1 << TARGET_CPU:#x}", die_with_parent=True).start()
+def start_spdk(install: Any, port: int, zerocopy: bool = True) -> SpdkApp:
+    """SPDK's target; ``zerocopy=False`` turns off its posix sockets' MSG_ZEROCOPY sends
+    (on by default for a server, every size), which a loopback connection pays for
+    without gain: the kernel copies the data for the local receiver anyway."""
+    config = None
+    if not zerocopy:  # socket options apply before the framework starts: a --json config
+        config = Path(tempfile.mkdtemp(prefix="kvtool-bench-spdk-")) / "sock.json"
+        config.write_text(json.dumps({"subsystems": [{"subsystem": "sock", "config": [
+            {"method": "sock_impl_set_options", "params": {
+                "impl_name": "posix", "enable_zerocopy_send_server": False}}]}]}))
+    try:
+        app = SpdkApp(install, cpumask=f"{1 << TARGET_CPU:#x}", config=config,
+                      die_with_parent=True).start()
+    finally:
+        if config is not None:
+            shutil.rmtree(config.parent, ignore_errors=True)
     app.rpc("nvmf_create_transport", {"trtype": "TCP"})
     app.rpc("bdev_malloc_create", {"name": "Mal0", "num_blocks": SIZE // 512, "block_size": 512})
     app.rpc("nvmf_create_subsystem", {"nqn": NQN, "allow_any_host": True})
@@ -109,10 +125,10 @@ def cpu_seconds(pid: int) -> float:
 
 
 def one_target(install: Any, target: str, tree: Path | None, all_cases: list[tuple[str, int, int]],
-               seconds: int, extra: list[str], profile: Path | None,
-               round_no: int) -> dict[str, dict[str, float]]:
+               seconds: int, extra: list[str], profile: Path | None, round_no: int,
+               zerocopy: bool) -> dict[str, dict[str, float]]:
     port = free_port()
-    app = start_spdk(install, port) if tree is None else None
+    app = start_spdk(install, port, zerocopy) if tree is None else None
     proc = start_kvtool(tree, port, extra) if tree is not None else None
     out: dict[str, dict[str, float]] = {}
     try:
@@ -173,6 +189,8 @@ def main() -> int:
     ap.add_argument("--target-arg", action="append", default=[],
                     help="extra argument for kvtool's target (repeatable)")
     ap.add_argument("--profile", type=Path, help="py-spy flame graphs of kvtool's target here")
+    ap.add_argument("--spdk-zerocopy", choices=("on", "off"), default="on",
+                    help="SPDK's MSG_ZEROCOPY sends (its default: on)")
     ap.add_argument("--priority", type=int, metavar="NICE",
                     help="run in an own session at this nice value (e.g. -10; root)")
     ap.add_argument("--json", action="store_true")
@@ -193,7 +211,8 @@ def main() -> int:
     rounds = []
     for r in range(args.rounds):
         rounds.append({t: one_target(install, t, tree, all_cases, args.seconds,
-                                     args.target_arg, args.profile, r)
+                                     args.target_arg, args.profile, r,
+                                     args.spdk_zerocopy == "on")
                        for t, tree in targets})
     load = os.getloadavg()[0]
     summary: dict[str, dict[str, Any]] = {}
@@ -209,11 +228,13 @@ def main() -> int:
                                 "lat": median(lat), "lat_range": [min(lat), max(lat)]}
         summary[name] = row
     if args.json:
-        print(json.dumps({"rounds": rounds, "summary": summary, "load": load}, indent=2))
+        print(json.dumps({"rounds": rounds, "summary": summary, "load": load,
+                          "spdk_zerocopy": args.spdk_zerocopy}, indent=2))
         return 0
     print(f"{args.rounds} round(s) of {args.seconds} s per case, interleaved; "
           f"{install.version()['version']}; load average {load:.1f}")
-    print("targets on CPU 0 (SPDK's reactor; kvtool's one thread, taskset), perf on CPU 1")
+    print("targets on CPU 0 (SPDK's reactor; kvtool's one thread, taskset), perf on CPU 1; "
+          f"SPDK zero-copy sends {args.spdk_zerocopy}")
     for t, _ in targets[1:]:
         print(f"\nmedians: IOPS, mean latency µs; {t}/SPDK per round: median (min-max)")
         print(f"{'case':18} {'SPDK':>15} {t:>15} {'IOPS ratio':>14} {'lat. ratio':>14}")

@@ -287,9 +287,12 @@ class QueueConnection(asyncio.BufferedProtocol):
 
     def _hot_ready(self) -> bool:
         """Whether this queue's Read/Write capsules may take :meth:`_hot`: a connected I/O
-        queue without digests (and authenticated, where that is asked for)."""
+        queue without digests (and authenticated, where that is asked for) of a ready
+        controller. Evaluated per receive and after every command of the general path:
+        nothing else runs in between (one event loop)."""
+        ctrl = self.ctrl
         return (self.hot_path and self._state == _CONNECTED and self.qid > 0
-                and not self.hdgst and not self.ddgst and self.ctrl is not None
+                and not self.hdgst and not self.ddgst and ctrl is not None and ctrl.ready
                 and (self.auth is None or self.auth.authenticated))
 
     def _hot(self, start: int, avail: int) -> int:
@@ -308,8 +311,11 @@ class QueueConnection(asyncio.BufferedProtocol):
             return 0  # the general path decides (a pending AER's CID, or fatal)
         ctrl = self.ctrl
         assert ctrl is not None
+        ns = ctrl.subsys.namespaces.get(nsid)
+        if ns is None:
+            return 0
         if opc == spec.IO_READ and not incap:
-            data = nvm.hot_read(self, ctrl, nsid, slba, nlb, length)
+            data = nvm.hot_read(self, ns, slba, nlb, length)
             if data is None:
                 return 0
             self.sqhd = (self.sqhd + 1) % self.sq_entries
@@ -326,8 +332,7 @@ class QueueConnection(asyncio.BufferedProtocol):
                 or incap > self.state.config.in_capsule_data_size):
             return 0
         d0 = start + 72
-        if not nvm.hot_write(self, ctrl, nsid, slba, nlb, cdw12,
-                             self._sview[d0: d0 + incap]):
+        if not nvm.hot_write(self, ns, slba, nlb, cdw12, self._sview[d0: d0 + incap]):
             return 0
         self.sqhd = (self.sqhd + 1) % self.sq_entries
         self._out.append(P.encode_hot_resp(

@@ -75,44 +75,45 @@ def landing_zone(conn: Queue, sqe: P.Sqe, n: int) -> memoryview | None:
     return ns.backing.view(sqe.slba * ns.lba_size, n)
 
 
-def hot_read(conn: Queue, ctrl: Controller, nsid: int, slba: int, nlb: int,
+def hot_read(conn: Queue, ns: Namespace, slba: int, nlb: int,
              length: int) -> bytes | memoryview | None:
-    """The data of a small Read that passes every check :func:`dispatch` and :func:`read`
-    make, counted; None (nothing done) for anything else, which then takes the general
-    path. The connection's hot path (canonical capsules, no digests) uses it, and copies
-    the data into its output before it returns to the event loop, so a view of a memory
-    backing is returned as it is (one copy fewer than :func:`read`'s)."""
-    if not ctrl.ready or length > _DIRECT_MIN:
+    """The data of a small Read of ``ns`` (of a ready controller) that passes every check
+    :func:`dispatch` and :func:`read` make, counted; None (nothing done) for anything
+    else, which then takes the general path. The connection's hot path (canonical
+    capsules, no digests) uses it, and copies the data into its output before it returns
+    to the event loop, so a view of a memory backing is returned as it is (one copy fewer
+    than :func:`read`'s)."""
+    lba_size = ns.lba_size
+    backing = ns.backing
+    state = conn.state
+    if (length > _DIRECT_MIN or length != nlb * lba_size
+            or (slba + nlb) * lba_size > backing.size or length > state.max_transfer
+            or (state.ana and state.ana_state(conn.local, ns.anagrpid) in _ANA_REFUSED)):
         return None
-    ns = ctrl.subsys.namespaces.get(nsid)
-    if (ns is None or length != nlb * ns.lba_size or slba + nlb > ns.nblocks
-            or length > conn.state.max_transfer
-            or conn.state.ana_state(conn.local, ns.anagrpid) in _ANA_REFUSED):
-        return None
-    offset = slba * ns.lba_size
+    offset = slba * lba_size
     try:
-        data = ns.backing.view(offset, length) or ns.backing.read(offset, length)
+        data = backing.view(offset, length) or backing.read(offset, length)
     except OSError:
         return None  # the general path reads again and fails the command
     ns.count_read(length)
     return data
 
 
-def hot_write(conn: Queue, ctrl: Controller, nsid: int, slba: int, nlb: int, cdw12: int,
+def hot_write(conn: Queue, ns: Namespace, slba: int, nlb: int, cdw12: int,
               data: memoryview) -> bool:
-    """Store a small in-capsule Write (no FUA) that passes every check :func:`dispatch`
-    and :func:`write` make, and count it: True. False (nothing written) for anything
-    else, which then takes the general path."""
-    if not ctrl.ready or cdw12 & _FUA:
-        return False
-    ns = ctrl.subsys.namespaces.get(nsid)
+    """Store a small in-capsule Write (no FUA) to ``ns`` (of a ready controller) that
+    passes every check :func:`dispatch` and :func:`write` make, and count it: True.
+    False (nothing written) for anything else, which then takes the general path."""
+    lba_size = ns.lba_size
+    backing = ns.backing
+    state = conn.state
     length = len(data)
-    if (ns is None or length != nlb * ns.lba_size or slba + nlb > ns.nblocks
-            or length > conn.state.max_transfer
-            or conn.state.ana_state(conn.local, ns.anagrpid) in _ANA_REFUSED):
+    if (cdw12 & _FUA or length != nlb * lba_size or (slba + nlb) * lba_size > backing.size
+            or length > state.max_transfer
+            or (state.ana and state.ana_state(conn.local, ns.anagrpid) in _ANA_REFUSED)):
         return False
     try:
-        ns.backing.write(slba * ns.lba_size, data)
+        backing.write(slba * lba_size, data)
     except OSError:
         return False  # the general path writes again and fails the command
     ns.count_write(length)
