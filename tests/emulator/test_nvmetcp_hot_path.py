@@ -7,6 +7,7 @@ it on, as every target does."""
 
 from __future__ import annotations
 
+import logging
 import random
 import struct
 from collections.abc import Iterator
@@ -49,8 +50,8 @@ def replayable_secrets(monkeypatch: pytest.MonkeyPatch) -> _Secrets:
 def pair() -> Iterator[tuple[Harness, Harness]]:
     hot, general = Harness(hot_path=True), Harness(hot_path=False)
     yield hot, general
+    general.close()  # last made, first closed: each restores the log level it found
     hot.close()
-    general.close()
 
 
 @pytest.fixture
@@ -166,8 +167,8 @@ def test_generated_commands_same_bytes(cmds: list[bytes], sqflow: bool, seed: in
         _same((hot, general), stream, seed)
         assert hot.stats.failures == []
     finally:
-        hot.close()
         general.close()
+        hot.close()
 
 
 @pytest.mark.parametrize("ana", [spec.ANA_INACCESSIBLE, spec.ANA_NON_OPTIMIZED])
@@ -179,3 +180,12 @@ def test_ana_states_same_bytes(pair: tuple[Harness, Harness], taken: list[int],
         h.state.set_ana({0: {1: ana}})
     _same(pair, io_hot_session(random.Random(4)), 6)
     assert (sum(taken) > 0) == (ana == spec.ANA_NON_OPTIMIZED)
+
+
+def test_harnesses_leave_the_log_level_as_found() -> None:
+    logger = logging.getLogger("emulator.nvmetcp")
+    before = logger.level
+    hot, general = Harness(hot_path=True), Harness(hot_path=False)
+    general.close()
+    hot.close()
+    assert logger.level == before
