@@ -71,8 +71,8 @@ def free_port() -> int:
 
 def start_spdk(install: Any, port: int, zerocopy: bool = True) -> SpdkApp:
     """SPDK's target; ``zerocopy=False`` turns off its posix sockets' MSG_ZEROCOPY sends
-    (on by default for a server, every size), which a loopback connection pays for
-    without gain: the kernel copies the data for the local receiver anyway."""
+    (on by default for a server, every size; on loopback the kernel copies the data for
+    the local receiver anyway)."""
     config = None
     if not zerocopy:  # socket options apply before the framework starts: a --json config
         config = Path(tempfile.mkdtemp(prefix="kvtool-bench-spdk-")) / "sock.json"
