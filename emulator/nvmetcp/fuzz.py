@@ -359,8 +359,9 @@ def seed_sessions(rng: random.Random) -> list[bytes]:
         out.append(io_session(rng, hd=hd, dd=dd))
         out.append(admin_logs_session(hd=hd, dd=dd))
         out.append(io_trim_session(hd=hd, dd=dd))
-        out.append(io_hot_session(rng, hd=hd, dd=dd, sqflow=not hd))
+        out.append(io_hot_session(rng, hd=hd, dd=dd))
         out.append(auth_session(rng, hd=hd, dd=dd))
+    out.append(io_hot_session(rng, sqflow=False))
     return out
 
 

@@ -123,9 +123,8 @@ def perf(install: SpdkInstall, transport_id: str, *, workload: str = "randread",
 
 def serve_malloc(app: SpdkApp, nqn: str, port: int, size: int, block_size: int = 512,
                  host: str = "127.0.0.1") -> None:
-    """On a started ``nvmf_tgt``: the TCP
-    transport and one subsystem ``nqn`` that admits any host, its namespace a malloc bdev
-    of ``size`` bytes, listening on ``host:port``."""
+    """On a started ``nvmf_tgt``: the TCP transport and one subsystem ``nqn`` that admits
+    any host, its namespace a malloc bdev of ``size`` bytes, listening on ``host:port``."""
     app.rpc("nvmf_create_transport", {"trtype": "TCP"})
     app.rpc("bdev_malloc_create", {"name": "Mal0", "num_blocks": size // block_size,
                                    "block_size": block_size})
