@@ -195,8 +195,11 @@ def main() -> int:
     if os.cpu_count() is None or (os.cpu_count() or 0) < 2:
         raise SystemExit("needs 2 CPUs: the target on CPU 0, spdk_nvme_perf on CPU 1")
     if args.profile is not None:
-        if shutil.which("py-spy") is None:
-            raise SystemExit("--profile needs py-spy on PATH (pip install py-spy)")
+        beside = Path(sys.executable).parent / "py-spy"  # a virtualenv not on PATH
+        py_spy = str(beside) if beside.exists() else shutil.which("py-spy")
+        if py_spy is None:
+            raise SystemExit("--profile needs py-spy (pip install py-spy)")
+        os.environ["PATH"] = f"{Path(py_spy).parent}:{os.environ.get('PATH', '')}"
         args.profile.mkdir(parents=True, exist_ok=True)
     install = find_spdk(build=True, log=lambda m: print(m, file=sys.stderr))
     all_cases = cases(args.write, args.qd128)
