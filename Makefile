@@ -49,10 +49,13 @@ test: sysdeps venv
 
 ## The replay speed and memory benchmarks (BENCHMARKS.md) in $(BENCH_VENV). They print
 ## ratios against references measured in the same run; nothing here asserts on time.
-bench: $(BENCH_VENV)/.stamp
+## nvme_target_perf: the emulator's NVMe/TCP target against SPDK's (SPDK built once; needs
+## the spdk extra, so it runs in $(VENV)).
+bench: $(BENCH_VENV)/.stamp venv
 	PYTHONPATH=$(CURDIR) $(BENCH_VENV)/bin/python bench/replay_speed.py --repeat 21
 	PYTHONPATH=$(CURDIR) $(BENCH_VENV)/bin/python bench/replay_speed.py --repeat 5 --times 10
 	PYTHONPATH=$(CURDIR) $(BENCH_VENV)/bin/python bench/replay_memory.py
+	$(PY) bench/nvme_target_perf.py --rounds 3 --write --priority -10
 
 lint: venv
 	$(VENV)/bin/tox run -e lint

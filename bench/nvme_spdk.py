@@ -55,12 +55,7 @@ def free_port() -> int:
 
 def start_spdk(install: Any, port: int) -> SpdkApp:
     app = SpdkApp(install, cpumask="0x1", die_with_parent=True).start()
-    app.rpc("nvmf_create_transport", {"trtype": "TCP"})
-    app.rpc("bdev_malloc_create", {"name": "Mal0", "num_blocks": SIZE // 512, "block_size": 512})
-    app.rpc("nvmf_create_subsystem", {"nqn": NQN, "allow_any_host": True})
-    app.rpc("nvmf_subsystem_add_ns", {"nqn": NQN, "namespace": {"bdev_name": "Mal0"}})
-    app.rpc("nvmf_subsystem_add_listener", {"nqn": NQN, "listen_address": {
-        "trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": str(port)}})
+    tools.serve_malloc(app, NQN, port, SIZE)
     return app
 
 

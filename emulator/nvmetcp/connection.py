@@ -24,7 +24,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from emulator.nvmetcp import commands
+from emulator.nvmetcp import commands, nvm
 from emulator.nvmetcp.queue import Shared
 from emulator.nvmetcp.subsystem import Controller, Subsystem
 from kvtool.nvme import dhchap, spec
@@ -72,7 +72,13 @@ class _PendingData:
 
 
 class QueueConnection(asyncio.BufferedProtocol):
-    """asyncio protocol for one queue. Also driven directly (no socket) by the fuzz tests."""
+    """asyncio protocol for one queue. Also driven directly (no socket) by the fuzz tests.
+
+    ``hot_path``: answer canonical small Reads and in-capsule Writes without the general
+    dispatch (:meth:`_hot`; the same bytes on the wire). A subclass that observes
+    :meth:`_dispatch` or :meth:`_write` turns it off; tests compare both settings."""
+
+    hot_path = True
 
     def __init__(self, state: Shared) -> None:
         self.state = state
@@ -227,6 +233,8 @@ class QueueConnection(asyncio.BufferedProtocol):
 
     def _process(self) -> None:
         view = self._sview
+        hot = self._hot_ready()
+        answered = False  # by the hot path
         while self._state != _CLOSED and self._sink is None:
             if self._sink_pdu is not None:  # a streamed H2CData's data is all in place
                 if not self._finish_stream():
@@ -234,6 +242,12 @@ class QueueConnection(asyncio.BufferedProtocol):
                 continue
             start = self._start
             avail = self._end - start
+            if hot and avail >= 72:
+                used = self._hot(start, avail)
+                if used:
+                    self._start = start + used
+                    answered = True
+                    continue
             if avail < 8:
                 break
             self._last_header = bytes(view[start: start + 8])
@@ -265,8 +279,65 @@ class QueueConnection(asyncio.BufferedProtocol):
                     digest_ok = P.crc32c(data) == int.from_bytes(digest, "little")
             self._start = start + ch.plen
             self._dispatch(P.attach_data(pdu, data), digest_ok)
+            hot = self._hot_ready()  # a Connect, an ICReq or authentication may change it
         if self._start == self._end and self._sink is None:
             self._start = self._end = 0
+        if answered and self.ctrl is not None:
+            self.ctrl.touch()  # keep-alive: once for the commands of this receive
+
+    def _hot_ready(self) -> bool:
+        """Whether this queue's Read/Write capsules may take :meth:`_hot`: a connected I/O
+        queue without digests (and authenticated, where that is asked for) of a ready
+        controller. Evaluated per receive and after every command of the general path:
+        nothing else runs in between (one event loop)."""
+        ctrl = self.ctrl
+        return (self.hot_path and self._state == _CONNECTED and self.qid > 0
+                and not self.hdgst and not self.ddgst and ctrl is not None and ctrl.ready
+                and (self.auth is None or self.auth.authenticated))
+
+    def _hot(self, start: int, avail: int) -> int:
+        """The hot path: a canonical 4 KiB-class Read or in-capsule Write that passes every
+        check is answered here, with what the general path (:meth:`_dispatch` →
+        :mod:`.commands` → :mod:`.nvm`) would send and record; returns the bytes of the
+        PDU, or 0 with nothing done (the general path then takes it, errors included).
+        At 4 KiB the general path's dataclasses, layout checks and dispatch layers were
+        most of the target's CPU per command (BENCHMARKS.md, issue 40)."""
+        cmd = P.decode_hot_capsule(self._stage, start)
+        if cmd is None:
+            return 0
+        opc, cid, nsid, slba, nlb, cdw12, incap, length = cmd
+        outstanding = self.outstanding
+        if cid in outstanding or len(outstanding) >= self.sq_entries:
+            return 0  # the general path decides (a pending AER's CID, or fatal)
+        ctrl = self.ctrl
+        assert ctrl is not None
+        ns = ctrl.subsys.namespaces.get(nsid)
+        if ns is None:
+            return 0
+        if opc == spec.IO_READ and not incap:
+            data = nvm.hot_read(self, ns, slba, nlb, length)
+            if data is None:
+                return 0
+            self.sqhd = (self.sqhd + 1) % self.sq_entries
+            out = self._out
+            if self.sqflow_disabled:
+                out.append(P.encode_hot_c2h(cid, length, True))
+                out.append(data)
+            else:
+                out.append(P.encode_hot_c2h(cid, length, False))
+                out.append(data)
+                out.append(P.encode_hot_resp(cid, self.sqhd, self.qid))
+            return 72
+        if (opc != spec.IO_WRITE or not incap or incap > self.stream_min or avail < 72 + incap
+                or incap > self.state.config.in_capsule_data_size):
+            return 0
+        d0 = start + 72
+        if not nvm.hot_write(self, ns, slba, nlb, cdw12, self._sview[d0: d0 + incap]):
+            return 0
+        self.sqhd = (self.sqhd + 1) % self.sq_entries
+        self._out.append(P.encode_hot_resp(
+            cid, 0xFFFF if self.sqflow_disabled else self.sqhd, self.qid))
+        return 72 + incap
 
     def _dispatch(self, pdu: P.Pdu, digest_ok: bool) -> None:
         if isinstance(pdu, P.CapsuleCmd):

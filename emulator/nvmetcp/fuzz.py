@@ -85,7 +85,8 @@ class Stats:
 class Harness:
     """A target state (memory namespace) plus an event loop that is never run."""
 
-    def __init__(self, *, mdts: int = 4, queue_size: int = 8) -> None:
+    def __init__(self, *, mdts: int = 4, queue_size: int = 8, hot_path: bool = True) -> None:
+        self.hot_path = hot_path  # QueueConnection.hot_path of the connections it runs
         self._keydir = tempfile.TemporaryDirectory(prefix="kvtool-fuzz-")
         key = Path(self._keydir.name) / "host.key"
         dhchap.write_secret_file(key, dhchap.generate_secret())
@@ -128,6 +129,7 @@ class Harness:
         rng = rng or random.Random(len(stream))
         conn = QueueConnection(self.state)
         conn.stream_min = 2048  # larger in-capsule data takes the streamed (in-place) path
+        conn.hot_path = self.hot_path
         tr = FakeTransport()
         conn.connection_made(tr)
         before = len(self.errors.records)
@@ -207,10 +209,10 @@ def _cmd(sqe: P.Sqe, data: bytes = b"", *, hd: bool, dd: bool, transport_len: in
 
 
 def _connect(qid: int, cntlid: int, *, hd: bool, dd: bool, cid: int = 0,
-             hostnqn: str = HOSTNQN) -> bytes:
+             hostnqn: str = HOSTNQN, cattr: int = 0) -> bytes:
     data = spec.ConnectData(bytes(16), cntlid, NQN, hostnqn).encode()
     return _cmd(P.Sqe(spec.OPC_FABRICS, cid=cid, nsid=spec.FCTYPE_CONNECT, cdw10=qid << 16,
-                      cdw11=7, cdw12=0), data, hd=hd, dd=dd)
+                      cdw11=7 | (cattr << 16), cdw12=0), data, hd=hd, dd=dd)
 
 
 def admin_session(*, hd: bool = False, dd: bool = False) -> bytes:
@@ -250,6 +252,34 @@ def io_session(rng: random.Random, *, hd: bool = False, dd: bool = False) -> byt
     parts.append(_cmd(P.Sqe(spec.IO_READ, cid=3, nsid=1, cdw10=64, cdw12=23), hd=hd, dd=dd,
                       transport_len=len(big)))
     parts.append(_cmd(P.Sqe(spec.IO_FLUSH, cid=4, nsid=1), hd=hd, dd=dd))
+    return b"".join(parts)
+
+
+def io_hot_session(rng: random.Random, *, hd: bool = False, dd: bool = False,
+                   sqflow: bool = True) -> bytes:
+    """Small Reads and in-capsule Writes of the kind the target's hot path answers (see
+    ``QueueConnection._hot``), and their near misses that it leaves to the general path:
+    the last blocks and one past them, FUA, another namespace, NLB disagreeing with the
+    data, a Read at and past MDTS; ``sqflow=False`` connects with SQ flow control
+    disabled (C2HData SUCCESS, SQHD 0xFFFF)."""
+    parts = [P.encode(P.ICReq(hdgst=hd, ddgst=dd)),
+             _connect(1, 1, hd=hd, dd=dd, cattr=0 if sqflow else spec.CATTR_DISABLE_SQ_FLOW)]
+    w, r = spec.IO_WRITE, spec.IO_READ
+    last = (1 << 20) // 512 - 1
+    writes = ((0, 1, 512, 0), (8, 4, 2048, 0), (last - 3, 4, 2048, 0), (last, 2, 1024, 0),
+              (16, 1, 512, 1 << 30), (24, 2, 512, 0))
+    for cid, (slba, nlb, n, flags) in enumerate(writes, 1):
+        parts.append(_cmd(P.Sqe(w, cid=cid, nsid=1, cdw10=slba, cdw12=(nlb - 1) | flags),
+                          rng.randbytes(n), hd=hd, dd=dd))
+    parts.append(_cmd(P.Sqe(w, cid=7, nsid=2, cdw10=0), rng.randbytes(512), hd=hd, dd=dd))
+    reads = ((0, 8, 4096), (last, 1, 512), (last, 2, 1024), (8, 4, 4096), (0, 128, 65536),
+             (0, 129, 66048), (last - 3, 4, 2048))
+    for cid, (slba, nlb, n) in enumerate(reads, 8):
+        parts.append(_cmd(P.Sqe(r, cid=cid, nsid=1, cdw10=slba, cdw12=nlb - 1), hd=hd,
+                          dd=dd, transport_len=n))
+    parts.append(_cmd(P.Sqe(r, cid=15, nsid=0xFFFFFFFF, cdw10=0), hd=hd, dd=dd,
+                      transport_len=512))
+    parts.append(_cmd(P.Sqe(spec.IO_FLUSH, cid=16, nsid=1), hd=hd, dd=dd))
     return b"".join(parts)
 
 
@@ -329,7 +359,9 @@ def seed_sessions(rng: random.Random) -> list[bytes]:
         out.append(io_session(rng, hd=hd, dd=dd))
         out.append(admin_logs_session(hd=hd, dd=dd))
         out.append(io_trim_session(hd=hd, dd=dd))
+        out.append(io_hot_session(rng, hd=hd, dd=dd))
         out.append(auth_session(rng, hd=hd, dd=dd))
+    out.append(io_hot_session(rng, sqflow=False))
     return out
 
 

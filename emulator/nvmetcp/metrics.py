@@ -42,6 +42,8 @@ class TargetMetrics:
         metrics = self
 
         class MeteredConnection(QueueConnection):
+            hot_path = False  # every command goes through _dispatch and _write, counted
+
             def connection_made(self, transport: Any) -> None:
                 metrics.connections.inc()
                 super().connection_made(transport)

@@ -75,6 +75,51 @@ def landing_zone(conn: Queue, sqe: P.Sqe, n: int) -> memoryview | None:
     return ns.backing.view(sqe.slba * ns.lba_size, n)
 
 
+def hot_read(conn: Queue, ns: Namespace, slba: int, nlb: int,
+             length: int) -> bytes | memoryview | None:
+    """The data of a small Read of ``ns`` (of a ready controller) that passes every check
+    :func:`dispatch` and :func:`read` make, counted; None (nothing done) for anything
+    else, which then takes the general path. The connection's hot path (canonical
+    capsules, no digests) uses it, and copies the data into its output before it returns
+    to the event loop, so a view of a memory backing is returned as it is (one copy fewer
+    than :func:`read`'s)."""
+    lba_size = ns.lba_size
+    backing = ns.backing
+    state = conn.state
+    if (length > _DIRECT_MIN or length != nlb * lba_size
+            or (slba + nlb) * lba_size > backing.size or length > state.max_transfer
+            or (state.ana and state.ana_state(conn.local, ns.anagrpid) in _ANA_REFUSED)):
+        return None
+    offset = slba * lba_size
+    try:
+        data = backing.view(offset, length) or backing.read(offset, length)
+    except OSError:
+        return None  # the general path reads again and fails the command
+    ns.count_read(length)
+    return data
+
+
+def hot_write(conn: Queue, ns: Namespace, slba: int, nlb: int, cdw12: int,
+              data: memoryview) -> bool:
+    """Store a small in-capsule Write (no FUA) to ``ns`` (of a ready controller) that
+    passes every check :func:`dispatch` and :func:`write` make, and count it: True.
+    False (nothing written) for anything else, which then takes the general path."""
+    lba_size = ns.lba_size
+    backing = ns.backing
+    state = conn.state
+    length = len(data)
+    if (cdw12 & _FUA or length != nlb * lba_size or (slba + nlb) * lba_size > backing.size
+            or length > state.max_transfer
+            or (state.ana and state.ana_state(conn.local, ns.anagrpid) in _ANA_REFUSED)):
+        return False
+    try:
+        backing.write(slba * lba_size, data)
+    except OSError:
+        return False  # the general path writes again and fails the command
+    ns.count_write(length)
+    return True
+
+
 def _range_ok(conn: Queue, ns: Namespace, sqe: P.Sqe, slba: int, nlb: int) -> bool:
     if slba + nlb > ns.nblocks:
         conn.complete(sqe.cid, status(spec.SC_LBA_OUT_OF_RANGE))

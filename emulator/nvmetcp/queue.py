@@ -28,6 +28,7 @@ class Shared(Protocol):
     connections: set[Queue]
     vs: int  # the Version property
     max_transfer: int  # bytes: MDTS as a byte count
+    ana: dict[int, dict[int, int]]  # listener → {group: state}; empty: all optimized
 
     def find_subsystem(self, nqn: str) -> Subsystem | None: ...
 

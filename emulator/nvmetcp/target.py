@@ -85,6 +85,8 @@ class TargetState:
         return None
 
     def ana_state(self, local: tuple[str, int] | None, grpid: int) -> int:
+        if not self.ana:  # every group optimized everywhere (the usual case): no lookup
+            return spec.ANA_OPTIMIZED
         index = self.listener_index(local)
         return self.ana.get(index, {}).get(grpid, spec.ANA_OPTIMIZED) if index is not None \
             else spec.ANA_OPTIMIZED

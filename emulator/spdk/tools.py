@@ -13,6 +13,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvtool.target.spdk.app import SpdkApp
 from kvtool.target.spdk.install import SpdkInstall, die_with_parent
 
 HOST_CORE_MASK = "0x2"
@@ -118,6 +119,19 @@ def perf(install: SpdkInstall, transport_id: str, *, workload: str = "randread",
     elif run.returncode == 0:
         run.errors.append("spdk_nvme_perf printed no Total line")
     return result
+
+
+def serve_malloc(app: SpdkApp, nqn: str, port: int, size: int, block_size: int = 512,
+                 host: str = "127.0.0.1") -> None:
+    """On a started ``nvmf_tgt``: the TCP transport and one subsystem ``nqn`` that admits
+    any host, its namespace a malloc bdev of ``size`` bytes, listening on ``host:port``."""
+    app.rpc("nvmf_create_transport", {"trtype": "TCP"})
+    app.rpc("bdev_malloc_create", {"name": "Mal0", "num_blocks": size // block_size,
+                                   "block_size": block_size})
+    app.rpc("nvmf_create_subsystem", {"nqn": nqn, "allow_any_host": True})
+    app.rpc("nvmf_subsystem_add_ns", {"nqn": nqn, "namespace": {"bdev_name": "Mal0"}})
+    app.rpc("nvmf_subsystem_add_listener", {"nqn": nqn, "listen_address": {
+        "trtype": "TCP", "adrfam": "IPv4", "traddr": host, "trsvcid": str(port)}})
 
 
 def nvme_bdev_config(name: str, host: str, port: int, subnqn: str,

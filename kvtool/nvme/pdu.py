@@ -461,6 +461,49 @@ def decode_hot_c2h(buf: bytes | bytearray | memoryview, pos: int
     return cccid, datao, datal, bool(flags & FLAG_SUCCESS)
 
 
+# The target's side of the same hot path: Read/Write CapsuleCmd headers in, C2HData
+# headers and CapsuleResps out (emulator/nvmetcp/connection.py; BENCHMARKS.md, issue 40).
+
+_HOT_CAPSULE = struct.Struct("<BBBBIBBHI16xQI3xBIII12x")  # the fields a Read/Write uses
+_HOT_RESP = struct.Struct("<BBBBIIIHHHH")  # CapsuleResp, no header digest: 24 bytes
+_HOT_C2H = struct.Struct("<BBBBIHHII4x")  # C2HData header, no digests: 24 bytes
+
+
+def decode_hot_capsule(buf: bytes | bytearray | memoryview, pos: int
+                       ) -> tuple[int, int, int, int, int, int, int, int] | None:
+    """(OPCODE, CID, NSID, SLBA, NLB, CDW12, in-capsule bytes, SGL length) of the
+    CapsuleCmd header at ``buf[pos:]`` (72 bytes there) on a queue without digests, or
+    None when it is not exactly the canonical form of a command with a data pointer:
+    no flags, PSDT SGL and no fused bits, and either no data and a Transport SGL with a
+    length, or in-capsule data with a Data Block (offset 0) SGL covering all of it. What
+    is not canonical goes through :func:`decode_common`, which judges it."""
+    (ptype, flags, hlen, pdo, plen, opc, sflags, cid, nsid, addr, length, sgl_id, c10, c11,
+     c12) = _HOT_CAPSULE.unpack_from(buf, pos)
+    if ptype != PduType.CAPSULE_CMD or flags or hlen != 72 or sflags != SQE_FLAGS_PSDT_SGL:
+        return None
+    if pdo == 0:
+        if plen != 72 or sgl_id != SGL_TRANSPORT_DATA_BLOCK or not length:
+            return None
+        return opc, cid, nsid, c10 | (c11 << 32), (c12 & 0xFFFF) + 1, c12, 0, length
+    if (pdo != 72 or plen <= 72 or sgl_id != SGL_DATA_BLOCK_OFFSET or addr
+            or length != plen - 72):
+        return None
+    return opc, cid, nsid, c10 | (c11 << 32), (c12 & 0xFFFF) + 1, c12, length, length
+
+
+def encode_hot_resp(cid: int, sqhd: int, sqid: int) -> bytes:
+    """A successful CapsuleResp (DW0 = DW1 = 0) on a queue without header digest;
+    equals what :func:`encode_parts` makes of ``CapsuleResp(Cqe(cid, 0, 0, 0, sqhd, sqid))``."""
+    return _HOT_RESP.pack(PduType.CAPSULE_RESP, 0, 24, 0, 24, 0, 0, sqhd, sqid, cid, 0)
+
+
+def encode_hot_c2h(cid: int, datal: int, success: bool) -> bytes:
+    """The header of a C2HData carrying a whole transfer (DATAO 0, LAST_PDU; SUCCESS when
+    asked) on a queue without digests; equals :func:`encode_parts`'s."""
+    flags = FLAG_LAST_PDU | FLAG_SUCCESS if success else FLAG_LAST_PDU
+    return _HOT_C2H.pack(PduType.C2H_DATA, flags, 24, 24, 24 + datal, cid, 0, 0, datal)
+
+
 # --- decoding ---------------------------------------------------------------------------------
 
 
