@@ -15,6 +15,8 @@
 #   kvt.hosts=NQN[,NQN]   allowed host NQNs (default: allow any host)
 #   kvt.hostroot=1        mount host / (9p tag hostroot) read-only + tmpfs overlay at /hostroot
 #   kvt.ctl=0             no control shell on guest port 2323 (default: on)
+#   kvt.rdma=1            load soft-RoCE (rdma_rxe), rdma_ucm and the NVMe/RDMA host and target
+#   kvt.pcie=1            load the NVMe PCIe driver and vfio-pci (QEMU NVMe controllers; SPDK)
 # Console markers: KVTOOL-TARGET-READY (target configured), KVTOOL-GUEST-READY (always, last).
 /bin/busybox --install -s /bin
 export PATH=/bin:/sbin:/usr/bin:/usr/sbin
@@ -46,6 +48,13 @@ done </modules.load
 if [ "$(arg hostroot 0)" = 1 ]; then
     while read -r m; do [ -n "$m" ] && insmod "/lib/modules/$m"; done </modules-9p.load
 fi
+for set in rdma pcie; do
+    if [ "$(arg $set 0)" = 1 ]; then
+        while read -r m; do
+            [ -n "$m" ] && insmod "/lib/modules/$m" 2>&1 | sed 's/^/[insmod] /'
+        done <"/modules-$set.load"
+    fi
+done
 log "modules loaded"
 
 mount -t configfs configfs /sys/kernel/config || fail "configfs mount"

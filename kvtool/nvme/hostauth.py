@@ -27,6 +27,9 @@ class HostCredentials:
     hostnqn: str | None = None
     secret: Secret | None = None  # the host's DH-HMAC-CHAP secret
     ctrl_secret: Secret | None = None  # the controller's: set = bidirectional
+    # whose NVMe-oF host connects: "kvtool" (the userspace NVMe/TCP host) or "kernel"
+    # (Linux nvme-tcp/nvme-rdma through /dev/nvme-fabrics; nvme+rdma:// always)
+    initiator: str = "kvtool"
 
 
 class AuthenticationError(OSError):
