@@ -127,6 +127,9 @@ class Guest:
         and vfio-pci. Writes reach the file (QEMU honours Flush), so it is durable backing.
       iommu: an emulated Intel IOMMU (``-device intel-iommu``; guest ``intel_iommu=on
         iommu=pt``), so vfio-pci can map DMA for SPDK's userspace driver without hugepages.
+      cpu: QEMU's ``-cpu`` (default ``qemu64,+rdrand``); ``max`` gives the guest every
+        instruction TCG emulates (SSE4.2, POPCNT, AVX2), which the host's numpy and SPDK
+        (built for x86-64-v2) need when run in the guest through ``hostroot``.
       rdma: /init loads soft-RoCE (rdma_rxe), rdma_ucm, nvme-rdma and nvmet-rdma; an rxe
         device is made on eth0 with ``rdma link add`` (emulator.qemu.rdma).
     """
@@ -150,6 +153,7 @@ class Guest:
         iommu: bool = False,
         rdma: bool = False,
         smp: int = 1,
+        cpu: str = "qemu64,+rdrand",
     ) -> None:
         if backing not in ("ram", "file", "loop"):
             raise ValueError(f"backing must be 'ram', 'file' or 'loop', not {backing!r}")
@@ -177,6 +181,7 @@ class Guest:
         self.iommu = iommu
         self.rdma = rdma
         self.smp = smp
+        self.cpu = cpu
         self._requested = {TARGET_PORT: 0, CONTROL_PORT: 0, **(forwards or {})}
         self._ports: dict[int, int] = {}
         self._proc: subprocess.Popen[bytes] | None = None
@@ -258,15 +263,17 @@ class Guest:
         argv = [
             # +rdrand: TCG emulates it, and the guest's CRNG is ready at once (6.12's
             # nvme gen-dhchap-key would otherwise fail on getrandom(GRND_NONBLOCK))
-            "qemu-system-x86_64", "-accel", "tcg,thread=multi,tb-size=64", "-cpu", "qemu64,+rdrand",
+            "qemu-system-x86_64", "-accel", "tcg,thread=multi,tb-size=64", "-cpu", self.cpu,
             "-m", str(self.mem_mb), "-smp", str(self.smp), "-machine", "q35", "-nodefaults", "-no-reboot",
             "-display", "none", "-kernel", str(self.image.kernel), "-initrd", str(self.image.initrd),
             "-append", self.cmdline(), "-serial", f"file:{self._rundir / 'console.log'}",
             "-netdev", netdev, "-device", "virtio-net-pci,netdev=n0",
         ]
-        if self.iommu:  # before the devices it translates for
+        # the IOMMU goes before the devices it translates for; 48-bit addresses, since SPDK maps
+        # DMA by virtual address (IOVA = VA from 0x200000000000: over the default 39 bits)
+        if self.iommu:
             argv[argv.index("-netdev"):argv.index("-netdev")] = [
-                "-device", "intel-iommu,intremap=off"]
+                "-device", "intel-iommu,intremap=on,aw-bits=48"]
         for i, path in enumerate(self.nvme):
             argv += ["-drive", f"file={path},if=none,id=nvm{i},format=raw",
                      "-device", f"nvme,serial=KVTNVME{i},drive=nvm{i},bus=pcie.0,"

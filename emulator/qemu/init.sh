@@ -26,6 +26,7 @@ mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 mount -t tmpfs tmpfs /tmp
 mount -t tmpfs tmpfs /run
+mkdir -p /dev/shm && mount -t tmpfs -o mode=1777 shm /dev/shm   # shm_open (SPDK's trace)
 
 arg() { # arg NAME DEFAULT
     v=$(tr ' ' '\n' </proc/cmdline | sed -n "s/^kvt\.$1=//p" | tail -n1)
@@ -50,8 +51,8 @@ if [ "$(arg hostroot 0)" = 1 ]; then
 fi
 for set in rdma pcie; do
     if [ "$(arg $set 0)" = 1 ]; then
-        while read -r m; do
-            [ -n "$m" ] && insmod "/lib/modules/$m" 2>&1 | sed 's/^/[insmod] /'
+        while read -r m args; do
+            [ -n "$m" ] && insmod "/lib/modules/$m" $args 2>&1 | sed 's/^/[insmod] /'
         done <"/modules-$set.load"
     fi
 done
@@ -92,7 +93,7 @@ if [ "$(arg hostroot 0)" = 1 ]; then
     # /run is the guest's own scratch, shared with the chroot (files nvmet serves must live
     # on a real guest file system: on the overlay nvmet sees a 0-bit block size). /tmp stays
     # the host's, through the overlay, so a checkout or virtualenv under /tmp is visible.
-    for d in proc sys dev run; do mkdir -p "/hostroot/$d"; mount -o bind "/$d" "/hostroot/$d"; done
+    for d in proc sys dev dev/shm run; do mkdir -p "/hostroot/$d"; mount -o bind "/$d" "/hostroot/$d"; done
     # a bind of /sys does not carry its submounts: mount configfs again inside the chroot
     mount -t configfs configfs /hostroot/sys/kernel/config
     log "hostroot mounted at /hostroot"

@@ -48,6 +48,8 @@ class Options:
 
 
 def runtime_of(cfg: TargetConfig) -> str | None:
+    if cfg.backend == "spdk" and cfg.spdk_start:
+        return "nvmf_tgt"  # kvtool starts SPDK's nvmf_tgt itself ([spdk] start = true)
     if cfg.backend != "emulator":
         return None
     from kvtool.target.emulator import resolve_runtime
@@ -60,6 +62,9 @@ def backend_for(cfg: TargetConfig, opts: Options | None = None,
     if cfg.backend == "nvmet":
         from kvtool.target.nvmet.backend import NvmetBackend
         return NvmetBackend(opts.configfs_root or cfg.nvmet_root)
+    if cfg.backend == "spdk" and cfg.spdk_start:
+        from kvtool.target.spdk.runtime import ManagedSpdk
+        return ManagedSpdk(record)
     if cfg.backend == "spdk":
         from kvtool.target.spdk.backend import SpdkBackend
         return SpdkBackend(socket_path=opts.spdk_socket or cfg.spdk_socket, timeout=cfg.spdk_timeout)
@@ -327,7 +332,7 @@ def sweep(name: str | None = None) -> list[str]:
     return notes
 
 
-BACKGROUND_RUNTIMES = ("userspace", "spdk", "qemu")
+BACKGROUND_RUNTIMES = ("userspace", "spdk", "qemu", "nvmf_tgt")
 
 
 def acting_config(cfg: TargetConfig, record: st.TargetState | None) -> tuple[TargetConfig, str]:
