@@ -13,6 +13,7 @@ import json
 import re
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,24 +37,32 @@ class RdmaGuest:
 
     # --- running things in the guest ---------------------------------------------------------
     def sh(self, shell: str, timeout: float = 120.0) -> tuple[int, str]:
-        return self.guest.exec(shell, timeout)
+        t0 = time.monotonic()
+        out = self.guest.exec(shell, timeout)
+        if time.monotonic() - t0 > 2:  # shown with a failure's captured output
+            print(f"[{time.monotonic() - t0:5.1f} s] {shell[-160:]}")
+        return out
 
-    def chroot(self, argv: list[str], timeout: float = 300.0,
-               env: dict[str, str] | None = None) -> tuple[int, str]:
-        """Run argv in the host root (this checkout's interpreter, Debian's tools)."""
-        base = {"HOME": "/tmp", "PATH": "/usr/bin:/bin:/usr/sbin:/sbin",
-                "KVTOOL_STATE_DIR": STATE_DIR, "PYTHONDONTWRITEBYTECODE": "1"}
+    repo = str(REPO)
+    python = sys.executable
+
+    def env_line(self) -> str:
+        """The environment kvtool runs with in the guest, as ``K=V ...``."""
+        env = {"HOME": "/tmp", "PATH": "/usr/bin:/bin:/usr/sbin:/sbin",
+               "KVTOOL_STATE_DIR": STATE_DIR, "PYTHONDONTWRITEBYTECODE": "1"}
         if self.spdk_root is not None:
-            base["KVTOOL_SPDK_DIR"] = str(self.spdk_root)
-        base.update(env or {})
-        envs = " ".join(f"{k}={shlex.quote(v)}" for k, v in base.items())
+            env["KVTOOL_SPDK_DIR"] = str(self.spdk_root)
+        return " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+
+    def chroot(self, argv: list[str], timeout: float = 300.0) -> tuple[int, str]:
+        """Run argv in the host root (this checkout's interpreter, Debian's tools)."""
         return self.sh("chroot /hostroot /bin/sh -c "
-                       + shlex.quote(f"cd {shlex.quote(str(REPO))} && /usr/bin/env {envs} "
-                                     + shlex.join(argv)), timeout)
+                       + shlex.quote(f"cd {shlex.quote(self.repo)} && /usr/bin/env "
+                                     f"{self.env_line()} " + shlex.join(argv)), timeout)
 
     def kv(self, *args: str, timeout: float = 300.0) -> tuple[int, str]:
         """``kvtool ARGS`` in the guest; (exit status, stdout+stderr)."""
-        return self.chroot([sys.executable, "-m", "kvtool", *args], timeout)
+        return self.chroot([self.python, "-m", "kvtool", *args], timeout)
 
     def kv_ok(self, *args: str, timeout: float = 300.0) -> str:
         rc, out = self.kv(*args, timeout=timeout)
@@ -82,14 +91,14 @@ class RdmaGuest:
 
     def smart_units_written(self, bdf: str) -> int:
         """SMART Data Units Written of the controller at ``bdf`` (kernel nvme driver, nvme-cli)."""
-        rc, out = self.sh(f"ls /sys/bus/pci/devices/{bdf}/nvme/")
+        _rc, out = self.sh(f"ls /sys/bus/pci/devices/{bdf}/nvme/")
         ctrl = out.split()[0]
         rc, out = self.sh(f"nvme smart-log /dev/{ctrl} -o json")
         assert rc == 0, out
         return int(json.loads(out[out.index("{"):])["data_units_written"])
 
     def fabrics_controllers(self) -> list[str]:
-        rc, out = self.sh("for c in /sys/class/nvme/*; do t=$(cat $c/transport); "
+        _rc, out = self.sh("for c in /sys/class/nvme/*; do t=$(cat $c/transport); "
                           "[ \"$t\" = pcie ] || echo ${c##*/}:$t; done")
         return out.split()
 
@@ -97,14 +106,23 @@ class RdmaGuest:
         """What the production path must not leave behind: rxe devices, SPDK processes,
         fabrics controllers, devices off the kernel's nvme driver, configfs objects."""
         left = [f"rdma link {link}" for link in rxe_links(self.guest)]
-        rc, out = self.sh("ps -o pid,args | grep -E 'nvmf_tgt|spdk_nvme' | grep -v grep")
+        _rc, out = self.sh("ps -o pid,args | grep -E 'nvmf_tgt|spdk_nvme' | grep -v grep")
         left += [f"process {line.strip()}" for line in out.splitlines() if line.strip()]
         left += [f"controller {c}" for c in self.fabrics_controllers()]
         left += [f"PCI {bdf} on {self.driver(bdf) or 'no driver'}" for bdf in NVME_BDFS
                  if self.driver(bdf) != "nvme"]
-        rc, out = self.sh("ls /sys/kernel/config/nvmet/subsystems /sys/kernel/config/nvmet/ports")
+        _rc, out = self.sh("ls /sys/kernel/config/nvmet/subsystems /sys/kernel/config/nvmet/ports")
         left += [f"configfs {n}" for n in re.findall(r"^(?!/)(\S+)$", out, re.M)]
         return left
+
+    def cleanup(self) -> None:
+        """After a failed test: take down every target recorded in the guest and
+        disconnect every fabrics controller (what a passing test did itself)."""
+        _rc, out = self.sh(f"ls {STATE_DIR}/targets 2>/dev/null")
+        for name in re.findall(r"^(\S+)\.json$", out, re.M):
+            self.kv("target", "down", "--name", name)
+        for entry in self.fabrics_controllers():
+            self.sh(f"echo 1 > /sys/class/nvme/{entry.split(':')[0]}/delete_controller")
 
     def fio_verify(self, device: str, offset_mb: int, size_mb: int = 8) -> str:
         """fio writes ``size_mb`` at ``offset_mb`` with CRC32C verify headers, reads them back."""
