@@ -125,8 +125,9 @@ class Guest:
       nvme: raw image files, one QEMU PCIe NVMe controller each (``-device nvme``), at PCI
         addresses ``nvme_bdf(i)`` (serial ``KVTNVME<i>``); /init loads the kernel's nvme driver
         and vfio-pci. Writes reach the file (QEMU honours Flush), so it is durable backing.
-      iommu: an emulated Intel IOMMU (``-device intel-iommu``; guest ``intel_iommu=on
-        iommu=pt``), so vfio-pci can map DMA for SPDK's userspace driver without hugepages.
+      iommu: an emulated Intel IOMMU with interrupt remapping (``-device intel-iommu``; guest
+        ``intel_iommu=on iommu=pt``), so vfio-pci can map DMA for SPDK's userspace driver
+        without hugepages (vfio refuses an IOMMU without interrupt remapping).
       cpu: QEMU's ``-cpu`` (default ``qemu64,+rdrand``); ``max`` gives the guest every
         instruction TCG emulates (SSE4.2, POPCNT, AVX2), which the host's numpy and SPDK
         (built for x86-64-v2) need when run in the guest through ``hostroot``.
@@ -244,7 +245,9 @@ class Guest:
         if self.nvme:
             args.append("kvt.pcie=1")
         if self.iommu:
-            args += ["intel_iommu=on", "iommu=pt"]
+            # no_timer_check: under TCG on a busy machine the kernel's check that the timer
+            # interrupt arrives through the remapped IO-APIC can time out (a panic at boot)
+            args += ["intel_iommu=on", "iommu=pt", "no_timer_check"]
         if self.allowed_hosts:
             args.append("kvt.hosts=" + ",".join(self.allowed_hosts))
         return " ".join([*args, *self.extra_cmdline])
@@ -279,8 +282,12 @@ class Guest:
                      "-device", f"nvme,serial=KVTNVME{i},drive=nvm{i},bus=pcie.0,"
                                 f"addr={NVME_SLOT0 + i:#x}"]
         if self.hostroot:
-            argv += ["-virtfs",
-                     "local,path=/,mount_tag=hostroot,security_model=none,readonly=on"]
+            # multidevs=remap: the host's /proc, /sys, /dev … are other file systems whose
+            # inode numbers collide with /'s; without the remap the guest's 9p client takes
+            # /hostroot/sys and /hostroot/proc for the same directory (sysfs then hides procfs
+            # in the chroot, and /proc/PID is missing there)
+            argv += ["-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,"
+                                "multidevs=remap"]
         return argv
 
     # --- lifecycle ---------------------------------------------------------------------------
