@@ -61,10 +61,10 @@ def open_engine(target: str, *, write: bool, qd: int = DEFAULT_QD, **opts: Any) 
             raise UsageError(f"{target}: kvtool's own host speaks NVMe/TCP only; "
                              f"{NVME_RDMA_SCHEME} URLs use the kernel's host "
                              f"({param('host')} kernel)", field="host")
-        for key in ("create_bytes", "lba"):
+        for key, name in (("create_bytes", "create"), ("lba", "lba")):
             if opts.get(key):
-                raise UsageError(f"{target}: {param(key.split('_')[0])} applies to a regular "
-                                 "file or block device, not an NVMe-oF namespace", field=key)
+                raise UsageError(f"{target}: {param(name)} applies to a regular file or block "
+                                 "device, not an NVMe-oF namespace", field=name)
         from kvtool.store.kernelhost import open_kernel  # the kernel's host: only when asked
 
         kengine: IOEngine = open_kernel(target, write=write, qd=qd, hostnqn=opts.get("hostnqn"),
