@@ -211,6 +211,13 @@ def test_spdk_production_guest(rxe: RdmaGuest) -> None:
         assert (trid["trtype"], trid["traddr"]) == ("PCIe", bdf)
         assert bdevs[name]["num_blocks"] * bdevs[name]["block_size"] == DRIVE_MB << 20
 
+    # first, on the fresh target: nvmf_tgt SIGKILLed while kvtool loads over RDMA
+    rg.kv_json("target", "connect", SPDK_URL1)  # the load uses this controller
+    acked = kill_mid_load(rg, status["pid"], SPDK_URL1)
+    rg.kv_ok("target", "up", str(PRODUCTION), "--allow-remote", timeout=600)  # a new nvmf_tgt
+    verify = rg.kv_json("verify", SPDK_URL1)
+    assert verify["ok"] is True and verify["objects_checked"] >= acked, (acked, verify)
+
     load_verify(rg, SPDK_URL2, count=16)  # connects, loads, disconnects by itself
     conn = rg.kv_json("target", "connect", SPDK_URL1)
     load_verify(rg, SPDK_URL1)
@@ -218,11 +225,6 @@ def test_spdk_production_guest(rxe: RdmaGuest) -> None:
     disc = rg.kv_json("target", "discover", f"{ADDR}:4421", "--transport", "rdma")
     assert "nqn.2016-06.io.spdk:kvcache2" in {e["subnqn"] for e in disc["entries"]}
     rg.kv_ok("target", "disconnect", SPDK_URL1)
-
-    acked = kill_mid_load(rg, status["pid"], SPDK_URL1)
-    rg.kv_ok("target", "up", str(PRODUCTION), "--allow-remote", timeout=600)  # a new nvmf_tgt
-    verify = rg.kv_json("verify", SPDK_URL1)
-    assert verify["ok"] is True and verify["objects_checked"] >= acked, (acked, verify)
     perf_and_identify(rg, install, 4420, "nqn.2016-06.io.spdk:kvcache1",  # randrw: last
                       listed=False)
     down = rg.kv_json("target", "down", str(PRODUCTION))
@@ -238,9 +240,10 @@ def test_spdk_production_guest(rxe: RdmaGuest) -> None:
 
 
 def kill_mid_load(rg: RdmaGuest, pid: int, url: str, count: int = 400) -> int:
-    """SIGKILL nvmf_tgt (``pid``) while kvtool loads ``url`` over RDMA: the load fails with
-    one line (exit 1) once the kernel's host gives the controller up (ctrl_loss_tmo 10 s).
-    Returns how many objects it acknowledged (its --ack-file)."""
+    """SIGKILL nvmf_tgt (``pid``) while kvtool loads ``url`` over RDMA (through the
+    controller already connected): the load fails with one line (exit 1) once the kernel's
+    host gives the controller up (ctrl_loss_tmo 10 s), and the controller is gone. Returns
+    how many objects it acknowledged (its --ack-file)."""
     script = (f"chroot /hostroot /bin/sh -c 'cd {rg.repo} && /usr/bin/env {rg.env_line()} "
               f"{rg.python} -m kvtool load {url} {' '.join(LOAD)} --count {count} --force "
               "--batch 8 --qd 2 --ack-file /run/acks.jsonl' >/run/load.out 2>&1; "
@@ -263,6 +266,7 @@ def kill_mid_load(rg: RdmaGuest, pid: int, url: str, count: int = 400) -> int:
             if line.startswith("{")]
     acked = int(acks[-1]["objects"])
     assert 0 < acked < count
+    assert not rg.fabrics_controllers()  # the kernel gave the lost controller up
     return acked
 
 
