@@ -85,4 +85,4 @@ def credentials(hostnqn: str | None, secret_file: str | None, ctrl_file: str | N
         secret=load_secret_file(secret_file, field="--dhchap-secret") if secret_file else None,
         ctrl_secret=(load_secret_file(ctrl_file, field="--dhchap-ctrl-secret")
                      if ctrl_file else None),
-        initiator=initiator or "kvtool")
+        initiator=initiator)

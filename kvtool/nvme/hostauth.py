@@ -29,7 +29,7 @@ class HostCredentials:
     ctrl_secret: Secret | None = None  # the controller's: set = bidirectional
     # whose NVMe-oF host connects: "kvtool" (the userspace NVMe/TCP host) or "kernel"
     # (Linux nvme-tcp/nvme-rdma through /dev/nvme-fabrics; nvme+rdma:// always)
-    initiator: str = "kvtool"
+    initiator: str | None = None  # None: kvtool's (the default)
 
 
 class AuthenticationError(OSError):

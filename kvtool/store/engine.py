@@ -52,7 +52,7 @@ def open_engine(target: str, *, write: bool, qd: int = DEFAULT_QD, **opts: Any) 
     ``close()``.
     """
     creds = opts.get("credentials")
-    host = opts.get("host") or (creds.initiator if creds is not None else "kvtool")
+    host = opts.get("host") or (creds.initiator if creds is not None else None) or "kvtool"
     if host not in ("kvtool", "kernel"):
         raise UsageError(f"unknown NVMe-oF host {host!r} (kvtool or kernel)", field="host")
     if target.startswith(NVME_RDMA_SCHEME) or (host == "kernel"

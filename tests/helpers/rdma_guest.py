@@ -115,6 +115,15 @@ class RdmaGuest:
         left += [f"configfs {n}" for n in re.findall(r"^(?!/)(\S+)$", out, re.M)]
         return left
 
+    def diagnostics(self) -> str:
+        """What a failure message needs: the guest's kernel log (less SPDK's per-command
+        notices), processes, memory, RDMA links and nvmf_tgt's log."""
+        return self.sh("dmesg | grep -v -e 'I/O queues' -e 'mapped 2' | tail -60; "
+                       "ps -o pid,stat,rss,args | cut -c1-100; free -m; "
+                       "/hostroot/usr/bin/rdma link show 2>&1 || chroot /hostroot rdma link; "
+                       "grep -h -v -e nvme_qpair -e cdata_init /run/kvtool-rdma/run/*.log "
+                       "/hostroot/tmp/kvtool-spdk-*/nvmf_tgt.log 2>/dev/null | tail -30")[1]
+
     def cleanup(self) -> None:
         """After a failed test: take down every target recorded in the guest and
         disconnect every fabrics controller (what a passing test did itself)."""

@@ -84,5 +84,6 @@ def test_host_option() -> None:
     assert creds is not None and creds.initiator == "kernel" and creds.secret is None
     with pytest.raises(UsageError, match="speaks NVMe/TCP only"):
         credentials(None, None, None, f"nvme+rdma://10.0.2.15:4420/{NQN}", "kvtool")
+    assert credentials(HOST, None, None, "nvme+rdma://10.0.2.15/" + NQN).initiator is None
     with pytest.raises(UsageError, match="applies to NVMe-oF only"):
         credentials(None, None, None, "/dev/nvme0n1", "kernel")

@@ -260,7 +260,7 @@ def kill_mid_load(rg: RdmaGuest, pid: int, url: str, count: int = 400) -> int:
         time.sleep(1)
     rc = int(rg.sh("cat /run/load.rc")[1])
     out = rg.sh("cat /run/load.out")[1]
-    assert rc == 1, out + rg.sh("dmesg | tail -20; tail -20 /hostroot/tmp/kvtool-spdk-*/*.log")[1]
+    assert rc == 1, out + rg.diagnostics()
     assert "Traceback" not in out and re.search(r"kvtool: error: .*I/O error", out), out
     acks = [json.loads(line) for line in rg.sh("cat /run/acks.jsonl")[1].splitlines()
             if line.startswith("{")]
