@@ -118,7 +118,10 @@ class RdmaGuest:
     def diagnostics(self) -> str:
         """What a failure message needs: the guest's kernel log (less SPDK's per-command
         notices), processes, memory, RDMA links and nvmf_tgt's log."""
-        return self.sh("dmesg | grep -v -e 'I/O queues' -e 'mapped 2' | tail -60; "
+        return self.sh("for f in /proc/[0-9]*/stat; do case $(cat $f 2>/dev/null) in "
+                       "*reactor*|*nvmf_tgt*) echo \"zombie/exit: $(cat $f)\";; esac; done; "
+                       "dmesg | grep -i -E 'segfault|trap|killed|oom|general protection|rxe' "
+                       "| tail; dmesg | grep -v -e 'I/O queues' -e 'mapped 2' | tail -60; "
                        "ps -o pid,stat,rss,args | cut -c1-100; free -m; "
                        "/hostroot/usr/bin/rdma link show 2>&1 || chroot /hostroot rdma link; "
                        "grep -h -v -e nvme_qpair -e cdata_init /run/kvtool-rdma/run/*.log "
