@@ -12,7 +12,6 @@ docs/rdma.md has the interoperability matrix these tests cover.
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import time
