@@ -228,24 +228,8 @@ def _fabrics_available() -> None:
                            "host (modprobe nvme-rdma / nvme-tcp)")
 
 
-def connect(opts: ConnectOptions, retries: int = 3) -> KernelController:
-    """Add a controller (``nvme connect``); returns it once the kernel answered.
-
-    An RDMA connection the target's CM rejects (ECONNRESET) is tried again after a second,
-    ``retries`` times in all: soft-RoCE in the QEMU guest sometimes rejects a connect with
-    "invalid service ID" although the target listens (seen right after another controller
-    of the same host was deleted); the next attempt connects."""
-    for attempt in range(retries):
-        try:
-            return _connect(opts)
-        except FabricsError as exc:
-            if exc.errno != errno.ECONNRESET or attempt == retries - 1:
-                raise
-            time.sleep(1.0)
-    raise AssertionError("unreachable")
-
-
-def _connect(opts: ConnectOptions) -> KernelController:
+def connect(opts: ConnectOptions) -> KernelController:
+    """Add a controller (``nvme connect``); returns it once the kernel answered."""
     _fabrics_available()
     line = opts.option_string()
     try:
