@@ -151,10 +151,11 @@ def perf_and_identify(rg: RdmaGuest, install: SpdkInstall, port: int, subnqn: st
 
 def load_verify(rg: RdmaGuest, url: str, count: int = 64) -> dict[str, object]:
     load = rg.kv_json("load", url, *LOAD, "--count", str(count), "--force")
-    assert load["written"] == count and load["engine"]["host"] == "kernel"
-    assert load["engine"]["transport"] == "rdma"
+    # objects an earlier load acknowledged are kept (same keys): the rest is written
+    assert load["written"] + load["already_present"] == count and load["written"] > 0
+    assert load["engine"]["host"] == "kernel" and load["engine"]["transport"] == "rdma"
     verify = rg.kv_json("verify", url)
-    assert verify["ok"] is True and verify["objects_checked"] == count, verify
+    assert verify["ok"] is True and verify["objects_checked"] == load["objects"] >= count, verify
     return load
 
 
