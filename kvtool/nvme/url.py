@@ -77,7 +77,8 @@ def parse_nvme_url(url: str, *, field: str = "TARGET",
     transport = next((t for t in transports if url.startswith(SCHEMES[t])), None)
     if transport is None:
         forms = " or ".join(f"{SCHEMES[t]}HOST:PORT/SUBNQN[/NSID]" for t in transports)
-        raise UsageError(f"{url!r} is not an NVMe-oF URL ({forms})", field=field)
+        kind = "NVMe/TCP" if transports == ("tcp",) else "NVMe-oF"
+        raise UsageError(f"{url!r} is not an {kind} URL ({forms})", field=field)
     scheme = SCHEMES[transport]
     rest = url[len(scheme):]
     rest, _, query = rest.partition("?")

@@ -27,7 +27,7 @@ def test_rdma_urls() -> None:
         "rdma", "10.0.2.15", 4421, NQN, 2)
     assert str(url) == f"nvme+rdma://10.0.2.15:4421/{NQN}/2"
     assert parse_nvme_url(f"nvme+rdma://10.0.2.15/{NQN}", transports=("rdma",)).port == 4420
-    with pytest.raises(UsageError, match="not an NVMe-oF URL"):
+    with pytest.raises(UsageError, match="not an NVMe/TCP URL"):
         parse_nvme_url(f"nvme+rdma://10.0.2.15/{NQN}")  # kvtool's own host: TCP only
     with pytest.raises(UsageError, match="takes one address"):
         parse(f"nvme+rdma://10.0.2.15:4420,10.0.2.16:4420/{NQN}")
