@@ -12,9 +12,10 @@ PY      = $(VENV)/bin/python
 # the CLI's start-up.
 BENCH_VENV ?= .venv-bench
 # fio: reference for bench/; qemu-system-x86: the real Linux NVMe/TCP target and host in a
-# guest; util-linux: losetup; libibverbs1: Mooncake Store's transfer engine (extra).
+# guest; util-linux: losetup; libibverbs1: Mooncake Store's transfer engine (extra); iproute2:
+# `rdma link add` (soft-RoCE) in the QEMU guest, through its view of the host root.
 SYS_PKGS = python3-venv python3-dev gcc fio qemu-system-x86 util-linux e2fsprogs cpio \
-           busybox-static libibverbs1
+           busybox-static libibverbs1 iproute2
 
 .PHONY: demo test sysdeps venv lint type bench clean
 

@@ -60,6 +60,16 @@ HOSTROOT_MODULES = ["9pnet_virtio", "9p", "overlay"]
 # ``loop`` backing: blk-mq, so the block layer keeps I/O statistics that nvmet's SMART log
 # reads; brd is bio-based and keeps none).
 ON_DEMAND_MODULES = ["brd", "loop"]
+# Loaded by /init with kvt.rdma=1: soft-RoCE (rdma_rxe, whose ICRC needs the "crc32" shash:
+# crc32_generic, else `rdma link add` fails with ENOENT), the RDMA CM for userspace (rdma_ucm:
+# librdmacm, so SPDK's RDMA transport), and the kernel's NVMe/RDMA host and target.
+RDMA_MODULES = ["crc32_generic", "rdma_rxe", "ib_uverbs", "rdma_ucm", "nvme-rdma", "nvmet-rdma"]
+# Loaded by /init with kvt.pcie=1: the kernel's NVMe PCIe driver (QEMU's -device nvme) and
+# vfio-pci with the type-1 IOMMU backend, for SPDK's userspace driver.
+PCIE_MODULES = ["nvme", "vfio-pci", "vfio_iommu_type1"]
+# insmod parameters: SPDK without hugepages maps its memory 4 KiB at a time, one vfio DMA
+# entry each (1 GiB = 262,144), over vfio_iommu_type1's default limit of 65,535 (ENOSPC)
+MODULE_ARGS = {"vfio_iommu_type1.ko": "dma_entry_limit=1048576"}
 NVME_CLI_PACKAGES = ["nvme-cli", "libnvme1", "libjson-c5", "libuuid1"]
 GUEST_HOSTNQN = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-00000000kvt0"
 # 6.12's nvme-fabrics refuses a host NQN whose host ID another NQN already uses: the 6.12
@@ -212,6 +222,7 @@ def _inputs_digest(kernel_pkg: str, with_nvme_cli: bool, kernel: str = "6.1") ->
     if kernel != "6.1":
         parts += [kernel, " ".join(AUTH_MODULES), GUEST_HOSTNQN_612, "moddeps-xz"]
     parts.append(" ".join(ON_DEMAND_MODULES))
+    parts += [" ".join(RDMA_MODULES), " ".join(PCIE_MODULES), json.dumps(MODULE_ARGS)]
     for part in parts:
         h.update(part.encode() + b"\0")
     h.update((HERE / "init.sh").read_bytes())
@@ -344,12 +355,22 @@ def _initramfs_tree(root: Path, x: Path, moddir: Path, with_nvme_cli: bool,
 
     modules = _core_modules(series)
     core = moddeps.resolve(moddir, modules)
-    everything = moddeps.resolve(moddir, modules + HOSTROOT_MODULES + ON_DEMAND_MODULES)
-    on_demand = set(moddeps.resolve(moddir, ON_DEMAND_MODULES)) - set(core)
+    everything = moddeps.resolve(moddir, modules + HOSTROOT_MODULES + ON_DEMAND_MODULES
+                                 + RDMA_MODULES + PCIE_MODULES)
+    rdma = [m for m in moddeps.resolve(moddir, RDMA_MODULES) if m not in core]
+    pcie = [m for m in moddeps.resolve(moddir, PCIE_MODULES) if m not in core]
+    on_demand = set(moddeps.resolve(moddir, ON_DEMAND_MODULES)) | set(rdma) | set(pcie)
+    on_demand -= set(core)
     plain = moddeps.plain
     (root / "modules.load").write_text("".join(plain(m) + "\n" for m in core))
     (root / "modules-9p.load").write_text("".join(
         plain(m) + "\n" for m in everything if m not in core and m not in on_demand))
+    def line(m: str) -> str:
+        args = MODULE_ARGS.get(os.path.basename(plain(m)))
+        return plain(m) + (f" {args}" if args else "") + "\n"
+
+    (root / "modules-rdma.load").write_text("".join(line(m) for m in rdma))
+    (root / "modules-pcie.load").write_text("".join(line(m) for m in pcie))
     for m in everything:
         dest = root / "lib" / "modules" / plain(m)
         dest.parent.mkdir(parents=True, exist_ok=True)

@@ -54,6 +54,8 @@ READY_MARK = "KVTOOL-GUEST-READY"
 TARGET_MARK = "KVTOOL-TARGET-READY"
 FAILED_MARK = "KVTOOL-GUEST-FAILED"
 _RC_MARK = "__KVT_RC__="
+NVME_SLOT0 = 0x10  # PCI slot of the first NVMe controller on pcie.0 (0000:00:10.0)
+NVME_MAX = 8
 RELAY = Path(__file__).resolve().parent / "relay.py"
 
 
@@ -119,7 +121,18 @@ class Guest:
       guest_forwards: host loopback ports the guest may reach, at ``GUESTFWD_ADDR:PORT``.
       hostroot: share the host's / read-only over 9p; /init mounts it with a tmpfs overlay at
         /hostroot (proc, sys, dev, tmp and configfs bound inside) for ``chroot /hostroot``.
-      mem_mb: guest RAM. boot_timeout: seconds ``wait_ready`` waits.
+      mem_mb: guest RAM. boot_timeout: seconds ``wait_ready`` waits. smp: virtual CPUs.
+      nvme: raw image files, one QEMU PCIe NVMe controller each (``-device nvme``), at PCI
+        addresses ``nvme_bdf(i)`` (serial ``KVTNVME<i>``); /init loads the kernel's nvme driver
+        and vfio-pci. Writes reach the file (QEMU honours Flush), so it is durable backing.
+      iommu: an emulated Intel IOMMU with interrupt remapping (``-device intel-iommu``; guest
+        ``intel_iommu=on iommu=pt``), so vfio-pci can map DMA for SPDK's userspace driver
+        without hugepages (vfio refuses an IOMMU without interrupt remapping).
+      cpu: QEMU's ``-cpu`` (default ``qemu64,+rdrand``); ``max`` gives the guest every
+        instruction TCG emulates (SSE4.2, POPCNT, AVX2), which the host's numpy and SPDK
+        (built for x86-64-v2) need when run in the guest through ``hostroot``.
+      rdma: /init loads soft-RoCE (rdma_rxe), rdma_ucm, nvme-rdma and nvmet-rdma; an rxe
+        device is made on eth0 with ``rdma link add`` (emulator.qemu.rdma).
     """
 
     def __init__(
@@ -137,11 +150,20 @@ class Guest:
         mem_mb: int = 256,
         boot_timeout: float = 180.0,
         extra_cmdline: Sequence[str] = (),
+        nvme: Sequence[str | Path] = (),
+        iommu: bool = False,
+        rdma: bool = False,
+        smp: int = 1,
+        cpu: str = "qemu64,+rdrand",
     ) -> None:
         if backing not in ("ram", "file", "loop"):
             raise ValueError(f"backing must be 'ram', 'file' or 'loop', not {backing!r}")
         if size_mb <= 0:
             raise ValueError("size_mb must be positive")
+        if not 1 <= smp <= 8:
+            raise ValueError("smp must be 1..8")
+        if len(nvme) > NVME_MAX:
+            raise ValueError(f"at most {NVME_MAX} NVMe controllers")
         for text in (nqn, *allowed_hosts):
             if not text or any(c.isspace() or c == "," for c in text):
                 raise ValueError(f"NQN must be non-empty without spaces or commas: {text!r}")
@@ -156,6 +178,11 @@ class Guest:
         self.mem_mb = mem_mb
         self.boot_timeout = boot_timeout
         self.extra_cmdline = tuple(extra_cmdline)
+        self.nvme = tuple(Path(p) for p in nvme)
+        self.iommu = iommu
+        self.rdma = rdma
+        self.smp = smp
+        self.cpu = cpu
         self._requested = {TARGET_PORT: 0, CONTROL_PORT: 0, **(forwards or {})}
         self._ports: dict[int, int] = {}
         self._proc: subprocess.Popen[bytes] | None = None
@@ -202,12 +229,25 @@ class Guest:
             self._last_log = path.read_bytes().decode(errors="replace")
         return self._last_log
 
+    @staticmethod
+    def nvme_bdf(index: int) -> str:
+        """The guest's PCI address of NVMe controller ``index`` (``nvme=[...]``)."""
+        return f"0000:00:{NVME_SLOT0 + index:02x}.0"
+
     def cmdline(self) -> str:
         """The kernel command line this guest boots with."""
         args = ["console=ttyS0", "panic=-1", "quiet", "loglevel=4",
                 f"kvt.target={int(self.target)}", f"kvt.nqn={self.nqn}", f"kvt.port={TARGET_PORT}",
                 f"kvt.size_mb={self.size_mb}", f"kvt.backing={self.backing}",
                 f"kvt.hostroot={int(self.hostroot)}"]
+        if self.rdma:
+            args.append("kvt.rdma=1")
+        if self.nvme:
+            args.append("kvt.pcie=1")
+        if self.iommu:
+            # no_timer_check: under TCG on a busy machine the kernel's check that the timer
+            # interrupt arrives through the remapped IO-APIC can time out (a panic at boot)
+            args += ["intel_iommu=on", "iommu=pt", "no_timer_check"]
         if self.allowed_hosts:
             args.append("kvt.hosts=" + ",".join(self.allowed_hosts))
         return " ".join([*args, *self.extra_cmdline])
@@ -226,15 +266,28 @@ class Guest:
         argv = [
             # +rdrand: TCG emulates it, and the guest's CRNG is ready at once (6.12's
             # nvme gen-dhchap-key would otherwise fail on getrandom(GRND_NONBLOCK))
-            "qemu-system-x86_64", "-accel", "tcg,thread=multi,tb-size=64", "-cpu", "qemu64,+rdrand",
-            "-m", str(self.mem_mb), "-smp", "1", "-machine", "q35", "-nodefaults", "-no-reboot",
+            "qemu-system-x86_64", "-accel", "tcg,thread=multi,tb-size=64", "-cpu", self.cpu,
+            "-m", str(self.mem_mb), "-smp", str(self.smp), "-machine", "q35", "-nodefaults", "-no-reboot",
             "-display", "none", "-kernel", str(self.image.kernel), "-initrd", str(self.image.initrd),
             "-append", self.cmdline(), "-serial", f"file:{self._rundir / 'console.log'}",
             "-netdev", netdev, "-device", "virtio-net-pci,netdev=n0",
         ]
+        # the IOMMU goes before the devices it translates for; 48-bit addresses, since SPDK maps
+        # DMA by virtual address (IOVA = VA from 0x200000000000: over the default 39 bits)
+        if self.iommu:
+            argv[argv.index("-netdev"):argv.index("-netdev")] = [
+                "-device", "intel-iommu,intremap=on,aw-bits=48"]
+        for i, path in enumerate(self.nvme):
+            argv += ["-drive", f"file={path},if=none,id=nvm{i},format=raw",
+                     "-device", f"nvme,serial=KVTNVME{i},drive=nvm{i},bus=pcie.0,"
+                                f"addr={NVME_SLOT0 + i:#x}"]
         if self.hostroot:
-            argv += ["-virtfs",
-                     "local,path=/,mount_tag=hostroot,security_model=none,readonly=on"]
+            # multidevs=remap: the host's /proc, /sys, /dev … are other file systems whose
+            # inode numbers collide with /'s; without the remap the guest's 9p client takes
+            # /hostroot/sys and /hostroot/proc for the same directory (sysfs then hides procfs
+            # in the chroot, and /proc/PID is missing there)
+            argv += ["-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,"
+                                "multidevs=remap"]
         return argv
 
     # --- lifecycle ---------------------------------------------------------------------------

@@ -15,6 +15,8 @@
 #   kvt.hosts=NQN[,NQN]   allowed host NQNs (default: allow any host)
 #   kvt.hostroot=1        mount host / (9p tag hostroot) read-only + tmpfs overlay at /hostroot
 #   kvt.ctl=0             no control shell on guest port 2323 (default: on)
+#   kvt.rdma=1            load soft-RoCE (rdma_rxe), rdma_ucm and the NVMe/RDMA host and target
+#   kvt.pcie=1            load the NVMe PCIe driver and vfio-pci (QEMU NVMe controllers; SPDK)
 # Console markers: KVTOOL-TARGET-READY (target configured), KVTOOL-GUEST-READY (always, last).
 /bin/busybox --install -s /bin
 export PATH=/bin:/sbin:/usr/bin:/usr/sbin
@@ -24,6 +26,7 @@ mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 mount -t tmpfs tmpfs /tmp
 mount -t tmpfs tmpfs /run
+mkdir -p /dev/shm && mount -t tmpfs -o mode=1777 shm /dev/shm   # shm_open (SPDK's trace)
 
 arg() { # arg NAME DEFAULT
     v=$(tr ' ' '\n' </proc/cmdline | sed -n "s/^kvt\.$1=//p" | tail -n1)
@@ -46,6 +49,13 @@ done </modules.load
 if [ "$(arg hostroot 0)" = 1 ]; then
     while read -r m; do [ -n "$m" ] && insmod "/lib/modules/$m"; done </modules-9p.load
 fi
+for set in rdma pcie; do
+    if [ "$(arg $set 0)" = 1 ]; then
+        while read -r m args; do
+            [ -n "$m" ] && insmod "/lib/modules/$m" $args 2>&1 | sed 's/^/[insmod] /'
+        done <"/modules-$set.load"
+    fi
+done
 log "modules loaded"
 
 mount -t configfs configfs /sys/kernel/config || fail "configfs mount"
@@ -83,7 +93,7 @@ if [ "$(arg hostroot 0)" = 1 ]; then
     # /run is the guest's own scratch, shared with the chroot (files nvmet serves must live
     # on a real guest file system: on the overlay nvmet sees a 0-bit block size). /tmp stays
     # the host's, through the overlay, so a checkout or virtualenv under /tmp is visible.
-    for d in proc sys dev run; do mkdir -p "/hostroot/$d"; mount -o bind "/$d" "/hostroot/$d"; done
+    for d in proc sys dev dev/shm run; do mkdir -p "/hostroot/$d"; mount -o bind "/$d" "/hostroot/$d"; done
     # a bind of /sys does not carry its submounts: mount configfs again inside the chroot
     mount -t configfs configfs /hostroot/sys/kernel/config
     log "hostroot mounted at /hostroot"

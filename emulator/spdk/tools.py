@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,9 +25,10 @@ _EXIT_NOISE = re.compile(r"qid:[1-9]\d*,qpair:\S+,DISCONNECTED\] CQ transport er
 _TOTAL = re.compile(r"^Total\s*:\s*([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", re.M)
 
 
-def trid(host: str, port: int, subnqn: str, hostnqn: str | None = None) -> str:
-    """A TCP transport ID string as SPDK's tools take it (``-r``)."""
-    out = f"trtype:TCP adrfam:IPv4 traddr:{host} trsvcid:{port} subnqn:{subnqn}"
+def trid(host: str, port: int, subnqn: str, hostnqn: str | None = None,
+         trtype: str = "TCP") -> str:
+    """A transport ID string (TCP, or ``trtype="RDMA"``) as SPDK's tools take it (``-r``)."""
+    out = f"trtype:{trtype} adrfam:IPv4 traddr:{host} trsvcid:{port} subnqn:{subnqn}"
     return out + (f" hostnqn:{hostnqn}" if hostnqn else "")
 
 
@@ -50,9 +52,19 @@ def _error_lines(output: str) -> list[str]:
             if ("*ERROR*" in line or line.startswith("ERROR")) and not _EXIT_NOISE.search(line)]
 
 
-def run_tool(install: SpdkInstall, name: str, args: list[str], timeout: float = 60.0) -> ToolRun:
-    """Run a host tool to completion; on timeout it is killed, and it dies with its caller."""
+# Runs a command somewhere else (e.g. in the QEMU guest): (argv, timeout) -> (status, output);
+# a timeout is reported as status -9.
+Runner = Callable[[list[str], float], tuple[int, str]]
+
+
+def run_tool(install: SpdkInstall, name: str, args: list[str], timeout: float = 60.0,
+             runner: Runner | None = None) -> ToolRun:
+    """Run a host tool to completion; on timeout it is killed, and it dies with its caller.
+    ``runner`` runs it elsewhere (the QEMU guest) instead of as a child of this process."""
     cmd = [str(install.bin(name)), *args]
+    if runner is not None:
+        rc, text = runner(cmd, timeout)
+        return ToolRun(cmd, rc, text, timed_out=rc == -9, errors=_error_lines(text))
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, errors="replace",
                              env=install.env(), timeout=timeout, stdin=subprocess.DEVNULL,
@@ -65,11 +77,12 @@ def run_tool(install: SpdkInstall, name: str, args: list[str], timeout: float = 
     return ToolRun(cmd, out.returncode, text, errors=_error_lines(text))
 
 
-def identify(install: SpdkInstall, transport_id: str, timeout: float = 60.0) -> ToolRun:
+def identify(install: SpdkInstall, transport_id: str, timeout: float = 60.0,
+             runner: Runner | None = None) -> ToolRun:
     """``spdk_nvme_identify``: controller and namespace data as SPDK's host reads them."""
     return run_tool(install, "spdk_nvme_identify",
                     ["--no-huge", "-s", str(HOST_MEM_MB), "-p", "1", "-r", transport_id],
-                    timeout)
+                    timeout, runner)
 
 
 def discover(install: SpdkInstall, transport_id: str, timeout: float = 60.0) -> ToolRun:
@@ -98,8 +111,8 @@ class PerfResult:
 def perf(install: SpdkInstall, transport_id: str, *, workload: str = "randread", qd: int = 32,
          io_size: int = 4096, seconds: int = 3, read_pct: int = 50,
          core_mask: str = HOST_CORE_MASK, timeout: float | None = None,
-         dhchap_key_file: str | None = None, dhchap_ctrlr_key_file: str | None = None
-         ) -> PerfResult:
+         dhchap_key_file: str | None = None, dhchap_ctrlr_key_file: str | None = None,
+         runner: Runner | None = None) -> PerfResult:
     """``spdk_nvme_perf`` (one I/O queue on one core); ``read_pct`` applies to ``randrw``;
     the key files (DH-HMAC-CHAP) are passed by path, so no secret reaches argv."""
     args = ["--no-huge", "-s", str(HOST_MEM_MB), "-c", core_mask, "-q", str(qd),
@@ -110,7 +123,7 @@ def perf(install: SpdkInstall, transport_id: str, *, workload: str = "randread",
             args[:0] = [option, path]
     if workload.endswith("rw"):
         args[-2:-2] = ["-M", str(read_pct)]
-    run = run_tool(install, "spdk_nvme_perf", args, timeout or seconds + 30)
+    run = run_tool(install, "spdk_nvme_perf", args, timeout or seconds + 30, runner)
     result = PerfResult(run, workload, qd, io_size)
     m = _TOTAL.search(run.output)
     if m:

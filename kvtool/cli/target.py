@@ -1,5 +1,5 @@
-"""``kvtool target up / down / status / ana / discover / export / keygen``: declarative NVMe-oF
-targets.
+"""``kvtool target up / down / status / ana / discover / connect / disconnect / export /
+keygen``: declarative NVMe-oF targets, and the kernel host's connect.
 
 Thin wrappers over :mod:`kvtool.target.api`; JSON schemas are in docs/target.md.
 """
@@ -14,6 +14,7 @@ from typing import Any
 import click
 from rich.console import Console
 
+from kvtool.cli.hostopts import host_options
 from kvtool.cli.output import dump_json, emit, json_option, note, want_json
 from kvtool.errors import UsageError
 from kvtool.target import api
@@ -304,21 +305,30 @@ def _status_tables(con: Console, doc: dict[str, Any]) -> None:
         con.print(f"  note: {n}")
 
 
-@command.command(short_help="Print the discovery log page of an NVMe/TCP target",
+@command.command(short_help="Print the discovery log page of an NVMe/TCP or NVMe/RDMA target",
                  epilog="""
 \b
 Example:
   kvtool target discover 127.0.0.1:4420
   kvtool target discover 192.168.1.10 --json
+  kvtool target discover 10.0.2.15:4420 --transport rdma     # the kernel's host
 """)
 @click.argument("address")
 @click.option("--hostnqn", help="Host NQN to present (default: this machine's).")
 @click.option("--timeout", type=float, default=10.0, show_default=True, help="Seconds.")
+@click.option("--transport", type=click.Choice(["tcp", "rdma"]), default="tcp",
+              show_default=True, help="rdma goes through the Linux kernel's host.")
+@click.option("--host", type=click.Choice(["kvtool", "kernel"]), default="kvtool",
+              show_default=True, help="NVMe-oF host (TCP): kvtool's userspace one or the "
+                                      "kernel's.")
 @json_option
-def discover(address: str, hostnqn: str | None, timeout: float) -> None:
-    """Print the discovery log page of any NVMe/TCP target at ADDRESS[:PORT]."""
-    host, port = _split_addr(address)
-    doc = api.discover_document(host, port, hostnqn=hostnqn, timeout=timeout)
+def discover(address: str, hostnqn: str | None, timeout: float, transport: str,
+             host: str) -> None:
+    """Print the discovery log page of any NVMe-oF target at ADDRESS[:PORT]."""
+    host_addr, port = _split_addr(address)
+    doc = api.discover_document(host_addr, port, hostnqn=hostnqn, timeout=timeout,
+                                transport=transport, host=host)
+    host = host_addr
     entries = doc["entries"]
 
     def human(con: Console) -> None:
@@ -331,6 +341,50 @@ def discover(address: str, hostnqn: str | None, timeout: float) -> None:
                     title=f"Discovery log of {host}:{port} ({len(entries)} entries)",
                     more="--json has them")
     emit(doc, human)
+
+
+@command.command(short_help="Attach a remote namespace with the kernel's NVMe-oF host",
+                 epilog="""
+\b
+Example:
+  kvtool target connect nvme+rdma://10.0.2.15:4420/nqn.2026-01.io.kvtool:kernel/1
+  kvtool target connect nvme+tcp://127.0.0.1:4420/nqn.2026-01.io.kvtool:demo --json
+  kvtool target disconnect /dev/nvme3n1
+""")
+@click.argument("target", metavar="URL")
+@host_options
+@click.option("--hostid", metavar="UUID", help="Host ID (default: the host NQN's UUID).")
+@click.option("--nr-io-queues", type=int, default=None, help="I/O queues (kernel default: "
+              "one per CPU).")
+@click.option("--ctrl-loss-tmo", type=click.IntRange(-1, 3600), default=None,
+              help="Seconds to keep reconnecting a lost controller before failing I/O "
+                   "(default 10; -1: forever).")
+@json_option
+def connect(target: str, credentials: Any, hostid: str | None, nr_io_queues: int | None,
+            ctrl_loss_tmo: int | None) -> None:
+    """Connect URL (nvme+rdma:// or nvme+tcp://, …/SUBNQN[/NSID]) through /dev/nvme-fabrics,
+    as nvme connect does, and print the namespace's block device."""
+    if credentials is not None and credentials.initiator == "kvtool":
+        raise UsageError("target connect always uses the kernel's host", field="--host")
+    doc = api.connect(target, credentials=credentials, hostid=hostid,
+                      nr_io_queues=nr_io_queues, ctrl_loss_tmo=ctrl_loss_tmo)
+    emit(doc, lambda con: con.print(doc["block_device"]))
+
+
+@command.command(short_help="Detach what target connect (or nvme connect) attached",
+                 epilog="""
+\b
+Example:
+  kvtool target disconnect /dev/nvme3n1
+  kvtool target disconnect nvme+rdma://10.0.2.15:4420/nqn.2026-01.io.kvtool:kernel
+""")
+@click.argument("what", metavar="URL|DEVICE")
+@json_option
+def disconnect(what: str) -> None:
+    """Delete the kernel host's controllers of URL, or of a controller or block device
+    (nvme3, /dev/nvme3, /dev/nvme3n1)."""
+    doc = api.disconnect(what)
+    emit(doc, lambda con: con.print("disconnected " + ", ".join(doc["disconnected"])))
 
 
 @command.command(short_help="Change a listener's ANA state on a running target",

@@ -27,16 +27,19 @@ class HostCredentials:
     hostnqn: str | None = None
     secret: Secret | None = None  # the host's DH-HMAC-CHAP secret
     ctrl_secret: Secret | None = None  # the controller's: set = bidirectional
+    # whose NVMe-oF host connects: "kvtool" (the userspace NVMe/TCP host) or "kernel"
+    # (Linux nvme-tcp/nvme-rdma through /dev/nvme-fabrics; nvme+rdma:// always)
+    initiator: str | None = None  # None: kvtool's (the default)
 
     @classmethod
     def load(cls, hostnqn: str | None, secret_file: str | None, ctrl_file: str | None, *,
-             fields: tuple[str, str, str] = ("hostnqn", "dhchap_secret", "dhchap_ctrl_secret")
-             ) -> HostCredentials | None:
+             fields: tuple[str, str, str] = ("hostnqn", "dhchap_secret", "dhchap_ctrl_secret"),
+             initiator: str | None = None) -> HostCredentials | None:
         """Credentials from a host NQN and DH-HMAC-CHAP key *files* (mode 0600; secrets
         never come from argv or a config's text); None when none is given. ``fields``
         name the three where a caller took them (options, config keys), for its errors:
         :class:`~kvtool.errors.UsageError`, one line, no key material."""
-        if hostnqn is None and secret_file is None and ctrl_file is None:
+        if hostnqn is None and secret_file is None and ctrl_file is None and initiator is None:
             return None
         from kvtool.errors import UsageError
         from kvtool.nvme.dhchap import load_secret_file
@@ -50,7 +53,8 @@ class HostCredentials:
         return cls(hostnqn=hostnqn,
                    secret=load_secret_file(secret_file, field=fields[1]) if secret_file else None,
                    ctrl_secret=(load_secret_file(ctrl_file, field=fields[2])
-                                if ctrl_file else None))
+                                if ctrl_file else None),
+                   initiator=initiator)
 
 
 class AuthenticationError(OSError):

@@ -1,5 +1,5 @@
-"""``nvme+tcp://HOST:PORT[,HOST:PORT...]/SUBNQN[/NSID][?hostnqn=NQN]`` URLs and the
-default host NQN.
+"""``nvme+tcp://HOST:PORT[,HOST:PORT...]/SUBNQN[/NSID][?hostnqn=NQN]`` URLs (and
+``nvme+rdma://`` ones, for the kernel's host) and the default host NQN.
 
 Several comma-separated addresses name several paths to the same subsystem (ANA
 multipath, :mod:`kvtool.nvme.multipath`); the first is ``host``/``port``, all of them are
@@ -30,6 +30,7 @@ from kvtool.errors import UsageError
 from kvtool.nvme.spec import NQN_MAX, nqn_problem
 
 SCHEME = "nvme+tcp://"
+SCHEMES = {"tcp": SCHEME, "rdma": "nvme+rdma://"}
 DEFAULT_PORT = 4420
 _NS = uuid.UUID("0b1d1b5e-7a6e-4c1f-8c55-6b76746f6f6c")
 UUID_NQN_PREFIX = "nqn.2014-08.org.nvmexpress:uuid:"
@@ -44,6 +45,7 @@ class NvmeUrl:
     hostnqn: str | None = None
     alternates: tuple[tuple[str, int], ...] = ()  # more paths after (host, port)
     discover_paths: bool = False  # ?paths=discover: more paths from the discovery log
+    transport: str = "tcp"  # "tcp" | "rdma" (nvme+rdma://: the kernel's host only)
 
     @property
     def paths(self) -> tuple[tuple[str, int], ...]:
@@ -53,7 +55,7 @@ class NvmeUrl:
         addrs = ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self.paths)
         tail = f"/{self.nsid}" if self.nsid is not None else ""
         query = "?paths=discover" if self.discover_paths else ""
-        return f"{SCHEME}{addrs}/{self.subnqn}{tail}{query}"
+        return f"{SCHEMES[self.transport]}{addrs}/{self.subnqn}{tail}{query}"
 
 
 def check_nqn(nqn: str, *, field: str) -> str:
@@ -64,21 +66,25 @@ def check_nqn(nqn: str, *, field: str) -> str:
     return nqn
 
 
-def parse_nvme_url(url: str, *, field: str = "TARGET") -> NvmeUrl:
-    """Parse ``nvme+tcp://HOST:PORT[,HOST:PORT...]/SUBNQN[/NSID][?hostnqn=NQN]``; raise
-    UsageError naming ``field``.
+def parse_nvme_url(url: str, *, field: str = "TARGET",
+                   transports: tuple[str, ...] = ("tcp",)) -> NvmeUrl:
+    """Parse ``nvme+tcp://HOST:PORT[,HOST:PORT...]/SUBNQN[/NSID][?hostnqn=NQN]`` (and
+    ``nvme+rdma://…`` when ``transports`` has ``"rdma"``); raise UsageError naming ``field``.
 
     PORT defaults to 4420; IPv6 hosts go in brackets; several addresses are several paths.
     NSID must be a positive integer (namespace 1 is used when absent, by the engine).
     """
-    if not url.startswith(SCHEME):
-        raise UsageError(f"{url!r} is not an NVMe/TCP URL (nvme+tcp://HOST:PORT/SUBNQN[/NSID])",
-                         field=field)
-    rest = url[len(SCHEME):]
+    transport = next((t for t in transports if url.startswith(SCHEMES[t])), None)
+    if transport is None:
+        forms = " or ".join(f"{SCHEMES[t]}HOST:PORT/SUBNQN[/NSID]" for t in transports)
+        kind = "NVMe/TCP" if transports == ("tcp",) else "NVMe-oF"
+        raise UsageError(f"{url!r} is not an {kind} URL ({forms})", field=field)
+    scheme = SCHEMES[transport]
+    rest = url[len(scheme):]
     rest, _, query = rest.partition("?")
     hostport, slash, path = rest.partition("/")
     if not slash or not path:
-        raise UsageError(f"{url!r}: the subsystem NQN is missing (nvme+tcp://HOST:PORT/SUBNQN)",
+        raise UsageError(f"{url!r}: the subsystem NQN is missing ({scheme}HOST:PORT/SUBNQN)",
                          field=field)
     paths = [_host_port(url, part, field) for part in hostport.split(",")]
     if len(set(paths)) != len(paths):
@@ -104,7 +110,7 @@ def parse_nvme_url(url: str, *, field: str = "TARGET") -> NvmeUrl:
             raise UsageError(f"{url!r}: paths= takes only 'discover'", field=field)
     (host, port), *alternates = paths
     return NvmeUrl(host, port, subnqn, nsid, hostnqn, tuple(alternates),
-                   discover_paths=bool(query) and "paths" in parse_qs(query))
+                   discover_paths=bool(query) and "paths" in parse_qs(query), transport=transport)
 
 
 def _host_port(url: str, hostport: str, field: str) -> tuple[str, int]:

@@ -503,6 +503,14 @@ def nvme_engine(place: str, create_bytes: int | None, read_qd: int,
                  credentials: HostCredentials | None = None) -> Any:
     from kvtool.store.engine import open_engine
 
+    kernel_host = place.startswith("nvme+rdma://") or (
+        place.startswith("nvme+tcp://") and credentials is not None
+        and credentials.initiator == "kernel")
+    if kernel_host:  # the kernel's NVMe-oF host (kvtool.store.kernelhost)
+        try:
+            return open_engine(place, write=True, qd=max(read_qd, 16), credentials=credentials)
+        except UsageError as exc:
+            raise UsageError(exc.message, field="nvme") from None
     if place.startswith("nvme+tcp://"):
         from kvtool.nvme.engine import open_nvme_tcp
 
@@ -575,7 +583,8 @@ def open_tiers(cfg: CacheConfig, block_bytes: int, work_blocks: int, s: ReplaySe
                 place = spec.place
                 want = spec.blocks(block_bytes, B)
                 create_bytes = None
-                if not place.startswith("nvme+tcp://") and not os.path.exists(place):
+                if not place.startswith(("nvme+tcp://", "nvme+rdma://")) \
+                        and not os.path.exists(place):
                     if want != math.inf:
                         create_bytes = ((int(want) + head) * round_up(block_bytes, 4096)
                                         + (64 << 20))

@@ -22,10 +22,11 @@ from kvtool.store.io import (
     check_extent,
 )
 
-__all__ = ["DEFAULT_QD", "NVME_TCP_SCHEME", "PAGE_SIZE", "AlignedBuffer", "IOEngine",
+__all__ = ["DEFAULT_QD", "NVME_RDMA_SCHEME", "NVME_TCP_SCHEME", "PAGE_SIZE", "AlignedBuffer", "IOEngine",
            "ThreadedEngine", "buffer_address", "check_extent", "open_engine"]
 
 NVME_TCP_SCHEME = "nvme+tcp://"
+NVME_RDMA_SCHEME = "nvme+rdma://"
 _URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 """A URL-looking target that is not an existing path (e.g. ``nvme+rdma://``)."""
 
@@ -44,7 +45,32 @@ def open_engine(target: str, *, write: bool, qd: int = DEFAULT_QD, **opts: Any) 
     than silently ignored);
     ``submission`` ("auto", "aio", "threads") picks how the O_DIRECT engine keeps ``qd``
     requests in flight (native AIO when available, else a thread pool).
+
+    ``nvme+rdma://HOST:PORT/SUBNQN[/NSID]`` URLs, and ``nvme+tcp://`` ones with
+    ``host="kernel"``, go through the Linux kernel's NVMe-oF host
+    (:mod:`kvtool.store.kernelhost`): connect, O_DIRECT on the block device, disconnect on
+    ``close()``.
     """
+    creds = opts.get("credentials")
+    host = opts.get("host") or (creds.initiator if creds is not None else None) or "kvtool"
+    if host not in ("kvtool", "kernel"):
+        raise UsageError(f"unknown NVMe-oF host {host!r} (kvtool or kernel)", field="host")
+    if target.startswith(NVME_RDMA_SCHEME) or (host == "kernel"
+                                               and target.startswith(NVME_TCP_SCHEME)):
+        if target.startswith(NVME_RDMA_SCHEME) and opts.get("host") == "kvtool":  # explicit
+            raise UsageError(f"{target}: kvtool's own host speaks NVMe/TCP only; "
+                             f"{NVME_RDMA_SCHEME} URLs use the kernel's host "
+                             f"({param('host')} kernel)", field="host")
+        for key, name in (("create_bytes", "create"), ("lba", "lba")):
+            if opts.get(key):
+                raise UsageError(f"{target}: {param(name)} applies to a regular file or block "
+                                 "device, not an NVMe-oF namespace", field=name)
+        from kvtool.store.kernelhost import open_kernel  # the kernel's host: only when asked
+
+        kengine: IOEngine = open_kernel(target, write=write, qd=qd, hostnqn=opts.get("hostnqn"),
+                                        credentials=opts.get("credentials"),
+                                        submission=opts.get("submission") or "auto")
+        return kengine
     if target.startswith(NVME_TCP_SCHEME):
         from kvtool.nvme.engine import open_nvme_tcp  # the NVMe/TCP host: only when asked
 
@@ -60,9 +86,9 @@ def open_engine(target: str, *, write: bool, qd: int = DEFAULT_QD, **opts: Any) 
         return engine
     scheme = _URL_SCHEME.match(target)
     if scheme and not os.path.lexists(target):
-        raise UsageError(f"{target}: unsupported URL scheme {scheme.group(0)!r}; the only URL "
-                         f"kvtool reads and writes is {NVME_TCP_SCHEME}HOST:PORT/SUBNQN[/NSID]",
-                         field="target")
+        raise UsageError(f"{target}: unsupported URL scheme {scheme.group(0)!r}; kvtool reads "
+                         f"and writes {NVME_TCP_SCHEME}HOST:PORT/SUBNQN[/NSID] and "
+                         f"{NVME_RDMA_SCHEME}HOST:PORT/SUBNQN[/NSID]", field="target")
     from kvtool.store.direct import DirectEngine
 
     return DirectEngine.open(target, write=write, qd=qd, lba=opts.get("lba"),

@@ -1,4 +1,5 @@
-"""Library entry points: ``up``, ``down``, ``status``, ``discover`` (the CLI wraps these).
+"""Library entry points: ``up``, ``down``, ``status``, ``discover``, ``connect``,
+``disconnect`` (the CLI wraps these).
 
 config → plan → apply: :func:`plan_up` reads the target and returns the steps;
 :func:`up` applies them (rolling back on failure) and records the target in the state
@@ -8,8 +9,12 @@ know what is up and where.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import os
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -43,6 +48,8 @@ class Options:
 
 
 def runtime_of(cfg: TargetConfig) -> str | None:
+    if cfg.backend == "spdk" and cfg.spdk_start:
+        return "nvmf_tgt"  # kvtool starts SPDK's nvmf_tgt itself ([spdk] start = true)
     if cfg.backend != "emulator":
         return None
     from kvtool.target.emulator import resolve_runtime
@@ -55,6 +62,9 @@ def backend_for(cfg: TargetConfig, opts: Options | None = None,
     if cfg.backend == "nvmet":
         from kvtool.target.nvmet.backend import NvmetBackend
         return NvmetBackend(opts.configfs_root or cfg.nvmet_root)
+    if cfg.backend == "spdk" and cfg.spdk_start:
+        from kvtool.target.spdk.runtime import ManagedSpdk
+        return ManagedSpdk(record)
     if cfg.backend == "spdk":
         from kvtool.target.spdk.backend import SpdkBackend
         return SpdkBackend(socket_path=opts.spdk_socket or cfg.spdk_socket, timeout=cfg.spdk_timeout)
@@ -130,10 +140,16 @@ def nothing_up_document(operation: str) -> dict[str, Any]:
 
 
 def discover_document(address: str, port: int = 4420, hostnqn: str | None = None,
-                      timeout: float = 10.0) -> dict[str, Any]:
+                      timeout: float = 10.0, transport: str = "tcp",
+                      host: str = "kvtool") -> dict[str, Any]:
     """``kvtool target discover``'s document: :func:`discover`'s entries and where from."""
-    return {"schema": "kvtool.target.discover/1", "address": address, "port": port,
-            "entries": discover(address, port, hostnqn=hostnqn, timeout=timeout)}
+    doc: dict[str, Any] = {"schema": "kvtool.target.discover/1", "address": address,
+                           "port": port}
+    if transport != "tcp" or host != "kvtool":
+        doc.update(transport=transport, host="kernel")
+    doc["entries"] = discover(address, port, hostnqn=hostnqn, timeout=timeout,
+                              transport=transport, host=host)
+    return doc
 
 
 def plan_up(cfg: TargetConfig, opts: Options | None = None) -> Plan:
@@ -316,7 +332,7 @@ def sweep(name: str | None = None) -> list[str]:
     return notes
 
 
-BACKGROUND_RUNTIMES = ("userspace", "spdk", "qemu")
+BACKGROUND_RUNTIMES = ("userspace", "spdk", "qemu", "nvmf_tgt")
 
 
 def acting_config(cfg: TargetConfig, record: st.TargetState | None) -> tuple[TargetConfig, str]:
@@ -507,18 +523,113 @@ def nvme_url(transport: str, address: str, port: int, nqn: str, nsid: int) -> st
     return f"nvme+{transport}://{host}:{port}/{nqn}/{nsid}"
 
 
+def _entries(entries: list[Any]) -> list[dict[str, Any]]:
+    return [{"subtype": SUBTYPES.get(e.subtype, str(e.subtype)), "subnqn": e.subnqn,
+             "trtype": TRTYPES.get(e.trtype, str(e.trtype)),
+             "adrfam": ADRFAMS.get(e.adrfam, str(e.adrfam)), "traddr": e.traddr,
+             "trsvcid": e.trsvcid, "portid": e.portid, "cntlid": e.cntlid} for e in entries]
+
+
+def _kernel_discover(address: str, port: int, hostnqn: str | None,
+                     transport: str) -> list[dict[str, Any]]:
+    from kvtool.nvme import kernel
+    from kvtool.nvme.url import check_nqn, default_hostnqn
+    nqn = check_nqn(hostnqn, field="hostnqn") if hostnqn else default_hostnqn()
+    try:
+        return _entries(kernel.discover(transport, address, port, nqn))
+    except kernel.FabricsError as exc:
+        if exc.errno in (errno.ENOENT, errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENODEV,
+                         errno.EADDRNOTAVAIL, errno.ETIMEDOUT):
+            raise UsageError(f"no NVMe/{transport.upper()} discovery controller at "
+                             f"{address}:{port}: {exc.strerror}", field="ADDRESS") from None
+        raise TargetError(f"discovery at {address}:{port} ({transport}) failed: "
+                          f"{exc.strerror}") from None
+
+
+def connect(target: str, *, credentials: Any = None, hostnqn: str | None = None,
+            hostid: str | None = None, nr_io_queues: int | None = None,
+            ctrl_loss_tmo: int | None = None) -> dict[str, Any]:
+    """``kvtool target connect``: attach ``target`` (``nvme+rdma://`` or ``nvme+tcp://``
+    URL) with the kernel's host, as ``nvme connect`` does; returns the controller and the
+    namespace's block device (``kvtool.target.connect/1``). Connecting again to the same
+    subsystem through the same address returns the existing controller (``"new": false``)."""
+    from kvtool.nvme import kernel
+    from kvtool.store.kernelhost import connect_error, connect_options, parse
+    url = parse(target)
+    if hostid is not None:
+        try:
+            hostid = str(uuid.UUID(hostid))
+        except ValueError:
+            raise UsageError(f"{hostid!r} is not a UUID", field="hostid") from None
+    if nr_io_queues is not None and not 1 <= nr_io_queues <= 128:
+        raise UsageError(f"must be 1..128, got {nr_io_queues}", field="nr_io_queues")
+    opts = connect_options(url, hostnqn=hostnqn, hostid=hostid, credentials=credentials,
+                           nr_io_queues=nr_io_queues)
+    if ctrl_loss_tmo is not None:
+        opts = replace(opts, ctrl_loss_tmo=ctrl_loss_tmo)
+    existing = kernel.find(url.transport, url.host, url.port, url.subnqn)
+    try:
+        ctrl = existing[0] if existing else kernel.connect(opts)
+    except kernel.FabricsError as exc:
+        raise connect_error(target, opts, exc) from None
+    try:
+        device = ctrl.block_device(url.nsid)
+    except kernel.FabricsError as exc:
+        if not existing:
+            with contextlib.suppress(kernel.FabricsError):
+                kernel.disconnect(ctrl.name)
+        raise TargetError(f"{target}: {exc.strerror}") from None
+    return {"schema": "kvtool.target.connect/1", "url": str(url), "new": not existing,
+            "hostnqn": opts.hostnqn, "hostid": opts.hostid, "nsid": url.nsid,
+            "block_device": device, **ctrl.to_json()}
+
+
+def disconnect(what: str) -> dict[str, Any]:
+    """``kvtool target disconnect``: delete the kernel host's controllers named by ``what``:
+    a URL (every controller of that subsystem through that address), a controller
+    (``nvme3``, ``/dev/nvme3``) or one of its block devices (``/dev/nvme3n1``)."""
+    from kvtool.nvme import kernel
+    from kvtool.store.kernelhost import parse
+    if "://" in what:
+        url = parse(what)
+        ctrls = kernel.find(url.transport, url.host, url.port, url.subnqn)
+    else:
+        name = os.path.basename(what)
+        ctrls = [c for c in kernel.controllers()
+                 if c.name == name or f"/dev/{name}" in c.namespaces().values()]
+    if not ctrls:
+        raise UsageError(f"no NVMe-oF controller of this host matches {what}", field="TARGET")
+    done = []
+    for c in ctrls:
+        try:
+            kernel.disconnect(c.name)
+        except kernel.FabricsError as exc:
+            raise TargetError(f"cannot disconnect {c.name}: {exc.strerror}") from None
+        done.append(c.name)
+    return {"schema": "kvtool.target.disconnect/1", "disconnected": done}
+
+
 TRTYPES = {1: "rdma", 2: "fc", 3: "tcp", 254: "loop"}
 ADRFAMS = {1: "ipv4", 2: "ipv6", 3: "ib", 4: "fc", 254: "intra_host"}
 SUBTYPES = {1: "discovery-referral", 2: "nvme", 3: "discovery"}
 
 
 def discover(address: str, port: int = 4420, hostnqn: str | None = None,
-             timeout: float = 10.0) -> list[dict[str, Any]]:
-    """The discovery log page of any NVMe/TCP target (kvtool's userspace host).
+             timeout: float = 10.0, transport: str = "tcp",
+             host: str = "kvtool") -> list[dict[str, Any]]:
+    """The discovery log page of any NVMe/TCP target (kvtool's userspace host), or of any
+    NVMe/RDMA or NVMe/TCP target through the kernel's host (``transport="rdma"`` or
+    ``host="kernel"``: ``nvme discover``'s way, :mod:`kvtool.nvme.kernel`).
 
     Each entry: subtype, subnqn, trtype, adrfam, traddr, trsvcid, portid, cntlid (names
     for the coded fields, as nvme-cli prints them).
     """
+    if transport not in ("tcp", "rdma"):
+        raise UsageError(f"transport must be tcp or rdma, not {transport!r}", field="transport")
+    if host not in ("kvtool", "kernel"):
+        raise UsageError(f"host must be kvtool or kernel, not {host!r}", field="host")
+    if transport == "rdma" or host == "kernel":
+        return _kernel_discover(address, port, hostnqn, transport)
     from kvtool.nvme import host as nvme_host
     from kvtool.nvme.pdu import PduError
     from kvtool.nvme.queue import Unreachable
@@ -536,7 +647,4 @@ def discover(address: str, port: int = 4420, hostnqn: str | None = None,
                          field="ADDRESS") from None
     except (OSError, PduError) as exc:
         raise TargetError(f"discovery at {address}:{port} failed: {exc}") from None
-    return [{"subtype": SUBTYPES.get(e.subtype, str(e.subtype)), "subnqn": e.subnqn,
-             "trtype": TRTYPES.get(e.trtype, str(e.trtype)),
-             "adrfam": ADRFAMS.get(e.adrfam, str(e.adrfam)), "traddr": e.traddr,
-             "trsvcid": e.trsvcid, "portid": e.portid, "cntlid": e.cntlid} for e in entries]
+    return _entries(entries)

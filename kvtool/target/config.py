@@ -147,6 +147,12 @@ class TargetConfig:
     nvmet_root: str | None = None
     spdk_socket: str | None = None
     spdk_timeout: float = 60.0
+    # [spdk] start = true: kvtool starts nvmf_tgt itself (and stops it on down), binding the
+    # config's PCIe controllers to spdk_pci_driver first and giving them back afterwards
+    spdk_start: bool = False
+    spdk_mem_mb: int | None = None  # its DPDK memory without hugepages (-s); None: 1024
+    spdk_cpumask: str | None = None  # its reactor cores (-m); None: 0x1
+    spdk_pci_driver: str = "vfio-pci"
     source: str | None = None  # the file it came from, for messages
     locator: Any = field(default=None, compare=False, repr=False)  # kvtool.configfile.Locator
 
@@ -175,6 +181,15 @@ class TargetConfig:
         return any(lst.ana for lst in self.listeners) or self.ana_groups() not in ([], [1]) \
             or any(n.ana_group is not None for s in self.subsystems for n in s.namespaces)
 
+    def pci_controllers(self) -> list[str]:
+        """PCI addresses of the PCIe NVMe controllers the namespaces attach (SPDK), in order."""
+        out: list[str] = []
+        for s in self.subsystems:
+            for n in s.namespaces:
+                if n.nvme is not None and n.nvme.trtype == "PCIe" and n.nvme.traddr not in out:
+                    out.append(n.nvme.traddr)
+        return out
+
     def transport(self, trtype: str) -> Transport | None:
         return next((t for t in self.transports if t.type == trtype), None)
 
@@ -183,9 +198,11 @@ class TargetConfig:
         d = asdict(self)
         d.pop("locator", None)
         d.pop("source", None)
-        for key in ("metrics_port", "busy_poll_us"):
+        for key in ("metrics_port", "busy_poll_us", "spdk_mem_mb", "spdk_cpumask"):
             if d[key] is None:
                 del d[key]  # digests of configs without it stay as they were
+        if not d["spdk_start"]:
+            del d["spdk_start"], d["spdk_pci_driver"]
         for sub in d["subsystems"]:
             for ns in sub["namespaces"]:
                 if ns["ana_group"] is None:

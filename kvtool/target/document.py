@@ -22,6 +22,11 @@ def config_document(cfg: TargetConfig) -> dict[str, Any]:
         doc["nvmet"] = {"configfs_root": cfg.nvmet_root}
     if cfg.spdk_socket:
         doc["spdk"] = {"socket": cfg.spdk_socket, "timeout": int(cfg.spdk_timeout)}
+    if cfg.spdk_start:
+        doc.setdefault("spdk", {"timeout": int(cfg.spdk_timeout)})
+        doc["spdk"].update(_strip({"start": True, "mem_mb": cfg.spdk_mem_mb,
+                                   "cpumask": cfg.spdk_cpumask,
+                                   "pci_driver": cfg.spdk_pci_driver}))
     if cfg.hosts:
         doc["host"] = [_strip({"nqn": h.nqn, "dhchap_key_file": h.dhchap_key_file,
                                "dhchap_ctrl_key_file": h.dhchap_ctrl_key_file,

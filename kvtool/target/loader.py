@@ -166,11 +166,24 @@ def _build(root: ConfigTable, *, backend_override: str | None, runtime_override:
         nvmet_root = nv.text("configfs_root")
 
     spdk_socket, spdk_timeout = None, 60.0
+    spdk_start, spdk_mem_mb, spdk_cpumask, spdk_pci_driver = False, None, None, "vfio-pci"
     sp = root.table("spdk")
     if sp is not None:
-        sp.check_keys({"socket", "timeout"})
+        sp.check_keys({"socket", "timeout", "start", "mem_mb", "cpumask", "pci_driver"})
         spdk_socket = sp.text("socket")
         spdk_timeout = float(sp.integer("timeout", 60, lo=1, hi=3600) or 60)
+        spdk_start = sp.flag("start", False)
+        spdk_mem_mb = sp.integer("mem_mb", None, lo=256, hi=1 << 20)
+        spdk_cpumask = sp.text("cpumask")
+        if spdk_cpumask is not None and re.fullmatch(r"0x[0-9a-fA-F]{1,16}", spdk_cpumask) is None:
+            sp.fail(f"cpumask must be a hex core mask such as 0x1, got {spdk_cpumask!r}",
+                    ("spdk", "cpumask"))
+        spdk_pci_driver = sp.choice("pci_driver", ("vfio-pci", "uio_pci_generic"),
+                                    "vfio-pci") or "vfio-pci"
+        if not spdk_start and any(sp.has(k) for k in ("mem_mb", "cpumask", "pci_driver")):
+            only = next(k for k in ("mem_mb", "cpumask", "pci_driver") if sp.has(k))
+            sp.fail(f"{only} applies when kvtool starts nvmf_tgt itself (start = true)",
+                    ("spdk", only))
 
     hosts = [_host(h) for h in root.tables("host")]
     transports = [_transport(t) for t in root.tables("transport")]
@@ -201,7 +214,8 @@ def _build(root: ConfigTable, *, backend_override: str | None, runtime_override:
         listeners=tuple(listeners),
         hosts=tuple(hosts),
         transports=tuple(transports), nvmet_root=nvmet_root, spdk_socket=spdk_socket,
-        spdk_timeout=spdk_timeout)
+        spdk_timeout=spdk_timeout, spdk_start=spdk_start, spdk_mem_mb=spdk_mem_mb,
+        spdk_cpumask=spdk_cpumask, spdk_pci_driver=spdk_pci_driver)
 
 
 DEPRECATED_RUNTIME_KEY = "engine"
@@ -458,6 +472,9 @@ def validate(cfg: TargetConfig, *, allow_remote: bool = False, check_paths: bool
         file, line = cfg.where(*path)
         raise InputError(message, file=file, line=line, field=field_name(path))
 
+    if cfg.spdk_start and cfg.backend != "spdk":
+        fail(f"start = true starts SPDK's nvmf_tgt: it needs backend = \"spdk\" (this config "
+             f"is {cfg.backend})", "spdk", "start")
     for i, lst in enumerate(cfg.listeners):
         if not allow_remote and not is_loopback(lst.address):
             fail(f"address {lst.address} is not local: targets listen on loopback unless "

@@ -41,7 +41,7 @@ class TierOption(NamedTuple):
         text = text.strip()
         cap_text: str | None
         place: str | None
-        if "@" in text and not text.startswith(("nvme+tcp://",)):
+        if "@" in text and not text.startswith(("nvme+tcp://", "nvme+rdma://")):
             cap_text, _, place = text.partition("@")
             cap_text, place = cap_text.strip(), place.strip()
             if not cap_text or not place:

@@ -60,6 +60,8 @@ def collect() -> list[str]:
     return out
 
 
+RDMA_GUEST = ("the kernel's NVMe-oF host (/dev/nvme-fabrics), which this kernel lacks: "
+              "tests/rdma/test_guest_rdma.py runs it in the QEMU guest")
 SKIP = {
     "kvtool replay mt.jsonl --engine vllm --check-outputs":
         "needs vLLM (kvtool[vllm], a 3.9 GB virtualenv): tests/integrations/test_vllm_engine.py "
@@ -77,6 +79,16 @@ SKIP = {
     "kvtool target up fixtures/targets/spdk-production.toml --allow-remote --dry-run":
         "plans against a running spdk_tgt's state: tests/target/test_spdk.py runs it against "
         "an SPDK peer",
+    # the kernel's NVMe-oF host: this kernel has neither nvme-rdma nor nvme-tcp
+    "kvtool target discover 10.0.2.15:4420 --transport rdma":
+        RDMA_GUEST,
+    "kvtool target connect nvme+rdma://10.0.2.15:4420/nqn.2026-01.io.kvtool:kernel/1":
+        RDMA_GUEST,
+    "kvtool target connect nvme+tcp://127.0.0.1:4420/nqn.2026-01.io.kvtool:demo --json":
+        RDMA_GUEST,
+    "kvtool target disconnect /dev/nvme3n1": RDMA_GUEST,
+    "kvtool target disconnect nvme+rdma://10.0.2.15:4420/nqn.2026-01.io.kvtool:kernel":
+        RDMA_GUEST,
 }
 
 # Run in this order against one demo target (listening on a free port).

@@ -160,9 +160,16 @@ def test_bad_targets(store_dir: Path) -> None:
     with pytest.raises(UsageError, match="not a block device or regular file"):
         open_engine(str(store_dir), write=False)
     assert not (store_dir / "missing.img").exists()
-    with pytest.raises(UsageError, match="unsupported URL scheme 'nvme\\+rdma://'"):
+    with pytest.raises(UsageError, match="unsupported URL scheme 'nvme\\+fc://'"):
+        open_engine("nvme+fc://127.0.0.1:4420/nqn.2026-01.io.kvtool:x/1", write=True)
+    with pytest.raises(UsageError, match="not an NVMe-oF namespace") as exc:
         open_engine("nvme+rdma://127.0.0.1:4420/nqn.2026-01.io.kvtool:x/1", write=True,
                     create_bytes=1 << 20)
+    assert exc.value.field == "create"
+    with pytest.raises(UsageError, match="speaks NVMe/TCP only") as exc:
+        open_engine("nvme+rdma://127.0.0.1:4420/nqn.2026-01.io.kvtool:x/1", write=True,
+                    host="kvtool")
+    assert exc.value.field == "host"
 
 
 def test_create_and_lba_override(store_dir: Path) -> None:

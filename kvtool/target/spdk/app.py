@@ -1,6 +1,8 @@
 """Run one SPDK application (``nvmf_tgt`` or ``spdk_tgt``) without hugepages, and stop it.
 
 ``SpdkApp(install).start()`` runs ``nvmf_tgt --no-huge -s MEM -m CPUMASK --no-pci -r SOCK``
+(``-A BDF`` for each of ``pci_allowed`` instead of ``--no-pci``: PCIe NVMe controllers bound
+to vfio-pci, :mod:`kvtool.target.spdk.pci`)
 with its own RPC socket in a private directory, optionally loading a ``--json`` config, and
 returns once the application has finished initializing (``framework_wait_init``). ``rpc()``
 calls any JSON-RPC method; ``stop()`` asks for ``spdk_kill_instance SIGTERM`` and escalates
@@ -39,7 +41,8 @@ class SpdkApp:
     def __init__(self, install: SpdkInstall, binary: str = "nvmf_tgt", *, cpumask: str = "0x1",
                  mem_mb: int = 1024, config: Path | None = None,
                  workdir: Path | None = None, args: tuple[str, ...] = (),
-                 die_with_parent: bool = False, env: dict[str, str] | None = None) -> None:
+                 die_with_parent: bool = False, env: dict[str, str] | None = None,
+                 pci_allowed: tuple[str, ...] = (), socket: Path | None = None) -> None:
         self.install = install
         self.binary = binary
         self.cpumask = cpumask
@@ -51,7 +54,9 @@ class SpdkApp:
         self._own_dir = workdir is None
         self.workdir = workdir if workdir is not None else Path(
             tempfile.mkdtemp(prefix=f"kvtool-{binary}-"))
-        self.socket = self.workdir / "spdk.sock"
+        # PCI devices SPDK may drive (-A each); none: --no-pci
+        self.pci_allowed = tuple(pci_allowed)
+        self.socket = socket if socket is not None else self.workdir / "spdk.sock"
         self.log_path = self.workdir / f"{binary}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self._rpc: SpdkRpc | None = None
@@ -66,8 +71,9 @@ class SpdkApp:
         return self.proc is not None and self.proc.poll() is None
 
     def command(self) -> list[str]:
+        pci = [a for bdf in self.pci_allowed for a in ("-A", bdf)] or ["--no-pci"]
         cmd = [str(self.install.bin(self.binary)), "--no-huge", "-s", str(self.mem_mb),
-               "-m", self.cpumask, "--no-pci", "-r", str(self.socket),
+               "-m", self.cpumask, *pci, "-r", str(self.socket),
                # several SPDK apps (other test runs) may share a core on a small machine
                "--disable-cpumask-locks"]
         if self.config is not None:
@@ -79,6 +85,15 @@ class SpdkApp:
         """Start and wait until initialized; ``on_spawn(pid)`` runs as soon as the process
         exists (before the wait), e.g. to record it."""
         self.workdir.mkdir(parents=True, exist_ok=True)
+        if self.socket.is_socket():  # a killed application's, when nobody listens there
+            import socket as sk
+            with sk.socket(sk.AF_UNIX) as probe:
+                try:
+                    probe.connect(str(self.socket))
+                except ConnectionRefusedError:
+                    self.socket.unlink()
+                else:
+                    raise SpdkAppError(f"another SPDK application serves {self.socket}")
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL,

@@ -4,11 +4,13 @@ Where SPDK comes from, in order:
 
 1. ``$KVTOOL_SPDK_DIR``: an SPDK tree built elsewhere (``build/bin/nvmf_tgt`` and
    ``scripts/rpc.py`` under it);
-2. ``../shared/reference/spdk/build.sh``, which builds SPDK v26.05 with DPDK v26.03 from the
-   tarballs in ``../shared/vendor/spdk`` into ``$KVTOOL_SPDK_CACHE/<hash of the tarballs>``
-   (default ``/var/tmp/kvtool-spdk``; about 4-8 minutes on 2 cores the first time; instant
-   afterwards). Debian's libdpdk-dev
-   cannot be used: SPDK refuses it at run time. The script apt-installs what it needs.
+2. ``emulator/spdk/build.sh`` (adapted from ``../shared/reference/spdk/build.sh``), which builds
+   SPDK v26.05 with DPDK v26.03 from the tarballs in ``../shared/vendor/spdk``, with the RDMA
+   transport and for x86-64-v2 (so that it also runs in the QEMU guest), into
+   ``$KVTOOL_SPDK_CACHE/<hash of the tarballs and the script>`` (default
+   ``/var/tmp/kvtool-spdk``; about 4-8 minutes on 2 cores the first time; instant afterwards).
+   Debian's libdpdk-dev cannot be used: SPDK refuses it at run time. The script apt-installs
+   what it needs (rdma-core's libibverbs/librdmacm and the rxe provider among them).
 
 An flock serializes builders, since the script starts by deleting a half-built tree.
 """
@@ -28,7 +30,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
 SHARED = REPO.parent / "shared"
-BUILD_SCRIPT = SHARED / "reference" / "spdk" / "build.sh"
+BUILD_SCRIPT = REPO / "emulator" / "spdk" / "build.sh"
 VENDOR = SHARED / "vendor" / "spdk"
 DEFAULT_CACHE = Path("/var/tmp/kvtool-spdk")
 

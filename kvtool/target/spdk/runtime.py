@@ -17,6 +17,7 @@ import json
 import shutil
 import tempfile
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -81,10 +82,12 @@ class SpdkRuntime(BackgroundRuntime):
         install = _install()
         # short (a Unix socket path has 107 bytes), created only when the plan runs
         workdir = Path(tempfile.gettempdir()) / f"kvtool-spdk-{uuid.uuid4().hex[:10]}"
-        rpc = _NotStartedRpc(str(workdir / "spdk.sock"), cfg.spdk_timeout, install.version())
+        rpc = _NotStartedRpc(str(self._socket(cfg, workdir)), cfg.spdk_timeout,
+                             install.version())
         inner = SpdkBackend(rpc).plan_up(cfg)
         plan = Plan(self.name, "up")
-        mem = memory_mb(cfg)
+        mem = self._memory(cfg)
+        self._plan_devices(cfg, plan)
 
         def start() -> None:
             self._start(cfg, install, workdir, mem)
@@ -94,14 +97,32 @@ class SpdkRuntime(BackgroundRuntime):
             self._stop(self.pid)
             shutil.rmtree(workdir, ignore_errors=True)
 
+        pci = " ".join(f"-A {bdf}" for bdf in self._pci(cfg)) or "--no-pci"
         plan.add("start", "process", "nvmf_tgt",
-                 f"--no-huge -s {mem} -m {CPUMASK} --no-pci, RPC {rpc.socket_path}", start, stop)
+                 f"--no-huge -s {mem} -m {self._cpumask(cfg)} {pci}, RPC {rpc.socket_path}",
+                 start, stop)
         for step in inner.steps:
             if step.undo is None:  # a transport: it goes with the process
                 step.undo = lambda: None
             plan.steps.append(step)
         plan.notes.extend(n for n in inner.notes if "SPDK has no RPC to delete" not in n)
         return plan
+
+    # what the emulator's runtime starts; ManagedSpdk (the spdk backend, start = true) differs
+    def _cpumask(self, cfg: TargetConfig) -> str:
+        return CPUMASK
+
+    def _memory(self, cfg: TargetConfig) -> int:
+        return memory_mb(cfg)
+
+    def _pci(self, cfg: TargetConfig) -> tuple[str, ...]:
+        return ()
+
+    def _socket(self, cfg: TargetConfig, workdir: Path) -> Path:
+        return workdir / "spdk.sock"
+
+    def _plan_devices(self, cfg: TargetConfig, plan: Plan) -> None:
+        """Steps before the start (ManagedSpdk: hand the PCIe controllers to SPDK)."""
 
     def _start(self, cfg: TargetConfig, install: Any, workdir: Path, mem: int,
                config: Path | None = None) -> None:
@@ -110,8 +131,9 @@ class SpdkRuntime(BackgroundRuntime):
         rec = self._process_record(cfg.name, "nvmf_tgt", [lst.port for lst in cfg.listeners],
                                    config_json(cfg))
         rec.workdir = str(workdir)
-        app = SpdkApp(install, "nvmf_tgt", cpumask=CPUMASK, mem_mb=mem, workdir=workdir,
-                      config=config, env=rec.env({}))
+        app = SpdkApp(install, "nvmf_tgt", cpumask=self._cpumask(cfg), mem_mb=mem,
+                      workdir=workdir, config=config, env=rec.env({}),
+                      pci_allowed=self._pci(cfg), socket=self._socket(cfg, workdir))
         rec.argv, rec.sockets, rec.log = app.command(), [str(app.socket)], str(app.log_path)
         rec.save()  # before the start: a kvtool killed from here on leaves a record
         try:
@@ -178,3 +200,67 @@ class SpdkRuntime(BackgroundRuntime):
         live = self._backend(cfg).status(cfg)
         return {**live, "backend": self.name, "runtime": self.runtime, "pid": self.record.pid,
                 "log": self.extra.get("log")}
+
+
+def _call(fn: Callable[..., object], *args: Any) -> Callable[[], None]:
+    def run() -> None:
+        fn(*args)
+    return run
+
+
+class ManagedSpdk(SpdkRuntime):
+    """The spdk backend with ``[spdk] start = true``: kvtool starts ``nvmf_tgt`` itself, as the
+    emulator's spdk runtime does, but for the production shape: any transport (RDMA), and
+    namespaces on PCIe NVMe controllers that ``up`` hands to SPDK's userspace driver
+    (``[spdk] pci_driver``, default vfio-pci; :mod:`kvtool.target.spdk.pci`) before the start
+    and ``down`` gives back to the kernel's ``nvme`` driver after the stop. No hugepages:
+    ``--no-huge -s [spdk] mem_mb`` (vfio-pci then needs an IOMMU)."""
+
+    name = "spdk"
+    runtime = "nvmf_tgt"
+
+    def _cpumask(self, cfg: TargetConfig) -> str:
+        return cfg.spdk_cpumask or CPUMASK
+
+    def _memory(self, cfg: TargetConfig) -> int:
+        return cfg.spdk_mem_mb or memory_mb(cfg)
+
+    def _pci(self, cfg: TargetConfig) -> tuple[str, ...]:
+        return tuple(cfg.pci_controllers())
+
+    def _socket(self, cfg: TargetConfig, workdir: Path) -> Path:
+        return Path(cfg.spdk_socket) if cfg.spdk_socket else workdir / "spdk.sock"
+
+    def _plan_devices(self, cfg: TargetConfig, plan: Plan) -> None:
+        from kvtool.target.spdk import pci
+        drv = cfg.spdk_pci_driver
+        for bdf in self._pci(cfg):
+            now = pci.driver(bdf) if pci.exists(bdf) else None
+            if now == drv:
+                plan.notes.append(f"PCI {bdf} is already bound to {drv}")
+                continue
+            plan.add("bind", "pci", bdf, f"{now or 'no driver'} -> {drv} (driver_override, "
+                     "drivers_probe)", _call(pci.bind, bdf, drv), _call(pci.release, bdf))
+
+    def plan_down(self, cfg: TargetConfig) -> Plan:
+        from kvtool.target.spdk import pci
+        if self._running():
+            plan = super().plan_down(cfg)
+        else:
+            plan = Plan(self.name, "down")
+            plan.notes.append("no nvmf_tgt is running for this config")
+        drv = cfg.spdk_pci_driver
+        for bdf in self._pci(cfg):
+            now = pci.driver(bdf) if pci.exists(bdf) else None
+            if now != drv:
+                continue
+            plan.add("release", "pci", bdf, f"{drv} -> nvme (driver_override cleared, "
+                     "drivers_probe)", _call(pci.release, bdf), _call(pci.bind, bdf, drv))
+        return plan
+
+    def status(self, cfg: TargetConfig) -> dict[str, Any]:
+        from kvtool.target.spdk import pci
+        doc = super().status(cfg)
+        doc["pci"] = [{"traddr": bdf, "driver": pci.driver(bdf) if pci.exists(bdf) else None}
+                      for bdf in self._pci(cfg)]
+        return doc
