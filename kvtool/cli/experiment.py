@@ -77,8 +77,7 @@ def list_cmd() -> None:
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Directory for JSON, CSV, PNG and the trace [default: out/experiments/NAME].")
 @click.option("--simulate", is_flag=True,
-              help="Replay metadata only (the replayer: no bytes move; times modelled) instead of "
-                   "data mode.")
+              help="Replay metadata only (the replayer: no bytes move) instead of data mode.")
 @click.option("--dram", "dram", metavar="mooncake://HOST:PORT", default=None,
               help="Data mode: put every configuration's DRAM tier on this Mooncake pool "
                    "(kvtool pool up; kvtool pool status --json gives the URL).")
@@ -136,8 +135,10 @@ def render(con: Any, doc: dict[str, Any]) -> None:
     if doc["mode"] != "data":  # a data-mode-only clause says nothing about this run
         scale = "; ".join(p for p in scale.split("; ") if not p.startswith("data mode"))
     con.print(f"[dim]scale:[/] {scale}")
-    mode = {"simulate": "simulate (the replayer: counts exact, no bytes moved, times "
-                        "modelled)",
+    serving = any(c.get("schema") == "kvtool.serving/1" for c in doc.get("configs") or [])
+    mode = {"simulate": ("the serving model (counts simulated, times and throughputs "
+                         "modelled)" if serving else
+                         "simulate (the replayer: counts exact, no bytes moved)"),
             "data": "data (real bytes through every tier)",
             "measure": "measured on this machine"}.get(doc["mode"], doc["mode"])
     con.print(f"[dim]mode:[/] {mode}")

@@ -143,7 +143,7 @@ def run_serving_kind(exp: Experiment, trace: Path, *,
     phased = exp.serving.get("phases", "none") == "iterations"
     keys = phase_keys(requests)
     results: dict[str, dict[str, Any]] = {}
-    per_request: dict[str, list[tuple[int, int, float]]] = {}
+    per_request: dict[str, list[tuple[int, int, int]]] = {}
     for c in exp.configs:
         assert c.cluster is not None
         built = build_setup(str(cluster_path(c.cluster, exp.path)), block_tokens=B)
@@ -176,7 +176,8 @@ def run_serving_kind(exp: Experiment, trace: Path, *,
                                  for k in arrivals.order if k in by_phase]
             if n == 0:
                 per_request[c.label] = [(keys[s.index][1], s.num_prompt_tokens,
-                                         s.first_token - s.arrival) for s in sim.done]
+                                         max(0, s.local_hit_tokens) + s.ext_tokens)
+                                        for s in sim.done]
             runs.append(doc)
         results[c.label] = {"schema": "kvtool.serving/1", "label": c.label,
                             "cluster": built.describe(), "runs": runs}

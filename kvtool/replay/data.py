@@ -36,8 +36,7 @@ from typing import Any
 import numpy as np
 
 from kvtool.cache.replayer import CacheConfig, Replayer, RequestLike, RequestOutcome, outcome
-from kvtool.cache.stats import RoundStats
-from kvtool.cache.timemodel import TimeModel, percentile
+from kvtool.cache.stats import RoundStats, percentile
 from kvtool.errors import CheckFailed, param
 from kvtool.replay.config import ON_TIER_ERROR
 from kvtool.store.payload import Payload, equal
@@ -134,7 +133,7 @@ class DataReplayer(Replayer):
 
     def __init__(self, config: CacheConfig, block_tokens: int, block_bytes: int, *,
                  tiers: dict[str, DataTier], work_blocks: int, seed: int = 0,
-                 time_model: TimeModel | None = None, on_tier_error: str = "fail",
+                 on_tier_error: str = "fail",
                  on_event: Callable[[str], None] | None = None,
                  on_request: Callable[[RequestOutcome], None] | None = None) -> None:
         if on_tier_error not in ON_TIER_ERROR:
@@ -144,8 +143,8 @@ class DataReplayer(Replayer):
         self.seed = seed
         self.on_tier_error = on_tier_error
         self.on_event = on_event
-        super().__init__(config, block_tokens, block_bytes, time_model or TimeModel(),
-                         on_request=on_request, movers={t.name: self for t in config.tiers})
+        super().__init__(config, block_tokens, block_bytes, on_request=on_request,
+                         movers={t.name: self for t in config.tiers})
         names = self.names
         gpu_cap = 0
         if names[0] == "gpu":
@@ -312,17 +311,14 @@ class DataReplayer(Replayer):
         self._defer.clear()
         self._evicted.clear()
         gpu.release(work.values())
-        # accounting: measured load + modelled prefill
-        hit = sum(per_tier) * B
-        hit = min(hit, inp)
-        ttft = load_s + (inp - hit) / self._prefill
-        st.count_request(inp, req.output_length, ttft, self._tpot)
+        # accounting (the request's TTFT is the serving model's: kvtool.replay.timing)
+        st.count_request(inp, req.output_length)
         round_st.add(st)
         if self.on_request is not None:
             corrupt: dict[str, int] = {}
             for tname in self._corrupt_now:
                 corrupt[tname] = corrupt.get(tname, 0) + 1
-            self.on_request(outcome(req, r, names, st, ttft, corrupt, load_s))
+            self.on_request(outcome(req, r, names, st, corrupt=corrupt, load_s=load_s))
         self.measured.load_s.append(load_s)
         self.measured.blocks += len(keys)
         self.measured.wall_s += time.perf_counter() - t_start
@@ -519,8 +515,9 @@ class DataReplayer(Replayer):
         self.drain()
         out = super().result()
         out["mode"] = "data"
-        out["times_are_modelled"] = False
-        out["time_basis"] = {"load": "measured", "prefill": "modelled", "decode": "modelled"}
+        # the report's times are the serving model's (one time model); the measured load
+        # seconds are in ``measured`` (``load_s``), beside them
+        out["time_basis"] = {"load": "modelled", "prefill": "modelled", "decode": "modelled"}
         for t in out["tiers"]:
             dt = self.data_tiers.get(t["name"])
             if t["name"] == "gpu" or dt is None:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvtool.cache.replayer import CacheConfig
-from kvtool.cache.timemodel import percentile
+from kvtool.cache.stats import percentile
 from kvtool.errors import UsageError
 
 DEFAULT_GPU = "h100-sxm"

@@ -154,7 +154,8 @@ def _write(tmp_path: Path, name: str, old: str, new: str) -> Path:
     ('cluster = "fx100-qwen32b-serial"', 'cluster = "no-such-cluster"', "config[*].cluster"),
     ('loads = "concurrency=16"', 'loads = "request-rate=2"', "serving.loads"),
     ('phases = "iterations"', 'phases = "rounds"', "serving.phases"),
-    ('metric = "serving_ratio"', 'metric = "wall_ratio"', "figure[*].args"),
+    ('metric = "serving_ratio"', 'metric = "recompute_ratio"', "figure[*].args"),
+    ('metric = "serving_ratio"', 'metric = "wall_ratio"', "figure[*].metric"),  # retired
     ('band = [0.95, 1.0]', 'band = [1.0, 0.5]', "figure[*].band"),
 ])
 def test_bad_serving_experiment_is_one_line_exit_2(tmp_path: Path, old: str, new: str,
