@@ -379,6 +379,13 @@ def _render(con: Any, results: list[dict[str, Any]], head: dict[str, Any]) -> No
                   f"{tm['gpu']} under {tm['load']}, this replay's tiers (the serving model's "
                   "one-engine case; docs/replay.md); wall: a round's first arrival to its "
                   "last token.[/]")
+        from kvtool.serving.overload import line as overload_line
+
+        for r in results:
+            said = overload_line((r.get("time_model") or {}).get("overload"))
+            if said:
+                con.print(f"[bold yellow]{r['label'] + ': ' if len(results) > 1 else ''}"
+                          f"{said}[/]")
     else:
         con.print(f"[dim]No times ({tm.get('why_none')}).[/]")
 

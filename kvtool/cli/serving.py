@@ -199,6 +199,12 @@ def render(con: Any, doc: dict[str, Any]) -> None:
                 continue
             con.print(f"  [red]{p['kind']}[/] block {p['key']:#x} in {p['tier']} "
                       f"(engine {p['engine']}): never served")
+    from kvtool.serving.overload import line as overload_line
+
+    for r in runs:
+        said = overload_line(r.get("overload"))
+        if said:
+            con.print(f"[bold yellow]{r['label']}: {said}[/]")
     con.print("[dim]C: users (closed loop), R: requests/s (Poisson), T: the trace's "
               "timestamps. All times are simulated (roofline step times, flows over links; "
               "docs/serving.md), not measured.[/]")

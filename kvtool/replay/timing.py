@@ -177,7 +177,12 @@ def one_engine_times(requests: Sequence[Any], cfg: CacheConfig, *, block_tokens:
         "scalars": dataclasses.asdict(step.scalars),
         "failed": doc["serving"]["failed"],
         "serving": doc["serving"],
+        "overload": doc["overload"],
     }
+    if doc["overload"]["overloaded"]:
+        from kvtool.serving.overload import TRY_REPLAY
+
+        described["overload"] = {**doc["overload"], "try": list(TRY_REPLAY)}
     return times, described
 
 

@@ -568,6 +568,28 @@ class Simulation:
         return self.report()
 
     # ---------------------------------------------------------------- report
+    def _overload(self, done: Sequence[Seq]) -> dict[str, Any]:
+        """Whether the offered load exceeded the modelled capacity (:mod:`.overload`); with
+        a P/D split the capacity is the smaller of the prefill and the decode pool's."""
+        from kvtool.serving.overload import assess
+
+        busy = [e.stats.busy_s for e in self.engines]
+        pools = [[s.pd_source for s in done], [s.engine for s in done]] if self.pd else \
+            [[s.engine for s in done]]
+        best: dict[str, Any] | None = None
+        for owners in pools:
+            counts = [0] * len(self.engines)
+            for i in owners:
+                if i >= 0:
+                    counts[i] += 1
+            got = assess([s.arrival for s in done], [s.first_scheduled for s in done],
+                         counts, [b if c else 0.0 for b, c in zip(busy, counts, strict=True)],
+                         self.load.kind)
+            if best is None or (got["capacity_rps"] or 0) < (best["capacity_rps"] or 0):
+                best = got
+        assert best is not None
+        return best
+
     def report(self) -> dict[str, Any]:
         done = self.done
         arrivals = [s.arrival for s in self.seqs if s is not None]
@@ -625,5 +647,6 @@ class Simulation:
             },
             "engines": engines,
             "links": links,
+            "overload": self._overload(done),
             "basis": "simulated",
         }
