@@ -68,7 +68,10 @@ _NODE_KEYS = {"name", "gpus", "nic_gbps", "dram", "dram_policy", "pcie_gbps", "s
               "address"}
 _ENGINE_KEYS = {"name", "node", "count", "gpu", "model", "tp", "dtype", "kv_dtype", "role",
                 "max_num_seqs", "max_num_batched_tokens", "num_gpu_blocks",
-                "gpu_memory_utilization", "enable_prefix_caching"}
+                "gpu_memory_utilization", "enable_prefix_caching", "step_time"}
+STEP_TIMES = ("roofline", "dynamo-mocker")
+"""An engine's step time: kvtool's roofline (default), or NVIDIA Dynamo's mocker polynomial
+(:mod:`kvtool.serving.mockerstep`: routing compared with Dynamo on the same clock)."""
 _MOONCAKE_KEYS = {"capacity", "policy", "gbps", "master", "segment"}
 _NVME_KEYS = {"capacity", "policy", "target"}
 _TARGET_KEYS = {"name", "read_gbps", "write_gbps", "node", "size", "config"}
@@ -180,7 +183,8 @@ class EngineSpec:
                 "gpu_memory_utilization": self.gpu_memory_utilization,
                 "pcie_gbps": self.pcie_gbps, "block_bytes": self.block_bytes,
                 "all_ranks_block_bytes": self.all_ranks_block_bytes,
-                "enable_prefix_caching": self.enable_prefix_caching}
+                "enable_prefix_caching": self.enable_prefix_caching,
+                "step_time": getattr(self.step, "kind", "roofline")}
 
 
 @dataclass(frozen=True)
@@ -645,6 +649,16 @@ class _Reader:
                     blocks = step.kv_pool_blocks(block_tokens, util)
                 except UsageError as exc:
                     raise self.fail(exc.message, (*path, "tp")) from None
+            timing = (self.text(t, "step_time", path, "roofline") or "roofline").lower()
+            if timing not in STEP_TIMES:
+                raise self.fail(f"expected one of {', '.join(STEP_TIMES)}, got "
+                                f"{t['step_time']!r}", (*path, "step_time"))
+            if timing == "dynamo-mocker":
+                from kvtool.serving.mockerstep import MockerStepModel
+
+                step = MockerStepModel(model, gpu, tp, weight_dtype=dtype, kv_dtype=kv_dtype,
+                                       block_tokens=block_tokens,
+                                       total_kv_tokens=blocks * block_tokens)
             geometry = model.geometry(dtype=kv_dtype, block_tokens=block_tokens, tp=tp)
             node_name = self.name(t, "node", path)
             if node_name is not None and node_name not in explicit_nodes:

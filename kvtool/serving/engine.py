@@ -213,6 +213,9 @@ class Engine:
         self._pending_blocks = 0
         self.itl_values: list[float] = []
         self.itl_counts: list[int] = []
+        self.first_tokens: list[Seq] = []
+        """Requests that sampled their first token in the steps just ended (the sim takes
+        them after :meth:`end_step`, to tell the router their prefill is done)."""
 
     # ------------------------------------------------------------------ views (router)
     def load(self) -> int:
@@ -513,6 +516,7 @@ class Engine:
             st.decode_tokens += extra
             if seq.first_token < 0:
                 seq.first_token = t0
+                self.first_tokens.append(seq)
             else:
                 itl_v.append(t0 - seq.last_token)
                 itl_c.append(1)

@@ -128,6 +128,8 @@ class StepModel:
         self.kv_dtype = geometry.dtype
         self.scalars = s
         self.block_tokens = block_tokens
+        self.kind = "roofline"
+        """The step time: ``roofline`` here (``dynamo-mocker``: :mod:`.mockerstep`)."""
         self.kv_bytes_per_token: float = geometry.block_bytes / block_tokens
         """One rank's KV bytes per token (a shard for MHA/GQA, a full copy for MLA)."""
 

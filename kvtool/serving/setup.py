@@ -75,7 +75,7 @@ def build_setup(path: str, *, block_tokens: int, scalars: dict[str, Any] | None 
     engines = []
     for e in spec.engines:
         step = e.step
-        if scalars:
+        if scalars and getattr(step, "kind", "roofline") == "roofline":
             key = id(e.step)
             if key not in steps:
                 steps[key] = StepModel(e.model, e.gpu, e.tp, weight_dtype=e.dtype,

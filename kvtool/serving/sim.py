@@ -38,7 +38,7 @@ from kvtool.serving.links import FlowNetwork
 from kvtool.serving.load import Arrivals, Load, output_block_keys
 from kvtool.serving.report import describe, serving_metrics
 
-ARRIVAL, STEP = 0, 1
+ARRIVAL, STEP, PLAN = 0, 1, 2
 
 
 @dataclass
@@ -444,6 +444,7 @@ class Simulation:
         self._heap: list[tuple[float, int, int, int, int]] = []
         self._order = 0
         self._version = [0] * len(self.engines)
+        self._plan_due = [False] * len(self.engines)
         self.arrivals = Arrivals(requests, load)
         self.keys = output_block_keys(requests, trace_block_tokens or block_tokens, block_tokens)
         self.seqs: list[Seq | None] = [None] * len(requests)
@@ -463,14 +464,27 @@ class Simulation:
         heapq.heappush(self._heap, (t, self._order, kind, a, b))
 
     def wake(self, engine: Engine, now: float) -> None:
-        """Something changed for ``engine`` at ``now``: plan steps if idle, else end its
-        run of decode steps at the next boundary."""
+        """Something changed for ``engine`` at ``now``: if idle, plan its steps once every
+        other event due at ``now`` has happened; else end its run of decode steps at the next
+        boundary."""
         i = engine.index
         if engine.busy:
             new_end = engine.cut(now)
             if new_end is not None:
                 self._version[i] += 1
                 self._push(new_end, STEP, i, self._version[i])
+            return
+        # An idle engine plans once everything else due at ``now`` has happened: requests
+        # arriving together are scheduled together (as vLLM's engine core takes every
+        # queued request before a step, and Dynamo's mocker every arrival before a pass).
+        if not self._plan_due[i]:
+            self._plan_due[i] = True
+            self._push(now, PLAN, i)
+
+    def _plan(self, engine: Engine, now: float) -> None:
+        i = engine.index
+        self._plan_due[i] = False
+        if engine.busy:
             return
         ends = engine.plan_steps(now)
         if ends:
@@ -487,9 +501,11 @@ class Simulation:
             seq.target_tokens = seq.max_tokens
             seq.max_tokens = 1
         keys = self.keys[idx]
-        j = self.router.route(r, pool, keys=keys[: r.input_length // self.B])
+        role = "prefill" if self.pd else None
+        j = self.router.route(r, pool, role, keys=keys[: r.input_length // self.B])
         engine = pool[j]
         if not engine.fits(seq):
+            self.router.finished(r, role)
             self._fail(seq, now)
             return
         engine.add(seq)
@@ -504,6 +520,9 @@ class Simulation:
     def _finished(self, engine: Engine, seq: Seq, now: float) -> None:
         if self.tiers.present:
             self.tiers.store(engine, seq, now)
+        request = self.requests[seq.index]
+        self.router.finished(request, "decode" if seq.decode_only else
+                             "prefill" if self.pd else None)
         if self.pd and not seq.decode_only:
             # prefill done: hand the request to a decode engine, which pulls the KV
             seq.decode_only = True
@@ -514,10 +533,11 @@ class Simulation:
             seq.first_token = -1.0
             seq.block_hashes = seq.full_keys[: seq.num_prompt_tokens // self.B]
             seq.pd_source = engine.index
-            j = self.router.route(self.requests[seq.index], self.decode_pool,
+            j = self.router.route(request, self.decode_pool, "decode",
                                   keys=seq.block_hashes)
             dst = self.decode_pool[j]
             if not dst.fits(seq):
+                self.router.finished(request, "decode")
                 self._fail(seq, now)
                 return
             dst.add(seq)
@@ -554,12 +574,22 @@ class Simulation:
             if kind == ARRIVAL:
                 self._arrive(a, t)
                 continue
+            if kind == PLAN:
+                self._plan(engines[a], t)
+                continue
             if b != version[a]:
                 continue
             engine = engines[a]
-            for seq in engine.end_step():
+            finished = engine.end_step()
+            if engine.first_tokens:
+                for seq in engine.first_tokens:
+                    if not seq.decode_only:
+                        self.router.prefill_done(self.requests[seq.index],
+                                                 "prefill" if self.pd else None)
+                engine.first_tokens.clear()
+            for seq in finished:
                 self._finished(engine, seq, t)
-            self.wake(engine, t)
+            self._plan(engine, t)
             if progress is not None and len(self.done) - reported >= 256:
                 progress(len(self.done) - reported)
                 reported = len(self.done)
