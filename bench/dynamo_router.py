@@ -19,6 +19,7 @@ Needs Dynamo's wheels (tests/helpers/dynamo_oracle.py makes the cached virtualen
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -75,7 +76,7 @@ def compare(trace: Path, workers: int, blocks: int, runs: int, tmp: Path) -> dic
     n = len(d_rr.workers)
     d_mean = statistics.fmean(d.ratio for d in d_kv)
     k_mean = statistics.fmean(k.ratio for k in k_kv)
-    dd = [same_worker(a.workers, b.workers, workers) for a, b in zip(d_kv, d_kv[1:])]
+    dd = [same_worker(a.workers, b.workers, workers) for a, b in itertools.pairwise(d_kv)]
     dk = [same_worker(d.workers, k.workers, workers) for d, k in zip(d_kv, k_kv, strict=True)]
     return {
         "trace": trace.name, "requests": n, "workers": workers, "blocks": blocks,
