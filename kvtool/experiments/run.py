@@ -46,7 +46,10 @@ def write_trace(exp: Experiment, path: Path) -> int:
         records = random_prompts(RandomPrompts(
             input_lengths=tuple(w["input_lengths"]), num_prompts=w["num_prompts"],
             iterations=w["iterations"], output_tokens=w.get("output_tokens", 1),
-            block_tokens=w.get("block_tokens", 256), seed=w.get("seed", 0), form="hash_ids"))
+            system_prompt_tokens=w.get("system_prompt_tokens", 0),
+            block_tokens=w.get("block_tokens", 256), seed=w.get("seed", 0), form="hash_ids",
+            range_ratio=float(w.get("range_ratio", 0.0)),
+            reuse_share=float(w.get("reuse_share", 1.0))))
     n = 0
     with open(path, "w", encoding="utf-8") as f:
         for rec in records:

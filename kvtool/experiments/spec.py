@@ -63,7 +63,8 @@ AGREE_TOLERANCE = 0.05
 _MULTI_TURN = {"sessions": int, "rounds": int, "input_tokens": int, "output_tokens": int,
                "system_prompt_tokens": int, "block_tokens": int, "seed": int}
 _RANDOM = {"input_lengths": list, "num_prompts": int, "iterations": int, "output_tokens": int,
-           "block_tokens": int, "seed": int}
+           "block_tokens": int, "seed": int, "system_prompt_tokens": int, "reuse_share": float,
+           "range_ratio": float}
 _PARALLEL = {"requests": int, "tokens_per_request": int, "chunk_tokens": int, "chunk_bytes": int,
              "serial_qd": int, "parallel_qd": int, "targets": list, "repeats": int,
              "prefill_tokens_per_s": float}
@@ -73,6 +74,8 @@ _WORKLOAD_KEYS: dict[str, dict[str, type]] = {
     "random-prompts": {**_COMMON, **_RANDOM},
     "parallel-read": {**_COMMON, **_PARALLEL},
 }
+WORKLOAD_KEYS = _WORKLOAD_KEYS
+"""Each workload kind's keys and their types (what ``kvtool experiment fit --vary`` may set)."""
 _REQUIRED = {
     "multi-turn": ("sessions", "rounds", "input_tokens", "output_tokens"),
     "random-prompts": ("input_lengths", "num_prompts", "iterations"),

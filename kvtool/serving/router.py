@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Hashable, Sequence
 from typing import Any, Protocol
 
@@ -167,12 +168,14 @@ class _Active:
     """What the KV router has sent to one engine and not heard back about (Dynamo's
     active sequences): prompt tokens in prefill, and a count per full prompt block."""
 
-    __slots__ = ("blocks", "prefill_tokens", "requests")
+    __slots__ = ("blocks", "prefill_tokens", "requests", "total")
 
     def __init__(self) -> None:
         self.prefill_tokens = 0
         self.requests = 0
-        self.blocks: dict[int, int] = {}
+        self.total = 0
+        """Prompt blocks of the active requests, shared ones counted once per request."""
+        self.blocks: Counter[int] = Counter()
 
 
 TIE_BREAKS = ("random", "lowest")
@@ -278,11 +281,11 @@ class KvAwareRouter(Router):
             raw = (a.prefill_tokens + isl) / B if tracked else 0.0
             prefill = self.prefill_load_scale * max(raw - credit, 0.0)
             if self.assume_kv_reuse:
+                # chained keys are distinct within a prompt: its blocks not yet active
                 blocks = a.blocks
-                new = len({k for k in full if k not in blocks})
-                decode = len(blocks) + new
+                decode = len(blocks) + list(map(blocks.__contains__, full)).count(False)
             else:
-                decode = sum(a.blocks.values()) + len(full)
+                decode = a.total + len(full)
             logit = prefill + decode + self.decode_active_request_weight * a.requests
             out[i] = (logit, uncached, full)
         return out
@@ -328,8 +331,8 @@ class KvAwareRouter(Router):
         charge = uncached if self.track_prefill_tokens and role != "decode" else 0
         a.prefill_tokens += charge
         a.requests += 1
-        for k in full:
-            a.blocks[k] = a.blocks.get(k, 0) + 1
+        a.total += len(full)
+        a.blocks.update(full)  # counted in C
         key = (id(request), role)
         old = self._sent.pop(key, None)
         if old is not None:  # routed again before it ended (a retry): forget the old send
@@ -354,6 +357,7 @@ class KvAwareRouter(Router):
         a = self._load(index)
         a.prefill_tokens -= charge
         a.requests -= 1
+        a.total -= len(full)
         blocks = a.blocks
         for k in full:
             n = blocks[k] - 1

@@ -28,6 +28,7 @@ import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import filterfalse
 from typing import Any, Protocol
 
 from kvtool.cache.policies import make_policy
@@ -360,7 +361,8 @@ class TierStack:
         bad = self.bad
         for name, tier, spec in self._tiers_for(engine):
             index = tier.policy.index
-            new = [k for k in keys if k not in index or (bad and (name, k) in bad)]
+            new = ([k for k in keys if k not in index or (name, k) in bad] if bad else
+                   list(filterfalse(index.__contains__, keys)))
             if not new:
                 tier.policy.access(keys, seq.index, admit=False)
                 continue
