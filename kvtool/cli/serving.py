@@ -47,12 +47,12 @@ def run(*, trace: str, clusters: tuple[str, ...], simulate: bool, fmt: str,
         csv_path: str | None, plot_path: str | None, nvme_place: str | None = None,
         read_qd: int = 16, credentials: Any = None,
         scalars: dict[str, float] | None = None, fanout: Any = None,
-        faults: tuple[str, ...] = ()) -> None:
+        faults: tuple[str, ...] = (), exact_steps: bool = False) -> None:
     from kvtool.serving.run import ServingSettings, run_serving, write_csv, write_plot
 
     settings = ServingSettings(trace=trace, clusters=clusters, loads=loads, fmt=fmt,
                                block_tokens=block_tokens, skip_bad=skip_bad, seed=seed,
-                               scalars=dict(scalars or {}))
+                               scalars=dict(scalars or {}), exact_steps=exact_steps)
     backend = None
     state = None
     if not simulate:

@@ -121,6 +121,9 @@ class ReplaySettings(msgspec.Struct):
     case), ``none`` (null), or ``per-request`` (the replayer's own per-request
     model, with ``prefill_tps``/``tpot_ms``: what the capacity experiments state their
     time rows in)."""
+    exact_steps: bool = False
+    """The serving model's engines schedule every step on its own (the same times;
+    :mod:`kvtool.serving.engine`)."""
     read_qd: int = 16
     write_qd: int = 16
     seed: int = 0
@@ -347,7 +350,8 @@ class ReplayJob(msgspec.Struct):
         return {"block_tokens": self.block_tokens, "block_bytes": self.block_bytes,
                 "model": self.setup.get("model"), "dtype": self.setup.get("dtype"), "tp": s.tp,
                 "gpu": s.engine_gpu, "concurrency": conc if given else None,
-                "read_gbps": self.time_model.read_gbps, "timed": self.reader.timed}
+                "read_gbps": self.time_model.read_gbps, "timed": self.reader.timed,
+                "exact_steps": s.exact_steps}
 
     # -------------------------------------------------------------- data mode
     def _fits(self, caps: dict[str, int]) -> None:
