@@ -56,7 +56,7 @@ OPS_PER_LAYER = 5
 #: numpy is imported or a model has computed :data:`_NUMPY_AFTER` decode steps (numpy's
 #: import, 0.1 s, is not worth it for a short replay: bench/startup.py).
 _VECTOR_STEPS = 48
-_NUMPY_AFTER = 100_000
+_NUMPY_AFTER = 400_000
 
 if TYPE_CHECKING:
     import numpy as np
