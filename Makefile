@@ -53,6 +53,7 @@ bench: $(BENCH_VENV)/.stamp
 	PYTHONPATH=$(CURDIR) $(BENCH_VENV)/bin/python bench/replay_speed.py --repeat 21
 	PYTHONPATH=$(CURDIR) $(BENCH_VENV)/bin/python bench/replay_speed.py --repeat 5 --times 10
 	PYTHONPATH=$(CURDIR) $(BENCH_VENV)/bin/python bench/replay_memory.py
+	PYTHONPATH=$(CURDIR) $(BENCH_VENV)/bin/python bench/serving_speed.py --repeat 5
 
 lint: venv
 	$(VENV)/bin/tox run -e lint

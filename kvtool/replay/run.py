@@ -115,6 +115,9 @@ class ReplaySettings(msgspec.Struct):
     times: str = "serving"
     """Where the report's times come from: ``serving`` (the serving model's one-engine
     case) or ``none`` (null: ``--no-times``). There is no other time model."""
+    exact_steps: bool = False
+    """The serving model's engines schedule every step on its own (the same times;
+    :mod:`kvtool.serving.engine`)."""
     read_qd: int = 16
     write_qd: int = 16
     seed: int = 0
@@ -336,7 +339,8 @@ class ReplayJob(msgspec.Struct):
         return {"block_tokens": self.block_tokens, "block_bytes": self.block_bytes,
                 "model": self.setup.get("model"), "dtype": self.setup.get("dtype"), "tp": s.tp,
                 "gpu": s.engine_gpu, "concurrency": s.concurrency,
-                "read_gbps": dict(s.read_gbps), "timed": self.reader.timed}
+                "read_gbps": dict(s.read_gbps), "timed": self.reader.timed,
+                "exact_steps": s.exact_steps}
 
     # -------------------------------------------------------------- data mode
     def _fits(self, caps: dict[str, int]) -> None:

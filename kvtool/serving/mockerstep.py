@@ -20,8 +20,9 @@ nothing about a real GPU.
 
 ``u`` is the mocker's: the decoding requests' context tokens over the pool's tokens
 (``num_gpu_blocks × block_tokens``; one 51,200-token request on 200 blocks of 512 decodes at
-26.31 ms = decode_ms(0.5) in both). ``T`` is the mocker's too: ``n × (⌊Σ isl / n⌋ −
-⌊Σ prefix / n⌋)`` over the step's ``n`` prefill chunks. A pass without a decoding request
+26.31 ms = decode_ms(0.5) in both). ``T`` is the step's prefill tokens (the mocker's ``n ×
+(⌊Σ isl / n⌋ − ⌊Σ prefix / n⌋)`` over ``n`` chunks, without its rounding of the means, which
+moves ``T`` by less than ``n`` tokens). A pass without a decoding request
 has no decode part, so a request's first token comes at the end of its last prefill chunk
 (a lone 2,048-token prompt: TTFT 49.363 ms = prefill_ms(2048) in both). Checked against
 Dynamo 1.6.1's replay: with Dynamo's choices replayed, every one of its choices on 2,000
@@ -69,8 +70,10 @@ class MockerStepModel(StepModel):
 
     def step_time_sums(self, prefill_tokens: int, prefill_work: float, decode_tokens: int,
                        decode_work: float, kv_tokens: float) -> float:
-        # a run of identical decode steps: ``kv_tokens`` is the decoding requests' context
-        return self._ms(prefill_tokens, decode_tokens, kv_tokens) / 1000.0
+        # decode_work = Σ (cached + ½) over the decoding requests, so their context (what u
+        # counts) is decode_work + ½·decode_tokens, exactly (halves are exact floats)
+        return self._ms(prefill_tokens, decode_tokens,
+                        decode_work + 0.5 * decode_tokens) / 1000.0
 
     def _ms(self, prefill_tokens: int, decode_tokens: int, decode_context: float) -> float:
         ms = prefill_ms(prefill_tokens)
@@ -79,20 +82,26 @@ class MockerStepModel(StepModel):
         return ms
 
     def step_time(self, items: Iterable[tuple[int, int]]) -> float:
-        n = dt = isl = prefix = 0
+        pt = dt = 0
         context = 0.0
         for new, cached in items:
             if new > 1:
-                n += 1
-                isl += cached + new
-                prefix += cached
+                pt += new
             elif new == 1:
                 dt += 1
                 context += cached + new
-        pt = n * (isl // n - prefix // n) if n else 0
-        if n and pt <= 0:
-            pt = 1
         return self._ms(pt, dt, context) / 1000.0
+
+    def decode_step_ends(self, start: float, n: int, ctx: int, k: int) -> list[float]:
+        """End times of a run of ``k`` decode steps of ``n`` requests whose contexts sum to
+        ``ctx + n·j`` at step ``j`` (the event engine's jump; the roofline's vectorised
+        version does not apply here)."""
+        t = start
+        out = []
+        for j in range(k):
+            t += self._ms(0, n, float(ctx + n * j + n)) / 1000.0
+            out.append(t)
+        return out
 
     def prefill_time(self, new_tokens: int, cached_tokens: int = 0) -> float:
         return self.step_time(((new_tokens, cached_tokens),))

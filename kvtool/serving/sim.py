@@ -6,8 +6,18 @@ is **simulated**: the clock advances by roofline step times (:mod:`kvtool.servin
 and by flows over links (:mod:`kvtool.serving.links`); nothing is timed on this machine.
 
 The loop keeps one heap of events (request arrivals, the end of an engine's steps) and asks
-the flow network for its next completion; whichever is earlier happens next. Ties go in
-the order events were created, so a run is deterministic.
+the flow network for its next completion; whichever is earlier happens next. An engine
+reports its next event itself (:meth:`Engine.plan`: the end of the steps it planned, one
+step or a run of identical decode steps, see :mod:`kvtool.serving.engine`), so the clock
+jumps from event to event. Simultaneous events go in one fixed order, whichever way
+engines advance time: flow completions first, then arrivals released before that time
+(a trace's timestamps, Poisson arrivals, the first users), then engines' step ends by
+engine index, then arrivals released at that time (by a request that finished then, in
+release order). An outside event that reaches a busy engine (an arrival routed to it, a
+load that arrived) calls :meth:`Engine.cut` with its place in that order. One that reaches
+an idle engine lets it plan once the arrivals of its part of that order have come (after
+the early arrivals when a flow or an early arrival woke it, else after the released
+ones): requests arriving together are scheduled in one step.
 
 The tiers below the GPU (:class:`TierStack`) are block metadata with the eviction
 policies of :mod:`kvtool.cache` (a node's DRAM, a cluster-wide Mooncake pool, an NVMe-oF
@@ -33,13 +43,15 @@ from typing import Any, Protocol
 
 from kvtool.cache.policies import make_policy
 from kvtool.cache.tier import Tier
-from kvtool.serving.engine import FAILED, FINISHED, LOADING, Engine, Seq
+from kvtool.serving.engine import FAILED, FINISHED, LOADING, Engine, Seq, make_engine
 from kvtool.serving.kvpool import KVPool
 from kvtool.serving.links import FlowNetwork
 from kvtool.serving.load import Arrivals, Load, output_block_keys
 from kvtool.serving.report import describe, serving_metrics
 
 ARRIVAL, STEP, PLAN = 0, 1, 2
+# the order of simultaneous events (module docstring)
+_EARLY, _PLAN_EARLY, _STEPS, _RELEASED, _PLAN_LATE = 0, 1, 2, 3, 4
 
 
 @dataclass
@@ -219,11 +231,10 @@ class TierStack:
             gain = step.prefill_time(blocks * B, start_tokens) - load_s
             if gain > best_gain:
                 best_gain, best_blocks = gain, blocks
-        if best_blocks:
-            self.load_decisions["load"] += 1
-        else:
-            self.load_decisions["recompute"] += 1
         return best_blocks * B, (found - best_blocks) * B
+
+    def note_decision(self, load: bool) -> None:
+        self.load_decisions["load" if load else "recompute"] += 1
 
     def _tier_rate(self, engine: Engine, name: str, spec: TierSetup | None) -> float:
         """Uncontended GB/s of a load from tier ``name`` (the path's bottleneck)."""
@@ -411,7 +422,7 @@ class Simulation:
     """One run of the serving model (module docstring)."""
 
     def __init__(self, requests: Sequence[Any], setup: ClusterSetup, load: Load, *,
-                 block_tokens: int, router: Any, fast_forward: bool = True,
+                 block_tokens: int, router: Any, exact_steps: bool = False,
                  trace_block_tokens: int | None = None,
                  backend: DataBackend | None = None) -> None:
         self.requests = requests
@@ -436,17 +447,20 @@ class Simulation:
         for i, es in enumerate(setup.engines):
             self._link(f"pcie/{es.name}", es.pcie_gbps, es.pcie_gbps)
             pool = KVPool(es.num_gpu_blocks, block_tokens, es.enable_caching)
-            self.engines.append(Engine(
-                i, es.name, es.node, pool, es.step, block_tokens=block_tokens,
-                max_num_seqs=es.max_num_seqs, max_num_batched_tokens=es.max_num_batched_tokens,
-                offload=offload, role=es.role, fast_forward=fast_forward))
+            self.engines.append(make_engine(
+                i, es.name, es.node, pool, es.step, exact_steps=exact_steps,
+                block_tokens=block_tokens, max_num_seqs=es.max_num_seqs,
+                max_num_batched_tokens=es.max_num_batched_tokens, offload=offload,
+                role=es.role))
         self.pd = any(e.role == "prefill" for e in setup.engines)
         self.prefill_pool = [e for e in self.engines if e.role in ("prefill", "both")]
         self.decode_pool = [e for e in self.engines if e.role in ("decode", "both")]
-        self._heap: list[tuple[float, int, int, int, int]] = []
+        self._heap: list[tuple[float, int, int, int, int, int]] = []
         self._order = 0
         self._version = [0] * len(self.engines)
         self._plan_due = [False] * len(self.engines)
+        self._after = -1
+        """The current event's place among simultaneous step ends (Engine.cut's ``after``)."""
         self.arrivals = Arrivals(requests, load)
         self.keys = output_block_keys(requests, trace_block_tokens or block_tokens, block_tokens)
         self.seqs: list[Seq | None] = [None] * len(requests)
@@ -461,37 +475,43 @@ class Simulation:
         self.caps[(name, "down")] = down
 
     # ---------------------------------------------------------------- events
-    def _push(self, t: float, kind: int, a: int, b: int = 0) -> None:
+    def _push_arrival(self, t: float, idx: int, released: bool) -> None:
         self._order += 1
-        heapq.heappush(self._heap, (t, self._order, kind, a, b))
+        heapq.heappush(self._heap, (t, _RELEASED if released else _EARLY, self._order,
+                                    ARRIVAL, idx, 0))
+
+    def _push_step(self, t: float, i: int) -> None:
+        self._version[i] += 1
+        heapq.heappush(self._heap, (t, _STEPS, i, STEP, i, self._version[i]))
 
     def wake(self, engine: Engine, now: float) -> None:
-        """Something changed for ``engine`` at ``now``: if idle, plan its steps once every
-        other event due at ``now`` has happened; else end its run of decode steps at the next
-        boundary."""
-        i = engine.index
+        """Something changed for ``engine`` at ``now``: if idle, plan its steps once the
+        other events of its kind due at ``now`` have happened; else let it end its planned
+        steps early (:meth:`Engine.cut`)."""
         if engine.busy:
-            new_end = engine.cut(now)
+            new_end = engine.cut(now, self._after)
             if new_end is not None:
-                self._version[i] += 1
-                self._push(new_end, STEP, i, self._version[i])
+                self._push_step(new_end, engine.index)
             return
-        # An idle engine plans once everything else due at ``now`` has happened: requests
-        # arriving together are scheduled together (as vLLM's engine core takes every
-        # queued request before a step, and Dynamo's mocker every arrival before a pass).
+        # An idle engine plans once the arrivals due at ``now`` have come: requests arriving
+        # together are scheduled together (as vLLM's engine core takes every queued request
+        # before a step, and Dynamo's mocker every arrival before a pass). Woken before the
+        # step ends at ``now`` (a flow, an early arrival), it plans before them; woken after
+        # (a step end, a released arrival), after the released arrivals.
+        i = engine.index
         if not self._plan_due[i]:
             self._plan_due[i] = True
-            self._push(now, PLAN, i)
+            self._order += 1
+            heapq.heappush(self._heap, (now, _PLAN_EARLY if self._after < 0 else _PLAN_LATE,
+                                        self._order, PLAN, i, 0))
 
     def _plan(self, engine: Engine, now: float) -> None:
-        i = engine.index
-        self._plan_due[i] = False
+        self._plan_due[engine.index] = False
         if engine.busy:
             return
-        ends = engine.plan_steps(now)
-        if ends:
-            self._version[i] += 1
-            self._push(ends[-1], STEP, i, self._version[i])
+        end = engine.plan(now)
+        if end is not None:
+            self._push_step(end, engine.index)
 
     def _arrive(self, idx: int, now: float) -> None:
         r = self.requests[idx]
@@ -517,7 +537,7 @@ class Simulation:
         seq.status = FAILED
         self.failed += 1
         for t, nxt in self.arrivals.on_finish(seq.index, now):
-            self._push(t, ARRIVAL, nxt)
+            self._push_arrival(t, nxt, True)
 
     def _finished(self, engine: Engine, seq: Seq, now: float) -> None:
         if self.tiers.present:
@@ -547,15 +567,16 @@ class Simulation:
             return
         self.done.append(seq)
         for t, nxt in self.arrivals.on_finish(seq.index, now):
-            self._push(t, ARRIVAL, nxt)
+            self._push_arrival(t, nxt, True)
 
     def run(self, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
         for t, idx in self.arrivals.initial():
-            self._push(t, ARRIVAL, idx)
+            self._push_arrival(t, idx, False)
         heap = self._heap
         net = self.net
         version = self._version
         engines = self.engines
+        last = len(engines)
         pop = heapq.heappop
         reported = 0
         while True:
@@ -563,17 +584,20 @@ class Simulation:
             if heap:
                 if t_net is not None and t_net <= heap[0][0]:
                     self.now = t_net
+                    self._after = -1
                     net.advance(t_net)
                     continue
             elif t_net is not None:
                 self.now = t_net
+                self._after = -1
                 net.advance(t_net)
                 continue
             else:
                 break
-            t, _o, kind, a, b = pop(heap)
+            t, cls, _o, kind, a, b = pop(heap)
             self.now = t
             if kind == ARRIVAL:
+                self._after = last if cls == _RELEASED else -1
                 self._arrive(a, t)
                 continue
             if kind == PLAN:
@@ -581,6 +605,7 @@ class Simulation:
                 continue
             if b != version[a]:
                 continue
+            self._after = a
             engine = engines[a]
             finished = engine.end_step()
             if engine.first_tokens:

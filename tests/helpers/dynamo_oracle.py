@@ -9,10 +9,11 @@ dependency from a host this machine cannot reach), but the two wheels install al
     python -m venv V && V/bin/pip install --no-deps ai_dynamo_runtime-*.whl ai_dynamo-*.whl \\
         typing_extensions
 
-:func:`dynamo_python` makes that virtualenv once, under ``/var/tmp/kvtool-dynamo-<pins>``
+:func:`dynamo_python` (``tests/helpers/dynamo_venv.py``, shared with the speed benchmark
+of issue 40) makes that virtualenv once, under ``/var/tmp/kvtool-dynamo-1.6.1-<key>``
 (keyed by the pins, built behind an flock, so parallel sessions share it), and returns its
 Python, or the reason it could not (the test skips with it). :func:`dynamo_replay` runs one
-replay there (a subprocess) and returns its report.
+replay there (a subprocess) and returns every request's worker and reused tokens.
 
 The comparison (``tests/serving/test_dynamo_router.py``, ``bench/dynamo_router.py``):
 
@@ -32,15 +33,11 @@ The comparison (``tests/serving/test_dynamo_router.py``, ``bench/dynamo_router.p
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import itertools
 import json
 import math
 import os
-import shutil
 import subprocess
-import sys
 import tempfile
 from collections import defaultdict
 from collections.abc import Sequence
@@ -48,66 +45,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-PINS = ("ai-dynamo==1.6.1", "ai-dynamo-runtime==1.6.1")
-EXTRA = ("typing_extensions",)
-"""What ``dynamo.replay`` imports beyond the two wheels (the rest of ai-dynamo's declared
-dependencies are for its serving stack)."""
-CACHE_ROOT = Path(os.environ.get("KVTOOL_DYNAMO_CACHE", "/var/tmp"))
+from tests.helpers.dynamo_venv import QUIET, dynamo_python
 
-
-def venv_dir() -> Path:
-    key = hashlib.sha256("\n".join((*PINS, *EXTRA, sys.version.split()[0])).encode()
-                         ).hexdigest()[:12]
-    return CACHE_ROOT / f"kvtool-dynamo-1.6.1-{key}"
-
-
-def _ok(python: Path) -> bool:
-    if not python.exists():
-        return False
-    probe = subprocess.run([str(python), "-c", "import dynamo.replay, dynamo._core"],
-                           capture_output=True, text=True, timeout=120, check=False)
-    return probe.returncode == 0
-
-
-def dynamo_python() -> Path | str:
-    """The cached virtualenv's Python, made on first use; a string says why not."""
-    root = venv_dir()
-    python = root / "venv" / "bin" / "python"
-    stamp = root / ".ready"
-    if stamp.exists() and python.exists():
-        return python
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        return f"cannot create {root}: {exc}"
-    with open(root / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if stamp.exists() and _ok(python):
-            return python
-        shutil.rmtree(root / "venv", ignore_errors=True)
-        wheels = root / "wheels"
-        wheels.mkdir(exist_ok=True)
-        steps = [
-            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(wheels),
-             *PINS],
-            [sys.executable, "-m", "venv", str(root / "venv")],
-        ]
-        for cmd in steps:
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
-            if out.returncode != 0:
-                tail = " | ".join((out.stderr or out.stdout).strip().splitlines()[-3:])
-                return f"{' '.join(cmd[:4])} … failed: {tail}"
-        whl = sorted(str(p) for p in wheels.glob("*.whl"))
-        out = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", *whl],
-                             capture_output=True, text=True, timeout=900, check=False)
-        if out.returncode == 0:
-            out = subprocess.run([str(python), "-m", "pip", "install", "-q", *EXTRA],
-                                 capture_output=True, text=True, timeout=900, check=False)
-        if out.returncode != 0 or not _ok(python):
-            tail = " | ".join((out.stderr or out.stdout).strip().splitlines()[-3:])
-            return f"installing Dynamo's wheels failed: {tail or 'dynamo.replay does not import'}"
-        stamp.write_text("\n".join(PINS) + "\n")
-    return python
+__all__ = ["DynamoRun", "KvRun", "cluster_text", "dynamo_python", "dynamo_replay",
+           "kvtool_replay", "same_worker"]
 
 
 _RUNNER = r"""
@@ -156,7 +97,7 @@ def dynamo_replay(python: Path, trace: Path, *, workers: int, blocks: int, block
         out = Path(tmp) / "out.json"
         args = {"trace": str(trace), "workers": workers, "blocks": blocks,
                 "block_tokens": block_tokens, "modes": list(modes), "out": str(out)}
-        env = dict(os.environ, DYN_LOG="error", DYNAMO_SKIP_PYTHON_LOG_INIT="1")
+        env = dict(os.environ, **QUIET)
         proc = subprocess.run([str(python), "-c", _RUNNER, json.dumps(args)],
                               capture_output=True, text=True, timeout=1800, env=env,
                               check=False)
@@ -207,7 +148,7 @@ class KvRun:
 
 
 def kvtool_replay(cluster: Path, trace: Path, *, block_tokens: int,
-                  forced: Sequence[int] | None = None) -> KvRun:
+                  forced: Sequence[int] | None = None, exact_steps: bool = False) -> KvRun:
     """kvtool's serving model on ``cluster`` over ``trace`` at its timestamps; with
     ``forced``, the router sends request ``i`` to engine ``forced[i]`` (Dynamo's choice) and
     counts the requests where that choice was among its least-cost engines."""
@@ -245,7 +186,7 @@ def kvtool_replay(cluster: Path, trace: Path, *, block_tokens: int,
         router = Replayed()
     sim = Simulation(reqs, built.setup, Load("timestamps", 1.0),
                      block_tokens=built.block_tokens, router=router,
-                     trace_block_tokens=block_tokens)
+                     trace_block_tokens=block_tokens, exact_steps=exact_steps)
     doc = sim.run()
     seqs = [s for s in sim.seqs if s is not None]
     return KvRun(doc["cache"]["token_hit_ratio"], [s.engine for s in seqs],
