@@ -63,7 +63,16 @@ DEFAULT_POLICY = "lru"
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _TOP_KEYS = {"name", "block_tokens", "router", "gpu", "node", "engine", "mooncake", "nvme",
-             "placement"}
+             "placement", "connector", "pd_transfer"}
+_CONNECTOR_KEYS = {"name", "lookup_ms", "chunk_tokens", "chunk_ms", "gbps", "source", "load"}
+CONNECTOR_LOADS = ("always", "faster")
+"""When a request loads the hit the tiers below hold: ``always`` (vLLM's connectors load
+every token they report found: LMCache, the offloading connector) or ``faster`` (only when
+loading beats recomputing, kvtool's default without a connector)."""
+PD_TRANSFERS = ("direct", "store")
+"""How a P/D split moves a prompt's KV: the decode engine pulls it from the prefill engine
+(``direct``, vLLM's P2P connectors), or the prefill engine writes it to the tiers below and
+the decode engine reads it back (``store``, the WQS report's design)."""
 _NODE_KEYS = {"name", "gpus", "nic_gbps", "dram", "dram_policy", "pcie_gbps", "storage",
               "address"}
 _ENGINE_KEYS = {"name", "node", "count", "gpu", "model", "tp", "dtype", "kv_dtype", "role",
@@ -258,6 +267,47 @@ class NvmeSpec:
 
 
 @dataclass(frozen=True)
+class ConnectorSpec:
+    """What the KV connector between the engines and the tiers below costs (``[connector]``:
+    LMCache over Mooncake in the WQS report). Defaults are the WQS report's, where a
+    ``[connector]`` table is given; without one the connector costs nothing."""
+
+    name: str = "lmcache"
+    lookup_ms: float = 50.0
+    """Per request that loads from the tiers below, once: the connector's lookup of the
+    prompt's chunks and its store round trips before the first byte moves. Default: fitted
+    to the WQS report's 1k-token iteration 2 (TTFT ≈ 300 ms; 243 ms without it, 293 ms with
+    it, at the report's 50 prompts and concurrency 16)."""
+    chunk_tokens: int = 256
+    """The connector's chunk (LMCache ``chunk_size`` 256 in the WQS report)."""
+    chunk_ms: float = 0.0
+    """Per chunk a request loads, one after another within the request (a store round trip
+    per chunk). Default 0: with the ceiling below, the WQS report's 100k-token iteration 2
+    (≈ 16 s) leaves no room for one (18.8 s without it; 1 ms a chunk adds 0.8 s)."""
+    gbps: float = 43.75
+    """Ceiling of the engine's KV traffic to and from the tiers below, per direction (GB/s):
+    WQS measured the framework's peak at 300–350 Gb/s (350 Gb/s = 43.75 GB/s), whatever the
+    NIC (400 or 800 Gb/s)."""
+    source: str = ("WQS report (../shared/seeds/003): 300–350 Gb/s peak; lookup and chunk "
+                   "costs fitted to its 1k and 100k iteration-2 TTFTs")
+    load: str = "always"
+    """``always`` load what the tiers hold (vLLM's connectors), or only when ``faster``."""
+
+    def load_s(self, tokens: int) -> float:
+        """The fixed seconds a load of ``tokens`` pays besides moving its bytes."""
+        if tokens <= 0:
+            return 0.0
+        chunks = -(-tokens // self.chunk_tokens)
+        return (self.lookup_ms + chunks * self.chunk_ms) / 1000.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "lookup_ms": self.lookup_ms,
+                "chunk_tokens": self.chunk_tokens, "chunk_ms": self.chunk_ms,
+                "gbps": None if math.isinf(self.gbps) else self.gbps, "load": self.load,
+                "source": self.source}
+
+
+@dataclass(frozen=True)
 class ClusterSpec:
     """A whole cluster as the cluster file describes it (module docstring: invariants)."""
 
@@ -273,6 +323,10 @@ class ClusterSpec:
     source: str | None = None
     placement: PlacementSpec | None = None
     """Where ``kvtool cluster up`` runs it (``None``: the file has no ``[placement]``)."""
+    connector: ConnectorSpec | None = None
+    """The KV connector's costs (``None``: none)."""
+    pd_transfer: str = "direct"
+    """P/D split: ``direct`` (engine to engine) or ``store`` (through the tiers below)."""
 
     @property
     def pd(self) -> bool:
@@ -328,6 +382,8 @@ class ClusterSpec:
                 **(cap(self.nvme.capacity) or {}), "policy": self.nvme.policy,
                 "targets": [{"name": t.name, "read_gbps": bw(t.read_gbps),
                              "write_gbps": bw(t.write_gbps)} for t in self.nvme.targets]},
+            "connector": None if self.connector is None else self.connector.to_dict(),
+            "pd_transfer": self.pd_transfer if self.pd else None,
         }
 
 
@@ -502,10 +558,19 @@ class _Reader:
         mooncake = self.mooncake(data)
         nvme = self.nvme(data)
         placement = self.placement(data, nodes, mooncake, nvme)
+        connector = self.connector(data)
+        pd_transfer = (self.text(data, "pd_transfer", (), "direct") or "direct").lower()
+        if pd_transfer not in PD_TRANSFERS:
+            raise self.fail(f"expected one of {', '.join(PD_TRANSFERS)}, got "
+                            f"{data['pd_transfer']!r}", ("pd_transfer",))
         spec = ClusterSpec(name=name, block_tokens=block_tokens, router=router,
                            nodes=tuple(nodes.values()), engines=tuple(engines), gpus=gpus,
                            mooncake=mooncake, nvme=nvme, source=self.doc.source,
-                           placement=placement)
+                           placement=placement, connector=connector, pd_transfer=pd_transfer)
+        if pd_transfer == "store" and spec.pd and not (
+                mooncake or nvme or any(n.dram is not None for n in spec.nodes)):
+            raise self.fail("P/D through the store needs a tier below the GPUs ([mooncake], "
+                            "[nvme] or a node's dram)", ("pd_transfer",))
         self.check_bytes_capacities(data, spec)
         return spec
 
@@ -775,6 +840,35 @@ class _Reader:
         if a.kv_dtype != b.kv_dtype:
             raise self.fail(f"every engine must use the same KV dtype: {a.name} uses "
                             f"{a.kv_dtype}, this one {b.kv_dtype}", (*path, "kv_dtype"))
+
+    def connector(self, data: Mapping[str, Any]) -> ConnectorSpec | None:
+        if "connector" not in data:
+            return None
+        path: Path_ = ("connector",)
+        t = self.table(data["connector"], path, _CONNECTOR_KEYS)
+        d = ConnectorSpec()
+
+        def ms(key: str, default: float) -> float:
+            if key not in t:
+                return default
+            v = t[key]
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) \
+                    or v < 0:
+                raise self.fail(f"expected milliseconds >= 0, got {_show(v)}", (*path, key))
+            return float(v)
+
+        chunk = self.integer(t, "chunk_tokens", path, d.chunk_tokens)
+        assert chunk is not None
+        load = (self.text(t, "load", path, d.load) or d.load).lower()
+        if load not in CONNECTOR_LOADS:
+            raise self.fail(f"expected one of {', '.join(CONNECTOR_LOADS)}, got {t['load']!r}",
+                            (*path, "load"))
+        return ConnectorSpec(name=self.text(t, "name", path, d.name) or d.name,
+                             lookup_ms=ms("lookup_ms", d.lookup_ms), chunk_tokens=chunk,
+                             chunk_ms=ms("chunk_ms", d.chunk_ms),
+                             gbps=self.gbps(t, "gbps", path, d.gbps),
+                             source=self.text(t, "source", path, d.source) or d.source,
+                             load=load)
 
     def mooncake(self, data: Mapping[str, Any]) -> PoolSpec | None:
         if "mooncake" not in data:

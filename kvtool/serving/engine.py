@@ -180,6 +180,10 @@ class Offload(Protocol):
         """Start the flows of a planned load; the sim calls :meth:`Engine.loaded` when the
         last one ends."""
 
+    pd_direct: bool
+    """P/D split: the decode engine pulls the prompt's KV from the prefill engine (else it
+    loads it from the tiers below, where the prefill engine stored it)."""
+
     def host_prefix_blocks(self, engine: Engine, keys: Sequence[int]) -> int:
         """Leading ``keys`` held by the engine's node DRAM tier (the router's view)."""
 
@@ -415,7 +419,7 @@ class Engine:
                     return
                 first_time = seq.local_hit_tokens < 0
                 ext = declined = 0
-                if off is not None and seq.decode_only:
+                if off is not None and seq.decode_only and off.pd_direct:
                     # P/D split: pull the prompt's KV from the prefill engine, all but the
                     # last token, which this engine computes to sample the first token
                     ext = max(0, seq.num_tokens - 1 - local)

@@ -101,7 +101,8 @@ def build_setup(path: str, *, block_tokens: int, scalars: dict[str, Any] | None 
                                              for t in spec.nvme.targets)))
     nodes = {n.name: n.nic_gbps for n in spec.nodes}
     setup = ClusterSetup(engines=engines, nodes=nodes, tiers=tiers, router=spec.router.name,
-                         router_params=dict(spec.router.params), name=spec.name)
+                         router_params=dict(spec.router.params), name=spec.name,
+                         connector=spec.connector, pd_transfer=spec.pd_transfer)
     return BuiltCluster(spec.name, spec, setup, B, sc)
 
 

@@ -49,7 +49,7 @@ from kvtool.serving.links import FlowNetwork
 from kvtool.serving.load import Arrivals, Load, output_block_keys
 from kvtool.serving.report import describe, serving_metrics
 
-ARRIVAL, STEP, PLAN = 0, 1, 2
+ARRIVAL, STEP, PLAN, TIMER = 0, 1, 2, 3
 # the order of simultaneous events (module docstring)
 _EARLY, _PLAN_EARLY, _STEPS, _RELEASED, _PLAN_LATE = 0, 1, 2, 3, 4
 
@@ -96,6 +96,10 @@ class ClusterSetup:
     router: str
     router_params: dict[str, Any]
     name: str = ""
+    connector: Any = None
+    """The KV connector's costs (:class:`kvtool.serving.cluster.ConnectorSpec`), or None."""
+    pd_transfer: str = "direct"
+    """P/D split: ``direct`` (engine to engine) or ``store`` (through the tiers below)."""
 
 
 class DataBackend(Protocol):
@@ -145,6 +149,12 @@ class TierStack:
         self.evictions: dict[str, int] = {}
         self.load_decisions = {"load": 0, "recompute": 0}
         self.pd_bytes = 0
+        self.connector = setup.connector
+        self.pd_direct = setup.pd_transfer == "direct"
+        """P/D split: the decode engine pulls the prompt from the prefill engine (else it
+        loads it from the tiers below, where the prefill engine stored it)."""
+        self.connector_s = 0.0
+        """Seconds loads waited on the connector's lookups and chunks (summed)."""
 
     @property
     def present(self) -> bool:
@@ -162,13 +172,16 @@ class TierStack:
               load: bool) -> list[tuple[str, str]]:
         into_gpu, out_gpu = "down", "up"
         pcie = (f"pcie/{engine.name}", into_gpu if load else out_gpu)
+        hops = [pcie]
+        if self.connector is not None and math.isfinite(self.connector.gbps):
+            hops.append((f"connector/{engine.name}", into_gpu if load else out_gpu))
         if tier == "dram":
-            return [pcie]
+            return hops
         nic = (f"nic/{engine.node}", "down" if load else "up")
         if tier == "mooncake":
-            return [("mooncake", "up" if load else "down"), nic, pcie]
+            return [("mooncake", "up" if load else "down"), nic, *hops]
         assert target is not None
-        return [(f"target/{target}", "up" if load else "down"), nic, pcie]
+        return [(f"target/{target}", "up" if load else "down"), nic, *hops]
 
     def _bottleneck(self, path: list[tuple[str, str]]) -> float:
         caps = self.sim.caps
@@ -218,17 +231,23 @@ class TierStack:
         if not runs:
             return 0, 0
         found = sum(c for _t, c in runs)
+        if seq.decode_only or (self.connector is not None and self.connector.load == "always"):
+            # P/D through the store: the decode engine reads what the prefill engine wrote;
+            # a vLLM connector loads every token it reports found
+            return found * B, 0
         bb = self.sim.setups[engine.index].block_bytes
         step = self.sim.setups[engine.index].step
         best_blocks = 0
         best_gain = 0.0
         blocks = 0
         load_s = 0.0
+        fixed = self.connector.load_s if self.connector is not None else None
         for ti, c in runs:
             name, _tier, spec = tiers[ti]
             blocks += c
             load_s += c * bb / (self._tier_rate(engine, name, spec) * 1e9)
-            gain = step.prefill_time(blocks * B, start_tokens) - load_s
+            extra = fixed(blocks * B) if fixed is not None else 0.0
+            gain = step.prefill_time(blocks * B, start_tokens) - load_s - extra
             if gain > best_gain:
                 best_gain, best_blocks = gain, blocks
         return best_blocks * B, (found - best_blocks) * B
@@ -248,7 +267,7 @@ class TierStack:
     def start_load(self, engine: Engine, seq: Seq, start_tokens: int, tokens: int,
                    now: float) -> None:
         B = self.B
-        if seq.decode_only:
+        if seq.decode_only and self.pd_direct:
             self._start_pd(engine, seq, tokens, now)
             return
         tiers = self._tiers_for(engine)
@@ -266,7 +285,8 @@ class TierStack:
                     per_flow.setdefault((name, target), []).append(key)
                     by_tier[name] = by_tier.get(name, 0) + 1
                     break
-        seq.ext_by_tier = {n: c * B for n, c in by_tier.items()}
+        if not seq.decode_only:  # (a decode engine's read of a P/D prompt is no hit)
+            seq.ext_by_tier = {n: c * B for n, c in by_tier.items()}
         # refresh what was hit (LRU order), as a store's lookup does
         for name, tier, _spec in tiers:
             hit = [k for (n, _t), ks in per_flow.items() if n == name for k in ks]
@@ -289,7 +309,7 @@ class TierStack:
             if name != "dram":
                 promote.extend(ks)
             path = self._path(engine, name, spec_of[name], target, True)
-            self.net.start(now, nbytes, path, self._load_done(engine, seq))
+            self.net.start(now, nbytes, path, self._load_done(engine, seq, tokens))
         if failed:
             # never serve a block that failed its check: the load ends before the first
             # one, and the request computes the rest (vLLM's recompute on a failed load)
@@ -305,12 +325,25 @@ class TierStack:
                 rec = self._insert(d, "dram", promote, seq.index, engine)
                 self.blocks_promoted["dram"] = self.blocks_promoted.get("dram", 0) + len(rec)
 
-    def _load_done(self, engine: Engine, seq: Seq) -> Callable[[float], None]:
-        def done(t: float) -> None:
-            seq.loads_pending -= 1
-            if seq.loads_pending == 0 and seq.status == LOADING:
+    def _load_done(self, engine: Engine, seq: Seq, tokens: int = 0
+                   ) -> Callable[[float], None]:
+        """The callback of a load's flows: after the last, the request holds its blocks —
+        once the connector's lookup and chunks (``tokens`` loaded) have been paid too."""
+        def arrived(t: float) -> None:
+            if seq.status == LOADING:
                 engine.loaded(seq)
                 self.sim.wake(engine, t)
+
+        def done(t: float) -> None:
+            seq.loads_pending -= 1
+            if seq.loads_pending:
+                return
+            extra = self.connector.load_s(tokens) if self.connector is not None else 0.0
+            if extra > 0:
+                self.connector_s += extra
+                self.sim.at(t + extra, arrived)
+            else:
+                arrived(t)
         return done
 
     def _start_pd(self, engine: Engine, seq: Seq, tokens: int, now: float) -> None:
@@ -361,11 +394,22 @@ class TierStack:
             rec = [k for k in rec if k not in gone]
         return rec
 
-    def store(self, engine: Engine, seq: Seq, now: float) -> None:
-        """Write the request's computed full blocks through to every tier below."""
+    def store(self, engine: Engine, seq: Seq, now: float,
+              stored: Callable[[float], None] | None = None) -> None:
+        """Write the request's computed full blocks through to every tier below; call
+        ``stored(t)`` when every one of them is there (at once when none was missing)."""
         B = self.B
         n = min(seq.num_computed_tokens // B, len(seq.block_hashes))
+        pending = [0]
+
+        def one_done(t: float) -> None:
+            pending[0] -= 1
+            if not pending[0] and stored is not None:
+                stored(t)
+
         if n <= 0:
+            if stored is not None:
+                stored(now)
             return
         keys = seq.block_hashes[:n]
         bb = self.sim.setups[engine.index].block_bytes
@@ -388,13 +432,19 @@ class TierStack:
                 self.bytes_stored[name] = self.bytes_stored.get(name, 0) + nbytes
                 self.blocks_stored[name] = self.blocks_stored.get(name, 0) + len(ks)
                 path = self._path(engine, name, spec, target, False)
+                pending[0] += 1
                 self.net.start(now, nbytes, path,
-                               self._store_done(tier, name, ks, seq.index, engine))
+                               self._store_done(tier, name, ks, seq.index, engine, one_done))
+        if not pending[0] and stored is not None:
+            stored(now)
 
     def _store_done(self, tier: Tier, name: str, keys: list[int], session: int,
-                    engine: Engine) -> Callable[[float], None]:
-        def done(_t: float) -> None:
+                    engine: Engine, then: Callable[[float], None] | None = None
+                    ) -> Callable[[float], None]:
+        def done(t: float) -> None:
             self._insert(tier, name, keys, session, engine)
+            if then is not None:
+                then(t)
         return done
 
     def to_dict(self) -> dict[str, Any]:
@@ -410,6 +460,7 @@ class TierStack:
                 "blocks_stored": dict(self.blocks_stored),
                 "blocks_promoted": dict(self.blocks_promoted), "evictions": dict(self.evictions),
                 "load_or_recompute": dict(self.load_decisions), "pd_transfer_bytes": self.pd_bytes,
+                "connector_wait_s": self.connector_s,
                 "recomputed_after_check_blocks": self.recomputed_after_check,
                 "repaired_blocks": self.repaired}
 
@@ -444,8 +495,11 @@ class Simulation:
         offload = self.tiers if self.tiers.present or any(e.role == "decode" for e in setup.engines) \
             else None
         self.engines: list[Engine] = []
+        conn = setup.connector
         for i, es in enumerate(setup.engines):
             self._link(f"pcie/{es.name}", es.pcie_gbps, es.pcie_gbps)
+            if conn is not None and math.isfinite(conn.gbps):
+                self._link(f"connector/{es.name}", conn.gbps, conn.gbps)
             pool = KVPool(es.num_gpu_blocks, block_tokens, es.enable_caching)
             self.engines.append(make_engine(
                 i, es.name, es.node, pool, es.step, exact_steps=exact_steps,
@@ -459,6 +513,7 @@ class Simulation:
         self._order = 0
         self._version = [0] * len(self.engines)
         self._plan_due = [False] * len(self.engines)
+        self._timers: dict[int, Callable[[float], None]] = {}
         self._after = -1
         """The current event's place among simultaneous step ends (Engine.cut's ``after``)."""
         self.arrivals = Arrivals(requests, load)
@@ -479,6 +534,13 @@ class Simulation:
         self._order += 1
         heapq.heappush(self._heap, (t, _RELEASED if released else _EARLY, self._order,
                                     ARRIVAL, idx, 0))
+
+    def at(self, t: float, fn: Callable[[float], None]) -> None:
+        """Call ``fn(t)`` at simulated time ``t`` (among the outside events of its time, as
+        a flow completion: a connector's fixed cost after a load's last byte)."""
+        self._order += 1
+        self._timers[self._order] = fn
+        heapq.heappush(self._heap, (t, _EARLY, self._order, TIMER, self._order, 0))
 
     def _push_step(self, t: float, i: int) -> None:
         self._version[i] += 1
@@ -540,34 +602,45 @@ class Simulation:
             self._push_arrival(t, nxt, True)
 
     def _finished(self, engine: Engine, seq: Seq, now: float) -> None:
+        handoff = self.pd and not seq.decode_only
+        through_store = handoff and not self.tiers.pd_direct
         if self.tiers.present:
-            self.tiers.store(engine, seq, now)
+            # P/D through the store: the decode engine is handed the request once the
+            # prefill engine's KV is in the tiers below (WQS's design)
+            self.tiers.store(engine, seq, now,
+                             (lambda t: self._handoff(engine, seq, t)) if through_store else None)
         request = self.requests[seq.index]
         self.router.finished(request, "decode" if seq.decode_only else
                              "prefill" if self.pd else None)
-        if self.pd and not seq.decode_only:
-            # prefill done: hand the request to a decode engine, which pulls the KV
-            seq.decode_only = True
-            seq.max_tokens = seq.target_tokens
-            seq.num_output = 0
-            seq.num_tokens = seq.num_prompt_tokens
-            seq.num_computed_tokens = 0
-            seq.first_token = -1.0
-            seq.block_hashes = seq.full_keys[: seq.num_prompt_tokens // self.B]
-            seq.pd_source = engine.index
-            j = self.router.route(request, self.decode_pool, "decode",
-                                  keys=seq.block_hashes)
-            dst = self.decode_pool[j]
-            if not dst.fits(seq):
-                self.router.finished(request, "decode")
-                self._fail(seq, now)
-                return
-            dst.add(seq)
-            self.wake(dst, now)
+        if handoff:
+            if not through_store:
+                self._handoff(engine, seq, now)
             return
         self.done.append(seq)
         for t, nxt in self.arrivals.on_finish(seq.index, now):
             self._push_arrival(t, nxt, True)
+
+    def _handoff(self, engine: Engine, seq: Seq, now: float) -> None:
+        """Prefill done: hand the request to a decode engine, which pulls the prompt's KV
+        from the prefill engine (``direct``) or loads it from the tiers below (``store``)."""
+        request = self.requests[seq.index]
+        seq.decode_only = True
+        seq.max_tokens = seq.target_tokens
+        seq.num_output = 0
+        seq.num_tokens = seq.num_prompt_tokens
+        seq.num_computed_tokens = 0
+        seq.first_token = -1.0
+        seq.block_hashes = seq.full_keys[: seq.num_prompt_tokens // self.B]
+        seq.pd_source = engine.index
+        j = self.router.route(request, self.decode_pool, "decode",
+                              keys=seq.block_hashes)
+        dst = self.decode_pool[j]
+        if not dst.fits(seq):
+            self.router.finished(request, "decode")
+            self._fail(seq, now)
+            return
+        dst.add(seq)
+        self.wake(dst, now)
 
     def run(self, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
         for t, idx in self.arrivals.initial():
@@ -599,6 +672,10 @@ class Simulation:
             if kind == ARRIVAL:
                 self._after = last if cls == _RELEASED else -1
                 self._arrive(a, t)
+                continue
+            if kind == TIMER:
+                self._after = -1
+                self._timers.pop(a)(t)
                 continue
             if kind == PLAN:
                 self._plan(engines[a], t)
