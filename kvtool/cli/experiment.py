@@ -152,11 +152,14 @@ def run_cmd(name: str, out_dir: str | None, simulate: bool, dram: str | None,
               help="Runs of the experiment in all.")
 @click.option("--tolerance", type=float, default=0.25, show_default=True,
               help="A claim is met within this factor (0.25: 1.25×), or inside its band.")
+@click.option("--loads", default=None, metavar="LOAD=V1,...",
+              help="Search at these loads only (the --sweep syntax); rows at others are left "
+                   "out [default: the experiment's].")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False), default=None,
               help="Also write the JSON document (kvtool.experiment-fit/1) here.")
 @json_option
 def fit_cmd(name: str, varies: tuple[str, ...], grid: int, max_evals: int, tolerance: float,
-            out_file: str | None) -> None:
+            loads: str | None, out_file: str | None) -> None:
     """Search an experiment's unpublished workload keys for the setting that puts every
     published figure closest, and say whether any setting meets them all."""
     from kvtool.errors import UsageError
@@ -171,7 +174,7 @@ def fit_cmd(name: str, varies: tuple[str, ...], grid: int, max_evals: int, toler
          f"(up to {max_evals} runs)")
     with progress(f"{exp.name}: fit (runs)", float(max_evals)) as advance:
         doc = fit(exp, parsed, grid=grid, max_evals=max_evals, tolerance=tolerance,
-                  on_point=lambda _n, _p: advance(1))
+                  loads=loads, on_point=lambda _n, _p: advance(1))
     if out_file:
         from kvtool.jsondoc import dump_json
 
@@ -203,15 +206,12 @@ def render_fit(con: Any, doc: dict[str, Any]) -> None:
 
     def alone(r: dict[str, Any]) -> str:
         b = r["best_alone"]
-        if not b:
-            return "–"
-        at = ", ".join(f"{k}={v:,.3g}" for k, v in b["at"].items())
-        return f"{pct(b['residual'])} at {at}"
+        return pct(b["residual"]) if b else "–"
 
     print_table(con, [Column("claim", justify="left", wrap=True),
                       Column("published", wrap=True), Column("kvtool", wrap=True),
                       Column("residual"), Column("met", justify="left"),
-                      Column("best alone", wrap=True, rank=2)],
+                      Column("best\nalone", rank=2)],
                 [[r["claim"], r["published_text"], r["kvtool_text"], pct(r["residual"]),
                   {True: "yes", False: "[red]no[/]", None: "–"}[r["met"]], alone(r)]
                  for r in doc["rows"]],

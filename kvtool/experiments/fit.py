@@ -10,12 +10,16 @@ every published figure closest:
 
 * **residual** of a row: ``ln(kvtool / published)`` (0 inside the row's ``band``, else the
   log distance to the band's nearer end); rows without a number are left out;
-* **loss**: the mean squared residual (scale-free: a 10 % miss weighs the same on a TTFT
-  and on a throughput);
+* **loss**: the mean squared residual, each capped at ``(ln 2)²`` (scale-free: a 10 % miss
+  weighs the same on a TTFT and on a throughput; capped, so that claims the others cannot
+  be reconciled with are given up rather than dragging every claim off by a bit: the fit
+  keeps as many within 2× as it can, then brings those closest);
 * **search**: a grid of ``grid`` points per key (log-spaced when ``hi/lo ≥ 4``), then
   Nelder–Mead (:func:`kvtool.serving.calibrate.nelder_mead`) from the best grid point, over
   the unit box of the keys (integers rounded; every setting evaluated once), within
   ``max_evals`` runs;
+* ``--loads`` searches at some of a serving experiment's levels only (a long run's levels
+  cost time): rows at the other levels, and rows summing up every level, are left out;
 * **met**: a row is met when its residual is within ``ln(1 + tolerance)`` (default 1.25×),
   or inside its band. The answer says whether any evaluated setting met every row — and,
   per row, the best it got alone and where, which shows claims that cannot hold together:
@@ -38,6 +42,8 @@ from kvtool.errors import UsageError
 from kvtool.experiments.spec import Experiment
 
 SCHEMA = "kvtool.experiment-fit/1"
+CAP = math.log(2) ** 2
+"""A row's share of the loss is capped here: a figure 2× off or more costs the same."""
 DEFAULT_TOLERANCE = 0.25
 
 
@@ -51,6 +57,8 @@ class Vary:
     integer: bool
     listed: bool = False
     """The workload holds a list (``input_lengths``): the value becomes its one element."""
+    scalar: bool = False
+    """A roofline scalar of every engine (``[serving] scalars``), not a workload key."""
 
     @property
     def log(self) -> bool:
@@ -67,7 +75,8 @@ class Vary:
 
     def to_dict(self) -> dict[str, Any]:
         return {"key": self.key, "lo": self.lo, "hi": self.hi, "integer": self.integer,
-                "scale": "log" if self.log else "linear"}
+                "scale": "log" if self.log else "linear",
+                "what": "roofline scalar" if self.scalar else "workload"}
 
 
 def parse_vary(text: str, exp: Experiment) -> Vary:
@@ -78,8 +87,23 @@ def parse_vary(text: str, exp: Experiment) -> Vary:
     if not eq or not colon:
         raise UsageError(f"{text!r} is not KEY=LO:HI (example: input_lengths=8000:128000)",
                          field="vary")
-    from kvtool.experiments.spec import WORKLOAD_KEYS
+    from dataclasses import fields
 
+    from kvtool.experiments.spec import WORKLOAD_KEYS
+    from kvtool.serving.roofline import Scalars
+
+    scalars = {f.name for f in fields(Scalars)}
+    if key in scalars:
+        if not exp.is_serving:
+            raise UsageError(f"{key} is a roofline scalar: {exp.name} is not a serving "
+                             "experiment", field="vary")
+        try:
+            lo, hi = (float(x) for x in rng.split(":"))
+        except ValueError:
+            raise UsageError(f"{text!r}: LO and HI must be numbers", field="vary") from None
+        if not (0 < lo <= hi):
+            raise UsageError(f"{text!r}: want 0 < LO <= HI", field="vary")
+        return Vary(key, lo, hi, False, scalar=True)
     allowed = WORKLOAD_KEYS[exp.kind]
     if key not in allowed or key in ("kind", "model", "dtype", "seed", "block_tokens",
                                      "block_bytes"):
@@ -107,8 +131,12 @@ def parse_vary(text: str, exp: Experiment) -> Vary:
 
 
 def residual(row: dict[str, Any], band: tuple[float, float] | None) -> float | None:
-    """``ln(kvtool / published)``, 0 inside the band (None: nothing to compare)."""
-    v = row["kvtool"]
+    """``ln(kvtool / published)``, 0 inside the band (None: nothing to compare); a
+    difference in % compares as the ratio it stands for
+    (:func:`kvtool.experiments.differs.comparable`)."""
+    from kvtool.experiments.differs import comparable
+
+    v, p, band = comparable(row, band)
     if v is None or not v > 0:
         return None if v is None else -math.inf
     if band is not None:
@@ -117,7 +145,6 @@ def residual(row: dict[str, Any], band: tuple[float, float] | None) -> float | N
             return 0.0
         edge = lo if v < lo else hi
         return math.log(v / edge) if edge > 0 else None
-    p = row["published"]
     if p is None or not p > 0:
         return None
     return math.log(v / p)
@@ -132,10 +159,11 @@ class Point:
 
 
 def fit(exp: Experiment, varies: list[Vary], *, grid: int = 3, max_evals: int = 40,
-        tolerance: float = DEFAULT_TOLERANCE,
+        tolerance: float = DEFAULT_TOLERANCE, loads: str | None = None,
         on_point: Callable[[int, Point], None] | None = None) -> dict[str, Any]:
     """Search ``varies`` for the workload that puts ``exp``'s figures closest (module
-    docstring); return the ``kvtool.experiment-fit/1`` document."""
+    docstring); return the ``kvtool.experiment-fit/1`` document. A roofline scalar
+    (``mfu_prefill``, ...) may be varied too, for engines whose figures are unpublished."""
     from kvtool.experiments.run import run_experiment
     from kvtool.serving.calibrate import nelder_mead
 
@@ -148,8 +176,19 @@ def fit(exp: Experiment, varies: list[Vary], *, grid: int = 3, max_evals: int = 
     if grid < 1 or max_evals < 1 or not tolerance > 0:
         raise UsageError("grid and max_evals must be at least 1, tolerance positive",
                          field="grid")
+    if loads is not None:
+        # search at these loads only (a long run's levels cost time); rows at the others
+        # cannot be computed and are left out of the loss
+        if not exp.is_serving:
+            raise UsageError("--loads is for serving experiments", field="loads")
+        from kvtool.experiments.spec import parse_loads
+
+        parse_loads(loads)
+        exp = replace(exp, serving={**exp.serving, "loads": loads})
     bands = [f.band for f in exp.figures]
-    scored = [i for i, f in enumerate(exp.figures) if f.band is not None or f.published]
+    # a row that sums up every level (serving_ratio_span) says nothing at a subset of them
+    scored = [i for i, f in enumerate(exp.figures) if (f.band is not None or f.published)
+              and not (loads is not None and f.metric == "serving_ratio_span")]
     if not scored:
         raise UsageError(f"{exp.name} has no figure with a published number to fit",
                          field="NAME")
@@ -162,19 +201,27 @@ def fit(exp: Experiment, varies: list[Vary], *, grid: int = 3, max_evals: int = 
         point = cache.get(key)
         if point is None:
             workload = dict(exp.workload)
+            serving = dict(exp.serving)
+            scal = dict(serving.get("scalars") or {})
             for v in varies:
-                workload[v.key] = [values[v.key]] if v.listed else values[v.key]
+                if v.scalar:
+                    scal[v.key] = values[v.key]
+                else:
+                    workload[v.key] = [values[v.key]] if v.listed else values[v.key]
+            if scal:
+                serving["scalars"] = scal
             try:
-                doc = run_experiment(replace(exp, workload=workload), out_dir=None,
-                                     simulate=True)
+                doc = run_experiment(replace(exp, workload=workload, serving=serving),
+                                     out_dir=None, simulate=True)
             except UsageError as err:
                 raise UsageError(f"{', '.join(f'{k}={x:g}' for k, x in values.items())}: "
                                  f"{err.message}", field="vary") from None
             res = [residual(doc["rows"][i], bands[i]) for i in range(len(exp.figures))]
-            got = [res[i] for i in scored]
+            got = [res[i] for i in scored
+                   if doc["rows"][i]["kvtool"] is not None or loads is None]
             finite = [r for r in got if r is not None and math.isfinite(r)]
             missing = len(got) - len(finite)
-            loss = (sum(r * r for r in finite) + 25.0 * missing) / len(got)
+            loss = (sum(min(r * r, CAP) for r in finite) + CAP * missing) / max(1, len(got))
             point = cache[key] = Point(values, doc["rows"], res, loss)
             order.append(point)
             if on_point is not None:
@@ -200,9 +247,10 @@ def fit(exp: Experiment, varies: list[Vary], *, grid: int = 3, max_evals: int = 
     def met(r: float | None) -> bool | None:
         return None if r is None else abs(r) <= limit + 1e-12
 
-    every = [p for p in order if all(met(p.residuals[i]) for i in scored)]
+    live = [i for i in scored if best.rows[i]["kvtool"] is not None or loads is None]
+    every = [p for p in order if all(met(p.residuals[i]) for i in live)]
     rows = []
-    for i in scored:
+    for i in live:
         f = exp.figures[i]
         row = best.rows[i]
         alone = [p for p in order if p.residuals[i] is not None]
@@ -219,8 +267,11 @@ def fit(exp: Experiment, varies: list[Vary], *, grid: int = 3, max_evals: int = 
         "schema": SCHEMA, "name": exp.name, "title": exp.title, "source": exp.source,
         "vary": [v.to_dict() for v in varies], "fixed": {k: v for k, v in exp.workload.items()
                                                         if k not in {x.key for x in varies}},
+        "scalars": dict(exp.serving.get("scalars") or {}),
         "tolerance": tolerance, "grid": grid, "max_evals": max_evals,
-        "evaluations": len(order), "loss": best.loss, "best": dict(best.values),
+        "loads": exp.serving.get("loads") if exp.is_serving else None,
+        "evaluations": len(order), "loss": best.loss,
+        "loss_kind": "mean squared log residual, each capped at (ln 2)^2", "best": dict(best.values),
         "rows": rows, "meets_all": bool(every),
         "meeting": [dict(p.values) for p in every[:10]],
         "verdict": _verdict(bool(every), rows, tolerance),

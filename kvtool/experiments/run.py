@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtool.errors import UsageError, param
+from kvtool.experiments.differs import factor
 from kvtool.experiments.figures import METRICS, FigureUnavailable, RunData
 from kvtool.experiments.spec import Experiment, block_bytes_of
 
@@ -199,11 +200,14 @@ def compute_rows(exp: Experiment, data: RunData) -> list[dict[str, Any]]:
             value = None
         published_text = f.published_text or (
             "–" if f.published is None else f"{f.published:g}")
-        rows.append({"claim": f.claim, "published": f.published,
-                     "published_text": published_text, "kvtool": value, "kvtool_text": text,
-                     "unit": f.unit, "measured": measured, "basis": basis,
-                     "metric": f.metric, "args": f.args, "differs": f.differs,
-                     "agrees": f.agrees(value)})
+        row = {"claim": f.claim, "published": f.published,
+               "published_text": published_text, "kvtool": value, "kvtool_text": text,
+               "unit": f.unit, "measured": measured, "basis": basis,
+               "metric": f.metric, "args": f.args, "differs": f.differs,
+               "agrees": f.agrees(value)}
+        fx = factor(row, f.band)
+        row["factor"] = None if fx is None or math.isinf(fx) else fx
+        rows.append(row)
     return rows
 
 

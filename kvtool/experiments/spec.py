@@ -56,7 +56,7 @@ _DATA_KEYS = {"block_bytes"}
 _CONFIG_KEYS = {"label", "tiers", "cluster"}
 _FIGURE_KEYS = {"claim", "published", "published_text", "unit", "metric", "args", "differs",
                 "band"}
-_SERVING_KEYS = {"loads", "phases"}
+_SERVING_KEYS = {"loads", "phases", "scalars"}
 AGREE_TOLERANCE = 0.05
 """A row without a ``band`` agrees when kvtool's figure is within 5 % of the published one."""
 
@@ -323,6 +323,20 @@ def _check_serving(serving: dict[str, Any], kind: str, bad: Any) -> None:
         parsed = parse_loads(loads)
     except UsageError as exc:
         raise bad(exc.message, "loads", "serving") from None
+    scalars = serving.get("scalars", {})
+    if not isinstance(scalars, dict):
+        raise bad("must be an inline table of roofline scalars", "scalars", "serving")
+    from kvtool.serving.roofline import Scalars
+
+    try:
+        Scalars(**scalars)
+    except TypeError:
+        from dataclasses import fields
+
+        names = ", ".join(f.name for f in fields(Scalars))
+        raise bad(f"unknown roofline scalar (use {names})", "scalars", "serving") from None
+    except UsageError as exc:
+        raise bad(exc.message, "scalars", "serving") from None
     phases = serving.get("phases", "none")
     if phases not in PHASES:
         raise bad(f"must be one of {', '.join(PHASES)}", "phases", "serving")

@@ -69,6 +69,8 @@ CONNECTOR_LOADS = ("always", "faster")
 """When a request loads the hit the tiers below hold: ``always`` (vLLM's connectors load
 every token they report found: LMCache, the offloading connector) or ``faster`` (only when
 loading beats recomputing, kvtool's default without a connector)."""
+CLUSTER_KEYS: dict[str, frozenset[str]] = {}
+"""Each table's keys (``""``: the top level), filled below: what a file may say."""
 PD_TRANSFERS = ("direct", "store")
 """How a P/D split moves a prompt's KV: the decode engine pulls it from the prefill engine
 (``direct``, vLLM's P2P connectors), or the prefill engine writes it to the tiers below and
@@ -77,7 +79,7 @@ _NODE_KEYS = {"name", "gpus", "nic_gbps", "dram", "dram_policy", "pcie_gbps", "s
               "address"}
 _ENGINE_KEYS = {"name", "node", "count", "gpu", "model", "tp", "dtype", "kv_dtype", "role",
                 "max_num_seqs", "max_num_batched_tokens", "num_gpu_blocks",
-                "gpu_memory_utilization", "enable_prefix_caching", "step_time"}
+                "gpu_memory_utilization", "enable_prefix_caching", "step_time", "share_gpus"}
 STEP_TIMES = ("roofline", "dynamo-mocker")
 """An engine's step time: kvtool's roofline (default), or NVIDIA Dynamo's mocker polynomial
 (:mod:`kvtool.serving.mockerstep`: routing compared with Dynamo on the same clock)."""
@@ -85,6 +87,10 @@ _MOONCAKE_KEYS = {"capacity", "policy", "gbps", "master", "segment"}
 _NVME_KEYS = {"capacity", "policy", "target"}
 _TARGET_KEYS = {"name", "read_gbps", "write_gbps", "node", "size", "config"}
 _PLACEMENT_KEYS = {"kind", "subnet", "link_scale", "link_mbit", "ray", "ray_token_file"}
+CLUSTER_KEYS.update({"": frozenset(_TOP_KEYS), "node": frozenset(_NODE_KEYS),
+                     "engine": frozenset(_ENGINE_KEYS), "mooncake": frozenset(_MOONCAKE_KEYS),
+                     "nvme": frozenset(_NVME_KEYS), "nvme.target": frozenset(_TARGET_KEYS),
+                     "connector": frozenset(_CONNECTOR_KEYS)})
 PLACEMENT_KINDS = ("netns", "hosts")
 _NETNS_ONLY = ("subnet", "link_scale", "link_mbit")
 _HOSTS_ONLY = ("ray", "ray_token_file")
@@ -176,6 +182,9 @@ class EngineSpec:
     """The engine's roofline (shared by the replicas of one ``[[engine]]`` table)."""
     enable_prefix_caching: bool = True
     """vLLM's ``enable_prefix_caching`` (on by default in vLLM v1)."""
+    share_gpus: str | None = None
+    """Engines naming the same group time-share one set of GPUs: one of them steps at a
+    time (a prefill and a decode engine on the same cards, the WQS report's scenario 2)."""
 
     @property
     def host_link_gbps(self) -> float:
@@ -192,6 +201,7 @@ class EngineSpec:
                 "gpu_memory_utilization": self.gpu_memory_utilization,
                 "pcie_gbps": self.pcie_gbps, "block_bytes": self.block_bytes,
                 "all_ranks_block_bytes": self.all_ranks_block_bytes,
+                "share_gpus": self.share_gpus,
                 "enable_prefix_caching": self.enable_prefix_caching,
                 "step_time": getattr(self.step, "kind", "roofline")}
 
@@ -671,6 +681,7 @@ class _Reader:
         names: set[str] = set()
         explicit_nodes = set(nodes)
         used_gpus: dict[str, int] = {}
+        groups: dict[str, tuple[str, int]] = {}  # share_gpus group → (node, TP)
         first: tuple[EngineSpec, Path_] | None = None
         for path, raw in tables:
             t = self.table(raw, path, _ENGINE_KEYS)
@@ -729,6 +740,7 @@ class _Reader:
             if node_name is not None and node_name not in explicit_nodes:
                 known = ", ".join(sorted(explicit_nodes)) or "none: add [[node]] tables"
                 raise self.fail(f"unknown node {node_name!r} (defined: {known})", (*path, "node"))
+            share = self.name(t, "share_gpus", path)
             base = self.name(t, "name", path)
             for r in range(count):
                 index = len(out)
@@ -746,7 +758,16 @@ class _Reader:
                                         "this engine a node", path)
                     nodes[node] = NodeSpec(node, auto=True)
                 node_spec = nodes[node]
-                used_gpus[node] = used_gpus.get(node, 0) + tp
+                if share is not None and share in groups:
+                    g_node, g_tp = groups[share]
+                    if (g_node, g_tp) != (node, tp):
+                        raise self.fail(f"engines sharing GPUs ({share!r}) run on one node with "
+                                        f"one TP size: {g_node!r} TP {g_tp} here, {node!r} TP "
+                                        f"{tp}", (*path, "share_gpus"))
+                else:
+                    if share is not None:
+                        groups[share] = (node, tp)
+                    used_gpus[node] = used_gpus.get(node, 0) + tp
                 if node_spec.gpus is not None and used_gpus[node] > node_spec.gpus:
                     raise self.fail(f"node {node!r} has {node_spec.gpus} GPUs; its engines' TP "
                                     f"sizes add up to {used_gpus[node]}", (*path, "tp"))
@@ -759,7 +780,7 @@ class _Reader:
                     gpu_memory_utilization=util, pcie_gbps=pcie,
                     block_bytes=geometry.block_bytes,
                     all_ranks_block_bytes=geometry.all_ranks_block_bytes, step=step,
-                    enable_prefix_caching=caching)
+                    enable_prefix_caching=caching, share_gpus=share)
                 if first is None:
                     first = (engine, path)
                 else:

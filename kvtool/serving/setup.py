@@ -87,7 +87,7 @@ def build_setup(path: str, *, block_tokens: int, scalars: dict[str, Any] | None 
             max_num_seqs=e.max_num_seqs, max_num_batched_tokens=e.max_num_batched_tokens,
             describe={"model": e.model.name, "gpu": e.gpu.name, "tp": e.tp, "role": e.role,
                       "kv_dtype": e.kv_dtype, "block_bytes": e.all_ranks_block_bytes},
-            enable_caching=e.enable_prefix_caching))
+            enable_caching=e.enable_prefix_caching, share_gpus=e.share_gpus))
     tiers: list[TierSetup] = []
     for n in spec.nodes:
         if n.dram is not None:

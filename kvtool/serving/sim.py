@@ -34,6 +34,7 @@ loads, which is how a full link slows prefill.
 
 from __future__ import annotations
 
+import collections
 import heapq
 import math
 from collections.abc import Callable, Sequence
@@ -71,6 +72,8 @@ class EngineSetup:
     describe: dict[str, Any]
     enable_caching: bool = True
     """vLLM's ``enable_prefix_caching``."""
+    share_gpus: str | None = None
+    """Engines of one group time-share their GPUs: one steps at a time, in turn."""
 
 
 @dataclass
@@ -502,7 +505,8 @@ class Simulation:
                 self._link(f"connector/{es.name}", conn.gbps, conn.gbps)
             pool = KVPool(es.num_gpu_blocks, block_tokens, es.enable_caching)
             self.engines.append(make_engine(
-                i, es.name, es.node, pool, es.step, exact_steps=exact_steps,
+                i, es.name, es.node, pool, es.step,
+                exact_steps=exact_steps or es.share_gpus is not None,
                 block_tokens=block_tokens, max_num_seqs=es.max_num_seqs,
                 max_num_batched_tokens=es.max_num_batched_tokens, offload=offload,
                 role=es.role))
@@ -513,6 +517,14 @@ class Simulation:
         self._order = 0
         self._version = [0] * len(self.engines)
         self._plan_due = [False] * len(self.engines)
+        # GPU sharing: engines of a group step one at a time (stepped engines, so a step is
+        # one event); the group's holder is the engine whose step runs, the others wait
+        # their turn in order and take it when that step ends
+        names = sorted({es.share_gpus for es in setup.engines if es.share_gpus is not None})
+        self._group: list[int] = [names.index(es.share_gpus) if es.share_gpus is not None
+                                  else -1 for es in setup.engines]
+        self._holder: list[int] = [-1] * len(names)
+        self._turns: list[collections.deque[int]] = [collections.deque() for _ in names]
         self._timers: dict[int, Callable[[float], None]] = {}
         self._after = -1
         """The current event's place among simultaneous step ends (Engine.cut's ``after``)."""
@@ -568,12 +580,35 @@ class Simulation:
                                         self._order, PLAN, i, 0))
 
     def _plan(self, engine: Engine, now: float) -> None:
-        self._plan_due[engine.index] = False
+        i = engine.index
+        self._plan_due[i] = False
         if engine.busy:
             return
+        g = self._group[i]
+        if g >= 0:
+            holder = self._holder[g]
+            if holder >= 0 and holder != i:
+                if i not in self._turns[g]:
+                    self._turns[g].append(i)  # the GPUs are busy: wait for the turn
+                return
         end = engine.plan(now)
         if end is not None:
-            self._push_step(end, engine.index)
+            self._push_step(end, i)
+            if g >= 0:
+                self._holder[g] = i
+
+    def _next_turn(self, engine: Engine, now: float) -> None:
+        """``engine`` (sharing GPUs) ended a step: the engines waiting take their turn in
+        order, ``engine`` itself after them; the first with work to do steps."""
+        g = self._group[engine.index]
+        self._holder[g] = -1
+        turns = self._turns[g]
+        if not turns:
+            self._plan(engine, now)
+            return
+        turns.append(engine.index)
+        while turns and self._holder[g] < 0:
+            self._plan(self.engines[turns.popleft()], now)
 
     def _arrive(self, idx: int, now: float) -> None:
         r = self.requests[idx]
@@ -693,7 +728,10 @@ class Simulation:
                 engine.first_tokens.clear()
             for seq in finished:
                 self._finished(engine, seq, t)
-            self._plan(engine, t)
+            if self._group[a] >= 0:
+                self._next_turn(engine, t)
+            else:
+                self._plan(engine, t)
             if progress is not None and len(self.done) - reported >= 256:
                 progress(len(self.done) - reported)
                 reported = len(self.done)

@@ -10,6 +10,7 @@ request then crosses the store twice, where the direct transfer goes engine to e
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -137,3 +138,68 @@ def test_bad_connector_and_pd_transfer_are_one_line(tmp_path: Path) -> None:
         with pytest.raises(InputError) as info:
             load_cluster(c)
         assert f"field '{field}'" in str(info.value), str(info.value)
+
+
+def _steps(sim: Simulation) -> dict[str, list[tuple[float, float]]]:
+    """Record every engine's planned steps as (start, end) while ``sim`` runs."""
+    out: dict[str, list[tuple[float, float]]] = {}
+    for e in sim.engines:
+        steps = out.setdefault(e.name, [])
+
+        def plan(now: float, _plan=e.plan, _steps=steps) -> float | None:  # type: ignore
+            end = _plan(now)
+            if end is not None:
+                _steps.append((now, end))
+            return end
+        e.plan = plan  # type: ignore[method-assign]
+    return out
+
+
+@pytest.mark.parametrize("how", ["direct", "store"])
+def test_shared_gpus_step_one_engine_at_a_time(tmp_path: Path, how: str) -> None:
+    """WQS ran P and D on one server's cards: with ``share_gpus`` the two engines' steps
+    never overlap, they take turns (a decode step waits for the prefill step in progress),
+    and every request still finishes; without it their steps overlap."""
+    t = trace(tmp_path, n=6, tokens=4096, rounds=1)
+    body = PD.format(how=how)
+    shared = body.replace('role = "prefill"', 'role = "prefill"\nshare_gpus = "n0"') \
+        .replace('role = "decode"', 'role = "decode"\nshare_gpus = "n0"')
+    spans = {}
+    for label, text in (("apart", body), ("shared", shared)):
+        c = tmp_path / "c.toml"
+        c.write_text(text)
+        reader = read_trace(str(t))
+        built = build_setup(str(c), block_tokens=reader.block_tokens)
+        sim = Simulation(list(reader), built.setup, Load("timestamps", 1.0),
+                         block_tokens=built.block_tokens, router=built.make_router(),
+                         trace_block_tokens=reader.block_tokens)
+        steps = _steps(sim)
+        doc = sim.run()
+        assert doc["serving"]["completed"] == 6 and doc["serving"]["failed"] == 0
+        p, d = steps["p"], steps["d"]
+        overlap = sum(max(0.0, min(a1, b1) - max(a0, b0)) for a0, a1 in p for b0, b1 in d)
+        spans[label] = (overlap, doc)
+        if label == "shared":
+            assert overlap == 0.0
+            both = sorted([(s, "p") for s, _ in p] + [(s, "d") for s, _ in d])
+            assert any(x[1] != y[1] for x, y in itertools.pairwise(both))  # they alternate
+    assert spans["apart"][0] > 0
+    # decode steps wait behind prefill steps: the inter-token gaps grow
+    itl = {k: v[1]["serving"]["mean_tpot_ms"] for k, v in spans.items()}
+    assert itl["shared"] > itl["apart"]
+
+
+def test_share_gpus_group_needs_one_node_and_tp(tmp_path: Path) -> None:
+    c = tmp_path / "c.toml"
+    two = NODE.format(nic=25) + NODE.format(nic=25).replace("n0", "n1")
+    body = two + ENGINE.replace("tp = 1", 'tp = 1\nshare_gpus = "g"') + \
+        ENGINE.replace('node = "n0"', 'node = "n1"').replace("tp = 1", 'tp = 1\nshare_gpus = "g"')
+    c.write_text(body)
+    with pytest.raises(InputError) as info:
+        load_cluster(c)
+    assert "field 'engine[1].share_gpus'" in str(info.value) and "one node" in str(info.value)
+    # two engines sharing a 1-GPU node fit it (their TP counts once)
+    one = NODE.format(nic=25).replace("nic_gbps", "gpus = 1\nnic_gbps") + \
+        2 * ENGINE.replace("tp = 1", 'tp = 1\nshare_gpus = "g"')
+    c.write_text(one)
+    assert [e.share_gpus for e in load_cluster(c).engines] == ["g", "g"]

@@ -78,9 +78,11 @@ def both(requests: list[Any], setup: ClusterSetup, load: Load, block_tokens: int
     _same(stepped.report(), jumped.report(), "report", diffs)
     _same(per_request(stepped), per_request(jumped), "requests", diffs)
     assert not diffs, "\n".join(diffs[:20])
-    for s, j in zip(stepped.engines, jumped.engines, strict=True):
+    for s, j, es in zip(stepped.engines, jumped.engines, setup.engines, strict=True):
         assert isinstance(s, SteppedEngine)
-        assert isinstance(j, EventEngine) or s.max_num_seqs > s.max_num_batched_tokens
+        # engines sharing GPUs step one step per event in both (docs/serving.md)
+        assert isinstance(j, EventEngine) or s.max_num_seqs > s.max_num_batched_tokens \
+            or es.share_gpus is not None
         assert j.plans <= s.plans
     return stepped, jumped
 
@@ -102,13 +104,25 @@ def run_file(trace: Path | str, cluster: Path, load: Load | None, *, fmt: str = 
 @pytest.mark.parametrize("cluster", CLUSTERS, ids=lambda p: p.stem)
 def test_every_cluster_fixture_on_the_fixture_traces(cluster: Path) -> None:
     steps = plans = 0
+    shared = False
     for trace in TRACES:
         for load in (Load("concurrency", 4), Load("request-rate", math.inf), None):
             pair = run_file(trace, cluster, load)
             if pair is not None:
                 steps += sum(e.stats.steps for e in pair[0].engines)
                 plans += sum(e.plans for e in pair[1].engines)
-    assert plans < steps  # the jumps skipped steps
+                shared = all(e.share_gpus for e in pair[1].setup.engines)
+    # the jumps skipped steps (engines sharing GPUs step one at a time: no jumps)
+    assert plans == steps if shared else plans < steps
+
+
+def test_pd_through_the_store_on_separate_gpus(tmp_path: Path) -> None:
+    """wqs-pd-400-141g without ``share_gpus``: P/D through the store on event engines."""
+    src = (REPO / "fixtures" / "clusters" / "wqs-pd-400-141g.toml").read_text()
+    apart = tmp_path / "wqs-pd-apart.toml"
+    apart.write_text("\n".join(line for line in src.splitlines()
+                               if not line.startswith("share_gpus")))
+    test_every_cluster_fixture_on_the_fixture_traces(apart)
 
 
 @pytest.mark.slow
