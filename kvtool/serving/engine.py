@@ -284,6 +284,9 @@ class Engine:
         """Calls of :meth:`plan` that planned steps: the events the engine stopped at."""
         self._blocked: Seq | None = None
         self._can_admit = False
+        self._hold_need: tuple[Seq | None, int] = (None, 0)
+        """The holding queue's head when it last could not be admitted, and the free blocks
+        it needs: while fewer are free it is not tried again (nothing else changes it)."""
         self.itl_values: list[float] = []
         self.itl_counts: list[int] = []
 
@@ -382,8 +385,14 @@ class Engine:
             n = seq.num_tokens - seq.num_computed_tokens
             if n > budget:
                 n = budget
+            held, need = self._hold_need
+            if held is seq and pool.num_free_blocks < need:
+                self._blocked = seq  # holding its blocks, it needs as many as before
+                self._can_admit = True
+                return
             if pool.allocate_slots(seq, n, full_sequence_must_fit=True,
                                    has_scheduled_reqs=bool(running)) is None:
+                self._hold_need = (seq, pool.full_sequence_need(seq))
                 self._blocked = seq
                 self._can_admit = True
                 return
