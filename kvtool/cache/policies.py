@@ -196,6 +196,10 @@ class LruPolicy(EvictionPolicy):
                     push(key)
                     if record is not None:
                         record.append(key)
+        elif all(map(index.__contains__, keys)):
+            # a touch of cached keys only (a hit's refresh): the hot path's two C calls
+            self.order.extend(order)
+            _tally(index, keys)
         else:
             for key in order:
                 c = get(key)
