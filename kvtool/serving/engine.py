@@ -396,6 +396,8 @@ class Engine:
                 self._blocked = seq
                 self._can_admit = True
                 return
+            if held is seq:
+                self._hold_need = (None, 0)  # it may come back (preempted) holding others
             holding.popleft()
             seq.status = RUNNING
             self._start_running(seq)
