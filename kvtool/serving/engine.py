@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import operator
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Sequence
@@ -863,11 +864,8 @@ class EventEngine(Engine):
             itl_v = self.itl_values
             itl_c = self.itl_counts
             if isinstance(ends, list):
-                prev = self._last_end
-                for e in ends:
-                    itl_v.append(e - prev)
-                    itl_c.append(n_dec)
-                    prev = e
+                itl_v.extend(map(operator.sub, ends, [self._last_end, *ends[:-1]]))
+                itl_c.extend(itertools.repeat(n_dec, k))
             else:  # numpy: the same subtractions
                 import numpy as np
 
