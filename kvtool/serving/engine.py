@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import operator
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Sequence
@@ -288,6 +289,9 @@ class Engine:
         """Calls of :meth:`plan` that planned steps: the events the engine stopped at."""
         self._blocked: Seq | None = None
         self._can_admit = False
+        self._hold_need: tuple[Seq | None, int] = (None, 0)
+        """The holding queue's head when it last could not be admitted, and the free blocks
+        it needs: while fewer are free it is not tried again (nothing else changes it)."""
         self.itl_values: list[float] = []
         self.itl_counts: list[int] = []
         self.first_tokens: list[Seq] = []
@@ -389,11 +393,19 @@ class Engine:
             n = seq.num_tokens - seq.num_computed_tokens
             if n > budget:
                 n = budget
+            held, need = self._hold_need
+            if held is seq and pool.num_free_blocks < need:
+                self._blocked = seq  # holding its blocks, it needs as many as before
+                self._can_admit = True
+                return
             if pool.allocate_slots(seq, n, full_sequence_must_fit=True,
                                    has_scheduled_reqs=bool(running)) is None:
+                self._hold_need = (seq, pool.full_sequence_need(seq))
                 self._blocked = seq
                 self._can_admit = True
                 return
+            if held is seq:
+                self._hold_need = (None, 0)  # it may come back (preempted) holding others
             holding.popleft()
             seq.status = RUNNING
             self._start_running(seq)
@@ -860,11 +872,8 @@ class EventEngine(Engine):
             itl_v = self.itl_values
             itl_c = self.itl_counts
             if isinstance(ends, list):
-                prev = self._last_end
-                for e in ends:
-                    itl_v.append(e - prev)
-                    itl_c.append(n_dec)
-                    prev = e
+                itl_v.extend(map(operator.sub, ends, [self._last_end, *ends[:-1]]))
+                itl_c.extend(itertools.repeat(n_dec, k))
             else:  # numpy: the same subtractions
                 import numpy as np
 

@@ -317,19 +317,24 @@ class KVPool:
 
     # -- kvtool additions (no side effect) --------------------------------------------------
 
-    def full_sequence_fits(self, seq: SeqLike, new_computed_blocks: Sequence[int] = (), *,
-                           has_scheduled_reqs: bool = True) -> bool:
-        """Whether ``allocate_slots(seq, …, new_computed_blocks, full_sequence_must_fit=True,
-        has_scheduled_reqs=…)`` passes its whole-sequence check (``reserved_blocks`` 0). For
-        a request whose new slots stop at or before ``num_tokens`` (an admission: its prompt,
-        or a chunk of it, or a connector's load) that check decides the call: its other
-        check asks for no more blocks."""
+    def full_sequence_need(self, seq: SeqLike, new_computed_blocks: Sequence[int] = (), *,
+                           has_scheduled_reqs: bool = True) -> int:
+        """The free blocks ``allocate_slots(seq, …, new_computed_blocks,
+        full_sequence_must_fit=True, has_scheduled_reqs=…)`` asks for in its whole-sequence
+        check (``reserved_blocks`` 0; the watermark included). For a request whose new slots
+        stop at or before ``num_tokens`` (an admission: its prompt, or a chunk of it, or a
+        connector's load) that check decides the call: its other check asks for no more."""
         rid = seq.request_id
         req_blocks = self._req_blocks.get(rid)
         watermark = self.watermark_blocks if has_scheduled_reqs and req_blocks is None else 0
-        need = self._num_blocks_to_allocate(rid, req_blocks, min(seq.num_tokens, self.max_model_len),
-                                            new_computed_blocks)
-        return need + watermark <= self._num_free
+        return watermark + self._num_blocks_to_allocate(
+            rid, req_blocks, min(seq.num_tokens, self.max_model_len), new_computed_blocks)
+
+    def full_sequence_fits(self, seq: SeqLike, new_computed_blocks: Sequence[int] = (), *,
+                           has_scheduled_reqs: bool = True) -> bool:
+        """Whether :meth:`full_sequence_need` blocks are free."""
+        return self.full_sequence_need(seq, new_computed_blocks,
+                                       has_scheduled_reqs=has_scheduled_reqs) <= self._num_free
 
     def cached_prefix_blocks(self, keys: Iterable[Hashable]) -> int:
         """How many leading ``keys`` are in the hash index (for routers; no side effect)."""

@@ -365,6 +365,25 @@ class FlowNetwork:
         Only classes whose rate changes (or ``changed``, whose flows did) are settled and
         rescheduled: between rate changes a class's service is linear in time.
         """
+        if changed is not None:
+            res = changed.resources
+            for r in res:
+                if len(r.classes) != 1:
+                    break
+            else:
+                # the class is alone on its hops: its rate is the smallest share, as
+                # progressive filling finds it (the same division, the same float)
+                n = len(changed.flows)
+                rate = math.inf
+                for r in res:
+                    cap = r.capacity
+                    share = (cap if cap > 0.0 else 0.0) / n
+                    if share < rate:
+                        rate = share
+                self._settle(changed)
+                changed.rate = rate
+                self._schedule(changed)
+                return
         classes, resources = self._component(seeds)
         if not classes:
             return

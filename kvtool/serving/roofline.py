@@ -212,26 +212,31 @@ class StepModel:
         which are the same IEEE operations in the same order (tested).
         """
         self._decode_steps += k
+        weights = self._shared_bytes
+        if self._expert_bytes:
+            weights += self._expert_bytes * self._experts * (1.0 - math.exp(n * self._log_miss))
         if k < _VECTOR_STEPS or ("numpy" not in sys.modules
                                  and self._decode_steps < _NUMPY_AFTER):
-            sums = self.step_time_sums
+            # step_time_sums(0, 0.0, n, c + n/2, c + n) written out: its prefill part is
+            # 0.0, and 0.0 + x is x
+            ft_n, fp, inv_d = self._flops_token * n, self._flops_pair, self._inv_decode
+            kvb, inv_mem = self.kv_bytes_per_token, self._inv_mem
+            c0, ar_fixed, ar_n = self.c0_s, self._ar_fixed, self._ar_token * n
             half = 0.5 * n
             t = start
             out = []
-            for j in range(k):
-                c = ctx + n * j
-                t += sums(0, 0.0, n, c + half, float(c + n))
+            for c in range(ctx, ctx + n * k, n):
+                t_compute = (ft_n + fp * (c + half)) * inv_d
+                t_memory = (weights + float(c + n) * kvb) * inv_mem
+                t += (t_compute if t_compute > t_memory else t_memory) + c0 + ar_fixed + ar_n
                 out.append(t)
             return out
         import numpy as np
 
         cs = np.arange(k, dtype=np.int64) * n + ctx
-        weights = self._shared_bytes
-        if self._expert_bytes:
-            weights += self._expert_bytes * self._experts * (1.0 - math.exp(n * self._log_miss))
-        t_compute = (self._flops_token * n + self._flops_pair * (cs + 0.5 * n)) * self._inv_decode
-        t_memory = (weights + (cs + n).astype(np.float64) * self.kv_bytes_per_token) * self._inv_mem
-        dt = np.where(t_compute > t_memory, t_compute, t_memory)
+        tc = (self._flops_token * n + self._flops_pair * (cs + 0.5 * n)) * self._inv_decode
+        tm = (weights + (cs + n).astype(np.float64) * self.kv_bytes_per_token) * self._inv_mem
+        dt = np.where(tc > tm, tc, tm)
         dt += self.c0_s
         dt += self._ar_fixed
         dt += self._ar_token * n

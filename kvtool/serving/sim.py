@@ -158,21 +158,37 @@ class TierStack:
         loads it from the tiers below, where the prefill engine stored it)."""
         self.connector_s = 0.0
         """Seconds loads waited on the connector's lookups and chunks (summed)."""
+        # what depends only on the engine (the tiers, their paths and rates), made once
+        self._tiers_of: dict[int, list[tuple[str, Tier, TierSetup | None]]] = {}
+        self._paths: dict[tuple[int, str, str | None, bool], list[tuple[str, str]]] = {}
+        self._rates: dict[tuple[int, str], float] = {}
 
     @property
     def present(self) -> bool:
         return bool(self.node_dram or self.shared)
 
     def _tiers_for(self, engine: Engine) -> list[tuple[str, Tier, TierSetup | None]]:
-        out: list[tuple[str, Tier, TierSetup | None]] = []
-        d = self.node_dram.get(engine.node)
-        if d is not None:
-            out.append(("dram", d, None))
-        out.extend(self.shared)
+        """The tiers below ``engine``, highest first: its node's DRAM, then the shared ones."""
+        out = self._tiers_of.get(engine.index)
+        if out is None:
+            out = []
+            d = self.node_dram.get(engine.node)
+            if d is not None:
+                out.append(("dram", d, None))
+            out.extend(self.shared)
+            self._tiers_of[engine.index] = out
         return out
 
     def _path(self, engine: Engine, tier: str, spec: TierSetup | None, target: str | None,
               load: bool) -> list[tuple[str, str]]:
+        key = (engine.index, tier, target, load)
+        path = self._paths.get(key)
+        if path is None:
+            path = self._paths[key] = self._make_path(engine, tier, target, load)
+        return path
+
+    def _make_path(self, engine: Engine, tier: str, target: str | None, load: bool
+                   ) -> list[tuple[str, str]]:
         into_gpu, out_gpu = "down", "up"
         pcie = (f"pcie/{engine.name}", into_gpu if load else out_gpu)
         hops = [pcie]
@@ -216,11 +232,14 @@ class TierStack:
         cur = -1
         count = 0
         indexes = [tier.policy.index for _n, tier, _s in tiers]
+        names = [n for n, _tier, _s in tiers]
         bad = self.bad
-        for b in range(first, min(last, len(keys))):
-            key = keys[b]
-            ti = next((j for j, index in enumerate(indexes)
-                       if key in index and (not bad or (tiers[j][0], key) not in bad)), -1)
+        for key in keys[first:last]:
+            ti = -1
+            for j, index in enumerate(indexes):
+                if key in index and (not bad or (names[j], key) not in bad):
+                    ti = j
+                    break
             if ti < 0:
                 break
             if ti == cur:
@@ -260,6 +279,13 @@ class TierStack:
 
     def _tier_rate(self, engine: Engine, name: str, spec: TierSetup | None) -> float:
         """Uncontended GB/s of a load from tier ``name`` (the path's bottleneck)."""
+        key = (engine.index, name)
+        rate = self._rates.get(key)
+        if rate is None:
+            rate = self._rates[key] = self._make_rate(engine, name, spec)
+        return rate
+
+    def _make_rate(self, engine: Engine, name: str, spec: TierSetup | None) -> float:
         if name == "nvme":
             assert spec is not None
             total = sum(r for _t, r, _w in spec.targets)

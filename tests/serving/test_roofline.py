@@ -284,3 +284,24 @@ def test_a_run_of_decode_steps_adds_up_as_stepping(model: str, gpu: str, tp: int
             want.append(t)
         got = step.decode_step_ends(start, n, sum(cached), k)
         assert [float(x) for x in got] == want, (k, n)
+
+
+def test_a_run_of_decode_steps_without_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without numpy loaded, long runs take the written-out loop: the same floats."""
+    import sys
+
+    step = StepModel(lookup("deepseek-v4-flash"), resolve_gpu("rtx-pro-6000"), 4,
+                     block_tokens=256)
+    monkeypatch.delitem(sys.modules, "numpy")
+    rng = random.Random(11)
+    for k in (1, 60, 900):
+        n = rng.randint(1, 200)
+        ctx = rng.randint(0, 4_000_000)
+        start = rng.uniform(0.0, 100.0)
+        t, want = start, []
+        for j in range(k):
+            c = ctx + n * j
+            t += step.step_time_sums(0, 0.0, n, c + 0.5 * n, float(c + n))
+            want.append(t)
+        got = step.decode_step_ends(start, n, ctx, k)
+        assert isinstance(got, list) and got == want, (k, n)

@@ -224,3 +224,15 @@ def test_random_small_clusters(w: tuple[ClusterSetup, int, list[Request], Load])
 
     setup, B, requests, load = w
     both(requests, setup, load, B, lambda: make_router(setup.router), B)
+
+
+def test_cli_exact_steps_gives_the_same_reports() -> None:
+    from tests.conftest import run, run_json
+
+    trace = str(TRACES[0])
+    cluster = str(REPO / "fixtures" / "clusters" / "gp7000-mini.toml")
+    for args in (["replay", trace, "--simulate", "--cluster", cluster, "--concurrency", "8"],
+                 ["replay", trace, "--simulate", "--dram", "300blk"]):
+        assert run_json(*args, "--exact-steps") == run_json(*args)
+    bad = run("replay", trace, "--simulate", "--no-times", "--exact-steps")
+    assert bad.exit_code == 2 and "--no-times" in bad.stderr and "Traceback" not in bad.stderr
