@@ -3,7 +3,7 @@ that carries a published number (or band), how many are within 2× and within 1.
 and does every row outside 2× say specifically why (a parameter or a missing mechanism,
 :mod:`kvtool.experiments.differs`)?
 
-    python bench/experiments_bar.py [--json FILE] [NAME ...]
+    python bench/experiments_bar.py [--json FILE] [--docs DIR] [NAME ...]
 
 Runs every experiment (replay kinds simulated; parallel-read, which measures this machine,
 skipped) and prints one line per counted row, then the counts. A row's factor is
@@ -35,6 +35,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("names", nargs="*")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--docs", type=Path, default=None,
+                    help="also write each experiment's document here (NAME.json, with the "
+                         "seconds it took)")
     args = ap.parse_args()
     exps = [e for e in list_experiments() if e.kind != "parallel-read"
             and (not args.names or e.name in args.names)]
@@ -43,6 +46,9 @@ def main() -> None:
         t0 = time.perf_counter()
         doc = run_experiment(exp, out_dir=None, simulate=True)
         secs = time.perf_counter() - t0
+        if args.docs:
+            args.docs.mkdir(parents=True, exist_ok=True)
+            (args.docs / f"{exp.name}.json").write_text(json.dumps({**doc, "seconds": secs}))
         for r in counted(doc):
             f = r["factor"]
             rows.append({"experiment": exp.name, "claim": r["claim"], "published": r["published"],
