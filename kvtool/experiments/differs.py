@@ -11,8 +11,8 @@ a way a reader can act on: it names
   the model does not have.
 
 :func:`named` returns what a text names (empty when nothing), and :func:`factor` how far
-a figure is from its published number or band. ``tests/experiments/test_bar.py`` applies
-both to every serving experiment.
+a figure is from its published number or band; tests/experiments/test_serving_experiments.py
+applies both to every experiment's modelled rows.
 """
 
 from __future__ import annotations
@@ -25,9 +25,6 @@ MECHANISMS: dict[str, str] = {
     "run-to-run noise": "the model is deterministic: a real cluster's repeated runs differ",
     "engine-side variation": "engines that differ from run to run (clocks, kernels, "
                              "stragglers); the model's identical engines do not",
-    "report-internal inconsistency": "two published figures that no single run can give "
-                                     "together (a fit shows it: kvtool experiment fit)",
-    "GPU memory fragmentation": "the real pool's usable blocks vary; the model's are exact",
     "kernel-level GPU sharing": "engines sharing cards (share_gpus) take turns by whole "
                                 "steps; real cards interleave their kernels",
 }

@@ -14,6 +14,9 @@ every published figure closest:
   weighs the same on a TTFT and on a throughput; capped, so that claims the others cannot
   be reconciled with are given up rather than dragging every claim off by a bit: the fit
   keeps as many within 2× as it can, then brings those closest);
+* besides workload keys, a roofline scalar (``mfu_prefill``, ...) or every engine's KV pool
+  (``num_gpu_blocks``) may be varied, for engines whose figures are unpublished
+  (``[serving] scalars`` and ``num_gpu_blocks`` in the experiment file);
 * **search**: a grid of ``grid`` points per key (log-spaced when ``hi/lo ≥ 4``), then
   Nelder–Mead (:func:`kvtool.serving.calibrate.nelder_mead`) from the best grid point, over
   the unit box of the keys (integers rounded; every setting evaluated once), within
@@ -59,6 +62,8 @@ class Vary:
     """The workload holds a list (``input_lengths``): the value becomes its one element."""
     scalar: bool = False
     """A roofline scalar of every engine (``[serving] scalars``), not a workload key."""
+    engine: bool = False
+    """Every engine's KV pool (``[serving] num_gpu_blocks``), not a workload key."""
 
     @property
     def log(self) -> bool:
@@ -76,7 +81,8 @@ class Vary:
     def to_dict(self) -> dict[str, Any]:
         return {"key": self.key, "lo": self.lo, "hi": self.hi, "integer": self.integer,
                 "scale": "log" if self.log else "linear",
-                "what": "roofline scalar" if self.scalar else "workload"}
+                "what": "roofline scalar" if self.scalar else
+                "engine" if self.engine else "workload"}
 
 
 def parse_vary(text: str, exp: Experiment) -> Vary:
@@ -93,6 +99,17 @@ def parse_vary(text: str, exp: Experiment) -> Vary:
     from kvtool.serving.roofline import Scalars
 
     scalars = {f.name for f in fields(Scalars)}
+    if key == "num_gpu_blocks":
+        if not exp.is_serving:
+            raise UsageError(f"{key} is an engine's KV pool: {exp.name} is not a serving "
+                             "experiment", field="vary")
+        try:
+            lo, hi = (float(x) for x in rng.split(":"))
+        except ValueError:
+            raise UsageError(f"{text!r}: LO and HI must be numbers", field="vary") from None
+        if not (2 <= lo <= hi):
+            raise UsageError(f"{text!r}: want 2 <= LO <= HI", field="vary")
+        return Vary(key, lo, hi, True, engine=True)
     if key in scalars:
         if not exp.is_serving:
             raise UsageError(f"{key} is a roofline scalar: {exp.name} is not a serving "
@@ -206,6 +223,8 @@ def fit(exp: Experiment, varies: list[Vary], *, grid: int = 3, max_evals: int = 
             for v in varies:
                 if v.scalar:
                     scal[v.key] = values[v.key]
+                elif v.engine:
+                    serving[v.key] = values[v.key]
                 else:
                     workload[v.key] = [values[v.key]] if v.listed else values[v.key]
             if scal:
@@ -268,6 +287,7 @@ def fit(exp: Experiment, varies: list[Vary], *, grid: int = 3, max_evals: int = 
         "vary": [v.to_dict() for v in varies], "fixed": {k: v for k, v in exp.workload.items()
                                                         if k not in {x.key for x in varies}},
         "scalars": dict(exp.serving.get("scalars") or {}),
+        "num_gpu_blocks": exp.serving.get("num_gpu_blocks"),
         "tolerance": tolerance, "grid": grid, "max_evals": max_evals,
         "loads": exp.serving.get("loads") if exp.is_serving else None,
         "evaluations": len(order), "loss": best.loss,

@@ -10,6 +10,7 @@ An experiment file with a ``[serving]`` table runs its workload through
     loads = "concurrency=128,256"
     phases = "iterations"       # optional: one vLLM bench run per prompt length and iteration
     scalars = { mfu_prefill = 0.2 }   # optional: roofline scalars of every engine (a fit)
+    num_gpu_blocks = 12000            # optional: every engine's KV pool (an inferred one)
 
 ``phases = "iterations"`` (random-prompts workloads, closed loop only) reproduces how the
 published WQS / GP7000 read-path numbers were taken: ``vllm bench serve`` run once per
@@ -148,7 +149,8 @@ def run_serving_kind(exp: Experiment, trace: Path, *,
     for c in exp.configs:
         assert c.cluster is not None
         built = build_setup(str(cluster_path(c.cluster, exp.path)), block_tokens=B,
-                            scalars=exp.serving.get("scalars") or None)
+                            scalars=exp.serving.get("scalars") or None,
+                            num_gpu_blocks=exp.serving.get("num_gpu_blocks"))
         runs: list[dict[str, Any]] = []
         for n, load in enumerate(loads):
             sim = Simulation(requests, built.setup, load, block_tokens=built.block_tokens,

@@ -56,7 +56,7 @@ _DATA_KEYS = {"block_bytes"}
 _CONFIG_KEYS = {"label", "tiers", "cluster"}
 _FIGURE_KEYS = {"claim", "published", "published_text", "unit", "metric", "args", "differs",
                 "band"}
-_SERVING_KEYS = {"loads", "phases", "scalars"}
+_SERVING_KEYS = {"loads", "phases", "scalars", "num_gpu_blocks"}
 AGREE_TOLERANCE = 0.05
 """A row without a ``band`` agrees when kvtool's figure is within 5 % of the published one."""
 
@@ -337,6 +337,11 @@ def _check_serving(serving: dict[str, Any], kind: str, bad: Any) -> None:
         raise bad(f"unknown roofline scalar (use {names})", "scalars", "serving") from None
     except UsageError as exc:
         raise bad(exc.message, "scalars", "serving") from None
+    blocks = serving.get("num_gpu_blocks")
+    if blocks is not None and (isinstance(blocks, bool) or not isinstance(blocks, int)
+                               or blocks < 2):
+        raise bad(f"must be an integer of at least 2, got {blocks!r}", "num_gpu_blocks",
+                  "serving")
     phases = serving.get("phases", "none")
     if phases not in PHASES:
         raise bad(f"must be one of {', '.join(PHASES)}", "phases", "serving")

@@ -39,6 +39,10 @@ def test_parse_vary_types() -> None:
     assert v.integer and v.listed and v.log and v.at(0) == 1000 and v.at(1) == 64000
     s = parse_vary("mfu_prefill=0.2:0.6", exp)
     assert s.scalar and not s.integer and s.at(0.5) == pytest.approx(0.4)
+    b = parse_vary("num_gpu_blocks=1000:4000", exp)
+    assert b.engine and b.integer and b.at(1) == 4000
+    with pytest.raises(UsageError, match="2 <= LO"):
+        parse_vary("num_gpu_blocks=0:10", exp)
     with pytest.raises(UsageError, match="holds 5 values"):
         parse_vary("input_lengths=100:1000", find_experiment("wqs-serving-prefill"))
     with pytest.raises(UsageError, match="not a serving experiment"):
@@ -106,3 +110,14 @@ def test_fit_cli_human_and_errors(tmp_path: Path) -> None:
     assert bad.exit_code == 2 and len(bad.stderr.strip().splitlines()) == 1
     none = run("experiment", "fit", "fx100-parallel-read", "--vary", "requests=1:2")
     assert none.exit_code == 2 and "no workload to fit" in none.stderr
+
+
+def test_an_experiments_pool_replaces_every_engines() -> None:
+    """``[serving] num_gpu_blocks``: every engine's KV pool, whatever the cluster file says."""
+    from kvtool.serving.setup import build_setup
+
+    path = "fixtures/clusters/gp7000.toml"
+    assert {e.num_gpu_blocks for e in build_setup(path, block_tokens=256).setup.engines} \
+        != {1234}
+    built = build_setup(path, block_tokens=256, num_gpu_blocks=1234)
+    assert [e.num_gpu_blocks for e in built.setup.engines] == [1234] * 4
