@@ -156,3 +156,11 @@ def test_experiment_documents_have_one_shape(store_dir: Path, tmp_path: Path) ->
     assert not missing
     list_doc = run_json("experiment", "list")
     assert set(list_doc) == {"schema", "experiments"}
+
+
+def test_every_scale_names_what_still_differs() -> None:
+    """Issue 38: each experiment's ``scale`` says what still differs from the report."""
+    from kvtool.experiments import list_experiments
+
+    for exp in list_experiments():
+        assert "What still differs: " in exp.scale, exp.name
