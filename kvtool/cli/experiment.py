@@ -38,15 +38,15 @@ EPILOG_GROUP = """
 Examples:
   kvtool experiment list
   kvtool experiment run gp7000-cliff --simulate
-  kvtool experiment fit fx100-serving --vary input_lengths=8000:128000 --vary reuse_share=0.2:1
+  kvtool experiment fit fx100-serving --vary input_lengths=16000:128000 --max-evals 9
 """
 
 EPILOG_FIT = """
 \b
 Examples:
-  kvtool experiment fit fx100-serving --vary input_lengths=8000:128000 \\
-      --vary reuse_share=0.2:1 --vary output_tokens=64:1024
-  kvtool experiment fit gp7000-serving-rounds --vary input_tokens=64:1024 --json
+  kvtool experiment fit fx100-serving --vary input_lengths=16000:128000 \\
+      --vary output_tokens=256:4096 --max-evals 9
+  kvtool experiment fit fx100-serving-cold-read --vary input_lengths=2048:16384 --json
 
 \b
 Searches the named workload keys (prompt length, share of reused prompts, output length,

@@ -320,5 +320,6 @@ def _verdict(every: bool, rows: list[dict[str, Any]], tolerance: float) -> str:
                 "shape")
     return (f"no setting searched meets every claim {within}: {len(alone)} of {len(rows)} "
             f"are met at some setting, {len(never)} at none ("
-            + "; ".join(r["claim"] for r in never[:3]) + ("; …" if len(never) > 3 else "")
+            + "; ".join(r["claim"] for r in never[:3])
+            + (f"; and {len(never) - 3} more" if len(never) > 3 else "")
             + ")")
