@@ -56,6 +56,7 @@ bench: $(BENCH_VENV)/.stamp venv
 	PYTHONPATH=$(CURDIR) $(BENCH_VENV)/bin/python bench/replay_speed.py --repeat 21
 	PYTHONPATH=$(CURDIR) $(BENCH_VENV)/bin/python bench/replay_speed.py --repeat 5 --times 10
 	PYTHONPATH=$(CURDIR) $(BENCH_VENV)/bin/python bench/replay_memory.py
+	PYTHONPATH=$(CURDIR) $(BENCH_VENV)/bin/python bench/serving_speed.py --repeat 5
 	$(PY) bench/nvme_target_perf.py --rounds 3 --write --priority -10
 
 lint: venv

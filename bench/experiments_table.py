@@ -21,7 +21,7 @@ from pathlib import Path
 BASIS = {"measured": "measured (timed here)",
          "counted": "measured (counted on real bytes)",
          "simulated": "simulated (exact count, no bytes moved)",
-         "modelled": "modelled (time model / formula)",
+         "modelled": "modelled (serving model / formula)",
          "unavailable": "–"}
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent

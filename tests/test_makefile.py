@@ -50,6 +50,7 @@ def test_bench_uses_a_runtime_only_virtualenv() -> None:
     assert installs == ["/nonexistent/bench/bin/python -m pip install -q ."]
     prefix = f"PYTHONPATH={REPO} /nonexistent/bench/bin/python bench/"
     runs = [line.split()[2] for line in lines if line.startswith(prefix)]
-    assert runs == ["bench/replay_speed.py", "bench/replay_speed.py", "bench/replay_memory.py"]
+    assert runs == ["bench/replay_speed.py", "bench/replay_speed.py", "bench/replay_memory.py",
+                    "bench/serving_speed.py"]
     for script in runs:
         assert (REPO / script).is_file()

@@ -1,4 +1,4 @@
-"""The tiered prefix cache and its replayer: tiers, eviction policies, hierarchy, time model.
+"""The tiered prefix cache and its replayer: tiers, eviction policies, hierarchy, counts.
 
 Data flows one way: requests (:mod:`kvtool.trace`) → :class:`TierHierarchy` (tiers, each a
 :class:`Tier` with an :class:`EvictionPolicy`) → :class:`RoundStats` → a report dict.
@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from kvtool.cache.replayer import CacheConfig, Replayer, RequestOutcome, TierSpec, replay
     from kvtool.cache.stats import RoundStats
     from kvtool.cache.tier import TIER_NAMES, NullMover, Tier, TierMover, Watermark
-    from kvtool.cache.timemodel import TimeModel
 
 __getattr__, __dir__ = exports(__name__, {
     "CacheConfig": "replayer",
@@ -51,7 +50,6 @@ __getattr__, __dir__ = exports(__name__, {
     "Tier": "tier",
     "TierMover": "tier",
     "Watermark": "tier",
-    "TimeModel": "timemodel",
 })
 
 __all__ = [
@@ -73,7 +71,6 @@ __all__ = [
     "TierHierarchy",
     "TierMover",
     "TierSpec",
-    "TimeModel",
     "Watermark",
     "make_policy",
     "replay",

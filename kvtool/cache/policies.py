@@ -172,9 +172,17 @@ class LruPolicy(EvictionPolicy):
                         record.append(key)
             return len(index) - before
         get, push = index.get, self.order.append
-        if admit and skip is None and record is None:
+        if admit and skip is None:
             # The hot path: every key gets a reference and one more count, each a C
-            # call for the request; the counts do not depend on the order.
+            # call for the request; the counts do not depend on the order. ``record``
+            # gets the keys that were not cached, in touch order, each once.
+            if record is not None:
+                touched = keys[::-1] if self.tail_first else keys
+                new = [key for key in touched if key not in index]
+                if len(new) > 1 and len(set(new)) < len(new):
+                    new = list(dict.fromkeys(new))
+                record.extend(new)
+                order = touched
             self.order.extend(order)
             _tally(index, keys)
         elif admit:
@@ -188,6 +196,10 @@ class LruPolicy(EvictionPolicy):
                     push(key)
                     if record is not None:
                         record.append(key)
+        elif all(map(index.__contains__, keys)):
+            # a touch of cached keys only (a hit's refresh): the hot path's two C calls
+            self.order.extend(order)
+            _tally(index, keys)
         else:
             for key in order:
                 c = get(key)

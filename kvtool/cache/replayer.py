@@ -31,9 +31,8 @@ from kvtool.cache.policies import (
     Admission,
     make_policy,
 )
-from kvtool.cache.stats import RoundStats
+from kvtool.cache.stats import TIME_KEYS, RoundStats
 from kvtool.cache.tier import TIER_NAMES, Tier, TierMover, Watermark
-from kvtool.cache.timemodel import TimeModel
 from kvtool.collapse import collapse_round
 from kvtool.errors import UsageError, param
 from kvtool.units import Capacity
@@ -167,6 +166,7 @@ class RequestOutcome(NamedTuple):
     blocks_written: dict[str, int]
     evictions: dict[str, int]
     ttft_s: float
+    """The serving model's TTFT (:mod:`kvtool.replay.timing`); ``nan`` when not timed."""
     put_blocks: dict[str, int] | None = None
     promoted_blocks: dict[str, int] | None = None
     corrupt_blocks: dict[str, int] | None = None
@@ -175,8 +175,8 @@ class RequestOutcome(NamedTuple):
     """Data mode: measured seconds loading the request's hit blocks into the GPU pool."""
 
 
-def outcome(req: RequestLike, r: int, names: list[str], one: RoundStats, ttft: float,
-            corrupt: dict[str, int] | None = None,
+def outcome(req: RequestLike, r: int, names: list[str], one: RoundStats,
+            ttft: float = math.nan, corrupt: dict[str, int] | None = None,
             load_s: float | None = None) -> RequestOutcome:
     """One request's :class:`RequestOutcome` from the counters it alone added."""
     def per(values: list[int]) -> dict[str, int]:
@@ -194,23 +194,19 @@ def outcome(req: RequestLike, r: int, names: list[str], one: RoundStats, ttft: f
 class Replayer:
     """One configuration being replayed: feed it requests, then ask for :meth:`result`.
 
-    ``times=False``: the caller has no use for the time model's figures (its report's times
-    come from elsewhere, or are none); they are ``None`` in :meth:`result`, and the
-    one-tier loop (:meth:`feed_many`) does not compute them.
+    The replayer counts (hits, puts, promotions, evictions); it keeps no clock. The times of
+    :meth:`result` (``TIME_KEYS``, in total and per round) are ``None`` until the serving
+    model's one-engine case fills them (:mod:`kvtool.replay.timing`).
     """
 
-    TIME_KEYS = ("ttft_p50_s", "ttft_p99_s", "wall_s", "requests_per_s")
-    """The time model's figures in :meth:`result`, in total and per round."""
+    TIME_KEYS = TIME_KEYS
 
     def __init__(self, config: CacheConfig, block_tokens: int, block_bytes: int | None = None,
-                 time_model: TimeModel | None = None,
                  on_request: Callable[[RequestOutcome], None] | None = None,
-                 movers: dict[str, TierMover] | None = None, *, times: bool = True) -> None:
+                 movers: dict[str, TierMover] | None = None) -> None:
         self.config = config
         self.block_tokens = block_tokens
         self.block_bytes = block_bytes
-        self.time_model = time_model if time_model is not None else TimeModel()
-        self.times = times
         self.on_request = on_request
         self.movers = movers
         self.cache = self.config.build(self.block_bytes, self.block_tokens, self.movers)
@@ -220,10 +216,6 @@ class Replayer:
         self.real_rounds = False
         self._sessions: dict[str | int, int] = {}
         self._anonymous = 0
-        self._spb = [self.time_model.seconds_per_block(n, self.block_bytes) for n in self.names]
-        self._load_costs = any(self._spb)
-        self._prefill = self.time_model.prefill_tokens_per_s
-        self._tpot = self.time_model.tpot_ms / 1000.0
 
     def _session_id(self, session: str | int | None) -> int:
         """A small int per session, in order of first appearance (the oracle's rank)."""
@@ -258,17 +250,8 @@ class Replayer:
             sid = self._session_id(session) if known is None else known
         inp = req.input_length
         B = self.block_tokens
-        per_tier = self._serve_request(req.block_keys, inp, B, sid, st)
-        k = per_tier[0] if len(per_tier) == 1 else sum(per_tier)
-        hit = k * B
-        if hit > inp:
-            hit = inp
-        ttft = (inp - hit) / self._prefill
-        if k and self._load_costs:
-            for j, n in enumerate(per_tier):
-                if n:
-                    ttft += n * self._spb[j]
-        st.count_request(inp, req.output_length, ttft, self._tpot)
+        self._serve_request(req.block_keys, inp, B, sid, st)
+        st.count_request(inp, req.output_length)
 
     def feed_many(self, requests: Iterable[RequestLike],
                   progress: Callable[[int], None] | None = None) -> int:
@@ -296,19 +279,14 @@ class Replayer:
         access, discard = policy.access, policy.discard
         capacity = tier.capacity
         B = self.block_tokens
-        prefill, tpot = self._prefill, self._tpot
-        spb = self._spb[0] if self._load_costs else 0.0
         rounds = self.rounds
-        timed = self.times
         sessions = self._sessions
         anonymous = self._anonymous
         real_rounds = self.real_rounds
         # this round's counters, added into its RoundStats when the round changes
         st: RoundStats | None = None
-        ttft_s: list[float] = []
         r_now = None
         reqs = inp_sum = out_sum = recompute = hits = hit_blocks = written = evicted = 0
-        latency = 0.0
         try:
             for req in requests:
                 r = req.report_round
@@ -316,14 +294,11 @@ class Replayer:
                     if st is not None:
                         _add_one_tier(st, reqs, inp_sum, out_sum, recompute, hits, hit_blocks,
                                       written, evicted)
-                        st.latency_s = latency
                         reqs = inp_sum = out_sum = recompute = hits = hit_blocks = written = 0
                         evicted = 0
                     st = rounds.get(r)
                     if st is None:
                         st = rounds[r] = RoundStats(1)
-                    ttft_s = st.ttft_s
-                    latency = st.latency_s  # summed in the same order as feed's, bit for bit
                     r_now = r
                 if not real_rounds and req.round is not None:
                     real_rounds = True
@@ -357,12 +332,6 @@ class Replayer:
                 reqs += 1
                 inp_sum += inp
                 out_sum += out
-                if timed:
-                    ttft = (inp - hit) / prefill
-                    if k and spb:
-                        ttft += k * spb
-                    ttft_s.append(ttft)
-                    latency += ttft + out * tpot
                 n += 1
                 if progress is not None and not n & 1023:
                     progress(1024)
@@ -370,31 +339,22 @@ class Replayer:
             if st is not None:
                 _add_one_tier(st, reqs, inp_sum, out_sum, recompute, hits, hit_blocks, written,
                               evicted)
-                st.latency_s = latency
             self._anonymous = anonymous
             self.real_rounds = real_rounds
         return n
 
-    def _serve(self, req: RequestLike, st: RoundStats) -> float:
-        B = self.block_tokens
+    def _serve(self, req: RequestLike, st: RoundStats) -> None:
         inp = req.input_length
-        per_tier = self.cache.serve(req.block_keys, inp, B, self._session_id(req.session), st)
-        hit = sum(per_tier) * B
-        if hit > inp:
-            hit = inp
-        ttft = (inp - hit) / self._prefill
-        for j, n in enumerate(per_tier):
-            if n:
-                ttft += n * self._spb[j]
-        st.count_request(inp, req.output_length, ttft, self._tpot)
-        return ttft
+        self.cache.serve(req.block_keys, inp, self.block_tokens, self._session_id(req.session),
+                         st)
+        st.count_request(inp, req.output_length)
 
     def _feed_recorded(self, req: RequestLike, r: int, st: RoundStats) -> None:
         one = RoundStats(len(self.names))
-        ttft = self._serve(req, one)
+        self._serve(req, one)
         st.add(one)
         assert self.on_request is not None
-        self.on_request(outcome(req, r, self.names, one, ttft))
+        self.on_request(outcome(req, r, self.names, one))
 
     def totals(self) -> RoundStats:
         total = RoundStats(len(self.names))
@@ -409,7 +369,6 @@ class Replayer:
 
     def result(self) -> dict[str, Any]:
         """The report of this configuration (schema: docs/replay.md)."""
-        conc = self.time_model.concurrency
         tiers = []
         for spec, tier in zip(self.config.tiers, self.cache.tiers, strict=True):
             tiers.append({
@@ -432,16 +391,13 @@ class Replayer:
             "block_bytes": self.block_bytes,
             "tiers": tiers,
         }
-        out.update(self.totals().to_dict(self.names, self.block_bytes, conc))
+        out.update(self.totals().to_dict(self.names, self.block_bytes))
         out["cliff_round"] = self.cliff_round()
         out["round_kind"] = kind
         out["times_are_modelled"] = True
-        out["time_model"] = self.time_model.to_dict()
-        out["rounds"] = [{"round": r, **self.rounds[r].to_dict(self.names, self.block_bytes, conc)}
+        out["time_model"] = None
+        out["rounds"] = [{"round": r, **self.rounds[r].to_dict(self.names, self.block_bytes)}
                          for r in sorted(self.rounds)]
-        if not self.times:
-            for d in [out, *out["rounds"]]:
-                d.update(dict.fromkeys(self.TIME_KEYS))
         return out
 
 
@@ -463,27 +419,25 @@ def _add_one_tier(st: RoundStats, requests: int, input_tokens: int, output_token
 
 def replay(requests: Iterable[RequestLike], configs: Sequence[CacheConfig], *,
            block_tokens: int, block_bytes: int | None = None,
-           time_model: TimeModel | None = None,
            progress: Callable[[int], None] | None = None,
            on_request: Callable[[int, RequestOutcome], None] | None = None,
-           movers: Sequence[dict[str, TierMover] | None] | None = None,
-           times: bool = True) -> list[dict[str, Any]]:
+           movers: Sequence[dict[str, TierMover] | None] | None = None
+           ) -> list[dict[str, Any]]:
     """Replay ``requests`` through every configuration side by side; return their reports.
 
     ``progress(n)`` is called every 1024 requests (and at the end) with the number served.
     ``on_request(i, outcome)`` receives every request's accounting for configuration ``i``.
     ``movers[i]`` gives configuration ``i``'s tiers data movers (an I/O log, say).
-    ``times=False``: the reports' time-model figures are ``None`` (:class:`Replayer`).
+    The reports' times are ``None`` (:class:`Replayer`).
     """
-    tm = time_model or TimeModel()
 
     def recorder(i: int) -> Callable[[RequestOutcome], None] | None:
         if on_request is None:
             return None
         return lambda outcome: on_request(i, outcome)
 
-    runs = [Replayer(c, block_tokens, block_bytes, tm, on_request=recorder(i),
-                     movers=movers[i] if movers else None, times=times)
+    runs = [Replayer(c, block_tokens, block_bytes, on_request=recorder(i),
+                     movers=movers[i] if movers else None)
             for i, c in enumerate(configs)]
     feeds = [r.feed for r in runs]
     n = 0

@@ -2,14 +2,26 @@
 
 Counters are kept in blocks per tier (lists indexed like the hierarchy's tiers) and turned
 into bytes only when reported, so a replay without a known block size still reports
-blocks. The JSON schema built here is documented in docs/replay.md.
+blocks. The JSON schema built here is documented in docs/replay.md. The cache counts; it
+keeps no clock: a replay's times (TTFT, wall time) come from the serving model
+(:mod:`kvtool.replay.timing`), which fills the ``TIME_KEYS`` this leaves ``None``.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from kvtool.cache.timemodel import percentile
+TIME_KEYS = ("ttft_p50_s", "ttft_p99_s", "wall_s", "requests_per_s")
+"""A report's times: ``None`` here, filled by the serving model's one-engine case."""
+
+
+def percentile(sorted_values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile of an already sorted list (``None`` when empty)."""
+    if not sorted_values:
+        return None
+    rank = max(1, math.ceil(q / 100 * len(sorted_values)))
+    return sorted_values[rank - 1]
 
 
 class RoundStats:
@@ -25,8 +37,8 @@ class RoundStats:
     """
 
     __slots__ = ("blocks_read", "blocks_written", "evictions", "hit_blocks", "hit_tokens",
-                 "input_tokens", "latency_s", "output_tokens", "promoted_blocks",
-                 "recompute_tokens", "requests", "ttft_s")
+                 "input_tokens", "output_tokens", "promoted_blocks", "recompute_tokens",
+                 "requests")
 
     def __init__(self, tiers: int) -> None:
         self.requests = 0
@@ -39,18 +51,12 @@ class RoundStats:
         self.blocks_read = [0] * tiers
         self.promoted_blocks = [0] * tiers
         self.evictions = [0] * tiers
-        self.ttft_s: list[float] = []
-        self.latency_s = 0.0
 
-    def count_request(self, input_tokens: int, output_tokens: int, ttft_s: float,
-                      tpot_s: float) -> None:
-        """One served request: its tokens, its time to first token, and its latency (the
-        TTFT plus ``tpot_s`` per output token)."""
+    def count_request(self, input_tokens: int, output_tokens: int) -> None:
+        """One served request: its tokens."""
         self.requests += 1
         self.input_tokens += input_tokens
         self.output_tokens += output_tokens
-        self.ttft_s.append(ttft_s)
-        self.latency_s += ttft_s + output_tokens * tpot_s
 
     def add(self, other: RoundStats) -> None:
         self.requests += other.requests
@@ -65,8 +71,6 @@ class RoundStats:
                              (self.evictions, other.evictions)):
             for i, v in enumerate(theirs):
                 mine[i] += v
-        self.ttft_s.extend(other.ttft_s)
-        self.latency_s += other.latency_s
 
     @property
     def hit_total(self) -> int:
@@ -76,16 +80,13 @@ class RoundStats:
     def token_hit_ratio(self) -> float:
         return self.hit_total / self.input_tokens if self.input_tokens else 0.0
 
-    def to_dict(self, tier_names: list[str], block_bytes: int | None,
-                concurrency: int) -> dict[str, Any]:
+    def to_dict(self, tier_names: list[str], block_bytes: int | None) -> dict[str, Any]:
         def per_tier(values: list[int], scale: int | None = 1) -> dict[str, int | None]:
             return {n: (v * scale if scale is not None else None)
                     for n, v in zip(tier_names, values, strict=True)}
 
         inp = self.input_tokens
         puts = [w - p for w, p in zip(self.blocks_written, self.promoted_blocks, strict=True)]
-        ttft = sorted(self.ttft_s)
-        wall = self.latency_s / concurrency
         return {
             "requests": self.requests,
             "input_tokens": inp,
@@ -104,8 +105,5 @@ class RoundStats:
             "promoted_blocks": per_tier(self.promoted_blocks),
             "promoted_bytes": per_tier(self.promoted_blocks, block_bytes),
             "evictions": per_tier(self.evictions),
-            "ttft_p50_s": percentile(ttft, 50),
-            "ttft_p99_s": percentile(ttft, 99),
-            "wall_s": wall,
-            "requests_per_s": (self.requests / wall) if wall > 0 else None,
+            **dict.fromkeys(TIME_KEYS),
         }

@@ -3,6 +3,7 @@ scale, kvtool's figure beside the published one (docs/experiments.md)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,21 @@ EPILOG_GROUP = """
 Examples:
   kvtool experiment list
   kvtool experiment run gp7000-cliff --simulate
+  kvtool experiment fit fx100-serving --vary input_lengths=16000:128000 --max-evals 9
+"""
+
+EPILOG_FIT = """
+\b
+Examples:
+  kvtool experiment fit fx100-serving --vary input_lengths=16000:128000 \\
+      --vary output_tokens=256:4096 --max-evals 9
+  kvtool experiment fit fx100-serving-cold-read --vary input_lengths=2048:16384 --json
+
+\b
+Searches the named workload keys (prompt length, share of reused prompts, output length,
+...) for the setting under which the model reproduces every published figure of the
+experiment at once; prints the best fit, each claim's residual, and whether any setting
+meets them all (docs/experiments.md, "Fitting an unpublished workload").
 """
 
 
@@ -77,8 +93,7 @@ def list_cmd() -> None:
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Directory for JSON, CSV, PNG and the trace [default: out/experiments/NAME].")
 @click.option("--simulate", is_flag=True,
-              help="Replay metadata only (the replayer: no bytes move; times modelled) instead of "
-                   "data mode.")
+              help="Replay metadata only (the replayer: no bytes move) instead of data mode.")
 @click.option("--dram", "dram", metavar="mooncake://HOST:PORT", default=None,
               help="Data mode: put every configuration's DRAM tier on this Mooncake pool "
                    "(kvtool pool up; kvtool pool status --json gives the URL).")
@@ -126,6 +141,86 @@ def run_cmd(name: str, out_dir: str | None, simulate: bool, dram: str | None,
     emit(doc, lambda con: render(con, doc))
 
 
+@command.command("fit", short_help="Infer an experiment's unpublished workload from its claims",
+                 epilog=EPILOG_FIT)
+@click.argument("name")
+@click.option("--vary", "varies", multiple=True, metavar="KEY=LO:HI", required=True,
+              help="A workload key to search over [LO, HI] (repeatable).")
+@click.option("--grid", type=click.IntRange(1, 9), default=3, show_default=True,
+              help="Grid points per key before the local search.")
+@click.option("--max-evals", type=click.IntRange(1, 10000), default=40, show_default=True,
+              help="Runs of the experiment in all.")
+@click.option("--tolerance", type=float, default=0.25, show_default=True,
+              help="A claim is met within this factor (0.25: 1.25×), or inside its band.")
+@click.option("--loads", default=None, metavar="LOAD=V1,...",
+              help="Search at these loads only (the --sweep syntax); rows at others are left "
+                   "out [default: the experiment's].")
+@click.option("--out", "out_file", type=click.Path(dir_okay=False), default=None,
+              help="Also write the JSON document (kvtool.experiment-fit/1) here.")
+@json_option
+def fit_cmd(name: str, varies: tuple[str, ...], grid: int, max_evals: int, tolerance: float,
+            loads: str | None, out_file: str | None) -> None:
+    """Search an experiment's unpublished workload keys for the setting that puts every
+    published figure closest, and say whether any setting meets them all."""
+    from kvtool.errors import UsageError
+    from kvtool.experiments import find_experiment
+    from kvtool.experiments.fit import fit, parse_vary
+
+    exp = find_experiment(name)
+    parsed = [parse_vary(v, exp) for v in varies]
+    if not tolerance > 0:
+        raise UsageError(f"must be positive, got {tolerance}", field="tolerance")
+    note(f"[bold]{exp.name}[/]: fitting {', '.join(v.key for v in parsed)} "
+         f"(up to {max_evals} runs)")
+    with progress(f"{exp.name}: fit (runs)", float(max_evals)) as advance:
+        doc = fit(exp, parsed, grid=grid, max_evals=max_evals, tolerance=tolerance,
+                  loads=loads, on_point=lambda _n, _p: advance(1))
+    if out_file:
+        from kvtool.jsondoc import dump_json
+
+        try:
+            Path(out_file).write_text(dump_json(doc) + "\n", encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"cannot write {out_file}: {exc.strerror or exc}",
+                             field="out") from None
+    emit(doc, lambda con: render_fit(con, doc))
+
+
+def render_fit(con: Any, doc: dict[str, Any]) -> None:
+    from kvtool.cli.output import Column, print_table
+
+    con.print(f"[bold]{doc['name']}[/] — best fit of {doc['evaluations']} runs "
+              f"(loss {doc['loss']:.4f}, mean squared log residual)")
+    best = ", ".join(f"{k} = {v:,.4g}" if isinstance(v, float) else f"{k} = {v:,}"
+                     for k, v in doc["best"].items())
+    con.print("[dim]searched:[/] " + "; ".join(
+        f"{v['key']} {v['lo']:g}–{v['hi']:g} ({v['scale']})" for v in doc["vary"]))
+    con.print(f"[dim]best:[/] {best}")
+
+    def pct(r: float | None) -> str:
+        if r is None:
+            return "–"
+        if not math.isfinite(r):
+            return "n/a"
+        return f"{100 * (math.exp(r) - 1):+.0f} %"
+
+    def alone(r: dict[str, Any]) -> str:
+        b = r["best_alone"]
+        return pct(b["residual"]) if b else "–"
+
+    print_table(con, [Column("claim", justify="left", wrap=True),
+                      Column("published", wrap=True), Column("kvtool", wrap=True),
+                      Column("residual"), Column("met", justify="left"),
+                      Column("best\nalone", rank=2)],
+                [[r["claim"], r["published_text"], r["kvtool_text"], pct(r["residual"]),
+                  {True: "yes", False: "[red]no[/]", None: "–"}[r["met"]], alone(r)]
+                 for r in doc["rows"]],
+                title="claims at the best fit (residual: kvtool / published − 1)",
+                more="--json has them")
+    colour = "green" if doc["meets_all"] else "yellow"
+    con.print(f"[{colour}]{doc['verdict']}[/]")
+
+
 def render(con: Any, doc: dict[str, Any]) -> None:
     from kvtool.cli.output import Column, print_table
 
@@ -136,8 +231,10 @@ def render(con: Any, doc: dict[str, Any]) -> None:
     if doc["mode"] != "data":  # a data-mode-only clause says nothing about this run
         scale = "; ".join(p for p in scale.split("; ") if not p.startswith("data mode"))
     con.print(f"[dim]scale:[/] {scale}")
-    mode = {"simulate": "simulate (the replayer: counts exact, no bytes moved, times "
-                        "modelled)",
+    serving = any(c.get("schema") == "kvtool.serving/1" for c in doc.get("configs") or [])
+    mode = {"simulate": ("the serving model (counts simulated, times and throughputs "
+                         "modelled)" if serving else
+                         "simulate (the replayer: counts exact, no bytes moved)"),
             "data": "data (real bytes through every tier)",
             "measure": "measured on this machine"}.get(doc["mode"], doc["mode"])
     con.print(f"[dim]mode:[/] {mode}")

@@ -127,6 +127,9 @@ def _fraction(_ctx: click.Context, param: click.Parameter, value: float | None) 
                    "model [default h100-sxm; docs/replay.md].")
 @click.option("--no-times", is_flag=True,
               help="Skip the times (hits and bytes only; for large what-if runs).")
+@click.option("--exact-steps", is_flag=True,
+              help="Times: the serving model schedules every engine step on its own instead "
+                   "of jumping between events (slower; the same report).")
 @click.option("--read-gbps", multiple=True, callback=_read_gbps, metavar="TIER=GBPS",
               help="Times: GB/s of a tier's path [defaults: dram the GPU's PCIe, nvme 5.2].")
 @click.option("--concurrency", type=int, default=None,
@@ -188,7 +191,7 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
             evict_ratio: float | None, block_tokens: int | None, fmt: str, model: str | None,
             dtype: str | None, tp: int | None, block_bytes: int | None,
             compares: tuple[str, ...], read_qd: int, seed: int, on_tier_error: str,
-            skip_bad: int, engine_gpu: str | None, no_times: bool,
+            skip_bad: int, engine_gpu: str | None, no_times: bool, exact_steps: bool,
             read_gbps: dict[str, float], concurrency: int | None, csv_path: str | None,
             requests_csv: str | None, plot_path: str | None, iolog: str | None,
             iolog_version: str, metrics_port: int | None,
@@ -236,11 +239,14 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
                     csv_path=csv_path, plot_path=plot_path,
                     nvme_place=nvme.place if nvme is not None else None, read_qd=read_qd,
                     credentials=credentials, scalars=parse_scalar_overrides(scalars),
-                    fanout=fanout, faults=faults)
+                    fanout=fanout, faults=faults, exact_steps=exact_steps)
         return
     if faults:
         raise UsageError(f"{param('fault')} applies to {param('cluster')} on a cluster that is "
                          "up", field="fault")
+    if exact_steps and no_times:
+        raise UsageError(f"{param('exact_steps')} says how the times are computed; "
+                         f"{param('no_times')} skips them", field="exact_steps")
     for name, value in (("request_rate", request_rate), ("speedup", speedup), ("sweep", sweep),
                         ("scalar", scalars or None)):
         if value is not None:
@@ -252,6 +258,7 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
         policy=policy, tiers_file=tiers_file, write_policy=write_policy, watermark=watermark,
         evict_ratio=evict_ratio, compares=compares, model=model, dtype=dtype, tp=tp,
         block_bytes=block_bytes, engine_gpu=engine_gpu, times="none" if no_times else "serving",
+        exact_steps=exact_steps,
         read_gbps=read_gbps, concurrency=concurrency, read_qd=read_qd, seed=seed,
         on_tier_error=on_tier_error, requests_csv=requests_csv, credentials=credentials,
         iolog=iolog, iolog_version=int(iolog_version))
@@ -461,6 +468,13 @@ def _render(con: Any, results: list[dict[str, Any]], head: dict[str, Any]) -> No
                   f"{tm['gpu']} under {tm['load']}, this replay's tiers (the serving model's "
                   "one-engine case; docs/replay.md); wall: a round's first arrival to its "
                   "last token.[/]")
+        from kvtool.serving.overload import line as overload_line
+
+        for r in results:
+            said = overload_line((r.get("time_model") or {}).get("overload"))
+            if said:
+                con.print(f"[bold yellow]{r['label'] + ': ' if len(results) > 1 else ''}"
+                          f"{said}[/]")
     else:
         con.print(f"[dim]No times ({tm.get('why_none')}).[/]")
 

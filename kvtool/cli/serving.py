@@ -47,12 +47,12 @@ def run(*, trace: str, clusters: tuple[str, ...], simulate: bool, fmt: str,
         csv_path: str | None, plot_path: str | None, nvme_place: str | None = None,
         read_qd: int = 16, credentials: Any = None,
         scalars: dict[str, float] | None = None, fanout: Any = None,
-        faults: tuple[str, ...] = ()) -> None:
+        faults: tuple[str, ...] = (), exact_steps: bool = False) -> None:
     from kvtool.serving.run import ServingSettings, run_serving, write_csv, write_plot
 
     settings = ServingSettings(trace=trace, clusters=clusters, loads=loads, fmt=fmt,
                                block_tokens=block_tokens, skip_bad=skip_bad, seed=seed,
-                               scalars=dict(scalars or {}))
+                               scalars=dict(scalars or {}), exact_steps=exact_steps)
     backend = None
     state = None
     if not simulate:
@@ -199,6 +199,12 @@ def render(con: Any, doc: dict[str, Any]) -> None:
                 continue
             con.print(f"  [red]{p['kind']}[/] block {p['key']:#x} in {p['tier']} "
                       f"(engine {p['engine']}): never served")
+    from kvtool.serving.overload import line as overload_line
+
+    for r in runs:
+        said = overload_line(r.get("overload"))
+        if said:
+            con.print(f"[bold yellow]{r['label']}: {said}[/]")
     con.print("[dim]C: users (closed loop), R: requests/s (Poisson), T: the trace's "
-              "timestamps. All times are simulated (roofline step times, flows over links; "
-              "docs/serving.md), not measured.[/]")
+              "timestamps. All times are simulated (the engines' step times, flows over "
+              "links; docs/serving.md), not measured.[/]")

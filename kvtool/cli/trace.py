@@ -227,6 +227,9 @@ Examples:
 @click.option("--random-range-ratio", "range_ratio", type=float,
               help="Random: draw each prompt's and answer's length uniformly within ±this "
                    "fraction (vLLM bench's; default 0: fixed lengths).")
+@click.option("--reuse-share", "reuse_share", type=float,
+              help="Random: share of the prompts re-sent as they were from iteration 2 (the "
+                   "others fresh, same lengths; default 1: all re-sent).")
 @click.option("--prefix-repetition-num-prefixes", "rep_prefixes", type=int,
               help="Prefix repetition (vLLM bench's prefix_repetition): distinct prefixes "
                    "(default 10).")
@@ -259,7 +262,8 @@ Examples:
 @json_option
 def gen_cmd(output: str, sessions: int | None, rounds: int | None, input_tokens: int | None,
             output_tokens: int | None, random_lens: str | None, num_prompts: int | None,
-            iterations: int | None, range_ratio: float | None, rep_prefixes: int | None,
+            iterations: int | None, range_ratio: float | None, reuse_share: float | None,
+            rep_prefixes: int | None,
             rep_prefix_len: int | None, rep_suffix_len: int | None, disable_shuffle: bool,
             system_prompt_tokens: int, block_tokens: int, seed: int, form: str,
             interval_ms: float | None, request_rate: float | None,
@@ -288,7 +292,8 @@ def gen_cmd(output: str, sessions: int | None, rounds: int | None, input_tokens:
     if any(v is not None for v in repetition.values()):
         for name, value in (("--sessions", sessions), ("--rounds", rounds),
                             ("--input-tokens", input_tokens), ("--random-input-len", random_lens),
-                            ("--iterations", iterations), ("--random-range-ratio", range_ratio)):
+                            ("--iterations", iterations), ("--random-range-ratio", range_ratio),
+                            ("--reuse-share", reuse_share)):
             if value is not None:
                 raise UsageError("is not for the prefix-repetition workload", field=name)
         if system_prompt_tokens:
@@ -312,12 +317,13 @@ def gen_cmd(output: str, sessions: int | None, rounds: int | None, input_tokens:
         rspec = RandomPrompts(_lengths(random_lens), num_prompts or 1, iterations or 2,
                               output_tokens if output_tokens is not None else 128,
                               system_prompt_tokens, block_tokens, seed, cast(Form, form),
-                              **arrivals, range_ratio=range_ratio or 0.0)
+                              **arrivals, range_ratio=range_ratio or 0.0,
+                              reuse_share=1.0 if reuse_share is None else reuse_share)
         spec = rspec
         n = write_records(random_prompts(rspec), output)
     else:
         for name, value in (("--num-prompts", num_prompts), ("--iterations", iterations),
-                            ("--random-range-ratio", range_ratio)):
+                            ("--random-range-ratio", range_ratio), ("--reuse-share", reuse_share)):
             if value is not None:
                 raise UsageError("is for --random-input-len, not the multi-turn workload",
                                  field=name)

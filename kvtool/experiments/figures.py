@@ -7,9 +7,8 @@ document, per-request times, or the parallel-read measurements) and returns a
 * ``simulated`` — counted by the replayer (``--simulate``): exact for the
   workload, but no byte moved;
 * ``counted`` — counted in data mode, where every block really moved and was checked;
-* ``modelled`` — a time from the replay time model (prefill rate, tier read rates, TPOT),
-  or a time or throughput from the serving model's clock (serving experiments, whose
-  counts are ``simulated``);
+* ``modelled`` — a time or throughput from the serving model's clock (serving
+  experiments, whose counts are ``simulated``), or a formula (``kvtool plan``);
 * ``measured`` — timed on this machine (bytes read through a real engine).
 
 A row is *measured* when its basis is ``counted`` or ``measured``.
@@ -19,7 +18,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import statistics
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -37,8 +35,8 @@ class RunData:
     block_bytes: int | None = None
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Configuration label → its replay document."""
-    requests: dict[str, list[tuple[int, int, float]]] = field(default_factory=dict)
-    """Configuration label → (round, input tokens, TTFT s) of every request."""
+    requests: dict[str, list[tuple[int, int, int]]] = field(default_factory=dict)
+    """Configuration label → (round, input tokens, hit tokens) of every request."""
     reads: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Parallel-read target → ``{"serial": row, "parallel": row}``."""
     plan_inputs: dict[str, Any] = field(default_factory=dict)
@@ -107,12 +105,6 @@ def _count_basis(run: RunData) -> str:
     return "counted" if run.mode == "data" else "simulated"
 
 
-def _time_basis(run: RunData) -> str:
-    # In data mode loads are timed but prefill of misses is still modelled (no GPU), so a
-    # whole TTFT or wall time stays "modelled" unless every part of it was measured.
-    return "modelled"
-
-
 def _round(res: dict[str, Any], rnd: int | str | None) -> dict[str, Any]:
     if rnd is None:
         return res
@@ -173,26 +165,6 @@ def _recompute_ratio(run: RunData, a: dict[str, Any]) -> Value:
     if den == 0:
         return Value(math.inf, f"{num:,} → 0 (∞)", _count_basis(run))
     return Value(num / den, f"{num / den:,.1f}× ({num:,} → {den:,})", _count_basis(run))
-
-
-def _wall(run: RunData, a: dict[str, Any]) -> Value:
-    r = _round(run.results[a["config"]], a.get("round"))
-    return Value(r["wall_s"], f"{r['wall_s']:.2f} s", _time_basis(run))
-
-
-def _wall_ratio(run: RunData, a: dict[str, Any]) -> Value:
-    num = _round(run.results[a["num"]], a.get("round"))["wall_s"]
-    den = _round(run.results[a["den"]], a.get("round"))["wall_s"]
-    return Value(num / den, f"{num / den:.2f}× ({num:.2f} s → {den:.2f} s)", _time_basis(run))
-
-
-def _throughput_ratio(run: RunData, a: dict[str, Any]) -> Value:
-    """Output-token throughput of ``num`` over ``den`` (equal work, so wall den / wall num)."""
-    rnd = a.get("round")
-    num = _round(run.results[a["num"]], rnd)
-    den = _round(run.results[a["den"]], rnd)
-    ratio = den["wall_s"] / num["wall_s"]
-    return Value(ratio, f"{ratio:.3f}", _time_basis(run))
 
 
 def put_blocks(rnd: dict[str, Any], tier: str, tiers: list[str]) -> int:
@@ -305,26 +277,14 @@ def _load_ratio(run: RunData, a: dict[str, Any]) -> Value:
                     f"{den['gbps']:.2f} GB/s)", "measured")
 
 
-def _ttfts(run: RunData, a: dict[str, Any], rnd: int) -> list[float]:
-    n = a["input_tokens"]
-    out = [t for r, inp, t in run.requests[a["config"]] if r == rnd and inp == n]
-    if not out:
+def _hit_by_length(run: RunData, a: dict[str, Any]) -> Value:
+    """Token hit ratio of the round's requests of ``input_tokens`` (random prompts)."""
+    rnd, n = a.get("round", 2), a["input_tokens"]
+    got = [(inp, hit) for r, inp, hit in run.requests[a["config"]] if r == rnd and inp == n]
+    if not got:
         raise FigureUnavailable(f"no round-{rnd} request of {n} input tokens")
-    return out
-
-
-def _ttft(run: RunData, a: dict[str, Any]) -> Value:
-    v = statistics.fmean(_ttfts(run, a, a.get("round", 2)))
-    return Value(v * 1000, f"{v * 1000:,.0f} ms", _time_basis(run))
-
-
-def _ttft_ratio(run: RunData, a: dict[str, Any]) -> Value:
-    """Mean TTFT of round ``base_round`` (nothing cached) over round ``round``."""
-    cold = statistics.fmean(_ttfts(run, a, a.get("base_round", 1)))
-    warm = statistics.fmean(_ttfts(run, a, a.get("round", 2)))
-    ratio = cold / warm if warm else math.inf
-    return Value(ratio, f"{ratio:.1f}× ({cold * 1000:,.0f} → {warm * 1000:,.0f} ms)",
-                 _time_basis(run))
+    v = sum(h for _i, h in got) / sum(i for i, _h in got)
+    return Value(v, _pct(v), _count_basis(run))
 
 
 def _read(run: RunData, a: dict[str, Any]) -> dict[str, Any]:
@@ -495,6 +455,14 @@ def _serving_ratio_span(run: RunData, a: dict[str, Any]) -> Value:
 
 SPAN_STATS = ("range", "pct_range", "count_below", "max_diff_pct")
 
+_SERVING_TIMES = ("a serving experiment's `serving` / `serving_ratio` (fields duration, "
+                  "median_ttft_ms, output_throughput, ...; docs/experiments.md)")
+RETIRED_METRICS = {
+    name: (f"metric {name!r} read the retired replay time model; times come from the "
+           f"serving model: use {_SERVING_TIMES}")
+    for name in ("wall_s", "wall_ratio", "throughput_ratio", "ttft_ms", "ttft_ratio")}
+"""Metrics of the replay time model (issue 38): each file naming one gets this line."""
+
 
 _Args = dict[str, tuple[type | tuple[type, ...], bool]]
 _REPLAY = ("multi-turn", "random-prompts")
@@ -521,10 +489,6 @@ METRICS: dict[str, Metric] = {
                                ("config",)),
     "recompute_ratio": Metric(_PAIR, _REPLAY, _recompute_ratio, "recomputed tokens num / den",
                               ("num", "den")),
-    "wall_s": Metric({**_C, **_R}, _REPLAY, _wall, "round wall time", ("config",)),
-    "wall_ratio": Metric(_PAIR, _REPLAY, _wall_ratio, "wall time num / den", ("num", "den")),
-    "throughput_ratio": Metric(_PAIR, _REPLAY, _throughput_ratio,
-                               "output throughput num / den", ("num", "den")),
     "put_spread": Metric({**_C, "tier": (str, False), "from_round": (int, False)}, _REPLAY,
                          _put_spread, "max / min store puts per round", ("config",)),
     "share": Metric({**_C, "of": (str, True), "from_round": (int, False)}, _REPLAY, _share,
@@ -537,11 +501,10 @@ METRICS: dict[str, Metric] = {
     "load_ratio": Metric({"num": (str, True), "den": (str, True)}, _REPLAY, _load_ratio,
                          "measured load GB/s into the GPU tier, num / den (data mode)",
                          ("num", "den")),
-    "ttft_ms": Metric({**_C, "input_tokens": (int, True), "round": (int, False)}, _REPLAY,
-                      _ttft, "mean TTFT of requests of a length in a round", ("config",)),
-    "ttft_ratio": Metric({**_C, "input_tokens": (int, True), "round": (int, False),
-                          "base_round": (int, False)}, _REPLAY, _ttft_ratio,
-                         "TTFT cold / warm", ("config",)),
+    "hit_ratio_by_length": Metric({**_C, "input_tokens": (int, True), "round": (int, False)},
+                                  _REPLAY, _hit_by_length,
+                                  "token hit ratio of the requests of one length in a round",
+                                  ("config",)),
     "serving": Metric({**_C, **_SV}, _REPLAY, _serving_value,
                       "a serving-model figure (vLLM bench's names, or a cache count) of one "
                       "configuration at one load (or phase)", ("config",), serving=True),

@@ -2,13 +2,12 @@
 
 * multi-turn: token hit ratio per round, and **store puts** per round (computed blocks
   written into the store, promotions not counted), one line per configuration;
-* random prompts: mean TTFT by prompt length, per round, one line per configuration;
+* random prompts: token hit ratio by prompt length, per round, one line per configuration;
 * parallel read: GB/s one chunk at a time vs in parallel, per target.
 """
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 from typing import Any
 
@@ -70,18 +69,18 @@ def _multi_turn(data: RunData, ax1: Any, ax2: Any) -> None:
 
 def _random_prompts(data: RunData, ax: Any) -> None:
     for label, reqs in data.requests.items():
-        by: dict[tuple[int, int], list[float]] = {}
-        for rnd, inp, ttft in reqs:
-            by.setdefault((rnd, inp), []).append(ttft)
+        by: dict[tuple[int, int], list[int]] = {}
+        for rnd, inp, hit in reqs:
+            by.setdefault((rnd, inp), []).append(hit)
         for rnd in sorted({r for r, _ in by}):
             xs = sorted(inp for r, inp in by if r == rnd)
-            ax.plot(xs, [statistics.fmean(by[(rnd, x)]) * 1000 for x in xs], marker="o",
+            ax.plot(xs, [sum(by[(rnd, x)]) / (x * len(by[(rnd, x)])) for x in xs], marker="o",
                     label=f"{label}, round {rnd}")
     ax.set_xscale("log")
-    ax.set_yscale("log")
+    ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel("prompt length, tokens")
-    ax.set_ylabel("mean TTFT, ms (" + ("modelled" if data.mode == "simulate"
-                                       else "measured loads + modelled prefill") + ")")
+    ax.set_ylabel("token hit ratio (" + ("simulated" if data.mode == "simulate"
+                                         else "counted on real bytes") + ")")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtool.errors import UsageError, param
+from kvtool.experiments.differs import factor
 from kvtool.experiments.figures import METRICS, FigureUnavailable, RunData
 from kvtool.experiments.spec import Experiment, block_bytes_of
 
@@ -46,7 +47,10 @@ def write_trace(exp: Experiment, path: Path) -> int:
         records = random_prompts(RandomPrompts(
             input_lengths=tuple(w["input_lengths"]), num_prompts=w["num_prompts"],
             iterations=w["iterations"], output_tokens=w.get("output_tokens", 1),
-            block_tokens=w.get("block_tokens", 256), seed=w.get("seed", 0), form="hash_ids"))
+            system_prompt_tokens=w.get("system_prompt_tokens", 0),
+            block_tokens=w.get("block_tokens", 256), seed=w.get("seed", 0), form="hash_ids",
+            range_ratio=float(w.get("range_ratio", 0.0)),
+            reuse_share=float(w.get("reuse_share", 1.0))))
     n = 0
     with open(path, "w", encoding="utf-8") as f:
         for rec in records:
@@ -67,9 +71,10 @@ def _configs(exp: Experiment) -> list[Any]:
 
 
 def _needs_requests(exp: Experiment) -> bool:
-    # The random-prompts plot shows TTFT by prompt length, so those runs always keep them.
+    # The random-prompts plot shows the hit ratio by prompt length, so those runs always
+    # keep their requests.
     return exp.kind == "random-prompts" or any(
-        f.metric in ("ttft_ms", "ttft_ratio") for f in exp.figures)
+        f.metric == "hit_ratio_by_length" for f in exp.figures)
 
 
 def run_replay_kind(exp: Experiment, trace: Path, *, simulate: bool,
@@ -86,10 +91,11 @@ def run_replay_kind(exp: Experiment, trace: Path, *, simulate: bool,
     NVMe tier is a store file of its size in ``scratch`` (removed afterwards).
     """
     labels = [c.label for c in exp.configs]
-    per_request: dict[str, list[tuple[int, int, float]]] = {label: [] for label in labels}
+    per_request: dict[str, list[tuple[int, int, int]]] = {label: [] for label in labels}
 
     def record(i: int, o: Any) -> None:
-        per_request[labels[i]].append((o.round, o.input_tokens, o.ttft_s))
+        per_request[labels[i]].append((o.round, o.input_tokens, o.input_tokens
+                                       - o.recompute_tokens))
         if observer is not None:
             observer.request(labels[i], o)
 
@@ -114,19 +120,19 @@ def run_replay_kind(exp: Experiment, trace: Path, *, simulate: bool,
 
 
 def _run_data(exp: Experiment, trace: Path, specs: list[str], labels: list[str],
-              per_request: dict[str, list[tuple[int, int, float]]], record: Any,
+              per_request: dict[str, list[tuple[int, int, int]]], record: Any,
               progress: ProgressFactory | None, observer: Any,
               on_event: Callable[[str], None] | None) -> RunData:
     from kvtool.replay.run import ReplaySettings, prepare
 
-    w, t = exp.workload, exp.time
+    w = exp.workload
     bb = exp.data.get("block_bytes")
+    # No times: a replay experiment states counts; its claims' times are the serving
+    # experiments' (one time model).
     settings = ReplaySettings(
         trace=str(trace), fmt="kvtool", compares=specs, block_bytes=bb,
         model=None if bb else w.get("model"), dtype=None if bb else w.get("dtype"),
-        prefill_tps=t.get("prefill_tokens_per_s"), tpot_ms=t.get("tpot_ms"),
-        times="per-request",  # the experiment's [time] model, as in --simulate
-        read_gbps=dict(t.get("read_gbps", {})), concurrency=t.get("concurrency"))
+        times="none")
     job = prepare(settings, on_event=on_event)
     if observer is not None:
         observer.block_bytes, observer.block_tokens = job.block_bytes, job.block_tokens
@@ -158,26 +164,23 @@ def _placed(spec: str, dram: str | None, nvme: str | None) -> str:
 
 
 def _simulate(exp: Experiment, trace: Path, labels: list[str],
-              per_request: dict[str, list[tuple[int, int, float]]], record: Any,
+              per_request: dict[str, list[tuple[int, int, int]]], record: Any,
               progress: ProgressFactory | None, observer: Any) -> RunData:
     from kvtool.cache import replay
-    from kvtool.replay.config import time_model_from
     from kvtool.trace import read_trace
 
     configs = _configs(exp)
     bb = block_bytes_of(exp)
-    tm = time_model_from(exp.time, prefill_tps=None, tpot_ms=None, read_gbps={},
-                         concurrency=None)
     reader = read_trace(trace, fmt="kvtool")
     if observer is not None:
         observer.block_bytes, observer.block_tokens = bb, reader.block_tokens
     if progress is not None:
         with progress(f"{exp.name}: replay (requests)", len(reader)) as advance:
             results = replay(reader, configs, block_tokens=reader.block_tokens, block_bytes=bb,
-                             time_model=tm, progress=advance, on_request=record)
+                             progress=advance, on_request=record)
     else:
         results = replay(reader, configs, block_tokens=reader.block_tokens, block_bytes=bb,
-                         time_model=tm, on_request=record)
+                         on_request=record)
     return RunData(mode="simulate", workload=exp.workload, block_bytes=bb,
                    results=dict(zip(labels, results, strict=True)), requests=per_request,
                    plan_inputs=dict(zip(labels, configs, strict=True)))
@@ -197,11 +200,14 @@ def compute_rows(exp: Experiment, data: RunData) -> list[dict[str, Any]]:
             value = None
         published_text = f.published_text or (
             "–" if f.published is None else f"{f.published:g}")
-        rows.append({"claim": f.claim, "published": f.published,
-                     "published_text": published_text, "kvtool": value, "kvtool_text": text,
-                     "unit": f.unit, "measured": measured, "basis": basis,
-                     "metric": f.metric, "args": f.args, "differs": f.differs,
-                     "agrees": f.agrees(value)})
+        row = {"claim": f.claim, "published": f.published,
+               "published_text": published_text, "kvtool": value, "kvtool_text": text,
+               "unit": f.unit, "measured": measured, "basis": basis,
+               "metric": f.metric, "args": f.args, "differs": f.differs,
+               "agrees": f.agrees(value)}
+        fx = factor(row, f.band)
+        row["factor"] = None if fx is None or math.isinf(fx) else fx
+        rows.append(row)
     return rows
 
 

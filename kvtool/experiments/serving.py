@@ -9,6 +9,8 @@ An experiment file with a ``[serving]`` table runs its workload through
     [serving]
     loads = "concurrency=128,256"
     phases = "iterations"       # optional: one vLLM bench run per prompt length and iteration
+    scalars = { mfu_prefill = 0.2 }   # optional: roofline scalars of every engine (a fit)
+    num_gpu_blocks = 12000            # optional: every engine's KV pool (an inferred one)
 
 ``phases = "iterations"`` (random-prompts workloads, closed loop only) reproduces how the
 published WQS / GP7000 read-path numbers were taken: ``vllm bench serve`` run once per
@@ -143,10 +145,12 @@ def run_serving_kind(exp: Experiment, trace: Path, *,
     phased = exp.serving.get("phases", "none") == "iterations"
     keys = phase_keys(requests)
     results: dict[str, dict[str, Any]] = {}
-    per_request: dict[str, list[tuple[int, int, float]]] = {}
+    per_request: dict[str, list[tuple[int, int, int]]] = {}
     for c in exp.configs:
         assert c.cluster is not None
-        built = build_setup(str(cluster_path(c.cluster, exp.path)), block_tokens=B)
+        built = build_setup(str(cluster_path(c.cluster, exp.path)), block_tokens=B,
+                            scalars=exp.serving.get("scalars") or None,
+                            num_gpu_blocks=exp.serving.get("num_gpu_blocks"))
         runs: list[dict[str, Any]] = []
         for n, load in enumerate(loads):
             sim = Simulation(requests, built.setup, load, block_tokens=built.block_tokens,
@@ -176,7 +180,8 @@ def run_serving_kind(exp: Experiment, trace: Path, *,
                                  for k in arrivals.order if k in by_phase]
             if n == 0:
                 per_request[c.label] = [(keys[s.index][1], s.num_prompt_tokens,
-                                         s.first_token - s.arrival) for s in sim.done]
+                                         max(0, s.local_hit_tokens) + s.ext_tokens)
+                                        for s in sim.done]
             runs.append(doc)
         results[c.label] = {"schema": "kvtool.serving/1", "label": c.label,
                             "cluster": built.describe(), "runs": runs}

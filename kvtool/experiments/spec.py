@@ -15,9 +15,6 @@ scale, the cache configurations compared, and the figures to put side by side::
     sessions = 16
     ...
 
-    [time]                                 # the replay time model (docs/replay.md)
-    prefill_tokens_per_s = 10000
-
     [[config]]                             # one per configuration, the --compare syntax
     label = "DRAM only"
     tiers = "dram=1024blk,policy=lru"
@@ -29,6 +26,11 @@ scale, the cache configurations compared, and the figures to put side by side::
     metric = "cliff_round"                 # kvtool.experiments.figures.METRICS
     args = { config = "DRAM only" }
     differs = "why kvtool's figure can differ at this scale"
+
+Times come from one model, the serving model: an experiment that states a time or a
+throughput is a serving experiment (``[serving]``), whose ``[[config]]`` name cluster files
+(the engines). The ``[time]`` table of the retired replay time model is refused with one
+line saying so (:data:`TIME_RETIRED`).
 
 Errors name the file, line and key (exit 2).
 """
@@ -45,19 +47,24 @@ from kvtool.errors import InputError
 KINDS = ("multi-turn", "random-prompts", "parallel-read")
 
 _EXPERIMENT_KEYS = {"name", "title", "source", "claim", "scale", "notes"}
-_TOP_KEYS = {"experiment", "workload", "time", "data", "config", "figure", "serving"}
+_TOP_KEYS = {"experiment", "workload", "data", "config", "figure", "serving"}
+TIME_RETIRED = ("the [time] table was retired with the replay time model "
+                "(cache/timemodel.py): an experiment's times come from the serving model; "
+                "give each [[config]] a cluster file (cluster = \"NAME\", "
+                "fixtures/clusters/) and add a [serving] table (docs/experiments.md)")
 _DATA_KEYS = {"block_bytes"}
 _CONFIG_KEYS = {"label", "tiers", "cluster"}
 _FIGURE_KEYS = {"claim", "published", "published_text", "unit", "metric", "args", "differs",
                 "band"}
-_SERVING_KEYS = {"loads", "phases"}
+_SERVING_KEYS = {"loads", "phases", "scalars", "num_gpu_blocks"}
 AGREE_TOLERANCE = 0.05
 """A row without a ``band`` agrees when kvtool's figure is within 5 % of the published one."""
 
 _MULTI_TURN = {"sessions": int, "rounds": int, "input_tokens": int, "output_tokens": int,
                "system_prompt_tokens": int, "block_tokens": int, "seed": int}
 _RANDOM = {"input_lengths": list, "num_prompts": int, "iterations": int, "output_tokens": int,
-           "block_tokens": int, "seed": int}
+           "block_tokens": int, "seed": int, "system_prompt_tokens": int, "reuse_share": float,
+           "range_ratio": float}
 _PARALLEL = {"requests": int, "tokens_per_request": int, "chunk_tokens": int, "chunk_bytes": int,
              "serial_qd": int, "parallel_qd": int, "targets": list, "repeats": int,
              "prefill_tokens_per_s": float}
@@ -67,6 +74,8 @@ _WORKLOAD_KEYS: dict[str, dict[str, type]] = {
     "random-prompts": {**_COMMON, **_RANDOM},
     "parallel-read": {**_COMMON, **_PARALLEL},
 }
+WORKLOAD_KEYS = _WORKLOAD_KEYS
+"""Each workload kind's keys and their types (what ``kvtool experiment fit --vary`` may set)."""
 _REQUIRED = {
     "multi-turn": ("sessions", "rounds", "input_tokens", "output_tokens"),
     "random-prompts": ("input_lengths", "num_prompts", "iterations"),
@@ -123,7 +132,6 @@ class Experiment:
     workload: dict[str, Any]
     configs: list[ConfigSpec]
     figures: list[Figure]
-    time: dict[str, Any] = field(default_factory=dict)
     data: dict[str, Any] = field(default_factory=dict)
     """Data mode only: ``block_bytes`` (smaller blocks than the model's, so real bytes fit
     a laptop; counts are the same, bytes scale down)."""
@@ -156,6 +164,8 @@ def load_experiment(path: str | Path) -> Experiment:
             (key,) if table is None else (table, nth, key) if table in arrays else (table, key))
         return config.error(message, where)
 
+    if "time" in doc:
+        raise bad(TIME_RETIRED, "time")
     for key in doc:
         if key not in _TOP_KEYS:
             raise bad(f"unknown table (use {', '.join(sorted(_TOP_KEYS))})", key)
@@ -199,14 +209,6 @@ def load_experiment(path: str | Path) -> Experiment:
                 raise bad(f"must be positive whole numbers, got {n!r}", "input_lengths",
                           "workload")
 
-    time = doc.get("time", {})
-    if not isinstance(time, dict):
-        raise bad("must be a table", "time")
-    if time:
-        from kvtool.replay.config import time_table
-
-        time = time_table(time, lambda msg, key, table=None: bad(msg, key, table))
-
     data = doc.get("data", {})
     if not isinstance(data, dict):
         raise bad("must be a table", "data")
@@ -220,7 +222,7 @@ def load_experiment(path: str | Path) -> Experiment:
     if not isinstance(serving, dict):
         raise bad("must be a table", "serving")
     if "serving" in doc:
-        _check_serving(serving, kind, time, bad)
+        _check_serving(serving, kind, bad)
     configs: list[ConfigSpec] = []
     raw_configs = doc.get("config", [])
     if not isinstance(raw_configs, list):
@@ -258,7 +260,7 @@ def load_experiment(path: str | Path) -> Experiment:
     if kind != "parallel-read" and not configs:
         raise bad("a replay experiment needs at least one [[config]]", "config")
 
-    from kvtool.experiments.figures import METRICS
+    from kvtool.experiments.figures import METRICS, RETIRED_METRICS
 
     figures: list[Figure] = []
     raw_figures = doc.get("figure", [])
@@ -272,6 +274,8 @@ def load_experiment(path: str | Path) -> Experiment:
             if not isinstance(f.get(key), str) or not f[key].strip():
                 raise bad("required: a non-empty string", key, "figure", i)
         metric = METRICS.get(f["metric"])
+        if f["metric"] in RETIRED_METRICS:
+            raise bad(RETIRED_METRICS[f["metric"]], "metric", "figure", i)
         if metric is None:
             raise bad(f"unknown metric (use {', '.join(sorted(METRICS))})", "metric", "figure", i)
         pub = f.get("published")
@@ -299,11 +303,11 @@ def load_experiment(path: str | Path) -> Experiment:
                               f["metric"], args, f.get("published_text"), f.get("differs", ""),
                               band))
     return Experiment(head["name"], head["title"], head["source"], head["claim"], head["scale"],
-                      kind, workload, configs, figures, time, data, head.get("notes", ""), path,
+                      kind, workload, configs, figures, data, head.get("notes", ""), path,
                       serving)
 
 
-def _check_serving(serving: dict[str, Any], kind: str, time: dict[str, Any], bad: Any) -> None:
+def _check_serving(serving: dict[str, Any], kind: str, bad: Any) -> None:
     """``[serving]``: the loads parse, phases are known and fit the load and workload."""
     from kvtool.errors import UsageError
 
@@ -312,8 +316,6 @@ def _check_serving(serving: dict[str, Any], kind: str, time: dict[str, Any], bad
             raise bad(f"unknown key (use {', '.join(sorted(_SERVING_KEYS))})", key, "serving")
     if kind == "parallel-read":
         raise bad("a parallel-read experiment measures reads: no [serving]", "serving")
-    if time:
-        raise bad("a serving experiment is timed by the serving model: no [time]", "time")
     loads = serving.get("loads")
     if not isinstance(loads, str) or not loads.strip():
         raise bad('required: the --sweep syntax, e.g. "concurrency=1,4,16"', "loads", "serving")
@@ -321,6 +323,25 @@ def _check_serving(serving: dict[str, Any], kind: str, time: dict[str, Any], bad
         parsed = parse_loads(loads)
     except UsageError as exc:
         raise bad(exc.message, "loads", "serving") from None
+    scalars = serving.get("scalars", {})
+    if not isinstance(scalars, dict):
+        raise bad("must be an inline table of roofline scalars", "scalars", "serving")
+    from kvtool.serving.roofline import Scalars
+
+    try:
+        Scalars(**scalars)
+    except TypeError:
+        from dataclasses import fields
+
+        names = ", ".join(f.name for f in fields(Scalars))
+        raise bad(f"unknown roofline scalar (use {names})", "scalars", "serving") from None
+    except UsageError as exc:
+        raise bad(exc.message, "scalars", "serving") from None
+    blocks = serving.get("num_gpu_blocks")
+    if blocks is not None and (isinstance(blocks, bool) or not isinstance(blocks, int)
+                               or blocks < 2):
+        raise bad(f"must be an integer of at least 2, got {blocks!r}", "num_gpu_blocks",
+                  "serving")
     phases = serving.get("phases", "none")
     if phases not in PHASES:
         raise bad(f"must be one of {', '.join(PHASES)}", "phases", "serving")

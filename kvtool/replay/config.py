@@ -16,11 +16,10 @@ Tiers file (``kvtool replay --tiers FILE.toml``; every key optional)::
     [nvme]
     capacity = "46.09TB"               # or a place: "/dev/loop3", "2GiB@/var/tmp/kv.img",
                                        # "nvme+tcp://127.0.0.1:4420/NQN/1" (data mode)
-    [time]                             # the one-engine case that times the replay
-    concurrency = 16
-    [time.read_gbps]
-    dram = 25
-    nvme = 5.2
+
+A ``[time]`` table is refused: the replay time model it configured (``cache/timemodel.py``)
+was retired; a replay's times come from the serving model (``--concurrency``,
+``--read-gbps``, ``--engine-gpu``, or a cluster file with ``--cluster``).
 
 Compare spec (``--compare``, repeatable): comma-separated ``key=value`` with keys
 ``gpu``, ``dram``, ``nvme`` (capacities; for ``nvme`` also a place,
@@ -33,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -41,8 +40,7 @@ from kvtool.cache.names import POLICY_NAMES, WRITE_POLICIES
 from kvtool.cache.policies import POLICIES, WATERMARK_DEFAULTS
 from kvtool.cache.replayer import CacheConfig, TierSpec
 from kvtool.cache.tier import TIER_NAMES, Watermark
-from kvtool.cache.timemodel import DEFAULT_READ_GBPS, TimeModel
-from kvtool.errors import InputError, UsageError, param
+from kvtool.errors import InputError, UsageError
 from kvtool.tiers.option import TierOption
 from kvtool.units import Capacity
 
@@ -51,8 +49,12 @@ if TYPE_CHECKING:
 
 _TIER_KEYS = {"capacity", "policy", "watermark", "evict_ratio", "window", "admit_after",
               "admit_ttl"}
-_TIME_KEYS = {"prefill_tokens_per_s", "tpot_ms", "concurrency", "read_gbps"}
-_TOP_KEYS = {"write_policy", "time", *TIER_NAMES}
+_TOP_KEYS = {"write_policy", *TIER_NAMES}
+TIME_RETIRED = ("the [time] table was retired with the replay time model (cache/timemodel.py): "
+                "a replay's times come from the serving model; give --concurrency N, "
+                "--read-gbps TIER=GBPS and --engine-gpu GPU on the command line, or a cluster "
+                "file (--cluster FILE; docs/serving.md)")
+"""The one line a ``[time]`` table in a tiers file gets (issue 38: one time model)."""
 
 
 class TierOptions(msgspec.Struct):
@@ -72,7 +74,6 @@ class TiersFile(msgspec.Struct):
 
     tiers: dict[str, TierOptions] = msgspec.field(default_factory=dict)
     write_policy: str | None = None
-    time: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
 def load_tiers_file(path: str | Path) -> TiersFile:
@@ -85,16 +86,10 @@ def load_tiers_file(path: str | Path) -> TiersFile:
         return doc.error(message, (*table.split("."), key) if table else (key,))
 
     top = doc.table()
+    if top.has("time"):
+        raise bad(TIME_RETIRED, "time")
     top.check_keys(_TOP_KEYS)
     out = TiersFile(write_policy=top.choice("write_policy", WRITE_POLICIES))
-    if top.has("time"):
-        value = top.data["time"]
-        for gone in ("prefill_tokens_per_s", "tpot_ms"):
-            if isinstance(value, dict) and gone in value:
-                raise bad("a replay's times come from the serving model's one-engine case "
-                          f"now ({param('engine_gpu')}, {param('model')}; docs/replay.md): "
-                          "remove it", gone, "time")
-        out.time = time_table(value, bad)
     for name in TIER_NAMES:
         table = top.table(name)
         if table is not None:
@@ -131,37 +126,6 @@ def _fraction(t: ConfigTable, key: str) -> float | None:
     if not 0 < value <= 1:
         t.fail(f"must be a fraction in (0, 1], got {t.data[key]!r}", t.at(key))
     return value
-
-
-def time_table(table: Any, bad: Any) -> dict[str, Any]:
-    if not isinstance(table, dict):
-        raise bad("must be a table", "time")
-    out: dict[str, Any] = {}
-    for key, value in table.items():
-        if key not in _TIME_KEYS:
-            raise bad(f"unknown key (use {', '.join(sorted(_TIME_KEYS))})", key, "time")
-        if key == "read_gbps":
-            if not isinstance(value, dict):
-                raise bad("must be a table of tier = GB/s", key, "time")
-            for tier, rate in value.items():
-                if tier not in TIER_NAMES:
-                    raise bad(f"unknown tier (use {', '.join(TIER_NAMES)})", tier, "time.read_gbps")
-                if not isinstance(rate, int | float) or isinstance(rate, bool) or not rate > 0:
-                    raise bad(f"must be a positive number, got {rate!r}", tier, "time.read_gbps")
-            out[key] = {k: float(v) for k, v in value.items()}
-        elif key == "concurrency":
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise bad(f"must be a whole number ≥ 1, got {value!r}", key, "time")
-            out[key] = value
-        else:
-            # Written so that NaN fails too; prefill_tokens_per_s divides, so 0 fails.
-            positive = key == "prefill_tokens_per_s"
-            if (not isinstance(value, int | float) or isinstance(value, bool)
-                    or not (value > 0 if positive else value >= 0)):
-                raise bad(f"must be a {'positive number' if positive else 'number ≥ 0'}, "
-                          f"got {value!r}", key, "time")
-            out[key] = float(value)
-    return out
 
 
 def make_watermark(policy: str, high: float | None, ratio: float | None) -> Watermark | None:
@@ -210,8 +174,7 @@ def build_config(capacities: Mapping[str, TierOption | Capacity | None], *, poli
     return CacheConfig(specs, wp, label)  # type: ignore[arg-type]
 
 
-def parse_compare(spec: str, *, policy: str | None, write_policy: str | None,
-                  tiers_file: TiersFile | None = None) -> CacheConfig:
+def parse_compare(spec: str, *, policy: str | None, write_policy: str | None) -> CacheConfig:
     """A ``--compare`` spec → configuration (other tiers come not from the base config)."""
     caps: dict[str, TierOption | Capacity | None] = {}
     tier_policies: dict[str, str] = {}
@@ -251,26 +214,9 @@ def parse_compare(spec: str, *, policy: str | None, write_policy: str | None,
                 raise UsageError(f"{key} must be a fraction in (0, 1], got {values[key]!r}",
                                  field="compare")
             fractions[key] = f
-    base = TiersFile(time=tiers_file.time) if tiers_file else None
     return build_config(caps, policy=values.get("policy", policy),
                         write_policy=values.get("write-policy", write_policy),
                         watermark=fractions.get("watermark"),
                         evict_ratio=fractions.get("evict-ratio"),
-                        tier_policies=tier_policies, tiers_file=base,
+                        tier_policies=tier_policies,
                         label=values.get("label", ""))
-
-
-def time_model_from(file_values: dict[str, Any], *, prefill_tps: float | None,
-                    tpot_ms: float | None, read_gbps: dict[str, float],
-                    concurrency: int | None) -> TimeModel:
-    """The time model: command line over tiers file over defaults."""
-    rates = dict(DEFAULT_READ_GBPS)
-    rates.update(file_values.get("read_gbps", {}))
-    rates.update(read_gbps)
-    return TimeModel(
-        prefill_tokens_per_s=(prefill_tps if prefill_tps is not None
-                              else file_values.get("prefill_tokens_per_s", 10_000.0)),
-        tpot_ms=tpot_ms if tpot_ms is not None else file_values.get("tpot_ms", 20.0),
-        read_gbps=rates,
-        concurrency=concurrency if concurrency is not None else file_values.get("concurrency", 1),
-    )

@@ -35,7 +35,6 @@ import numpy as np
 
 from kvtool.cache.replayer import CacheConfig, Replayer, RequestLike, RequestOutcome, outcome
 from kvtool.cache.stats import RoundStats
-from kvtool.cache.timemodel import TimeModel
 from kvtool.store.payload import Payload, equal
 from kvtool.tiers.base import DataTier
 from kvtool.tiers.gpu import GpuBlockPool
@@ -88,7 +87,7 @@ class DataReplayer(Replayer):
 
     def __init__(self, config: CacheConfig, block_tokens: int, block_bytes: int, *,
                  tiers: dict[str, DataTier], work_blocks: int, seed: int = 0,
-                 time_model: TimeModel | None = None, on_tier_error: str = "fail",
+                 on_tier_error: str = "fail",
                  on_event: Callable[[str], None] | None = None,
                  on_request: Callable[[RequestOutcome], None] | None = None) -> None:
         if on_tier_error not in ON_TIER_ERROR:
@@ -107,8 +106,8 @@ class DataReplayer(Replayer):
             names, tiers, holds=lambda j, key: key in self.cache.tiers[j],
             top=_PoolTop(self.gpu, self._work) if names[0] == "gpu" else None,
             on_tier_error=on_tier_error, on_event=on_event)
-        super().__init__(config, block_tokens, block_bytes, time_model or TimeModel(),
-                         on_request=on_request, movers={n: self.mover for n in names})
+        super().__init__(config, block_tokens, block_bytes, on_request=on_request,
+                         movers={n: self.mover for n in names})
         self.payload = Payload(block_bytes, seed)
         self._scratch = np.empty(block_bytes, dtype=np.uint8)
         self.data_rounds: dict[int, DataCounters] = {}
@@ -214,17 +213,14 @@ class DataReplayer(Replayer):
         # 5. settle the previous request's stores (overlapped with this one), free, release
         mover.end()
         gpu.release(work.values())
-        # accounting: measured load + modelled prefill
-        hit = sum(per_tier) * B
-        hit = min(hit, inp)
-        ttft = load_s + (inp - hit) / self._prefill
-        st.count_request(inp, req.output_length, ttft, self._tpot)
+        # accounting (the request's TTFT is the serving model's: kvtool.replay.timing)
+        st.count_request(inp, req.output_length)
         round_st.add(st)
         if self.on_request is not None:
             corrupt: dict[str, int] = {}
             for tname in corrupt_now:
                 corrupt[tname] = corrupt.get(tname, 0) + 1
-            self.on_request(outcome(req, r, names, st, ttft, corrupt, load_s))
+            self.on_request(outcome(req, r, names, st, corrupt=corrupt, load_s=load_s))
         measured.load_s.append(load_s)
         measured.blocks += len(keys)
         measured.wall_s += time.perf_counter() - t_start
@@ -260,8 +256,9 @@ class DataReplayer(Replayer):
         self.drain()
         out = super().result()
         out["mode"] = "data"
-        out["times_are_modelled"] = False
-        out["time_basis"] = {"load": "measured", "prefill": "modelled", "decode": "modelled"}
+        # the report's times are the serving model's (one time model); the measured load
+        # seconds are in ``measured`` (``load_s``), beside them
+        out["time_basis"] = {"load": "modelled", "prefill": "modelled", "decode": "modelled"}
         for t in out["tiers"]:
             dt = self.data_tiers.get(t["name"])
             if t["name"] == "gpu" or dt is None:

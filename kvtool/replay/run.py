@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from kvtool.cache.replayer import CacheConfig, RequestOutcome, TierSpec, replay
-from kvtool.cache.timemodel import TimeModel
 from kvtool.errors import UsageError, param
 from kvtool.fanout import Fanout
 from kvtool.replay.config import (
@@ -35,7 +34,6 @@ from kvtool.replay.config import (
     build_config,
     load_tiers_file,
     parse_compare,
-    time_model_from,
 )
 from kvtool.tiers.option import ON_TIER_ERROR, TierOption
 from kvtool.trace.stats import MaxHitRatio
@@ -109,17 +107,16 @@ class ReplaySettings(msgspec.Struct):
     dtype: str | None = None
     tp: int | None = None
     block_bytes: int | None = None
-    prefill_tps: float | None = None
-    tpot_ms: float | None = None
     read_gbps: dict[str, float] = msgspec.field(default_factory=dict)
     concurrency: int | None = None
     engine_gpu: str | None = None
     """The GPU of the one-engine case that times the replay (kvtool.replay.timing)."""
     times: str = "serving"
     """Where the report's times come from: ``serving`` (the serving model's one-engine
-    case), ``none`` (null), or ``per-request`` (the replayer's own per-request
-    model, with ``prefill_tps``/``tpot_ms``: what the capacity experiments state their
-    time rows in)."""
+    case) or ``none`` (null: ``--no-times``). There is no other time model."""
+    exact_steps: bool = False
+    """The serving model's engines schedule every step on its own (the same times;
+    :mod:`kvtool.serving.engine`)."""
     read_qd: int = 16
     write_qd: int = 16
     seed: int = 0
@@ -174,14 +171,14 @@ def _measured(requests: Any, maximum: MaxHitRatio) -> Any:
 def _check(s: ReplaySettings) -> None:
     if s.concurrency is not None and s.concurrency < 1:
         raise UsageError(f"must be at least 1, got {s.concurrency}", field="concurrency")
-    if s.prefill_tps is not None and not s.prefill_tps > 0:
-        raise UsageError(f"must be positive, got {s.prefill_tps}", field="prefill_tps")
-    if s.tpot_ms is not None and not s.tpot_ms >= 0:
-        raise UsageError(f"must be a number ≥ 0, got {s.tpot_ms}", field="tpot_ms")
     if s.read_qd < 1:
         raise UsageError(f"must be at least 1, got {s.read_qd}", field="read_qd")
-    if s.times not in ("serving", "none", "per-request"):
-        raise UsageError(f"use serving, none or per-request, got {s.times!r}", field="times")
+    if s.times not in ("serving", "none"):
+        raise UsageError(f"use serving or none, got {s.times!r}", field="times")
+    for tier, rate in s.read_gbps.items():
+        if not rate > 0:
+            raise UsageError(f"must be a positive number, got {rate!r}",
+                             field=f"read_gbps.{tier}")
     if s.on_tier_error not in ON_TIER_ERROR:
         raise UsageError(f"use {' or '.join(ON_TIER_ERROR)}", field="on_tier_error")
     if s.iolog is not None and not s.simulate:
@@ -196,7 +193,6 @@ class ReplayJob(msgspec.Struct):
     settings: ReplaySettings
     reader: Any
     configs: list[CacheConfig]
-    time_model: TimeModel
     block_tokens: int
     block_bytes: int | None
     setup: dict[str, Any]
@@ -257,10 +253,9 @@ class ReplayJob(msgspec.Struct):
                 try:
                     results = replay(_clocked(_measured(self.reader, maximum), log), self.configs,
                                      block_tokens=self.block_tokens,
-                                     block_bytes=self.block_bytes, time_model=self.time_model,
+                                     block_bytes=self.block_bytes,
                                      progress=progress, on_request=sink,
-                                     movers=[{"nvme": log}] if log is not None else None,
-                                     times=self.settings.times == "per-request")
+                                     movers=[{"nvme": log}] if log is not None else None)
                 finally:
                     if log is not None:
                         log.close()
@@ -290,8 +285,7 @@ class ReplayJob(msgspec.Struct):
             maximum.add(r.block_keys, r.input_length, r.block_tokens)
         timing_kwargs = self._timing_kwargs() if self.settings.times == "serving" else None
         points = _ConfigPoints(requests, self.configs, self.block_tokens, self.block_bytes,
-                               self.time_model, timing_kwargs,
-                               times=self.settings.times == "per-request")
+                               timing_kwargs)
         share = len(requests) // len(self.configs)
 
         def done(_i: int) -> None:
@@ -313,7 +307,7 @@ class ReplayJob(msgspec.Struct):
         for i, r in enumerate(results):
             if timing is not None and not self.interrupted:
                 timing.apply(i, r)
-            elif self.settings.times != "per-request":
+            else:
                 timing_off(r, "interrupted" if self.interrupted else "--no-times")
         for r in results:
             _one_shape(r)
@@ -341,12 +335,11 @@ class ReplayJob(msgspec.Struct):
         """The one-engine case's parameters (:func:`kvtool.replay.timing.one_engine_times`)
         but the requests and the configuration."""
         s = self.settings
-        given = s.concurrency is not None or self.time_model.concurrency != 1
-        conc = s.concurrency if s.concurrency is not None else self.time_model.concurrency
         return {"block_tokens": self.block_tokens, "block_bytes": self.block_bytes,
                 "model": self.setup.get("model"), "dtype": self.setup.get("dtype"), "tp": s.tp,
-                "gpu": s.engine_gpu, "concurrency": conc if given else None,
-                "read_gbps": self.time_model.read_gbps, "timed": self.reader.timed}
+                "gpu": s.engine_gpu, "concurrency": s.concurrency,
+                "read_gbps": dict(s.read_gbps), "timed": self.reader.timed,
+                "exact_steps": s.exact_steps}
 
     # -------------------------------------------------------------- data mode
     def _fits(self, caps: dict[str, int]) -> None:
@@ -382,7 +375,7 @@ class ReplayJob(msgspec.Struct):
             sink = self._sink
             eng = DataReplayer(cfg, self.block_tokens, self.block_bytes, tiers=tiers,
                              work_blocks=self.work_blocks, seed=s.seed,
-                             time_model=self.time_model, on_tier_error=s.on_tier_error,
+                             on_tier_error=s.on_tier_error,
                              on_event=self.on_event,
                              on_request=None if sink is None else
                              (lambda o: sink(index, o)))
@@ -436,18 +429,15 @@ class _ConfigPoints(msgspec.Struct):
     configs: list[CacheConfig]
     block_tokens: int
     block_bytes: int | None
-    time_model: TimeModel
     timing: dict[str, Any] | None
-    times: bool = True
-    """The replayer's own times are reported (``times = "per-request"``)."""
 
 
 def _run_config_point(p: _ConfigPoints, i: int) -> tuple[dict[str, Any], Any]:
     from kvtool.replay.timing import one_engine_times
 
     cfg = p.configs[i]
-    result = replay(p.requests, [cfg], block_tokens=p.block_tokens, block_bytes=p.block_bytes,
-                    time_model=p.time_model, times=p.times)[0]
+    result = replay(p.requests, [cfg], block_tokens=p.block_tokens,
+                    block_bytes=p.block_bytes)[0]
     times = one_engine_times(p.requests, cfg, **p.timing) if p.timing is not None else None
     return result, times
 
@@ -726,16 +716,14 @@ def prepare(s: ReplaySettings, *, on_event: Callable[[str], None] | None = None)
             configs.append(build_config(dict(s.tiers), policy=s.policy,
                                         write_policy=s.write_policy, watermark=s.watermark,
                                         evict_ratio=s.evict_ratio, tiers_file=tf))
-        configs += [parse_compare(spec, policy=s.policy, write_policy=s.write_policy,
-                                  tiers_file=tf) for spec in s.compares]
-    tm = time_model_from(tf.time if tf else {}, prefill_tps=s.prefill_tps, tpot_ms=s.tpot_ms,
-                         read_gbps=s.read_gbps, concurrency=s.concurrency)
+        configs += [parse_compare(spec, policy=s.policy, write_policy=s.write_policy)
+                    for spec in s.compares]
     setup: dict[str, Any] = {"mode": "data" if data else "simulate",
                              "model": size.model if size else None,
                              "dtype": size.dtype if size else None, "block_tokens": B,
                              "block_bytes": block_bytes, "defaults": defaults,
                              "block_size": size.to_dict() if size else None}
-    job = ReplayJob(s, reader, configs, tm, B, block_bytes, setup, on_event=on_event)
+    job = ReplayJob(s, reader, configs, B, block_bytes, setup, on_event=on_event)
     if data:
         assert block_bytes is not None
         _prepare_data(job)

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvtool.cache.replayer import CacheConfig
-from kvtool.cache.timemodel import percentile
+from kvtool.cache.stats import percentile
 from kvtool.errors import UsageError
 
 DEFAULT_GPU = "h100-sxm"
@@ -88,10 +88,12 @@ def _tp_for(spec: Any, gpu: Any, weight_dtype: str | None) -> int:
 def one_engine_times(requests: Sequence[Any], cfg: CacheConfig, *, block_tokens: int,
                      block_bytes: int | None, model: str | None, dtype: str | None,
                      tp: int | None, gpu: str | None, concurrency: int | None,
-                     read_gbps: dict[str, float], timed: bool = False
+                     read_gbps: dict[str, float], timed: bool = False,
+                     exact_steps: bool = False
                      ) -> tuple[list[RequestTimes], dict[str, Any]]:
     """Run the one-engine case (module docstring); return each request's times in serve
-    order and a description of the engine (the report's ``time_model``)."""
+    order and a description of the engine (the report's ``time_model``). ``exact_steps``:
+    the engine schedules every step on its own (the same times; :mod:`kvtool.serving.engine`)."""
     from kvtool.geometry.custom import from_toml
     from kvtool.geometry.presets import lookup
     from kvtool.serving.gpus import resolve_gpu
@@ -153,8 +155,8 @@ def one_engine_times(requests: Sequence[Any], cfg: CacheConfig, *, block_tokens:
     setup = ClusterSetup([engine], {"n0": math.inf}, tiers, "round-robin", {}, name="replay")
     load = (Load("timestamps", 1.0) if timed and concurrency is None else
             Load("concurrency", float(concurrency or 1), by_session=False))
-    sim = Simulation(requests, setup, load,
-                     block_tokens=block_tokens, router=make_router("round-robin"))
+    sim = Simulation(requests, setup, load, block_tokens=block_tokens,
+                     router=make_router("round-robin"), exact_steps=exact_steps)
     doc = sim.run()
     nan = math.nan
     times = []
@@ -177,7 +179,12 @@ def one_engine_times(requests: Sequence[Any], cfg: CacheConfig, *, block_tokens:
         "scalars": dataclasses.asdict(step.scalars),
         "failed": doc["serving"]["failed"],
         "serving": doc["serving"],
+        "overload": doc["overload"],
     }
+    if doc["overload"]["overloaded"]:
+        from kvtool.serving.overload import TRY_REPLAY
+
+        described["overload"] = {**doc["overload"], "try": list(TRY_REPLAY)}
     return times, described
 
 

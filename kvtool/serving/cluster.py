@@ -63,16 +63,34 @@ DEFAULT_POLICY = "lru"
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _TOP_KEYS = {"name", "block_tokens", "router", "gpu", "node", "engine", "mooncake", "nvme",
-             "placement"}
+             "placement", "connector", "pd_transfer"}
+_CONNECTOR_KEYS = {"name", "lookup_ms", "chunk_tokens", "chunk_ms", "gbps", "source", "load"}
+CONNECTOR_LOADS = ("always", "faster")
+"""When a request loads the hit the tiers below hold: ``always`` (vLLM's connectors load
+every token they report found: LMCache, the offloading connector) or ``faster`` (only when
+loading beats recomputing, kvtool's default without a connector)."""
+CLUSTER_KEYS: dict[str, frozenset[str]] = {}
+"""Each table's keys (``""``: the top level), filled below: what a file may say."""
+PD_TRANSFERS = ("direct", "store")
+"""How a P/D split moves a prompt's KV: the decode engine pulls it from the prefill engine
+(``direct``, vLLM's P2P connectors), or the prefill engine writes it to the tiers below and
+the decode engine reads it back (``store``, the WQS report's design)."""
 _NODE_KEYS = {"name", "gpus", "nic_gbps", "dram", "dram_policy", "pcie_gbps", "storage",
               "address"}
 _ENGINE_KEYS = {"name", "node", "count", "gpu", "model", "tp", "dtype", "kv_dtype", "role",
                 "max_num_seqs", "max_num_batched_tokens", "num_gpu_blocks",
-                "gpu_memory_utilization", "enable_prefix_caching"}
+                "gpu_memory_utilization", "enable_prefix_caching", "step_time", "share_gpus"}
+STEP_TIMES = ("roofline", "dynamo-mocker")
+"""An engine's step time: kvtool's roofline (default), or NVIDIA Dynamo's mocker polynomial
+(:mod:`kvtool.serving.mockerstep`: routing compared with Dynamo on the same clock)."""
 _MOONCAKE_KEYS = {"capacity", "policy", "gbps", "master", "segment"}
 _NVME_KEYS = {"capacity", "policy", "target"}
 _TARGET_KEYS = {"name", "read_gbps", "write_gbps", "node", "size", "config"}
 _PLACEMENT_KEYS = {"kind", "subnet", "link_scale", "link_mbit", "ray", "ray_token_file"}
+CLUSTER_KEYS.update({"": frozenset(_TOP_KEYS), "node": frozenset(_NODE_KEYS),
+                     "engine": frozenset(_ENGINE_KEYS), "mooncake": frozenset(_MOONCAKE_KEYS),
+                     "nvme": frozenset(_NVME_KEYS), "nvme.target": frozenset(_TARGET_KEYS),
+                     "connector": frozenset(_CONNECTOR_KEYS)})
 PLACEMENT_KINDS = ("netns", "hosts")
 _NETNS_ONLY = ("subnet", "link_scale", "link_mbit")
 _HOSTS_ONLY = ("ray", "ray_token_file")
@@ -164,6 +182,9 @@ class EngineSpec:
     """The engine's roofline (shared by the replicas of one ``[[engine]]`` table)."""
     enable_prefix_caching: bool = True
     """vLLM's ``enable_prefix_caching`` (on by default in vLLM v1)."""
+    share_gpus: str | None = None
+    """Engines naming the same group time-share one set of GPUs: one of them steps at a
+    time (a prefill and a decode engine on the same cards, the WQS report's scenario 2)."""
 
     @property
     def host_link_gbps(self) -> float:
@@ -180,7 +201,9 @@ class EngineSpec:
                 "gpu_memory_utilization": self.gpu_memory_utilization,
                 "pcie_gbps": self.pcie_gbps, "block_bytes": self.block_bytes,
                 "all_ranks_block_bytes": self.all_ranks_block_bytes,
-                "enable_prefix_caching": self.enable_prefix_caching}
+                "share_gpus": self.share_gpus,
+                "enable_prefix_caching": self.enable_prefix_caching,
+                "step_time": getattr(self.step, "kind", "roofline")}
 
 
 @dataclass(frozen=True)
@@ -254,6 +277,47 @@ class NvmeSpec:
 
 
 @dataclass(frozen=True)
+class ConnectorSpec:
+    """What the KV connector between the engines and the tiers below costs (``[connector]``:
+    LMCache over Mooncake in the WQS report). Defaults are the WQS report's, where a
+    ``[connector]`` table is given; without one the connector costs nothing."""
+
+    name: str = "lmcache"
+    lookup_ms: float = 50.0
+    """Per request that loads from the tiers below, once: the connector's lookup of the
+    prompt's chunks and its store round trips before the first byte moves. Default: fitted
+    to the WQS report's 1k-token iteration 2 (TTFT ≈ 300 ms; 243 ms without it, 293 ms with
+    it, at the report's 50 prompts and concurrency 16)."""
+    chunk_tokens: int = 256
+    """The connector's chunk (LMCache ``chunk_size`` 256 in the WQS report)."""
+    chunk_ms: float = 0.0
+    """Per chunk a request loads, one after another within the request (a store round trip
+    per chunk). Default 0: with the ceiling below, the WQS report's 100k-token iteration 2
+    (≈ 16 s) leaves no room for one (18.8 s without it; 1 ms a chunk adds 0.8 s)."""
+    gbps: float = 43.75
+    """Ceiling of the engine's KV traffic to and from the tiers below, per direction (GB/s):
+    WQS measured the framework's peak at 300–350 Gb/s (350 Gb/s = 43.75 GB/s), whatever the
+    NIC (400 or 800 Gb/s)."""
+    source: str = ("WQS report (../shared/seeds/003): 300–350 Gb/s peak; lookup and chunk "
+                   "costs fitted to its 1k and 100k iteration-2 TTFTs")
+    load: str = "always"
+    """``always`` load what the tiers hold (vLLM's connectors), or only when ``faster``."""
+
+    def load_s(self, tokens: int) -> float:
+        """The fixed seconds a load of ``tokens`` pays besides moving its bytes."""
+        if tokens <= 0:
+            return 0.0
+        chunks = -(-tokens // self.chunk_tokens)
+        return (self.lookup_ms + chunks * self.chunk_ms) / 1000.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "lookup_ms": self.lookup_ms,
+                "chunk_tokens": self.chunk_tokens, "chunk_ms": self.chunk_ms,
+                "gbps": None if math.isinf(self.gbps) else self.gbps, "load": self.load,
+                "source": self.source}
+
+
+@dataclass(frozen=True)
 class ClusterSpec:
     """A whole cluster as the cluster file describes it (module docstring: invariants)."""
 
@@ -269,6 +333,10 @@ class ClusterSpec:
     source: str | None = None
     placement: PlacementSpec | None = None
     """Where ``kvtool cluster up`` runs it (``None``: the file has no ``[placement]``)."""
+    connector: ConnectorSpec | None = None
+    """The KV connector's costs (``None``: none)."""
+    pd_transfer: str = "direct"
+    """P/D split: ``direct`` (engine to engine) or ``store`` (through the tiers below)."""
 
     @property
     def pd(self) -> bool:
@@ -324,6 +392,8 @@ class ClusterSpec:
                 **(cap(self.nvme.capacity) or {}), "policy": self.nvme.policy,
                 "targets": [{"name": t.name, "read_gbps": bw(t.read_gbps),
                              "write_gbps": bw(t.write_gbps)} for t in self.nvme.targets]},
+            "connector": None if self.connector is None else self.connector.to_dict(),
+            "pd_transfer": self.pd_transfer if self.pd else None,
         }
 
 
@@ -498,10 +568,19 @@ class _Reader:
         mooncake = self.mooncake(data)
         nvme = self.nvme(data)
         placement = self.placement(data, nodes, mooncake, nvme)
+        connector = self.connector(data)
+        pd_transfer = (self.text(data, "pd_transfer", (), "direct") or "direct").lower()
+        if pd_transfer not in PD_TRANSFERS:
+            raise self.fail(f"expected one of {', '.join(PD_TRANSFERS)}, got "
+                            f"{data['pd_transfer']!r}", ("pd_transfer",))
         spec = ClusterSpec(name=name, block_tokens=block_tokens, router=router,
                            nodes=tuple(nodes.values()), engines=tuple(engines), gpus=gpus,
                            mooncake=mooncake, nvme=nvme, source=self.doc.source,
-                           placement=placement)
+                           placement=placement, connector=connector, pd_transfer=pd_transfer)
+        if pd_transfer == "store" and spec.pd and not (
+                mooncake or nvme or any(n.dram is not None for n in spec.nodes)):
+            raise self.fail("P/D through the store needs a tier below the GPUs ([mooncake], "
+                            "[nvme] or a node's dram)", ("pd_transfer",))
         self.check_bytes_capacities(data, spec)
         return spec
 
@@ -602,6 +681,7 @@ class _Reader:
         names: set[str] = set()
         explicit_nodes = set(nodes)
         used_gpus: dict[str, int] = {}
+        groups: dict[str, tuple[str, int]] = {}  # share_gpus group → (node, TP)
         first: tuple[EngineSpec, Path_] | None = None
         for path, raw in tables:
             t = self.table(raw, path, _ENGINE_KEYS)
@@ -645,11 +725,22 @@ class _Reader:
                     blocks = step.kv_pool_blocks(block_tokens, util)
                 except UsageError as exc:
                     raise self.fail(exc.message, (*path, "tp")) from None
+            timing = (self.text(t, "step_time", path, "roofline") or "roofline").lower()
+            if timing not in STEP_TIMES:
+                raise self.fail(f"expected one of {', '.join(STEP_TIMES)}, got "
+                                f"{t['step_time']!r}", (*path, "step_time"))
+            if timing == "dynamo-mocker":
+                from kvtool.serving.mockerstep import MockerStepModel
+
+                step = MockerStepModel(model, gpu, tp, weight_dtype=dtype, kv_dtype=kv_dtype,
+                                       block_tokens=block_tokens,
+                                       total_kv_tokens=blocks * block_tokens)
             geometry = model.geometry(dtype=kv_dtype, block_tokens=block_tokens, tp=tp)
             node_name = self.name(t, "node", path)
             if node_name is not None and node_name not in explicit_nodes:
                 known = ", ".join(sorted(explicit_nodes)) or "none: add [[node]] tables"
                 raise self.fail(f"unknown node {node_name!r} (defined: {known})", (*path, "node"))
+            share = self.name(t, "share_gpus", path)
             base = self.name(t, "name", path)
             for r in range(count):
                 index = len(out)
@@ -667,7 +758,16 @@ class _Reader:
                                         "this engine a node", path)
                     nodes[node] = NodeSpec(node, auto=True)
                 node_spec = nodes[node]
-                used_gpus[node] = used_gpus.get(node, 0) + tp
+                if share is not None and share in groups:
+                    g_node, g_tp = groups[share]
+                    if (g_node, g_tp) != (node, tp):
+                        raise self.fail(f"engines sharing GPUs ({share!r}) run on one node with "
+                                        f"one TP size: {g_node!r} TP {g_tp} here, {node!r} TP "
+                                        f"{tp}", (*path, "share_gpus"))
+                else:
+                    if share is not None:
+                        groups[share] = (node, tp)
+                    used_gpus[node] = used_gpus.get(node, 0) + tp
                 if node_spec.gpus is not None and used_gpus[node] > node_spec.gpus:
                     raise self.fail(f"node {node!r} has {node_spec.gpus} GPUs; its engines' TP "
                                     f"sizes add up to {used_gpus[node]}", (*path, "tp"))
@@ -680,7 +780,7 @@ class _Reader:
                     gpu_memory_utilization=util, pcie_gbps=pcie,
                     block_bytes=geometry.block_bytes,
                     all_ranks_block_bytes=geometry.all_ranks_block_bytes, step=step,
-                    enable_prefix_caching=caching)
+                    enable_prefix_caching=caching, share_gpus=share)
                 if first is None:
                     first = (engine, path)
                 else:
@@ -761,6 +861,35 @@ class _Reader:
         if a.kv_dtype != b.kv_dtype:
             raise self.fail(f"every engine must use the same KV dtype: {a.name} uses "
                             f"{a.kv_dtype}, this one {b.kv_dtype}", (*path, "kv_dtype"))
+
+    def connector(self, data: Mapping[str, Any]) -> ConnectorSpec | None:
+        if "connector" not in data:
+            return None
+        path: Path_ = ("connector",)
+        t = self.table(data["connector"], path, _CONNECTOR_KEYS)
+        d = ConnectorSpec()
+
+        def ms(key: str, default: float) -> float:
+            if key not in t:
+                return default
+            v = t[key]
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) \
+                    or v < 0:
+                raise self.fail(f"expected milliseconds >= 0, got {_show(v)}", (*path, key))
+            return float(v)
+
+        chunk = self.integer(t, "chunk_tokens", path, d.chunk_tokens)
+        assert chunk is not None
+        load = (self.text(t, "load", path, d.load) or d.load).lower()
+        if load not in CONNECTOR_LOADS:
+            raise self.fail(f"expected one of {', '.join(CONNECTOR_LOADS)}, got {t['load']!r}",
+                            (*path, "load"))
+        return ConnectorSpec(name=self.text(t, "name", path, d.name) or d.name,
+                             lookup_ms=ms("lookup_ms", d.lookup_ms), chunk_tokens=chunk,
+                             chunk_ms=ms("chunk_ms", d.chunk_ms),
+                             gbps=self.gbps(t, "gbps", path, d.gbps),
+                             source=self.text(t, "source", path, d.source) or d.source,
+                             load=load)
 
     def mooncake(self, data: Mapping[str, Any]) -> PoolSpec | None:
         if "mooncake" not in data:

@@ -317,15 +317,34 @@ class KVPool:
 
     # -- kvtool additions (no side effect) --------------------------------------------------
 
+    def full_sequence_need(self, seq: SeqLike, new_computed_blocks: Sequence[int] = (), *,
+                           has_scheduled_reqs: bool = True) -> int:
+        """The free blocks ``allocate_slots(seq, …, new_computed_blocks,
+        full_sequence_must_fit=True, has_scheduled_reqs=…)`` asks for in its whole-sequence
+        check (``reserved_blocks`` 0; the watermark included). For a request whose new slots
+        stop at or before ``num_tokens`` (an admission: its prompt, or a chunk of it, or a
+        connector's load) that check decides the call: its other check asks for no more."""
+        rid = seq.request_id
+        req_blocks = self._req_blocks.get(rid)
+        watermark = self.watermark_blocks if has_scheduled_reqs and req_blocks is None else 0
+        return watermark + self._num_blocks_to_allocate(
+            rid, req_blocks, min(seq.num_tokens, self.max_model_len), new_computed_blocks)
+
+    def full_sequence_fits(self, seq: SeqLike, new_computed_blocks: Sequence[int] = (), *,
+                           has_scheduled_reqs: bool = True) -> bool:
+        """Whether :meth:`full_sequence_need` blocks are free."""
+        return self.full_sequence_need(seq, new_computed_blocks,
+                                       has_scheduled_reqs=has_scheduled_reqs) <= self._num_free
+
     def cached_prefix_blocks(self, keys: Iterable[Hashable]) -> int:
         """How many leading ``keys`` are in the hash index (for routers; no side effect)."""
-        cached = self._cached
-        n = 0
-        for k in keys:
-            if k not in cached:
-                break
-            n += 1
-        return n
+        # every key tested in C (map), then the first miss found in C (list.index): for a
+        # router asking about long prompts on every engine this beats a Python loop
+        found = list(map(self._cached.__contains__, keys))
+        try:
+            return found.index(False)
+        except ValueError:
+            return len(found)
 
     @property
     def hash_index(self) -> dict[Hashable, int]:

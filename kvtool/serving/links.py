@@ -76,7 +76,9 @@ class _Resource:
     """One direction of one link."""
 
     capacity: float  # B/s
-    classes: set[_Class] = field(default_factory=set)
+    classes: dict[_Class, None] = field(default_factory=dict)
+    """The classes through it, in the order they were created (a dict, not a set: a set of
+    objects iterates in address order, which would make rates' rounding differ run to run)."""
     active: int = 0  # flows
     bytes: float = 0.0
     busy_s: float = 0.0
@@ -189,7 +191,7 @@ class FlowNetwork:
             cls = _Class(hops, tuple(self._res[h] for h in hops), settled=self._now)
             self._classes[hops] = cls
             for r in cls.resources:
-                r.classes.add(cls)
+                r.classes[cls] = None
         else:
             self._settle(cls)
         flow._target = cls.served + flow.nbytes
@@ -329,7 +331,7 @@ class FlowNetwork:
         if not cls.flows:
             del self._classes[cls.path]
             for r in cls.resources:
-                r.classes.discard(cls)
+                r.classes.pop(cls, None)
             cls.version += 1
         self._rebalance(cls.resources, cls if cls.flows else None)
         for f in finished:
@@ -363,6 +365,25 @@ class FlowNetwork:
         Only classes whose rate changes (or ``changed``, whose flows did) are settled and
         rescheduled: between rate changes a class's service is linear in time.
         """
+        if changed is not None:
+            res = changed.resources
+            for r in res:
+                if len(r.classes) != 1:
+                    break
+            else:
+                # the class is alone on its hops: its rate is the smallest share, as
+                # progressive filling finds it (the same division, the same float)
+                n = len(changed.flows)
+                rate = math.inf
+                for r in res:
+                    cap = r.capacity
+                    share = (cap if cap > 0.0 else 0.0) / n
+                    if share < rate:
+                        rate = share
+                self._settle(changed)
+                changed.rate = rate
+                self._schedule(changed)
+                return
         classes, resources = self._component(seeds)
         if not classes:
             return

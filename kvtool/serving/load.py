@@ -172,7 +172,9 @@ def rescale_keys(block_keys: Sequence[int], n_blocks: int, trace_tokens: int,
     tB, eB = trace_tokens, engine_tokens
     have = len(block_keys)
     if tB == eB:
-        return [block_keys[i] if i < have else None for i in range(n_blocks)]
+        if have >= n_blocks:
+            return list(block_keys[:n_blocks])
+        return [*block_keys, *([None] * (n_blocks - have))]
     if tB % eB == 0:
         f = tB // eB
         return [block_keys[i // f] * f + i % f if i // f < have else None
@@ -222,8 +224,9 @@ def output_block_keys(requests: Sequence[object], trace_tokens: int,
         full_prompt = prompt // B
         full_total = total // B
         given = rescale_keys(r.block_keys, full_prompt, tB, B)  # type: ignore[attr-defined]
-        mine: list[int] = [k if k is not None else -1 - (i * 65536 + b)
-                           for b, k in enumerate(given)]
+        mine: list[int] = (given if None not in given else  # type: ignore[assignment]
+                           [k if k is not None else -1 - (i * 65536 + b)
+                            for b, k in enumerate(given)])
         if full_total > full_prompt:
             j = nxt.get(i)
             tail: list[int | None] = [None] * (full_total - full_prompt)

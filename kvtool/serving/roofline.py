@@ -31,9 +31,10 @@ interconnect bandwidth, MFU and eta; an empty batch takes 0 s.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+import sys
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from kvtool.errors import UsageError, param
 from kvtool.geometry.model import ModelSpec
@@ -51,6 +52,18 @@ ACTIVATION_BYTES = 2
 #: Memory-bound operations per decoder layer that c0 counts: the four weight GEMMs
 #: (QKV, O, gate/up, down) and attention.
 OPS_PER_LAYER = 5
+#: Runs of at least this many decode steps are computed with numpy (the same floats), once
+#: numpy is imported or a model has computed :data:`_NUMPY_AFTER` decode steps (numpy's
+#: import, 0.1 s, is not worth it for a short replay: bench/startup.py).
+_VECTOR_STEPS = 48
+_NUMPY_AFTER = 400_000
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
+
+    Ends: TypeAlias = Sequence[float] | NDArray[np.float64]
+    """End times of a run of steps: a list, or a numpy array for a long run."""
 
 
 @dataclass(frozen=True)
@@ -128,6 +141,8 @@ class StepModel:
         self.kv_dtype = geometry.dtype
         self.scalars = s
         self.block_tokens = block_tokens
+        self.kind = "roofline"
+        """The step time: ``roofline`` here (``dynamo-mocker``: :mod:`.mockerstep`)."""
         self.kv_bytes_per_token: float = geometry.block_bytes / block_tokens
         """One rank's KV bytes per token (a shard for MHA/GQA, a full copy for MLA)."""
 
@@ -159,6 +174,8 @@ class StepModel:
                 (gpu.interconnect_gbps * 1e9)
         else:
             self._ar_fixed = self._ar_token = 0.0
+        self._decode_steps = 0
+        """Decode steps :meth:`decode_step_ends` has computed (when numpy pays off)."""
 
     # -- the hot path ---------------------------------------------------------------------
 
@@ -183,6 +200,48 @@ class StepModel:
         t_memory = (weights + kv_tokens * self.kv_bytes_per_token) * self._inv_mem
         return (t_compute if t_compute > t_memory else t_memory) + self.c0_s + \
             self._ar_fixed + self._ar_token * t_new
+
+    def decode_step_ends(self, start: float, n: int, ctx: int, k: int) -> Ends:
+        """End times of ``k`` decode steps of ``n`` sequences, one after the other from
+        ``start``, whose contexts sum to ``ctx + n·j`` at step ``j`` (a run of identical
+        decode steps, :mod:`kvtool.serving.engine`).
+
+        The same floats as stepping: each step's time is :meth:`step_time_sums`'s arithmetic
+        (the sums are integers and halves, exact), added to the clock one at a time. Long
+        runs compute it with numpy, element by element, and ``cumsum`` (a sequential sum),
+        which are the same IEEE operations in the same order (tested).
+        """
+        self._decode_steps += k
+        weights = self._shared_bytes
+        if self._expert_bytes:
+            weights += self._expert_bytes * self._experts * (1.0 - math.exp(n * self._log_miss))
+        if k < _VECTOR_STEPS or ("numpy" not in sys.modules
+                                 and self._decode_steps < _NUMPY_AFTER):
+            # step_time_sums(0, 0.0, n, c + n/2, c + n) written out: its prefill part is
+            # 0.0, and 0.0 + x is x
+            ft_n, fp, inv_d = self._flops_token * n, self._flops_pair, self._inv_decode
+            kvb, inv_mem = self.kv_bytes_per_token, self._inv_mem
+            c0, ar_fixed, ar_n = self.c0_s, self._ar_fixed, self._ar_token * n
+            half = 0.5 * n
+            t = start
+            out = []
+            for c in range(ctx, ctx + n * k, n):
+                t_compute = (ft_n + fp * (c + half)) * inv_d
+                t_memory = (weights + float(c + n) * kvb) * inv_mem
+                t += (t_compute if t_compute > t_memory else t_memory) + c0 + ar_fixed + ar_n
+                out.append(t)
+            return out
+        import numpy as np
+
+        cs = np.arange(k, dtype=np.int64) * n + ctx
+        tc = (self._flops_token * n + self._flops_pair * (cs + 0.5 * n)) * self._inv_decode
+        tm = (weights + (cs + n).astype(np.float64) * self.kv_bytes_per_token) * self._inv_mem
+        dt = np.where(tc > tm, tc, tm)
+        dt += self.c0_s
+        dt += self._ar_fixed
+        dt += self._ar_token * n
+        dt[0] += start
+        return np.cumsum(dt)
 
     def step_time(self, items: Iterable[tuple[int, int]]) -> float:
         """Seconds for one step of ``items`` = ``(new_tokens, cached_tokens)`` per sequence."""

@@ -3,7 +3,8 @@
 ``make_router(name, **params)`` builds one of :data:`ROUTERS`; ``router.route(request,
 engines)`` returns an index into ``engines`` (a sequence of :class:`EngineView`). A router
 never changes an engine; it may keep its own state (the round-robin cursor, the sessions'
-engines). Every choice is deterministic: ties go to the lowest index.
+engines). Every choice is repeatable: ties go to the lowest index (``kv-aware``: at random from a
+seeded generator, as Dynamo breaks them).
 
 ``role`` (``route(..., role="prefill")``) restricts the choice to engines whose ``role`` is
 that role or ``both`` (prefill/decode split: route to the prefill pool, then the decode
@@ -15,30 +16,37 @@ still into the ``engines`` given.
 * ``session-affinity``: a session's first request picks the least-loaded engine; the
   session's later requests go to the same engine. Requests without a session go to the
   least-loaded engine.
-* ``kv-aware``: NVIDIA Dynamo's KV router cost (ai-dynamo/dynamo,
-  lib/kv-router/src/scheduling/selector/default.rs, ``worker_logit``; defaults from
-  lib/kv-router/src/scheduling/config.rs): for each engine,
+* ``kv-aware``: NVIDIA Dynamo 1.6.1's default KV router (ai-dynamo/dynamo,
+  ``lib/kv-router/src/scheduling/selector``; checked against Dynamo's own offline replay,
+  ``tests/serving/test_dynamo_router.py``). It keeps, per engine, what it sent there and
+  has not heard back about, as Dynamo's active-sequence tracker does: the prompt tokens
+  still in prefill (each request charged its uncached tokens, ``isl − overlap·B``, until
+  its first token) and the distinct full prompt blocks of its unfinished requests (until
+  they finish). For each eligible engine::
 
-  ``overlap = overlap_score_credit · gpu_blocks + host_cache_hit_weight · host_blocks``
-  ``logit = prefill_load_scale · max(0, request_blocks − overlap) + active_blocks
-  + request_blocks + decode_active_request_weight · load``
+      overlap  = overlap_score_credit · gpu_blocks + host_cache_hit_weight · host_blocks
+      prefill  = prefill_load_scale · max(0, (active_prefill_tokens + isl) / B − overlap)
+      decode   = active_blocks + the request's full prompt blocks not among them
+      logit    = prefill + decode + decode_active_request_weight · active_requests
 
-  and the lowest logit wins. ``gpu_blocks`` are the request's leading blocks in the
-  engine's GPU prefix cache, ``host_blocks`` the further leading blocks in its node's DRAM
-  tier (Dynamo's host-pinned tier), ``request_blocks`` the prompt's blocks (rounded up).
-  ``active_blocks + request_blocks`` is Dynamo's "potential active blocks" (decode cost).
-  Defaults: ``overlap_score_credit`` 1.0, ``prefill_load_scale`` 1.0,
-  ``host_cache_hit_weight`` 0.75, ``decode_active_request_weight`` 0.0 (Dynamo's). With the
-  defaults this is the documented cost ``logit = overlap_score_weight · prefill_blocks +
-  decode_blocks`` (Dynamo docs/router/README.md; ``overlap_score_weight`` is accepted as
-  the older name of ``prefill_load_scale``). Dynamo breaks ties at random and can sample
-  with a temperature; kvtool takes the lowest index, always.
+  and the lowest logit wins; equal logits are broken at random (reservoir sampling, as
+  Dynamo does; ``tie_break = "lowest"`` takes the lowest index), from a seeded generator
+  so that a run is repeatable. ``gpu_blocks`` are the request's leading blocks in the
+  engine's GPU prefix cache (Dynamo's indexer, fed by the engines' KV events),
+  ``host_blocks`` the further leading blocks in its node's DRAM tier. On the decode pool of
+  a P/D split the logit is the decode term alone (Dynamo's decode routing: no overlap
+  credit, no prefill tracking). The engine loop tells the router when a request's prefill
+  ends and when it finishes (:meth:`Router.prefill_done`, :meth:`Router.finished`).
+  Defaults are Dynamo's (``KvRouterConfig``): credits 1.0 and 0.75, scale 1.0,
+  ``decode_active_request_weight`` 0.0; ``overlap_score_weight`` is accepted as the older
+  name of ``prefill_load_scale``.
 """
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Hashable, Sequence
 from typing import Any, Protocol
 
@@ -82,7 +90,12 @@ def _least_loaded(engines: Sequence[Any], candidates: list[int]) -> int:
 
 
 class Router(ABC):
-    """Base class: ``route(request, engines, role=None) -> index into engines``."""
+    """Base class: ``route(request, engines, role=None) -> index into engines``.
+
+    The engine loop also reports each routed request's progress: :meth:`prefill_done`
+    when its first token is out, :meth:`finished` when it ends (or fails). Routers that
+    track what they sent (``kv-aware``) use them; the others ignore them.
+    """
 
     name = ""
 
@@ -91,6 +104,12 @@ class Router(ABC):
               keys: Sequence[int] | None = None) -> int:
         """The chosen engine's index in ``engines`` (``keys``: the request's block keys at
         the engines' block size, when they differ from ``request.block_keys``)."""
+
+    def prefill_done(self, request: Any, role: str | None = None) -> None:  # noqa: B027
+        """``request``'s prefill (routed with ``role``) has ended: its first token is out."""
+
+    def finished(self, request: Any, role: str | None = None) -> None:  # noqa: B027
+        """``request`` (routed with ``role``) has ended on its engine, or failed."""
 
     def params(self) -> dict[str, Any]:
         """The router's parameters (JSON-ready)."""
@@ -145,14 +164,33 @@ class SessionAffinityRouter(Router):
         return pick
 
 
+class _Active:
+    """What the KV router has sent to one engine and not heard back about (Dynamo's
+    active sequences): prompt tokens in prefill, and a count per full prompt block."""
+
+    __slots__ = ("blocks", "prefill_tokens", "requests", "total")
+
+    def __init__(self) -> None:
+        self.prefill_tokens = 0
+        self.requests = 0
+        self.total = 0
+        """Prompt blocks of the active requests, shared ones counted once per request."""
+        self.blocks: Counter[int] = Counter()
+
+
+TIE_BREAKS = ("random", "lowest")
+
+
 class KvAwareRouter(Router):
-    """Dynamo's KV-router cost (module docstring): prefix overlap against load."""
+    """Dynamo's KV router (module docstring): prefix overlap against tracked load."""
 
     name = "kv-aware"
 
     def __init__(self, *, overlap_score_credit: float = 1.0, prefill_load_scale: float = 1.0,
                  host_cache_hit_weight: float = 0.75, decode_active_request_weight: float = 0.0,
-                 block_tokens: int | None = None) -> None:
+                 block_tokens: int | None = None, track_prefill_tokens: bool = True,
+                 assume_kv_reuse: bool = True, tie_break: str = "random",
+                 seed: int = 0) -> None:
         for key, v in (("overlap_score_credit", overlap_score_credit),
                        ("prefill_load_scale", prefill_load_scale),
                        ("host_cache_hit_weight", host_cache_hit_weight),
@@ -164,49 +202,169 @@ class KvAwareRouter(Router):
                                          or not isinstance(block_tokens, int) or block_tokens <= 0):
             raise UsageError(f"must be a positive integer, got {block_tokens!r}",
                              field="block_tokens")
+        for key, b in (("track_prefill_tokens", track_prefill_tokens),
+                       ("assume_kv_reuse", assume_kv_reuse)):
+            if not isinstance(b, bool):
+                raise UsageError(f"must be true or false, got {b!r}", field=key)
+        if tie_break not in TIE_BREAKS:
+            raise UsageError(f"use {' or '.join(TIE_BREAKS)}, got {tie_break!r}",
+                             field="tie_break")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise UsageError(f"must be a whole number, got {seed!r}", field="seed")
         self.overlap_score_credit = float(overlap_score_credit)
         self.prefill_load_scale = float(prefill_load_scale)
         self.host_cache_hit_weight = float(host_cache_hit_weight)
         self.decode_active_request_weight = float(decode_active_request_weight)
         self.block_tokens = block_tokens
+        self.track_prefill_tokens = track_prefill_tokens
+        self.assume_kv_reuse = assume_kv_reuse
+        self.tie_break = tie_break
+        self.seed = seed
+        import random
+
+        self._rng = random.Random(seed)
+        self._active: dict[int, _Active] = {}
+        # (id(request), role) → (engine index, prefill tokens still charged, its blocks)
+        self._sent: dict[tuple[int, str | None], tuple[int, int, tuple[int, ...]]] = {}
 
     def params(self) -> dict[str, Any]:
         return {"overlap_score_credit": self.overlap_score_credit,
                 "prefill_load_scale": self.prefill_load_scale,
                 "host_cache_hit_weight": self.host_cache_hit_weight,
-                "decode_active_request_weight": self.decode_active_request_weight}
+                "decode_active_request_weight": self.decode_active_request_weight,
+                "track_prefill_tokens": self.track_prefill_tokens,
+                "assume_kv_reuse": self.assume_kv_reuse,
+                "tie_break": self.tie_break, "seed": self.seed}
+
+    def _bt(self, request: Any, keys: Sequence[int]) -> int:
+        bt = self.block_tokens or getattr(request, "block_tokens", None)
+        if isinstance(bt, int) and bt > 0:
+            return bt
+        n = getattr(request, "input_length", None)
+        return max(1, -(-n // len(keys))) if isinstance(n, int) and keys else 1
 
     def request_blocks(self, request: Any, keys: Sequence[int]) -> int:
         """The prompt's blocks, a partial last block included (Dynamo's request blocks)."""
         n = getattr(request, "input_length", None)
-        bt = self.block_tokens or getattr(request, "block_tokens", None)
-        if isinstance(n, int) and isinstance(bt, int) and bt > 0:
-            return -(-n // bt)
+        if isinstance(n, int):
+            return -(-n // self._bt(request, keys))
         return len(keys)
+
+    def _load(self, index: int) -> _Active:
+        a = self._active.get(index)
+        if a is None:
+            a = self._active[index] = _Active()
+        return a
+
+    def _score(self, request: Any, engines: Sequence[Any], role: str | None,
+               keys: Sequence[int]) -> dict[int, tuple[float, int, tuple[int, ...]]]:
+        """Each eligible engine's (logit, uncached prompt tokens, full prompt blocks)."""
+        isl = getattr(request, "input_length", None)
+        B = self._bt(request, keys)
+        if not isinstance(isl, int):
+            isl = len(keys) * B
+        full = tuple(keys[: isl // B])
+        decode_pool = role == "decode"
+        out: dict[int, tuple[float, int, tuple[int, ...]]] = {}
+        for i in _eligible(engines, role):
+            e = engines[i]
+            a = self._load(getattr(e, "index", i))
+            if decode_pool:
+                gpu = host = 0
+            else:
+                gpu = e.gpu_prefix_blocks(keys) if keys else 0
+                host_fn = getattr(e, "host_prefix_blocks", None)
+                host = max(0, host_fn(keys) - gpu) if keys and host_fn is not None else 0
+            credit = self.overlap_score_credit * gpu + self.host_cache_hit_weight * host
+            uncached = max(0, isl - gpu * B)
+            tracked = self.track_prefill_tokens and not decode_pool
+            raw = (a.prefill_tokens + isl) / B if tracked else 0.0
+            prefill = self.prefill_load_scale * max(raw - credit, 0.0)
+            if self.assume_kv_reuse:
+                # chained keys are distinct within a prompt: its blocks not yet active
+                blocks = a.blocks
+                decode = len(blocks) + list(map(blocks.__contains__, full)).count(False)
+            else:
+                decode = a.total + len(full)
+            logit = prefill + decode + self.decode_active_request_weight * a.requests
+            out[i] = (logit, uncached, full)
+        return out
 
     def logits(self, request: Any, engines: Sequence[Any], role: str | None = None, *,
                keys: Sequence[int] | None = None) -> dict[int, float]:
         """Each eligible engine's cost (lower is better)."""
         if keys is None:
             keys = getattr(request, "block_keys", ())
-        req = self.request_blocks(request, keys)
-        out: dict[int, float] = {}
-        for i in _eligible(engines, role):
-            e = engines[i]
-            gpu = e.gpu_prefix_blocks(keys) if keys else 0
-            host_fn = getattr(e, "host_prefix_blocks", None)
-            host = max(0, host_fn(keys) - gpu) if keys and host_fn is not None else 0
-            overlap = self.overlap_score_credit * gpu + self.host_cache_hit_weight * host
-            prefill = self.prefill_load_scale * max(0.0, req - overlap)
-            decode = e.active_blocks() + req
-            out[i] = prefill + decode + self.decode_active_request_weight * e.load()
-        return out
+        return {i: v[0] for i, v in self._score(request, engines, role, keys).items()}
 
     def route(self, request: Any, engines: Sequence[Any], role: str | None = None, *,
               keys: Sequence[int] | None = None) -> int:
-        costs = self.logits(request, engines, role, keys=keys)
-        best = min(costs, key=lambda i: (costs[i], i))
+        if keys is None:
+            keys = getattr(request, "block_keys", ())
+        scores = self._score(request, engines, role, keys)
+        best, best_cost, ties = -1, math.inf, 0
+        for i, (cost, _u, _f) in scores.items():
+            if cost < best_cost:
+                best, best_cost, ties = i, cost, 1
+            elif cost == best_cost:
+                ties += 1
+                if self.tie_break == "random" and self._rng.randrange(ties) == 0:
+                    best = i
+        self._commit(request, engines, best, role, scores[best])
         return best
+
+    def assign(self, request: Any, engines: Sequence[Any], j: int, role: str | None = None,
+               *, keys: Sequence[int] | None = None) -> int:
+        """Send ``request`` to ``engines[j]`` whatever its cost, tracking it as :meth:`route`
+        does (a replay of another router's choices: tests/serving/test_dynamo_router.py)."""
+        if keys is None:
+            keys = getattr(request, "block_keys", ())
+        scores = self._score(request, engines, role, keys)
+        self._commit(request, engines, j, role, scores[j])
+        return j
+
+    def _commit(self, request: Any, engines: Sequence[Any], best: int, role: str | None,
+                score: tuple[float, int, tuple[int, ...]]) -> None:
+        _cost, uncached, full = score
+        index = getattr(engines[best], "index", best)
+        a = self._load(index)
+        charge = uncached if self.track_prefill_tokens and role != "decode" else 0
+        a.prefill_tokens += charge
+        a.requests += 1
+        a.total += len(full)
+        a.blocks.update(full)  # counted in C
+        key = (id(request), role)
+        old = self._sent.pop(key, None)
+        if old is not None:  # routed again before it ended (a retry): forget the old send
+            self._release(old)
+        self._sent[key] = (index, charge, full)
+
+    def prefill_done(self, request: Any, role: str | None = None) -> None:
+        key = (id(request), role)
+        sent = self._sent.get(key)
+        if sent is not None and sent[1]:
+            index, charge, full = sent
+            self._load(index).prefill_tokens -= charge
+            self._sent[key] = (index, 0, full)
+
+    def finished(self, request: Any, role: str | None = None) -> None:
+        sent = self._sent.pop((id(request), role), None)
+        if sent is not None:
+            self._release(sent)
+
+    def _release(self, sent: tuple[int, int, tuple[int, ...]]) -> None:
+        index, charge, full = sent
+        a = self._load(index)
+        a.prefill_tokens -= charge
+        a.requests -= 1
+        a.total -= len(full)
+        blocks = a.blocks
+        for k in full:
+            n = blocks[k] - 1
+            if n:
+                blocks[k] = n
+            else:
+                del blocks[k]
 
 
 _ALIASES = {"overlap_score_weight": "prefill_load_scale"}
@@ -225,7 +383,8 @@ def make_router(name: str, **params: Any) -> Router:
     elif key == "kv-aware":
         kw = {_ALIASES.get(k, k): v for k, v in params.items()}
         allowed = {"overlap_score_credit", "prefill_load_scale", "host_cache_hit_weight",
-                   "decode_active_request_weight", "block_tokens"}
+                   "decode_active_request_weight", "block_tokens", "track_prefill_tokens",
+                   "assume_kv_reuse", "tie_break", "seed"}
         for k in params:
             if _ALIASES.get(k, k) not in allowed:
                 raise UsageError(f"unknown parameter {k!r} of the kv-aware router (known: "

@@ -42,7 +42,9 @@ class ServingSettings:
     block_tokens: int | None = None
     skip_bad: int = 0
     seed: int = 0
-    fast_forward: bool = True
+    exact_steps: bool = False
+    """Schedule every engine step on its own (the reference) instead of jumping over runs
+    of identical decode steps (:mod:`kvtool.serving.engine`); the report is the same."""
     scalars: dict[str, float] = field(default_factory=dict)
     """Overrides of the roofline's fitted scalars (``mfu_prefill``, ``eta``, ...)."""
 
@@ -119,7 +121,7 @@ def run_serving(s: ServingSettings, *, progress: Callable[[int], None] | None = 
     if on_setup is not None:
         on_setup(head)
     points = _Points(requests, built, [Load(ld.kind, ld.value, seed=s.seed) for ld in loads],
-                     B, s.fast_forward)
+                     B, s.exact_steps)
     if backend is not None or fanout is None or fanout.kind == "serial":
         runs = [points.run(i, progress, backend) for i in range(len(points))]
     else:
@@ -141,7 +143,7 @@ class _Points:
     built: list[BuiltCluster]
     loads: list[Load]
     trace_block_tokens: int
-    fast_forward: bool
+    exact_steps: bool
 
     def __len__(self) -> int:
         return len(self.built) * len(self.loads)
@@ -155,7 +157,7 @@ class _Points:
         data = backend(b) if backend is not None else None
         try:
             sim = Simulation(self.requests, b.setup, ld, block_tokens=b.block_tokens,
-                             router=b.make_router(), fast_forward=self.fast_forward,
+                             router=b.make_router(), exact_steps=self.exact_steps,
                              trace_block_tokens=self.trace_block_tokens, backend=data)
             started = getattr(data, "started", None)
             if started is not None:  # a backend that times faults on the simulated clock

@@ -61,9 +61,11 @@ class BuiltCluster:
         return doc
 
 
-def build_setup(path: str, *, block_tokens: int, scalars: dict[str, Any] | None = None
-                ) -> BuiltCluster:
-    """Read the cluster file at ``path`` for a trace of ``block_tokens``-token blocks."""
+def build_setup(path: str, *, block_tokens: int, scalars: dict[str, Any] | None = None,
+                num_gpu_blocks: int | None = None) -> BuiltCluster:
+    """Read the cluster file at ``path`` for a trace of ``block_tokens``-token blocks;
+    ``num_gpu_blocks``, when given, is every engine's KV pool instead of the file's (an
+    experiment's inferred pool, ``[serving] num_gpu_blocks``)."""
     spec = load_cluster(path, default_block_tokens=block_tokens)
     B = spec.block_tokens
     check_block_sizes(block_tokens, B)
@@ -75,19 +77,20 @@ def build_setup(path: str, *, block_tokens: int, scalars: dict[str, Any] | None 
     engines = []
     for e in spec.engines:
         step = e.step
-        if scalars:
+        if scalars and getattr(step, "kind", "roofline") == "roofline":
             key = id(e.step)
             if key not in steps:
                 steps[key] = StepModel(e.model, e.gpu, e.tp, weight_dtype=e.dtype,
                                        kv_dtype=e.kv_dtype, scalars=sc, block_tokens=B)
             step = steps[key]
         engines.append(EngineSetup(
-            name=e.name, node=e.node, role=e.role, num_gpu_blocks=e.num_gpu_blocks,
+            name=e.name, node=e.node, role=e.role,
+            num_gpu_blocks=e.num_gpu_blocks if num_gpu_blocks is None else num_gpu_blocks,
             block_bytes=e.all_ranks_block_bytes, pcie_gbps=e.host_link_gbps, step=step,
             max_num_seqs=e.max_num_seqs, max_num_batched_tokens=e.max_num_batched_tokens,
             describe={"model": e.model.name, "gpu": e.gpu.name, "tp": e.tp, "role": e.role,
                       "kv_dtype": e.kv_dtype, "block_bytes": e.all_ranks_block_bytes},
-            enable_caching=e.enable_prefix_caching))
+            enable_caching=e.enable_prefix_caching, share_gpus=e.share_gpus))
     tiers: list[TierSetup] = []
     for n in spec.nodes:
         if n.dram is not None:
@@ -101,7 +104,8 @@ def build_setup(path: str, *, block_tokens: int, scalars: dict[str, Any] | None 
                                              for t in spec.nvme.targets)))
     nodes = {n.name: n.nic_gbps for n in spec.nodes}
     setup = ClusterSetup(engines=engines, nodes=nodes, tiers=tiers, router=spec.router.name,
-                         router_params=dict(spec.router.params), name=spec.name)
+                         router_params=dict(spec.router.params), name=spec.name,
+                         connector=spec.connector, pd_transfer=spec.pd_transfer)
     return BuiltCluster(spec.name, spec, setup, B, sc)
 
 

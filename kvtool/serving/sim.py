@@ -6,8 +6,18 @@ is **simulated**: the clock advances by roofline step times (:mod:`kvtool.servin
 and by flows over links (:mod:`kvtool.serving.links`); nothing is timed on this machine.
 
 The loop keeps one heap of events (request arrivals, the end of an engine's steps) and asks
-the flow network for its next completion; whichever is earlier happens next. Ties go in
-the order events were created, so a run is deterministic.
+the flow network for its next completion; whichever is earlier happens next. An engine
+reports its next event itself (:meth:`Engine.plan`: the end of the steps it planned, one
+step or a run of identical decode steps, see :mod:`kvtool.serving.engine`), so the clock
+jumps from event to event. Simultaneous events go in one fixed order, whichever way
+engines advance time: flow completions first, then arrivals released before that time
+(a trace's timestamps, Poisson arrivals, the first users), then engines' step ends by
+engine index, then arrivals released at that time (by a request that finished then, in
+release order). An outside event that reaches a busy engine (an arrival routed to it, a
+load that arrived) calls :meth:`Engine.cut` with its place in that order. One that reaches
+an idle engine lets it plan once the arrivals of its part of that order have come (after
+the early arrivals when a flow or an early arrival woke it, else after the released
+ones): requests arriving together are scheduled in one step.
 
 The tiers below the GPU (:class:`TierStack`) are block metadata with the eviction
 policies of :mod:`kvtool.cache` (a node's DRAM, a cluster-wide Mooncake pool, an NVMe-oF
@@ -24,21 +34,25 @@ loads, which is how a full link slows prefill.
 
 from __future__ import annotations
 
+import collections
 import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import filterfalse
 from typing import Any, Protocol
 
 from kvtool.cache.policies import make_policy
 from kvtool.cache.tier import Tier
-from kvtool.serving.engine import FAILED, FINISHED, LOADING, Engine, Seq
+from kvtool.serving.engine import FAILED, FINISHED, LOADING, Engine, Seq, make_engine
 from kvtool.serving.kvpool import KVPool
 from kvtool.serving.links import FlowNetwork
 from kvtool.serving.load import Arrivals, Load, output_block_keys
 from kvtool.serving.report import describe, serving_metrics
 
-ARRIVAL, STEP = 0, 1
+ARRIVAL, STEP, PLAN, TIMER = 0, 1, 2, 3
+# the order of simultaneous events (module docstring)
+_EARLY, _PLAN_EARLY, _STEPS, _RELEASED, _PLAN_LATE = 0, 1, 2, 3, 4
 
 
 @dataclass
@@ -58,6 +72,8 @@ class EngineSetup:
     describe: dict[str, Any]
     enable_caching: bool = True
     """vLLM's ``enable_prefix_caching``."""
+    share_gpus: str | None = None
+    """Engines of one group time-share their GPUs: one steps at a time, in turn."""
 
 
 @dataclass
@@ -83,6 +99,10 @@ class ClusterSetup:
     router: str
     router_params: dict[str, Any]
     name: str = ""
+    connector: Any = None
+    """The KV connector's costs (:class:`kvtool.serving.cluster.ConnectorSpec`), or None."""
+    pd_transfer: str = "direct"
+    """P/D split: ``direct`` (engine to engine) or ``store`` (through the tiers below)."""
 
 
 class DataBackend(Protocol):
@@ -132,30 +152,55 @@ class TierStack:
         self.evictions: dict[str, int] = {}
         self.load_decisions = {"load": 0, "recompute": 0}
         self.pd_bytes = 0
+        self.connector = setup.connector
+        self.pd_direct = setup.pd_transfer == "direct"
+        """P/D split: the decode engine pulls the prompt from the prefill engine (else it
+        loads it from the tiers below, where the prefill engine stored it)."""
+        self.connector_s = 0.0
+        """Seconds loads waited on the connector's lookups and chunks (summed)."""
+        # what depends only on the engine (the tiers, their paths and rates), made once
+        self._tiers_of: dict[int, list[tuple[str, Tier, TierSetup | None]]] = {}
+        self._paths: dict[tuple[int, str, str | None, bool], list[tuple[str, str]]] = {}
+        self._rates: dict[tuple[int, str], float] = {}
 
     @property
     def present(self) -> bool:
         return bool(self.node_dram or self.shared)
 
     def _tiers_for(self, engine: Engine) -> list[tuple[str, Tier, TierSetup | None]]:
-        out: list[tuple[str, Tier, TierSetup | None]] = []
-        d = self.node_dram.get(engine.node)
-        if d is not None:
-            out.append(("dram", d, None))
-        out.extend(self.shared)
+        """The tiers below ``engine``, highest first: its node's DRAM, then the shared ones."""
+        out = self._tiers_of.get(engine.index)
+        if out is None:
+            out = []
+            d = self.node_dram.get(engine.node)
+            if d is not None:
+                out.append(("dram", d, None))
+            out.extend(self.shared)
+            self._tiers_of[engine.index] = out
         return out
 
     def _path(self, engine: Engine, tier: str, spec: TierSetup | None, target: str | None,
               load: bool) -> list[tuple[str, str]]:
+        key = (engine.index, tier, target, load)
+        path = self._paths.get(key)
+        if path is None:
+            path = self._paths[key] = self._make_path(engine, tier, target, load)
+        return path
+
+    def _make_path(self, engine: Engine, tier: str, target: str | None, load: bool
+                   ) -> list[tuple[str, str]]:
         into_gpu, out_gpu = "down", "up"
         pcie = (f"pcie/{engine.name}", into_gpu if load else out_gpu)
+        hops = [pcie]
+        if self.connector is not None and math.isfinite(self.connector.gbps):
+            hops.append((f"connector/{engine.name}", into_gpu if load else out_gpu))
         if tier == "dram":
-            return [pcie]
+            return hops
         nic = (f"nic/{engine.node}", "down" if load else "up")
         if tier == "mooncake":
-            return [("mooncake", "up" if load else "down"), nic, pcie]
+            return [("mooncake", "up" if load else "down"), nic, *hops]
         assert target is not None
-        return [(f"target/{target}", "up" if load else "down"), nic, pcie]
+        return [(f"target/{target}", "up" if load else "down"), nic, *hops]
 
     def _bottleneck(self, path: list[tuple[str, str]]) -> float:
         caps = self.sim.caps
@@ -187,11 +232,14 @@ class TierStack:
         cur = -1
         count = 0
         indexes = [tier.policy.index for _n, tier, _s in tiers]
+        names = [n for n, _tier, _s in tiers]
         bad = self.bad
-        for b in range(first, min(last, len(keys))):
-            key = keys[b]
-            ti = next((j for j, index in enumerate(indexes)
-                       if key in index and (not bad or (tiers[j][0], key) not in bad)), -1)
+        for key in keys[first:last]:
+            ti = -1
+            for j, index in enumerate(indexes):
+                if key in index and (not bad or (names[j], key) not in bad):
+                    ti = j
+                    break
             if ti < 0:
                 break
             if ti == cur:
@@ -205,27 +253,39 @@ class TierStack:
         if not runs:
             return 0, 0
         found = sum(c for _t, c in runs)
+        if seq.decode_only or (self.connector is not None and self.connector.load == "always"):
+            # P/D through the store: the decode engine reads what the prefill engine wrote;
+            # a vLLM connector loads every token it reports found
+            return found * B, 0
         bb = self.sim.setups[engine.index].block_bytes
         step = self.sim.setups[engine.index].step
         best_blocks = 0
         best_gain = 0.0
         blocks = 0
         load_s = 0.0
+        fixed = self.connector.load_s if self.connector is not None else None
         for ti, c in runs:
             name, _tier, spec = tiers[ti]
             blocks += c
             load_s += c * bb / (self._tier_rate(engine, name, spec) * 1e9)
-            gain = step.prefill_time(blocks * B, start_tokens) - load_s
+            extra = fixed(blocks * B) if fixed is not None else 0.0
+            gain = step.prefill_time(blocks * B, start_tokens) - load_s - extra
             if gain > best_gain:
                 best_gain, best_blocks = gain, blocks
-        if best_blocks:
-            self.load_decisions["load"] += 1
-        else:
-            self.load_decisions["recompute"] += 1
         return best_blocks * B, (found - best_blocks) * B
+
+    def note_decision(self, load: bool) -> None:
+        self.load_decisions["load" if load else "recompute"] += 1
 
     def _tier_rate(self, engine: Engine, name: str, spec: TierSetup | None) -> float:
         """Uncontended GB/s of a load from tier ``name`` (the path's bottleneck)."""
+        key = (engine.index, name)
+        rate = self._rates.get(key)
+        if rate is None:
+            rate = self._rates[key] = self._make_rate(engine, name, spec)
+        return rate
+
+    def _make_rate(self, engine: Engine, name: str, spec: TierSetup | None) -> float:
         if name == "nvme":
             assert spec is not None
             total = sum(r for _t, r, _w in spec.targets)
@@ -236,7 +296,7 @@ class TierStack:
     def start_load(self, engine: Engine, seq: Seq, start_tokens: int, tokens: int,
                    now: float) -> None:
         B = self.B
-        if seq.decode_only:
+        if seq.decode_only and self.pd_direct:
             self._start_pd(engine, seq, tokens, now)
             return
         tiers = self._tiers_for(engine)
@@ -254,7 +314,8 @@ class TierStack:
                     per_flow.setdefault((name, target), []).append(key)
                     by_tier[name] = by_tier.get(name, 0) + 1
                     break
-        seq.ext_by_tier = {n: c * B for n, c in by_tier.items()}
+        if not seq.decode_only:  # (a decode engine's read of a P/D prompt is no hit)
+            seq.ext_by_tier = {n: c * B for n, c in by_tier.items()}
         # refresh what was hit (LRU order), as a store's lookup does
         for name, tier, _spec in tiers:
             hit = [k for (n, _t), ks in per_flow.items() if n == name for k in ks]
@@ -277,7 +338,7 @@ class TierStack:
             if name != "dram":
                 promote.extend(ks)
             path = self._path(engine, name, spec_of[name], target, True)
-            self.net.start(now, nbytes, path, self._load_done(engine, seq))
+            self.net.start(now, nbytes, path, self._load_done(engine, seq, tokens))
         if failed:
             # never serve a block that failed its check: the load ends before the first
             # one, and the request computes the rest (vLLM's recompute on a failed load)
@@ -293,12 +354,25 @@ class TierStack:
                 rec = self._insert(d, "dram", promote, seq.index, engine)
                 self.blocks_promoted["dram"] = self.blocks_promoted.get("dram", 0) + len(rec)
 
-    def _load_done(self, engine: Engine, seq: Seq) -> Callable[[float], None]:
-        def done(t: float) -> None:
-            seq.loads_pending -= 1
-            if seq.loads_pending == 0 and seq.status == LOADING:
+    def _load_done(self, engine: Engine, seq: Seq, tokens: int = 0
+                   ) -> Callable[[float], None]:
+        """The callback of a load's flows: after the last, the request holds its blocks —
+        once the connector's lookup and chunks (``tokens`` loaded) have been paid too."""
+        def arrived(t: float) -> None:
+            if seq.status == LOADING:
                 engine.loaded(seq)
                 self.sim.wake(engine, t)
+
+        def done(t: float) -> None:
+            seq.loads_pending -= 1
+            if seq.loads_pending:
+                return
+            extra = self.connector.load_s(tokens) if self.connector is not None else 0.0
+            if extra > 0:
+                self.connector_s += extra
+                self.sim.at(t + extra, arrived)
+            else:
+                arrived(t)
         return done
 
     def _start_pd(self, engine: Engine, seq: Seq, tokens: int, now: float) -> None:
@@ -349,18 +423,30 @@ class TierStack:
             rec = [k for k in rec if k not in gone]
         return rec
 
-    def store(self, engine: Engine, seq: Seq, now: float) -> None:
-        """Write the request's computed full blocks through to every tier below."""
+    def store(self, engine: Engine, seq: Seq, now: float,
+              stored: Callable[[float], None] | None = None) -> None:
+        """Write the request's computed full blocks through to every tier below; call
+        ``stored(t)`` when every one of them is there (at once when none was missing)."""
         B = self.B
         n = min(seq.num_computed_tokens // B, len(seq.block_hashes))
+        pending = [0]
+
+        def one_done(t: float) -> None:
+            pending[0] -= 1
+            if not pending[0] and stored is not None:
+                stored(t)
+
         if n <= 0:
+            if stored is not None:
+                stored(now)
             return
         keys = seq.block_hashes[:n]
         bb = self.sim.setups[engine.index].block_bytes
         bad = self.bad
         for name, tier, spec in self._tiers_for(engine):
             index = tier.policy.index
-            new = [k for k in keys if k not in index or (bad and (name, k) in bad)]
+            new = ([k for k in keys if k not in index or (name, k) in bad] if bad else
+                   list(filterfalse(index.__contains__, keys)))
             if not new:
                 tier.policy.access(keys, seq.index, admit=False)
                 continue
@@ -375,13 +461,19 @@ class TierStack:
                 self.bytes_stored[name] = self.bytes_stored.get(name, 0) + nbytes
                 self.blocks_stored[name] = self.blocks_stored.get(name, 0) + len(ks)
                 path = self._path(engine, name, spec, target, False)
+                pending[0] += 1
                 self.net.start(now, nbytes, path,
-                               self._store_done(tier, name, ks, seq.index, engine))
+                               self._store_done(tier, name, ks, seq.index, engine, one_done))
+        if not pending[0] and stored is not None:
+            stored(now)
 
     def _store_done(self, tier: Tier, name: str, keys: list[int], session: int,
-                    engine: Engine) -> Callable[[float], None]:
-        def done(_t: float) -> None:
+                    engine: Engine, then: Callable[[float], None] | None = None
+                    ) -> Callable[[float], None]:
+        def done(t: float) -> None:
             self._insert(tier, name, keys, session, engine)
+            if then is not None:
+                then(t)
         return done
 
     def to_dict(self) -> dict[str, Any]:
@@ -397,6 +489,7 @@ class TierStack:
                 "blocks_stored": dict(self.blocks_stored),
                 "blocks_promoted": dict(self.blocks_promoted), "evictions": dict(self.evictions),
                 "load_or_recompute": dict(self.load_decisions), "pd_transfer_bytes": self.pd_bytes,
+                "connector_wait_s": self.connector_s,
                 "recomputed_after_check_blocks": self.recomputed_after_check,
                 "repaired_blocks": self.repaired}
 
@@ -409,7 +502,7 @@ class Simulation:
     """One run of the serving model (module docstring)."""
 
     def __init__(self, requests: Sequence[Any], setup: ClusterSetup, load: Load, *,
-                 block_tokens: int, router: Any, fast_forward: bool = True,
+                 block_tokens: int, router: Any, exact_steps: bool = False,
                  trace_block_tokens: int | None = None,
                  backend: DataBackend | None = None) -> None:
         self.requests = requests
@@ -431,19 +524,36 @@ class Simulation:
         offload = self.tiers if self.tiers.present or any(e.role == "decode" for e in setup.engines) \
             else None
         self.engines: list[Engine] = []
+        conn = setup.connector
         for i, es in enumerate(setup.engines):
             self._link(f"pcie/{es.name}", es.pcie_gbps, es.pcie_gbps)
+            if conn is not None and math.isfinite(conn.gbps):
+                self._link(f"connector/{es.name}", conn.gbps, conn.gbps)
             pool = KVPool(es.num_gpu_blocks, block_tokens, es.enable_caching)
-            self.engines.append(Engine(
-                i, es.name, es.node, pool, es.step, block_tokens=block_tokens,
-                max_num_seqs=es.max_num_seqs, max_num_batched_tokens=es.max_num_batched_tokens,
-                offload=offload, role=es.role, fast_forward=fast_forward))
+            self.engines.append(make_engine(
+                i, es.name, es.node, pool, es.step,
+                exact_steps=exact_steps or es.share_gpus is not None,
+                block_tokens=block_tokens, max_num_seqs=es.max_num_seqs,
+                max_num_batched_tokens=es.max_num_batched_tokens, offload=offload,
+                role=es.role))
         self.pd = any(e.role == "prefill" for e in setup.engines)
         self.prefill_pool = [e for e in self.engines if e.role in ("prefill", "both")]
         self.decode_pool = [e for e in self.engines if e.role in ("decode", "both")]
-        self._heap: list[tuple[float, int, int, int, int]] = []
+        self._heap: list[tuple[float, int, int, int, int, int]] = []
         self._order = 0
         self._version = [0] * len(self.engines)
+        self._plan_due = [False] * len(self.engines)
+        # GPU sharing: engines of a group step one at a time (stepped engines, so a step is
+        # one event); the group's holder is the engine whose step runs, the others wait
+        # their turn in order and take it when that step ends
+        names = sorted({es.share_gpus for es in setup.engines if es.share_gpus is not None})
+        self._group: list[int] = [names.index(es.share_gpus) if es.share_gpus is not None
+                                  else -1 for es in setup.engines]
+        self._holder: list[int] = [-1] * len(names)
+        self._turns: list[collections.deque[int]] = [collections.deque() for _ in names]
+        self._timers: dict[int, Callable[[float], None]] = {}
+        self._after = -1
+        """The current event's place among simultaneous step ends (Engine.cut's ``after``)."""
         self.arrivals = Arrivals(requests, load)
         self.keys = output_block_keys(requests, trace_block_tokens or block_tokens, block_tokens)
         self.seqs: list[Seq | None] = [None] * len(requests)
@@ -458,24 +568,73 @@ class Simulation:
         self.caps[(name, "down")] = down
 
     # ---------------------------------------------------------------- events
-    def _push(self, t: float, kind: int, a: int, b: int = 0) -> None:
+    def _push_arrival(self, t: float, idx: int, released: bool) -> None:
         self._order += 1
-        heapq.heappush(self._heap, (t, self._order, kind, a, b))
+        heapq.heappush(self._heap, (t, _RELEASED if released else _EARLY, self._order,
+                                    ARRIVAL, idx, 0))
+
+    def at(self, t: float, fn: Callable[[float], None]) -> None:
+        """Call ``fn(t)`` at simulated time ``t`` (among the outside events of its time, as
+        a flow completion: a connector's fixed cost after a load's last byte)."""
+        self._order += 1
+        self._timers[self._order] = fn
+        heapq.heappush(self._heap, (t, _EARLY, self._order, TIMER, self._order, 0))
+
+    def _push_step(self, t: float, i: int) -> None:
+        self._version[i] += 1
+        heapq.heappush(self._heap, (t, _STEPS, i, STEP, i, self._version[i]))
 
     def wake(self, engine: Engine, now: float) -> None:
-        """Something changed for ``engine`` at ``now``: plan steps if idle, else end its
-        run of decode steps at the next boundary."""
-        i = engine.index
+        """Something changed for ``engine`` at ``now``: if idle, plan its steps once the
+        other events of its kind due at ``now`` have happened; else let it end its planned
+        steps early (:meth:`Engine.cut`)."""
         if engine.busy:
-            new_end = engine.cut(now)
+            new_end = engine.cut(now, self._after)
             if new_end is not None:
-                self._version[i] += 1
-                self._push(new_end, STEP, i, self._version[i])
+                self._push_step(new_end, engine.index)
             return
-        ends = engine.plan_steps(now)
-        if ends:
-            self._version[i] += 1
-            self._push(ends[-1], STEP, i, self._version[i])
+        # An idle engine plans once the arrivals due at ``now`` have come: requests arriving
+        # together are scheduled together (as vLLM's engine core takes every queued request
+        # before a step, and Dynamo's mocker every arrival before a pass). Woken before the
+        # step ends at ``now`` (a flow, an early arrival), it plans before them; woken after
+        # (a step end, a released arrival), after the released arrivals.
+        i = engine.index
+        if not self._plan_due[i]:
+            self._plan_due[i] = True
+            self._order += 1
+            heapq.heappush(self._heap, (now, _PLAN_EARLY if self._after < 0 else _PLAN_LATE,
+                                        self._order, PLAN, i, 0))
+
+    def _plan(self, engine: Engine, now: float) -> None:
+        i = engine.index
+        self._plan_due[i] = False
+        if engine.busy:
+            return
+        g = self._group[i]
+        if g >= 0:
+            holder = self._holder[g]
+            if holder >= 0 and holder != i:
+                if i not in self._turns[g]:
+                    self._turns[g].append(i)  # the GPUs are busy: wait for the turn
+                return
+        end = engine.plan(now)
+        if end is not None:
+            self._push_step(end, i)
+            if g >= 0:
+                self._holder[g] = i
+
+    def _next_turn(self, engine: Engine, now: float) -> None:
+        """``engine`` (sharing GPUs) ended a step: the engines waiting take their turn in
+        order, ``engine`` itself after them; the first with work to do steps."""
+        g = self._group[engine.index]
+        self._holder[g] = -1
+        turns = self._turns[g]
+        if not turns:
+            self._plan(engine, now)
+            return
+        turns.append(engine.index)
+        while turns and self._holder[g] < 0:
+            self._plan(self.engines[turns.popleft()], now)
 
     def _arrive(self, idx: int, now: float) -> None:
         r = self.requests[idx]
@@ -487,9 +646,11 @@ class Simulation:
             seq.target_tokens = seq.max_tokens
             seq.max_tokens = 1
         keys = self.keys[idx]
-        j = self.router.route(r, pool, keys=keys[: r.input_length // self.B])
+        role = "prefill" if self.pd else None
+        j = self.router.route(r, pool, role, keys=keys[: r.input_length // self.B])
         engine = pool[j]
         if not engine.fits(seq):
+            self.router.finished(r, role)
             self._fail(seq, now)
             return
         engine.add(seq)
@@ -499,41 +660,57 @@ class Simulation:
         seq.status = FAILED
         self.failed += 1
         for t, nxt in self.arrivals.on_finish(seq.index, now):
-            self._push(t, ARRIVAL, nxt)
+            self._push_arrival(t, nxt, True)
 
     def _finished(self, engine: Engine, seq: Seq, now: float) -> None:
+        handoff = self.pd and not seq.decode_only
+        through_store = handoff and not self.tiers.pd_direct
         if self.tiers.present:
-            self.tiers.store(engine, seq, now)
-        if self.pd and not seq.decode_only:
-            # prefill done: hand the request to a decode engine, which pulls the KV
-            seq.decode_only = True
-            seq.max_tokens = seq.target_tokens
-            seq.num_output = 0
-            seq.num_tokens = seq.num_prompt_tokens
-            seq.num_computed_tokens = 0
-            seq.first_token = -1.0
-            seq.block_hashes = seq.full_keys[: seq.num_prompt_tokens // self.B]
-            seq.pd_source = engine.index
-            j = self.router.route(self.requests[seq.index], self.decode_pool,
-                                  keys=seq.block_hashes)
-            dst = self.decode_pool[j]
-            if not dst.fits(seq):
-                self._fail(seq, now)
-                return
-            dst.add(seq)
-            self.wake(dst, now)
+            # P/D through the store: the decode engine is handed the request once the
+            # prefill engine's KV is in the tiers below (WQS's design)
+            self.tiers.store(engine, seq, now,
+                             (lambda t: self._handoff(engine, seq, t)) if through_store else None)
+        request = self.requests[seq.index]
+        self.router.finished(request, "decode" if seq.decode_only else
+                             "prefill" if self.pd else None)
+        if handoff:
+            if not through_store:
+                self._handoff(engine, seq, now)
             return
         self.done.append(seq)
         for t, nxt in self.arrivals.on_finish(seq.index, now):
-            self._push(t, ARRIVAL, nxt)
+            self._push_arrival(t, nxt, True)
+
+    def _handoff(self, engine: Engine, seq: Seq, now: float) -> None:
+        """Prefill done: hand the request to a decode engine, which pulls the prompt's KV
+        from the prefill engine (``direct``) or loads it from the tiers below (``store``)."""
+        request = self.requests[seq.index]
+        seq.decode_only = True
+        seq.max_tokens = seq.target_tokens
+        seq.num_output = 0
+        seq.num_tokens = seq.num_prompt_tokens
+        seq.num_computed_tokens = 0
+        seq.first_token = -1.0
+        seq.block_hashes = seq.full_keys[: seq.num_prompt_tokens // self.B]
+        seq.pd_source = engine.index
+        j = self.router.route(request, self.decode_pool, "decode",
+                              keys=seq.block_hashes)
+        dst = self.decode_pool[j]
+        if not dst.fits(seq):
+            self.router.finished(request, "decode")
+            self._fail(seq, now)
+            return
+        dst.add(seq)
+        self.wake(dst, now)
 
     def run(self, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
         for t, idx in self.arrivals.initial():
-            self._push(t, ARRIVAL, idx)
+            self._push_arrival(t, idx, False)
         heap = self._heap
         net = self.net
         version = self._version
         engines = self.engines
+        last = len(engines)
         pop = heapq.heappop
         reported = 0
         while True:
@@ -541,25 +718,46 @@ class Simulation:
             if heap:
                 if t_net is not None and t_net <= heap[0][0]:
                     self.now = t_net
+                    self._after = -1
                     net.advance(t_net)
                     continue
             elif t_net is not None:
                 self.now = t_net
+                self._after = -1
                 net.advance(t_net)
                 continue
             else:
                 break
-            t, _o, kind, a, b = pop(heap)
+            t, cls, _o, kind, a, b = pop(heap)
             self.now = t
             if kind == ARRIVAL:
+                self._after = last if cls == _RELEASED else -1
                 self._arrive(a, t)
+                continue
+            if kind == TIMER:
+                self._after = -1
+                self._timers.pop(a)(t)
+                continue
+            if kind == PLAN:
+                self._plan(engines[a], t)
                 continue
             if b != version[a]:
                 continue
+            self._after = a
             engine = engines[a]
-            for seq in engine.end_step():
+            finished = engine.end_step()
+            if engine.first_tokens:
+                for seq in engine.first_tokens:
+                    if not seq.decode_only:
+                        self.router.prefill_done(self.requests[seq.index],
+                                                 "prefill" if self.pd else None)
+                engine.first_tokens.clear()
+            for seq in finished:
                 self._finished(engine, seq, t)
-            self.wake(engine, t)
+            if self._group[a] >= 0:
+                self._next_turn(engine, t)
+            else:
+                self._plan(engine, t)
             if progress is not None and len(self.done) - reported >= 256:
                 progress(len(self.done) - reported)
                 reported = len(self.done)
@@ -568,6 +766,28 @@ class Simulation:
         return self.report()
 
     # ---------------------------------------------------------------- report
+    def _overload(self, done: Sequence[Seq]) -> dict[str, Any]:
+        """Whether the offered load exceeded the modelled capacity (:mod:`.overload`); with
+        a P/D split the capacity is the smaller of the prefill and the decode pool's."""
+        from kvtool.serving.overload import assess
+
+        busy = [e.stats.busy_s for e in self.engines]
+        pools = [[s.pd_source for s in done], [s.engine for s in done]] if self.pd else \
+            [[s.engine for s in done]]
+        best: dict[str, Any] | None = None
+        for owners in pools:
+            counts = [0] * len(self.engines)
+            for i in owners:
+                if i >= 0:
+                    counts[i] += 1
+            got = assess([s.arrival for s in done], [s.first_scheduled for s in done],
+                         counts, [b if c else 0.0 for b, c in zip(busy, counts, strict=True)],
+                         self.load.kind)
+            if best is None or (got["capacity_rps"] or 0) < (best["capacity_rps"] or 0):
+                best = got
+        assert best is not None
+        return best
+
     def report(self) -> dict[str, Any]:
         done = self.done
         arrivals = [s.arrival for s in self.seqs if s is not None]
@@ -625,5 +845,6 @@ class Simulation:
             },
             "engines": engines,
             "links": links,
+            "overload": self._overload(done),
             "basis": "simulated",
         }

@@ -44,7 +44,7 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from kvtool.cache.timemodel import percentile
+from kvtool.cache.stats import percentile
 from kvtool.errors import CheckFailed, param
 from kvtool.store.checksum import crc32c
 from kvtool.tiers.base import DataTier, Link, TierError, TransferJob

@@ -78,6 +78,12 @@ class RandomPrompts:
     drawn uniformly from the integers in [⌊L·(1−r)⌋, ⌈L·(1+r)⌉] and its answer length from
     [max(1, ⌊M·(1−r)⌋), max(1, ⌈M·(1+r)⌉)] (random stream ``(seed, 3)``); 0 keeps every
     length fixed. A prompt keeps its lengths in every iteration.
+
+    ``reuse_share`` s: in iterations 2 and later, ``round(s·N)`` of the N prompts (chosen
+    by random stream ``(seed, 4)``, the same ones each iteration) are re-sent as they were;
+    the others are fresh prompts of the same lengths (a new draw per iteration, after the
+    shared system prompt). 1 (the default) is vLLM bench's fixed seed: every prompt
+    re-sent.
     """
 
     input_lengths: tuple[int, ...]
@@ -92,8 +98,11 @@ class RandomPrompts:
     request_rate: float | None = None
     burstiness: float = 1.0
     range_ratio: float = 0.0
+    reuse_share: float = 1.0
 
     def __post_init__(self) -> None:
+        if not 0 <= self.reuse_share <= 1:
+            raise UsageError(f"must be in [0, 1], got {self.reuse_share}", field="reuse_share")
         if not self.input_lengths:
             raise UsageError("give at least one length", field="random_input_len")
         for n in self.input_lengths:
@@ -328,12 +337,24 @@ def random_prompts(spec: RandomPrompts) -> Iterator[dict[str, Any]]:
         ids = _Ids(spec.block_tokens, spec.system_prompt_tokens)
         prompts = [ids.extend([], spec.system_prompt_tokens + n) for n in lengths]
     times = arrival_times_ms(len(lengths) * spec.iterations, spec)
+    reused = set(range(len(lengths)))
+    if spec.reuse_share < 1:
+        keep = round(spec.reuse_share * len(lengths))
+        order = np.random.default_rng([spec.seed, 4]).permutation(len(lengths)).tolist()
+        reused = set(order[:keep])
     index = 0
     for iteration in range(1, spec.iterations + 1):
         for j, n in enumerate(lengths):
             rec = _record(times, index, j + 1, iteration,
                           spec.system_prompt_tokens + n, outputs[j], spec.block_tokens)
-            rec["tokens" if spec.form == "tokens" else "hash_ids"] = list(prompts[j])
+            if iteration == 1 or j in reused:
+                body = list(prompts[j])
+            elif spec.form == "tokens":
+                body = np.concatenate([system, rng.integers(0, VOCAB, n, dtype=np.uint32)]
+                                      ).tolist()
+            else:
+                body = ids.extend([], spec.system_prompt_tokens + n)
+            rec["tokens" if spec.form == "tokens" else "hash_ids"] = body
             index += 1
             yield rec
 

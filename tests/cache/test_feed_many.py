@@ -12,7 +12,6 @@ import pytest
 
 from kvtool.cache import CacheConfig, Replayer, TierSpec
 from kvtool.cache.policies import POLICIES, LruPolicy, LruTailFirstPolicy, make_policy
-from kvtool.cache.timemodel import TimeModel
 from kvtool.trace import Request
 from kvtool.units import Capacity
 
@@ -40,36 +39,29 @@ SINGLE = [p for p in POLICIES if p != "vllm"]  # vllm manages a GPU tier: below
 @pytest.mark.parametrize("policy", SINGLE)
 @pytest.mark.parametrize("admit_after", [None, 2])
 def test_feed_many_equals_feed(policy: str, admit_after: int | None) -> None:
-    tm = TimeModel(prefill_tokens_per_s=5000.0, tpot_ms=7.0, read_gbps={"dram": 3.0})
     for seed in range(2):
         reqs = trace(seed)
         cfg = CacheConfig([TierSpec("dram", Capacity.parse("37blk"), policy=policy,
                                     admit_after=admit_after)])
-        one = Replayer(cfg, 16, 4096, tm)
+        one = Replayer(cfg, 16, 4096)
         for r in reqs:
             one.feed(r)
-        many = Replayer(cfg, 16, 4096, tm)
+        many = Replayer(cfg, 16, 4096)
         assert many.feed_many(reqs) == len(reqs)
         assert many.result() == one.result()
         assert many.real_rounds and many.cliff_round() == one.cliff_round()
 
 
-@pytest.mark.parametrize("specs", [
-    [TierSpec("dram", Capacity.parse("37blk"))],                                 # inline loop
-    [TierSpec("gpu", Capacity.parse("9blk")), TierSpec("dram", Capacity.parse("30blk"))],
-])
-def test_without_times_the_report_is_the_same_but_for_the_times(specs: list[TierSpec]) -> None:
-    tm = TimeModel(prefill_tokens_per_s=5000.0, tpot_ms=7.0, read_gbps={"dram": 3.0})
-    reqs = trace(3)
-    timed, untimed = Replayer(CacheConfig(specs), 16, 4096, tm), \
-        Replayer(CacheConfig(specs), 16, 4096, tm, times=False)
-    timed.feed_many(reqs)
-    untimed.feed_many(reqs)
-    a, b = timed.result(), untimed.result()
-    assert a["ttft_p50_s"] is not None and a["rounds"][0]["wall_s"] > 0
-    for d in [a, *a["rounds"]]:
-        d.update(dict.fromkeys(Replayer.TIME_KEYS))
-    assert a == b
+def test_the_replayer_keeps_no_clock() -> None:
+    """One time model (issue 38): the cache counts, its times are the serving model's."""
+    for specs in ([TierSpec("dram", Capacity.parse("37blk"))],       # inline loop
+                  [TierSpec("gpu", Capacity.parse("9blk")), TierSpec("dram", Capacity.parse("30blk"))]):
+        rep = Replayer(CacheConfig(specs), 16, 4096)
+        rep.feed_many(trace(3))
+        res = rep.result()
+        assert res["time_model"] is None
+        for d in [res, *res["rounds"]]:
+            assert all(d[k] is None for k in Replayer.TIME_KEYS)
 
 
 def test_feed_many_takes_the_inline_path_for_one_plain_tier_only() -> None:

@@ -78,8 +78,9 @@ def test_every_fixture_loads() -> None:
 
 
 @pytest.mark.parametrize(("old", "new", "where"), [
-    ('metric = "throughput_ratio"', 'metric = "no-such"', "metric"),
-    ('num = "NVMe tier"', 'num = "nope"', "args"),
+    ('metric = "hit_ratio"', 'metric = "no-such"', "metric"),
+    ('config = "NVMe tier"', 'config = "nope"', "args"),
+    ('metric = "hit_ratio"', 'metric = "throughput_ratio"', "metric"),   # retired (issue 38)
 ])
 def test_bad_experiment_file_is_one_line_exit_2(tmp_path: Path, old: str, new: str,
                                                 where: str) -> None:
@@ -92,6 +93,23 @@ def test_bad_experiment_file_is_one_line_exit_2(tmp_path: Path, old: str, new: s
     assert result.exit_code == 2
     assert str(bad) in result.stderr and f"figure[0].{where}" in result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    if new == 'metric = "throughput_ratio"':
+        assert "serving model" in result.stderr and "serving_ratio" in result.stderr
+
+
+@pytest.mark.parametrize("table", ["[time]\nconcurrency = 16\n",
+                                   "[time]\nprefill_tokens_per_s = 800\n"])
+def test_retired_time_table_names_the_replacement(tmp_path: Path, table: str) -> None:
+    """One time model (issue 38): an experiment's [time] gets one line saying what replaces it."""
+    src = find_experiment("gp7000-read-path").path
+    assert src is not None
+    bad = tmp_path / "gp7000-read-path.toml"
+    bad.write_text(src.read_text().replace("[data]\n", table + "\n[data]\n", 1))
+    result = run("experiment", "run", str(bad), "--simulate", "--out", str(tmp_path / "o"))
+    assert result.exit_code == 2
+    err = result.stderr
+    assert err.count("\n") == 1 and "field 'time': the [time] table was retired" in err
+    assert "cluster file" in err and "[serving]" in err
 
 
 def test_unknown_experiment_exit_2() -> None:
@@ -138,3 +156,11 @@ def test_experiment_documents_have_one_shape(store_dir: Path, tmp_path: Path) ->
     assert not missing
     list_doc = run_json("experiment", "list")
     assert set(list_doc) == {"schema", "experiments"}
+
+
+def test_every_scale_names_what_still_differs() -> None:
+    """Issue 38: each experiment's ``scale`` says what still differs from the report."""
+    from kvtool.experiments import list_experiments
+
+    for exp in list_experiments():
+        assert "What still differs: " in exp.scale, exp.name

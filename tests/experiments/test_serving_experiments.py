@@ -98,11 +98,18 @@ def test_wqs_gain_grows_with_prompt_length() -> None:
 
 @pytest.mark.slow
 def test_network_cap_makes_800_equal_400() -> None:
-    rows = {r["claim"]: r for r in _doc("wqs-serving-network")["rows"]}
-    capped = rows["TTFT at 100k tokens, iteration 2, 800 / 400 Gb/s, framework cap 350 Gb/s"]
-    plain = rows["TTFT at 100k tokens, iteration 2, 800 / 400 Gb/s"]
+    """The connector's 350 Gb/s ceiling (both WQS clusters) is below both NICs: 800 Gb/s
+    gives 400 Gb/s's TTFT and throughput, as the report found; loads cross the ceiling."""
+    doc = _doc("wqs-serving-network")
+    rows = {r["claim"]: r for r in doc["rows"]}
+    capped = rows["TTFT at 100k tokens, iteration 2, 800 / 400 Gb/s"]
     assert capped["agrees"] is True and capped["kvtool"] == pytest.approx(1.0, abs=0.01)
-    assert plain["kvtool"] < 0.95  # NIC-bound loads: more NIC, faster
+    for c in doc["configs"]:
+        run_ = c["runs"][0]
+        assert c["cluster"]["connector"]["gbps"] == 43.75
+        ceiling = [v for k, v in run_["links"].items() if k.startswith("connector/")]
+        assert ceiling and sum(v["down"]["bytes"] for v in ceiling) == \
+            sum(run_["cache"]["bytes_loaded"].values())
 
 
 def test_phased_arrivals_run_groups_back_to_back() -> None:
@@ -154,8 +161,15 @@ def _write(tmp_path: Path, name: str, old: str, new: str) -> Path:
     ('cluster = "fx100-qwen32b-serial"', 'cluster = "no-such-cluster"', "config[*].cluster"),
     ('loads = "concurrency=16"', 'loads = "request-rate=2"', "serving.loads"),
     ('phases = "iterations"', 'phases = "rounds"', "serving.phases"),
-    ('metric = "serving_ratio"', 'metric = "wall_ratio"', "figure[*].args"),
+    ('metric = "serving_ratio"', 'metric = "recompute_ratio"', "figure[*].args"),
+    ('metric = "serving_ratio"', 'metric = "wall_ratio"', "figure[*].metric"),  # retired
     ('band = [0.95, 1.0]', 'band = [1.0, 0.5]', "figure[*].band"),
+    ('loads = "concurrency=16"', 'loads = "concurrency=16"\nnum_gpu_blocks = 1',
+     "serving.num_gpu_blocks"),
+    ('loads = "concurrency=16"', 'loads = "concurrency=16"\nscalars = { mfu_prefill = 2 }',
+     "serving.scalars"),
+    ('loads = "concurrency=16"', 'loads = "concurrency=16"\nscalars = { mfu = 0.5 }',
+     "serving.scalars"),
 ])
 def test_bad_serving_experiment_is_one_line_exit_2(tmp_path: Path, old: str, new: str,
                                                     where: str) -> None:
@@ -191,3 +205,50 @@ def test_serving_document_has_the_replay_documents_shape() -> None:
     replay = run_experiment(find_experiment("gp7000-read-path"), out_dir=None, simulate=True)
     assert set(serving) == set(replay)
     assert set(serving["rows"][0]) == set(replay["rows"][0])
+
+
+@pytest.mark.slow
+def test_every_row_outside_2x_says_specifically_why() -> None:
+    """Issue 38's bar: every modelled row with a published number that is more than 2×
+    off (or not computed) names a parameter (backquoted cluster or workload key, roofline
+    scalar) or a missing mechanism (``not modelled: NAME``); the names are real."""
+    from kvtool.experiments.differs import MECHANISMS, named, parameter_names
+
+    params = parameter_names()
+    counted = outside = 0
+    for exp in list_experiments():
+        if exp.kind == "parallel-read":
+            continue  # measures this machine: no modelled rows
+        doc = _doc(exp.name) if exp.is_serving else run_experiment(exp, out_dir=None,
+                                                                   simulate=True)
+        for row in doc["rows"]:
+            if row["basis"] != "modelled" or (row["published"] is None
+                                              and row["factor"] is None):
+                continue
+            counted += 1
+            f = row["factor"]
+            if f is not None and f <= 2:
+                continue
+            outside += 1
+            names = named(row["differs"])
+            assert names, f"{exp.name}: {row['claim']}: factor {f} without a named reason"
+            assert all(n in params or n in MECHANISMS for n in names)
+    assert counted >= 40 and outside <= counted
+
+
+def test_a_reason_names_a_parameter_or_a_mechanism() -> None:
+    from kvtool.experiments.differs import factor, named
+
+    assert named("the report's `input_lengths` are unpublished") == ["input_lengths"]
+    assert named("capped by `[connector] gbps`; `mfu_prefill` too") == \
+        ["[connector] gbps", "mfu_prefill"]
+    assert named("not modelled: kernel-level GPU sharing.") == ["kernel-level GPU sharing"]
+    assert named("the model differs (`no_such_key`), engine-side effects") == []
+    assert factor({"kvtool": 50.0, "published": 100.0}, None) == 2.0
+    assert factor({"kvtool": 1.75, "published": None}, (3.5, 15)) == 2.0
+    assert factor({"kvtool": 5.0, "published": None}, (3.5, 15)) == 1.0
+    assert factor({"kvtool": -1.0, "published": 2.0}, None) == float("inf")
+    # a difference in % compares as the ratio it stands for: +0.3 % against −4.9…+0.1 %
+    span = {"kvtool": 0.3, "published": None, "metric": "serving_ratio_span",
+            "args": {"stat": "pct_range"}}
+    assert factor(span, (-4.9, 0.1)) == pytest.approx(1.003 / 1.001)

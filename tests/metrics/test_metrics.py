@@ -56,7 +56,9 @@ def test_replay_counters_match_the_report() -> None:
         assert got.get(("kvtool_promotions_total", key), 0) == res["promoted_blocks"][tier]
     assert res["hit_tokens"]["nvme"] > 0 and res["evictions"]["dram"] > 0  # the test can fail
     assert res["promoted_blocks"]["dram"] > 0
-    assert got[("kvtool_request_ttft_seconds_count", (("config", "t"),))] == res["requests"]
+    # the replayer keeps no clock (issue 38): a request's TTFT is the serving model's, which
+    # the library call above does not run (kvtool replay's timing does), so none is observed
+    assert got.get(("kvtool_request_ttft_seconds_count", (("config", "t"),)), 0) == 0
 
 
 def test_replay_cli_metrics_port_busy_is_exit_2() -> None:

@@ -262,3 +262,46 @@ def test_expert_dtype_follows_the_checkpoint_unless_weights_are_changed() -> Non
     assert bf16.weight_bytes_per_rank == 284_000_000_000 * 2 // 4
     assert StepModel(spec, gpu, tp=4, weight_dtype="bf16",
                      expert_weight_dtype="fp4").expert_weight_dtype == "fp4"
+
+
+@pytest.mark.parametrize("model,gpu,tp", [("llama-3-8b", "h100-sxm", 1),
+                                          ("deepseek-v4-flash", "rtx-pro-6000", 4),
+                                          ("qwen3-coder-480b-a35b", "h20", 8)])
+def test_a_run_of_decode_steps_adds_up_as_stepping(model: str, gpu: str, tp: int) -> None:
+    """``decode_step_ends`` (numpy for long runs, a loop for short ones) gives the floats
+    of one :meth:`step_time` per step added to the clock one at a time, bit for bit."""
+    import numpy  # noqa: F401  (imported: long runs take the vectorised path)
+
+    step = StepModel(lookup(model), resolve_gpu(gpu), tp, block_tokens=256)
+    rng = random.Random(7)
+    for k in (1, 5, 47, 48, 300, 2000):
+        n = rng.randint(1, 300)
+        cached = [rng.randint(0, 60_000) for _ in range(n)]
+        start = rng.uniform(0.0, 5000.0)
+        t, want = start, []
+        for j in range(k):
+            t += step.step_time([(1, c + j) for c in cached])
+            want.append(t)
+        got = step.decode_step_ends(start, n, sum(cached), k)
+        assert [float(x) for x in got] == want, (k, n)
+
+
+def test_a_run_of_decode_steps_without_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without numpy loaded, long runs take the written-out loop: the same floats."""
+    import sys
+
+    step = StepModel(lookup("deepseek-v4-flash"), resolve_gpu("rtx-pro-6000"), 4,
+                     block_tokens=256)
+    monkeypatch.delitem(sys.modules, "numpy")
+    rng = random.Random(11)
+    for k in (1, 60, 900):
+        n = rng.randint(1, 200)
+        ctx = rng.randint(0, 4_000_000)
+        start = rng.uniform(0.0, 100.0)
+        t, want = start, []
+        for j in range(k):
+            c = ctx + n * j
+            t += step.step_time_sums(0, 0.0, n, c + 0.5 * n, float(c + n))
+            want.append(t)
+        got = step.decode_step_ends(start, n, ctx, k)
+        assert isinstance(got, list) and got == want, (k, n)

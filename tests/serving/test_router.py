@@ -92,36 +92,79 @@ def test_session_affinity_sticks_and_falls_back_to_least_loaded() -> None:
 
 
 def test_kv_aware_cost_by_hand() -> None:
-    """Prompt of 100 tokens, 16-token blocks: 7 blocks (the partial last one counts).
+    """Dynamo 1.6.1's cost, by hand: a prompt of 100 tokens, 16-token blocks (6 full blocks,
+    keys 10..15), nothing sent yet to any engine (no tracked prefill, no active blocks).
 
-    e0: 6 leading blocks on GPU, 20 blocks active, load 4 → 1·max(0, 7 − 6) + 20 + 7 = 28
-    e1: nothing cached, 0 active                             → 1·7 + 0 + 7 = 14
-    e2: 2 on GPU, 6 in its node's DRAM (4 beyond the GPU's), 5 active
-        → overlap 2 + 0.75·4 = 5; 1·(7 − 5) + 5 + 7 = 14 → tie with e1, lowest index wins.
+    raw prefill = (0 + 100) / 16 = 6.25 blocks; decode = the 6 full blocks
+    e0: 6 leading blocks on GPU        → max(0, 6.25 − 6) + 6 = 6.25
+    e1: nothing cached                 → 6.25 + 6 = 12.25
+    e2: 2 on GPU, 6 in its node's DRAM → credit 2 + 0.75·4 = 5 → 1.25 + 6 = 7.25
     """
     keys = [10, 11, 12, 13, 14, 15]
-    e0 = View(0, running=4, blocks=20, gpu_keys=set(keys))
+    e0 = View(0, gpu_keys=set(keys))
     e1 = View(1)
-    e2 = View(2, blocks=5, gpu_keys={10, 11}, host_keys=set(keys))
+    e2 = View(2, gpu_keys={10, 11}, host_keys=set(keys))
     r = make_router("kv-aware")
     assert isinstance(r, KvAwareRouter)
     req = Req(100, keys)
-    assert r.logits(req, [e0, e1, e2]) == {0: 28.0, 1: 14.0, 2: 14.0}
-    assert r.route(req, [e0, e1, e2]) == 1
-    # a heavier prefill weight (Dynamo's older overlap_score_weight) favours the cache
+    assert r.logits(req, [e0, e1, e2]) == {0: 6.25, 1: 12.25, 2: 7.25}
+    # a heavier prefill weight (Dynamo's older overlap_score_weight) favours the cache more
     r2 = KvAwareRouter(prefill_load_scale=4.0)
     assert make_router("kv-aware", overlap_score_weight=4.0).params() == r2.params()
-    assert r2.logits(req, [e0, e1, e2]) == {0: 31.0, 1: 35.0, 2: 20.0}
-    assert r2.route(req, [e0, e1, e2]) == 2
-    # load counts when asked to (Dynamo's decode_active_request_weight)
-    r3 = KvAwareRouter(decode_active_request_weight=1.0, host_cache_hit_weight=1.0)
-    assert r3.logits(req, [e0, e1, e2]) == {0: 32.0, 1: 14.0, 2: 13.0}
+    assert r2.logits(req, [e0, e1, e2]) == {0: 7.0, 1: 31.0, 2: 11.0}
+
+
+def test_kv_aware_tracks_what_it_sent_as_dynamo_does() -> None:
+    """The load terms are the router's own bookkeeping (Dynamo's active sequences): each
+    request adds its uncached tokens to the prefill load until its first token, and its full
+    blocks (shared ones once) to the active blocks until it ends."""
+    r = KvAwareRouter(tie_break="lowest")
+    e0, e1 = View(0), View(1)
+    a = Req(4096, list(range(8)), block_tokens=512)
+    assert r.logits(a, [e0, e1]) == {0: 16.0, 1: 16.0}       # 8 raw + 8 blocks
+    assert r.route(a, [e0, e1]) == 0
+    b = Req(2048, list(range(100, 104)), block_tokens=512)
+    # e0: (4096 + 2048) / 512 = 12, blocks 8 + 4 = 12 → 24; e1 idle: 4 + 4 = 8
+    assert r.logits(b, [e0, e1]) == {0: 24.0, 1: 8.0}
+    # b shares a's first four blocks: they count once on e0
+    c = Req(4096, [0, 1, 2, 3, 200, 201, 202, 203], block_tokens=512)
+    assert r.logits(c, [e0, e1]) == {0: 28.0, 1: 16.0}
+    r.prefill_done(a)                                        # a's first token is out
+    assert r.logits(c, [e0, e1]) == {0: 20.0, 1: 16.0}       # 8 raw + 8 + 4 new blocks
+    # a's prefix is now in e0's GPU cache: the credit makes e0 cheaper
+    e0.gpu_keys = set(range(8))
+    assert r.logits(c, [e0, e1]) == {0: 16.0, 1: 16.0}       # max(0, 8 − 4) + 12
+    # a request charges only its uncached tokens: c on e0 (4 blocks cached) charges 2048
+    assert r.route(c, [e0, e1]) == 0
+    assert r.logits(b, [e0, e1]) == {0: (2048 + 2048) / 512 + 16, 1: 8.0}
+    r.finished(a)
+    r.finished(c)
+    assert r.logits(b, [e0, e1]) == {0: 8.0, 1: 8.0}         # nothing tracked any more
+    # the decode pool (P/D): no overlap credit, no prefill term — the blocks alone
+    d0 = View(0, role="decode", gpu_keys=set(range(8)))
+    assert r.logits(a, [d0], "decode") == {0: 8.0}
+
+
+def test_kv_aware_breaks_ties_at_random_and_repeatably() -> None:
+    engines = [View(0), View(1), View(2), View(3)]
+    picks = []
+    for seed in (0, 0, 1):
+        r = KvAwareRouter(seed=seed)
+        reqs = [Req(16, [i]) for i in range(40)]
+        picks.append([r.route(q, engines) for q in reqs])
+        for q in reqs:
+            r.finished(q)
+        assert r.logits(reqs[0], engines) == {0: 2.0, 1: 2.0, 2: 2.0, 3: 2.0}  # none tracked
+    assert picks[0] == picks[1] != picks[2]                  # seeded: repeatable
+    assert set(picks[0]) == {0, 1, 2, 3}                     # every engine gets some
+    lowest = KvAwareRouter(tie_break="lowest")
+    assert lowest.route(Req(16, [1]), engines) == 0
 
 
 def test_kv_aware_keys_override_and_block_tokens() -> None:
     e0, e1 = View(0, gpu_keys={7}), View(1)
     req = Req(64, [1, 2, 3, 4])            # the trace's keys: nothing cached anywhere
-    r = KvAwareRouter(block_tokens=32)
+    r = KvAwareRouter(block_tokens=32, tie_break="lowest")
     assert r.logits(req, [e0, e1]) == {0: 4.0, 1: 4.0}
     # the engines' own keys (another block size) find e0's cached block
     assert r.logits(req, [e0, e1], keys=[7, 8]) == {0: 3.0, 1: 4.0}
@@ -142,6 +185,9 @@ def test_bad_routers_and_parameters() -> None:
     assert info.value.field == "weight"
     with pytest.raises(UsageError, match="unknown parameter"):
         make_router("kv-aware", temperature=0.5)
+    with pytest.raises(UsageError, match="random or lowest") as info:
+        make_router("kv-aware", tie_break="first")
+    assert info.value.field == "tie_break"
     with pytest.raises(UsageError, match=">= 0") as info:
         make_router("kv-aware", host_cache_hit_weight=-1)
     assert info.value.field == "host_cache_hit_weight"

@@ -280,3 +280,25 @@ def test_random_range_ratio_draws_lengths_like_vllm(tmp_path: Path) -> None:
     assert {r["input_length"] for r in random_prompts(fixed)} == {100, 1000}
     assert list(random_prompts(fixed)) == list(random_prompts(RandomPrompts(
         (100, 1000), 300, 2, output_tokens=10, seed=4, form="hash_ids", block_tokens=16)))
+
+
+@pytest.mark.parametrize("form", ["tokens", "hash_ids"])
+def test_reuse_share_resends_the_same_share_of_prompts(form: str) -> None:
+    """``reuse_share`` 0.4 of 10 prompts: iterations 2 and 3 re-send the same 4 prompts as
+    they were; the other 6 are new each iteration, of the same lengths, after the shared
+    system prompt."""
+    spec = RandomPrompts((64,), 10, 3, seed=5, reuse_share=0.4, system_prompt_tokens=32,
+                         block_tokens=16, form=form)
+    recs = list(random_prompts(spec))
+    body = [tuple(r[form]) for r in recs]
+    first, second, third = body[:10], body[10:20], body[20:]
+    again = [j for j in range(10) if second[j] == first[j]]
+    assert len(again) == 4 and again == [j for j in range(10) if third[j] == first[j]]
+    fresh = [j for j in range(10) if j not in again]
+    assert len({second[j] for j in fresh} | {third[j] for j in fresh} | set(first)) == 22
+    assert [r["input_length"] for r in recs] == [96] * 30
+    shared = 32 if form == "tokens" else 2  # the system prompt: 32 tokens, 2 blocks
+    assert all(b[:shared] == first[0][:shared] for b in body)
+    everything = RandomPrompts((64,), 10, 3, seed=5, system_prompt_tokens=32, block_tokens=16,
+                               form=form)
+    assert [tuple(r[form]) for r in random_prompts(everything)][10:20] == first
