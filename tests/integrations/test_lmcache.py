@@ -35,7 +35,8 @@ OBJECT_BYTES = 12288
 HEADER_BYTES = 1024
 PROMPTS = {"A": {"seed": 1, "tokens": 3 * CHUNK + 7},  # three full chunks and a partial one
            "B": {"seed": 2, "tokens": 4 * CHUNK},
-           "C": {"seed": 3, "tokens": 2 * CHUNK}}
+           "C": {"seed": 3, "tokens": 2 * CHUNK},
+           "D": {"seed": 4, "tokens": CHUNK}}
 LEAKS = ("garbage collected", "Double free", "is negative", "was not called properly")
 PLUGIN = "remote_storage_plugin.kvtool."
 HOSTNQN = "nqn.2014-08.org.nvmexpress:uuid:6d1c2a2e-8f1e-4c44-9a37-lmcache00001"
@@ -56,7 +57,8 @@ class Run:
 
 
 def engine(python: Path, tmp_path: Path, plugin: dict[str, Any], phases: list[list[Any]],
-           config: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> Run:
+           config: dict[str, Any] | None = None, extra: dict[str, Any] | None = None,
+           world_size: int = 1) -> Run:
     """Run ``phases`` in a fresh LMCache engine process (``plugin``: the
     ``remote_storage_plugin.kvtool.*`` keys; ``extra``: other ``extra_config`` keys);
     assert it ran them all, freed every memory object after each and logged no leaked or
@@ -65,7 +67,7 @@ def engine(python: Path, tmp_path: Path, plugin: dict[str, Any], phases: list[li
     spec, out = tmp_path / f"spec{n}.json", tmp_path / f"out{n}.json"
     extra = {**(extra or {}), **{f"{PLUGIN}{k}": v for k, v in plugin.items()}}
     spec.write_text(json.dumps({"extra": extra, "config": config or {}, "prompts": PROMPTS,
-                                "phases": phases}))
+                                "phases": phases, "world_size": world_size}))
     proc = run_script(python, SCRIPT, str(spec), str(out))
     assert proc.returncode == 0, proc.stdout[-6000:]
     results = json.loads(out.read_text())
@@ -145,18 +147,21 @@ def test_store_destroy_retrieve_and_reopen_in_new_processes(engine_python: Path,
     assert third.find("retrieve", "A")[0] == got
 
 
-def test_a_full_store_evicts(engine_python: Path, store_dir: Path, tmp_path: Path) -> None:
-    # room for 5 blocks: A's 4 chunks, then B's 4 evict A's 3 least recently used
-    extra = {"url": f"{5 * OBJECT_BYTES}B@{store_dir / 'small.img'}"}
-    b = PROMPTS["B"]["tokens"]
+def test_a_full_store_evicts_least_recently_used(engine_python: Path, store_dir: Path,
+                                                 tmp_path: Path) -> None:
+    # room for 6 blocks: A's 4 and C's 2; A is read (a use), then D's one evicts C's head
+    extra = {"url": f"{6 * OBJECT_BYTES}B@{store_dir / 'small.img'}"}
+    a = PROMPTS["A"]["tokens"]
     run = engine(engine_python, tmp_path, extra, [
-        ["store", "A"], ["store", "B"], ["destroy"], ["build"],
-        ["lookup", "A"], ["lookup", "B"], ["retrieve", "B"], ["report"]])
-    assert run.find("lookup", "A") == [0]  # its head went first (LRU)
-    assert run.find("lookup", "B") == [b]
-    assert run.find("retrieve", "B")[0]["match"]
+        ["store", "A"], ["store", "C"], ["retrieve", "A"], ["store", "D"], ["destroy"],
+        ["build"], ["lookup", "A"], ["lookup", "C"], ["lookup", "D"], ["retrieve", "A"],
+        ["report"]])
+    assert run.find("lookup", "C") == [0]  # its head went: the least recently used
+    assert run.find("lookup", "A") == [a]
+    assert run.find("lookup", "D") == [CHUNK]
+    assert all(r["match"] and r["tokens"] == a for r in run.find("retrieve", "A"))
     tier = nvme_tier(report(run))
-    assert tier["reopened_blocks"] == 5 and tier["held_blocks"] == 5
+    assert tier["reopened_blocks"] == 6 and tier["held_blocks"] == 6
 
 
 def test_dram_pool_over_nvme(engine_python: Path, store_dir: Path, tmp_path: Path) -> None:
@@ -173,15 +178,22 @@ def test_dram_pool_over_nvme(engine_python: Path, store_dir: Path, tmp_path: Pat
     assert tiers["nvme"]["reopened_blocks"] == 4 and tiers["nvme"]["hit_blocks"] == 0
 
 
-def test_a_wrong_key_is_one_line_and_no_backend(engine_python: Path, store_dir: Path,
-                                                tmp_path: Path) -> None:
-    run = engine(engine_python, tmp_path, {"url": f"8MiB@{store_dir / 'kv.img'}",
-                                           "polcy": "lru"}, [["build"]])
+@pytest.mark.parametrize(("plugin", "world_size", "error"), [
+    ({"polcy": "lru"}, 1, f"field '{PLUGIN}polcy': unknown key 'polcy'"),
+    ({}, 2, f"field '{PLUGIN}url': world size 2: each rank needs its own namespace or pool "
+            "file: put {rank} in the places"),
+], ids=["unknown-key", "ranks-share-a-place"])
+def test_a_bad_config_is_one_error_line_and_no_backend(engine_python: Path, store_dir: Path,
+                                                       tmp_path: Path, plugin: dict[str, Any],
+                                                       world_size: int, error: str) -> None:
+    run = engine(engine_python, tmp_path, {"url": f"8MiB@{store_dir / 'kv.img'}", **plugin},
+                 [["build"]], world_size=world_size)
     assert run[0] == {"remote_backend": False}
     errors = [ln for ln in run.log.splitlines() if "kvtool LMCache plugin" in ln]
     assert len(errors) == 1 and "ERROR" in errors[0]
-    assert f"kvtool LMCache plugin kvtool cannot start (no chunk will be stored): field " \
-           f"'{PLUGIN}polcy': unknown key 'polcy'" in errors[0]
+    assert "kvtool LMCache plugin kvtool cannot start (no chunk will be stored): " + error \
+        in errors[0]
+    assert not (store_dir / "kv.img").exists()  # nothing was created
 
 
 # ---------------------------------------------------------------------- NVMe/TCP

@@ -8,8 +8,9 @@ by ``tests/integrations/test_lmcache.py``::
 ``SPEC``: ``{"extra": {...}, "config": {...}, "prompts": {"A": {"seed": 1, "tokens": 103}},
 "phases": [["store", "A"], ["destroy"], ["build"], ["retrieve", "A"], ...]}``; ``extra``
 holds the ``remote_storage_plugin.kvtool.*`` keys (the module path and class name are
-added), ``config`` other LMCache settings. Each phase's result is written to ``OUT`` as
-``[[phase, result], ...]`` (written after every phase, so a crash leaves what ran).
+added), ``config`` other LMCache settings, ``world_size`` LMCache's (1). Each phase's
+result is written to ``OUT`` as ``[[phase, result, {allocations, seconds}], ...]``
+(written after every phase, so a crash leaves what ran).
 
 The GPU is a stand-in: a ``GPUConnectorInterface`` whose "device" is a CPU tensor of
 shape (2, layers, tokens, hidden), copied into and out of LMCache's memory objects
@@ -79,8 +80,9 @@ class Run:
                     "remote_storage_plugins": ["kvtool"], "extra_config": extra}
         settings.update(spec.get("config", {}))
         self.config = LMCacheEngineConfig.from_defaults(**settings)
+        world = int(spec.get("world_size", 1))
         self.metadata = LMCacheMetadata(
-            model_name="kvtool-tiny", world_size=1, local_world_size=1, worker_id=0,
+            model_name="kvtool-tiny", world_size=world, local_world_size=world, worker_id=0,
             local_worker_id=0, kv_dtype=torch.bfloat16,
             kv_shape=(LAYERS, 2, CHUNK, HEADS, HEAD_SIZE), chunk_size=CHUNK)
         self.engine: LMCacheEngine | None = None
