@@ -43,7 +43,7 @@ How it stores (:class:`~kvtool.integrations.blockstore.BlockStore`, the tiers of
   does), and a memory object ``get`` allocated is released when it is not returned;
   blocking I/O runs on the plugin's own threads, never on LMCache's event loop; an error
   is logged once per operation, counted (:meth:`KvtoolConnector.report`) and, for a put,
-  raised to LMCache, which counts it too.
+  raised to LMCache, which logs it too.
 
 With tensor parallelism each rank is its own LMCache engine: put ``{rank}`` in the places
 (one namespace or pool file per rank: LMCache's worker id).
@@ -294,6 +294,10 @@ class KvtoolConnector(RemoteConnector):
                 fut.add_done_callback(done)
             raise
 
+    def _open_or_raise(self) -> None:
+        if self.closed:
+            raise RuntimeError(f"kvtool LMCache plugin {self.plugin_name} is closed")
+
     def _ids(self, keys: Sequence[CacheEngineKey]) -> tuple[list[bytes], list[int]]:
         ds = [digest(k) for k in keys]
         return ds, [key_id(d) for d in ds]
@@ -484,6 +488,7 @@ class KvtoolConnector(RemoteConnector):
     async def put(self, key: CacheEngineKey, memory_obj: MemoryObj) -> None:
         """Store one chunk (durable on return). LMCache's wrapper releases
         ``memory_obj`` once this returns; this never does."""
+        self._open_or_raise()
         _take([memory_obj])
         await self._in_thread(self._put_checked, [key], [memory_obj])
 
@@ -492,6 +497,7 @@ class KvtoolConnector(RemoteConnector):
 
     async def batched_put(self, keys: list[CacheEngineKey], memory_objs: list[MemoryObj]
                           ) -> None:
+        self._open_or_raise()
         _take(memory_objs)
         await self._in_thread(self._put_checked, list(keys), list(memory_objs))
 
