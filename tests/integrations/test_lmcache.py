@@ -58,16 +58,19 @@ class Run:
 
 def engine(python: Path, tmp_path: Path, plugin: dict[str, Any], phases: list[list[Any]],
            config: dict[str, Any] | None = None, extra: dict[str, Any] | None = None,
-           world_size: int = 1) -> Run:
+           world_size: int = 1, name: str = "kvtool", class_name: str = "KvtoolConnector"
+           ) -> Run:
     """Run ``phases`` in a fresh LMCache engine process (``plugin``: the
     ``remote_storage_plugin.kvtool.*`` keys; ``extra``: other ``extra_config`` keys);
     assert it ran them all, freed every memory object after each and logged no leaked or
     doubly freed reference."""
     n = len(list(tmp_path.glob("spec*.json")))
     spec, out = tmp_path / f"spec{n}.json", tmp_path / f"out{n}.json"
-    extra = {**(extra or {}), **{f"{PLUGIN}{k}": v for k, v in plugin.items()}}
+    extra = {**(extra or {}),
+             **{f"remote_storage_plugin.{name}.{k}": v for k, v in plugin.items()}}
     spec.write_text(json.dumps({"extra": extra, "config": config or {}, "prompts": PROMPTS,
-                                "phases": phases, "world_size": world_size}))
+                                "phases": phases, "world_size": world_size, "plugin": name,
+                                "class_name": class_name}))
     proc = run_script(python, SCRIPT, str(spec), str(out))
     assert proc.returncode == 0, proc.stdout[-6000:]
     results = json.loads(out.read_text())
@@ -164,14 +167,18 @@ def test_a_full_store_evicts_least_recently_used(engine_python: Path, store_dir:
     assert tier["reopened_blocks"] == 6 and tier["held_blocks"] == 6
 
 
-def test_dram_pool_over_nvme(engine_python: Path, store_dir: Path, tmp_path: Path) -> None:
+def test_dram_pool_over_nvme_through_the_adapter(engine_python: Path, store_dir: Path,
+                                                 tmp_path: Path) -> None:
+    # KvtoolAdapter serves a plugin named kvtool.<instance>, configured under that name
     pool = Path(f"/dev/shm/kvtool-lmcache-test-{uuid.uuid4().hex[:8]}")
     extra = {"url": f"8MiB@{store_dir / 'kv.img'}", "dram": f"1MiB@{pool}"}
     try:
         run = engine(engine_python, tmp_path, extra,
-                     [["store", "A"], ["destroy"], ["build"], ["retrieve", "A"], ["report"]])
+                     [["store", "A"], ["destroy"], ["build"], ["retrieve", "A"], ["report"]],
+                     name="kvtool.shm", class_name="KvtoolAdapter")
     finally:
         pool.unlink(missing_ok=True)
+    assert report(run)["plugin"] == "kvtool.shm"
     assert run.find("retrieve", "A")[0]["match"]
     tiers = {t["name"]: t for t in report(run)["store"]["tiers"]}
     assert tiers["dram"]["reopened_blocks"] == 4 and tiers["dram"]["hit_blocks"] == 4

@@ -8,7 +8,8 @@ by ``tests/integrations/test_lmcache.py``::
 ``SPEC``: ``{"extra": {...}, "config": {...}, "prompts": {"A": {"seed": 1, "tokens": 103}},
 "phases": [["store", "A"], ["destroy"], ["build"], ["retrieve", "A"], ...]}``; ``extra``
 holds the ``remote_storage_plugin.kvtool.*`` keys (the module path and class name are
-added), ``config`` other LMCache settings, ``world_size`` LMCache's (1). Each phase's
+added), ``config`` other LMCache settings, ``world_size`` LMCache's (1), ``plugin`` and
+``class_name`` the plugin's name and class (``kvtool``, ``KvtoolConnector``). Each phase's
 result is written to ``OUT`` as ``[[phase, result, {allocations, seconds}], ...]``
 (written after every phase, so a crash leaves what ran).
 
@@ -44,7 +45,6 @@ from kvtool.integrations import lmcache as plugin
 LAYERS, CHUNK, HEADS, HEAD_SIZE = 2, 32, 2, 16
 HIDDEN = HEADS * HEAD_SIZE
 INSTANCE = "kvtool-test"
-BACKEND = "RemoteBackend-kvtool"
 
 
 class CpuConnector(GPUConnectorInterface):
@@ -71,13 +71,16 @@ class CpuConnector(GPUConnectorInterface):
 class Run:
     def __init__(self, spec: dict[str, Any]) -> None:
         self.spec = spec
-        extra = {"remote_storage_plugin.kvtool.module_path": plugin.MODULE,
-                 "remote_storage_plugin.kvtool.class_name": "KvtoolConnector"}
+        name = spec.get("plugin", "kvtool")
+        self.backend_name = f"RemoteBackend-{name}"
+        extra = {f"remote_storage_plugin.{name}.module_path": plugin.MODULE,
+                 f"remote_storage_plugin.{name}.class_name": spec.get("class_name",
+                                                                     "KvtoolConnector")}
         extra.update(spec.get("extra", {}))
         settings = {"chunk_size": CHUNK, "local_cpu": False, "max_local_cpu_size": 0.05,
                     "remote_serde": "naive", "save_unfull_chunk": True,
                     "pre_caching_hash_algorithm": "sha256_cbor",
-                    "remote_storage_plugins": ["kvtool"], "extra_config": extra}
+                    "remote_storage_plugins": [name], "extra_config": extra}
         settings.update(spec.get("config", {}))
         self.config = LMCacheEngineConfig.from_defaults(**settings)
         world = int(spec.get("world_size", 1))
@@ -106,7 +109,7 @@ class Run:
     def backend(self) -> Any:
         sm = self.build().storage_manager
         assert sm is not None
-        return sm.storage_backends.get(BACKEND)
+        return sm.storage_backends.get(self.backend_name)
 
     def conn(self) -> plugin.KvtoolConnector:
         rb = self.backend()
@@ -121,7 +124,7 @@ class Run:
             return 0
         sm = self.engine.storage_manager
         assert sm is not None
-        rb = sm.storage_backends.get(BACKEND)
+        rb = sm.storage_backends.get(self.backend_name)
         deadline = time.monotonic() + 60
         while rb is not None and rb.put_tasks and time.monotonic() < deadline:
             time.sleep(0.01)
