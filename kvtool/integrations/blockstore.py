@@ -132,6 +132,9 @@ class BlockStore:
         self._anonymous = 0
         self._stale: list[tuple[str, int]] = []
         """(tier, key) of copies that failed their check: rewritten at the next save."""
+        self._removed: set[int] = set()
+        """Keys :meth:`remove` dropped while a tier's metadata still holds them: misses
+        until a save stores them again."""
         self.closed = False
 
     def _holds(self, j: int, key: int) -> bool:
@@ -179,8 +182,11 @@ class BlockStore:
             src = self.hierarchy.lookup(list(keys))
             dead = self.mover.dead
             names = self.names
+            removed = self._removed
             out = []
             for p, j in enumerate(src):
+                if removed and keys[p] in removed:
+                    break
                 name = names[j]
                 if name in dead:  # a lower live tier may still hold it
                     key = keys[p]
@@ -235,7 +241,6 @@ class BlockStore:
                 sid = (1 << 40) + self._anonymous
             else:
                 sid = self._sessions.setdefault(session, len(self._sessions))
-            before = {n: self.mover.measured.link(f"{n}<-engine").blocks for n in self.names}
             self.mover.begin(source)
             try:
                 self.hierarchy.serve(list(keys), input_length, self.block_tokens, sid, st)
@@ -244,14 +249,48 @@ class BlockStore:
                     fix = [(t, k) for t, k in self._stale if k in mine]
                     self._stale = [(t, k) for t, k in self._stale if k not in mine]
                     self.mover.repair(fix, self.counters)
+                if self._removed:
+                    self._removed.difference_update(keys)
             finally:
                 self.mover.end()
             self.stats.add(st)
-            for n in self.names:
-                new = self.mover.measured.link(f"{n}<-engine").blocks - before[n]
-                c = self.per_tier[n]
-                c.stored_blocks += new
-                c.stored_bytes += new * self.block_bytes
+
+    def remove(self, keys: Sequence[int]) -> int:
+        """Drop ``keys`` from every tier (an engine's explicit removal, not an eviction):
+        each copy is freed (a durable tier's at the next :meth:`commit`) and the keys are
+        misses until a save stores them again. Returns how many of them a tier held."""
+        with self._lock:
+            crcs = self.mover.crcs
+            assert crcs is not None
+            n = 0
+            if self.hierarchy is None:
+                return 0
+            for key in keys:
+                if key in self._removed:
+                    continue
+                held = [name for i, name in enumerate(self.names)
+                        if key in self.hierarchy.tiers[i]]
+                if not held:
+                    continue
+                n += 1
+                self._removed.add(key)
+                for name in held:
+                    if name not in self.mover.dead:
+                        self.data_tiers[name].evict([key])
+                    crcs[name].pop(key, None)
+                    self._stale.append((name, key))  # the next save rewrites it
+            return n
+
+    def held(self) -> list[int]:
+        """Every key some live tier holds (each once; a removed key is not held)."""
+        with self._lock:
+            seen: dict[int, None] = {}
+            if self.hierarchy is None:
+                return []
+            for i, name in enumerate(self.names):
+                if name not in self.mover.dead:
+                    seen.update(dict.fromkeys(self.hierarchy.tiers[i].policy.index))
+            return [k for k in seen if k not in self._removed]
 
     def commit(self) -> int:
         """Complete the stores in flight and commit the durable tiers' new blocks and
@@ -282,6 +321,12 @@ class BlockStore:
             for name in self.names:
                 dt = self.data_tiers[name]
                 assert self.hierarchy is not None
+                # stores from the engine complete in the background: count the completed
+                # ones (a store's link is counted when it completes, by a later save or a
+                # commit)
+                link = self.mover.measured.link(f"{name}<-engine")
+                c = self.per_tier[name]
+                c.stored_blocks, c.stored_bytes = link.blocks, link.bytes
                 tiers.append({"name": name, "backend": dt.backend, "url": dt.url,
                               "slots": dt.slots, "held_blocks": len(self.hierarchy.tiers[
                                   self.names.index(name)]),
