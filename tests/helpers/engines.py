@@ -9,6 +9,8 @@
   (tests/helpers/vllm_pass.py) over a list of prompts, stepped from the test if asked.
 * :func:`emulator_target`: kvtool's userspace NVMe/TCP target in its own process, on a
   free port, optionally with DH-HMAC-CHAP keys (stopped by the caller's ``with``).
+* :func:`run_script`: run a script in the engine venv and return its exit status and
+  output; :func:`slot_offset`: where a block lies on a kvtool store's medium (to damage it).
 
 Tests that use ``engine_python`` are marked ``engine``, ``integration`` and ``slow``.
 """
@@ -177,3 +179,30 @@ def emulator_target(nqn: str, workdir: Path, *, backing: str = "64MiB",
 def _port_of(rec: dict[str, Any]) -> int:
     """The port of the target's first listener (its ready record's ``listen``)."""
     return int(rec["listen"][0].rsplit(":", 1)[1])
+
+
+def run_script(python: Path, script: Path, *args: str, env: dict[str, str] | None = None,
+               timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """``python script args…`` in the engine virtualenv (stdout and stderr together)."""
+    from kvtool.integrations.venv import engine_env
+
+    return subprocess.run([str(python), str(script), *args], cwd=REPO,
+                          env=engine_env(env), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=timeout, check=False)
+
+
+def slot_offset(place: str, key: int) -> int:
+    """The byte offset of ``key``'s slot in the kvtool store on ``place`` (a file or
+    block device), from the store's committed index."""
+    from kvtool.store.engine import open_engine
+    from kvtool.store.objectstore import ObjectStore
+
+    engine = open_engine(place, write=False)
+    try:
+        store = ObjectStore.open(engine)
+        try:
+            return int(store.sb.slot_offset(store.by_key[key]))
+        finally:
+            store.close()
+    finally:
+        engine.close()

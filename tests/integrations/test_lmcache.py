@@ -22,11 +22,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO, free_port
-from tests.helpers.engine_venv import engine_python, run_script, slot_offset
+from tests.helpers.engines import run_script, slot_offset
 from tests.helpers.secrets import search
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
-__all__ = ["engine_python"]  # the session fixture, used by every test here
 
 SCRIPT = REPO / "tests" / "integrations" / "scripts" / "lmcache_engine.py"
 CHUNK = 32
