@@ -101,8 +101,11 @@ def run(total_mib: int, workdir: Path) -> dict[str, object]:
             result["jobs"] = jobs
             # the kernel's discard and zero-out reach the target as Dataset Management
             # (deallocate) and Write Zeroes: both ranges must read back as zeros
-            guest.check(f"chroot /hostroot blkdiscard -o 0 -l {MIB} {dev} && "
-                        f"chroot /hostroot blkdiscard -z -o {MIB} -l {MIB} {dev}", timeout=120)
+            # util-linux's blkdiscard by its path: a bare name runs busybox's own applet
+            # (no -z) where busybox prefers its applets to PATH
+            blkdiscard = "chroot /hostroot /sbin/blkdiscard"
+            guest.check(f"{blkdiscard} -o 0 -l {MIB} {dev} && "
+                        f"{blkdiscard} -z -o {MIB} -l {MIB} {dev}", timeout=120)
             guest_sha = guest.check(f"dd if={dev} bs=1M count={total_mib} iflag=direct "
                                     "2>/dev/null | sha256sum", timeout=3600).split()[0]
             guest.exec(f"nvme disconnect -n {NQN}", timeout=30)

@@ -122,7 +122,7 @@ def mooncake_binary(name: str) -> str:
 def _not_up(name: str) -> dict[str, Any]:
     """The document of a pool that is not up: the same keys as a running one's."""
     return {"schema": "kvtool.pool/1", "name": name, "running": False, "url": None,
-            "master": None, "metadata": None, "metrics_url": None, "logs": None,
+            "master": None, "metadata": None, "memory": None, "metrics_url": None, "logs": None,
             "started": None, "memory_bytes": None, "eviction": None}
 
 
@@ -140,7 +140,7 @@ def status(name: str = "default") -> dict[str, Any]:
     running = all(p["alive"] and p["listening"] and _is_mooncake(p["pid"])
                   for p in parts.values())
     return {"schema": "kvtool.pool/1", "name": name, "running": running, "url": rec.url,
-            "changed": None,
+            "changed": None, "memory": None,
             **parts, "metrics_url": f"http://{LOOPBACK}:{rec.metrics_port}/metrics",
             "logs": rec.logs, "started": rec.started,
             "memory_bytes": rec.memory_bytes,

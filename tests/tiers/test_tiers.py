@@ -102,7 +102,11 @@ def test_tier_option_syntax(text: str, cap: str | None, place: str | None) -> No
 
 def test_tier_option_errors() -> None:
     with pytest.raises(UsageError, match="mooncake://"):
-        TierOption.parse("1GiB@/tmp/x", tier="dram")
+        TierOption.parse("1GiB@tmp/x", tier="dram")  # a relative path
+    with pytest.raises(UsageError, match="mooncake://"):
+        TierOption.parse("1GiB@nvme+tcp://127.0.0.1:4420/nqn.x/1", tier="dram")
+    shm = TierOption.parse("1GiB@/dev/shm/kv", tier="dram")  # a shared-memory pool
+    assert shm.place == "/dev/shm/kv" and str(shm.capacity) == "1 GiB"
     with pytest.raises(UsageError, match="local pool"):
         TierOption.parse("1GiB@/tmp/x", tier="gpu")
     assert TierOption.parse("mooncake://127.0.0.1:50051", tier="dram").capacity is None
