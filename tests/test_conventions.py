@@ -80,3 +80,15 @@ def test_no_citations_of_documents_users_do_not_have() -> None:
             if "BRIEF §" in line or "nvmeof.md §" in line or "semantics §" in line:
                 bad.append(f"{path.relative_to(REPO)}:{n}")
     assert not bad, "cite docs/ or a specification instead: " + ", ".join(bad)
+
+
+def test_no_module_shadows_the_standard_library() -> None:
+    """tests/ and bench/ hold scripts run by their path, which puts their directory first on
+    ``sys.path``: a module there named like the standard library's (``secrets.py``) replaces
+    it for every library the script imports (torch then fails far from the cause). (Package
+    modules such as kvtool/store/io.py are only reached as ``kvtool.store.io``.)"""
+    import sys
+
+    shadows = [str(p.relative_to(REPO)) for top in ("tests", "bench")
+               for p in (REPO / top).rglob("*.py") if p.stem in sys.stdlib_module_names]
+    assert not shadows, shadows

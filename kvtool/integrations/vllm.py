@@ -32,6 +32,9 @@ How it runs (docs/integrations.md):
   the tier hierarchy, which stores, promotes and evicts as in ``kvtool replay``; then
   the durable tiers commit. A block that failed its check is reported through
   ``get_block_ids_with_load_errors`` (vLLM recomputes it) and rewritten once it has.
+  vLLM's ``kv_load_failure_policy`` defaults to ``fail`` (a load error fails the request);
+  with ``on_tier_error = "recompute"`` (kvtool's default) the connector sets it to
+  ``recompute`` when it is created, before vLLM's scheduler reads it.
 * **Failures.** A tier that fails is dropped: its blocks are misses from then on. No
   exception reaches the engine from a tier; wrong KV is never served.
 * **Process model.** The scheduler and the worker share one :class:`BlockStore` per
@@ -222,6 +225,12 @@ class KvtoolConnector(KVConnectorBase_V1):
         kt = self._kv_transfer_config
         extra = dict(kt.kv_connector_extra_config or {})
         self.spec = StoreSpec.parse(extra, where="kv_connector_extra_config.")
+        if (self.spec.on_tier_error == "recompute"
+                and getattr(kt, "kv_load_failure_policy", "recompute") != "recompute"):
+            # a corrupt or lost block is recomputed, never a failed request (module
+            # docstring); vLLM's scheduler reads the policy after it creates the connector
+            kt.kv_load_failure_policy = "recompute"
+            log.info("kvtool: kv_load_failure_policy set to recompute (on_tier_error)")
         cc, mc, pc = vllm_config.cache_config, vllm_config.model_config, vllm_config.parallel_config
         self.block_size = int(cc.block_size)
         self.tp = int(pc.tensor_parallel_size)

@@ -3,7 +3,7 @@
 * :mod:`~tests.helpers.cli` — running the CLI and checking one-line errors;
 * :mod:`~tests.helpers.cache` — request streams and multi-turn traces for cache tests;
 * :mod:`~tests.helpers.fake_nvmet` — a simulated nvmet configfs tree;
-* :mod:`~tests.helpers.secrets` — searching a run's outputs and files for DH-HMAC-CHAP secrets;
+* :mod:`~tests.helpers.secret_search` — searching a run's outputs and files for DH-HMAC-CHAP secrets;
 * :mod:`~tests.helpers.spdk_peer`, :mod:`~tests.helpers.spdk_schema` — an SPDK JSON-RPC peer;
 * :mod:`~tests.helpers.qemu_guest` — the QEMU kernel guest fixtures (a pytest plugin);
 * :mod:`~tests.helpers.guest_nvme` — the guest kernel's NVMe/TCP host (nvme connect, hashes);

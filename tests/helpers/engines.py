@@ -117,7 +117,8 @@ class EngineProcess:
         return doc
 
     def stderr(self) -> str:
-        self._err.flush()
+        if not self._err.closed:
+            self._err.flush()
         return self.log.read_text(errors="replace")[-4000:]
 
     def kill(self) -> None:

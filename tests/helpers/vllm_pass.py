@@ -5,7 +5,8 @@
 KV cache size and block size, and the prompts (token ids). Prints one JSON line per prompt
 (its greedy tokens and cached tokens), then one ``{"end": …}`` line with vLLM's counters
 and the kvtool block store's report. With ``"step": true`` it reads a line from stdin
-before each prompt, so a test can act between requests (kill a target, corrupt a block).
+before each prompt, so a test can act between requests (kill a target, corrupt a block);
+with ``"reset_prefix_cache": true`` it empties vLLM's own prefix cache between prompts.
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ def counters(llm: Any) -> dict[str, Any]:
 
 def main() -> None:
     job = json.loads(Path(sys.argv[1]).read_text())
+    # the results go to the original stdout; everything else that writes to stdout (vLLM's
+    # logger, C++ extensions) goes to stderr
+    results = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -58,9 +64,11 @@ def main() -> None:
     for i, prompt in enumerate(job["prompts"]):
         if job.get("step"):
             sys.stdin.readline()
+        if job.get("reset_prefix_cache") and i:
+            llm.reset_prefix_cache()  # the next prompt can only hit the connector's tiers
         out = llm.generate([TokensPrompt(prompt_token_ids=prompt)], sp, use_tqdm=False)[0]
         print(json.dumps({"i": i, "tokens": list(out.outputs[0].token_ids),
-                          "cached": int(out.num_cached_tokens or 0)}), flush=True)
+                          "cached": int(out.num_cached_tokens or 0)}), file=results, flush=True)
     report = None
     if kv is not None and job.get("connector") == "kvtool":
         from kvtool.integrations.vllm import close_stores, store_reports
@@ -68,7 +76,8 @@ def main() -> None:
         reports = store_reports()
         report = reports[0] if reports else None
         close_stores()
-    print(json.dumps({"end": True, "counters": counters(llm), "report": report}), flush=True)
+    print(json.dumps({"end": True, "counters": counters(llm), "report": report}), file=results,
+          flush=True)
     with contextlib.suppress(Exception):  # the result is out already
         llm.llm_engine.engine_core.shutdown()
 

@@ -23,7 +23,7 @@ import pytest
 
 from tests.conftest import REPO, free_port
 from tests.helpers.engines import run_script, slot_offset
-from tests.helpers.secrets import search
+from tests.helpers.secret_search import search
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

@@ -17,7 +17,7 @@ import pytest
 from kvtool.errors import InputError
 from kvtool.target.loader import parse_config
 from tests.conftest import free_port, run, run_json
-from tests.helpers.secrets import files_under, search
+from tests.helpers.secret_search import files_under, search
 
 HOST = "nqn.2014-08.org.nvmexpress:uuid:44444444-4444-4444-8444-444444444444"
 NQN = "nqn.2026-01.io.kvtool:authcfg"

@@ -24,7 +24,7 @@ from emulator.spdk import tools
 from kvtool.target.spdk.app import SpdkApp
 from kvtool.target.spdk.install import SpdkInstall
 from tests.conftest import free_port, run, run_json
-from tests.helpers.secrets import files_under, search
+from tests.helpers.secret_search import files_under, search
 
 HOST = "nqn.2014-08.org.nvmexpress:uuid:55555555-5555-4555-8555-555555555555"
 NQN = "nqn.2026-01.io.kvtool:spdkauth"
