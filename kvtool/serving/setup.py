@@ -32,10 +32,8 @@ class BuiltCluster:
     scalars: Scalars
 
     def make_router(self) -> Router:
-        params = dict(self.spec.router.params)
-        if self.spec.router.name == "kv-aware":
-            params.setdefault("block_tokens", self.block_tokens)
-        return make_router(self.spec.router.name, **params)
+        return make_router(self.spec.router.name, defaults={"block_tokens": self.block_tokens},
+                           **self.spec.router.params)
 
     def describe(self) -> dict[str, Any]:
         doc = self.spec.to_dict()
