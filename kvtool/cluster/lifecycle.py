@@ -1,6 +1,6 @@
 """``kvtool cluster up / status / down``: a cluster file's nodes made real.
 
-``up`` reads the cluster file (:func:`kvtool.serving.cluster.load_cluster`, with its
+``up`` reads the cluster file (:func:`kvtool.serving.topology.load_cluster`, with its
 ``[placement]``) and builds, in this order, recording each thing in the
 :class:`~kvtool.cluster.state.ClusterState` *before* making it:
 
@@ -76,7 +76,7 @@ from kvtool.cluster.state import (
     remove,
 )
 from kvtool.errors import UsageError
-from kvtool.serving.cluster import ClusterSpec, load_cluster
+from kvtool.serving.topology import ClusterSpec, load_cluster
 from kvtool.target.config import Host
 from kvtool.target.document import config_document
 from kvtool.target.loader import load_config

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from emulator.nvmetcp import NamespaceConfig, SubsystemConfig, Target, TargetConfig
+from emulator.nvmetcp import EmulatorConfig, NamespaceConfig, SubsystemConfig, Target
 from kvtool.replay.data import TierFailed
 from kvtool.replay.run import ReplaySettings, prepare
 from kvtool.tiers.option import TierOption
@@ -144,7 +144,7 @@ def test_corrupt_objects_are_detected_counted_and_recomputed(store_dir: Path) ->
 
 @pytest.fixture
 def live_target() -> Iterator[Target]:
-    t = Target(TargetConfig(
+    t = Target(EmulatorConfig(
         subsystems=[SubsystemConfig(NQN, [NamespaceConfig(1, "64MiB")], allow_any_host=True)],
         listen=["127.0.0.1:0"])).start_in_thread()
     try:

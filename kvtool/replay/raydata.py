@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kvtool.errors import UsageError, param
-from kvtool.replay.cluster import TierCounters
+from kvtool.replay.servingdata import TierCounters
 
 if TYPE_CHECKING:
     from kvtool.cluster.state import ClusterState
@@ -71,7 +71,7 @@ TIERS = ("dram", "mooncake", "nvme")
 
 # ------------------------------------------------------------------ on the nodes
 @dataclass(frozen=True)
-class TargetSpec:
+class TargetAccess:
     """How an engine reaches one NVMe/TCP target (key files hold DHHC-1 secrets)."""
 
     name: str
@@ -98,7 +98,7 @@ class WorkerSpec:
     mooncake: str | None
     local_hostname: str
     segment_bytes: int
-    targets: tuple[TargetSpec, ...]
+    targets: tuple[TargetAccess, ...]
     rows: int = ROWS
 
 
@@ -146,7 +146,7 @@ class EngineWorker:
                 self.dead[i] = f"connect: {exc}"
 
     @staticmethod
-    def _connect(t: TargetSpec) -> Any:
+    def _connect(t: TargetAccess) -> Any:
         from kvtool.nvme.dhchap import load_secret_file
         from kvtool.nvme.engine import open_nvme_tcp
         from kvtool.nvme.hostauth import HostCredentials
@@ -484,7 +484,7 @@ class RayClusterData:
                 dram_path=f"/dev/shm/kvtool-{self.run}-{e.node}.dram" if dram else None,
                 dram_slots=dram.slots if dram else 0, mooncake=mooncake_url,
                 local_hostname=node.address, segment_bytes=segment,
-                targets=tuple(TargetSpec(t.name, t.url, t.hostnqn, t.dhchap_key_file,
+                targets=tuple(TargetAccess(t.name, t.url, t.hostnqn, t.dhchap_key_file,
                                          t.dhchap_ctrl_key_file) for t in self.targets)))
         self.specs = specs
         self.workers: list[Any] = []
@@ -952,5 +952,5 @@ def cluster_up(path: str) -> ClusterState | None:
     return state if state is not None and state.phase == "up" else None
 
 
-__all__ = ["ON_HEAD_ENV", "EngineWorker", "Fault", "RayClusterData", "SlotMap", "TargetSpec",
+__all__ = ["ON_HEAD_ENV", "EngineWorker", "Fault", "RayClusterData", "SlotMap", "TargetAccess",
            "WorkerSpec", "cluster_up", "on_head"]
