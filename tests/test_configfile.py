@@ -59,7 +59,7 @@ def test_missing_and_binary_files(tmp_path: Path) -> None:
 
 
 def test_every_reader_names_file_line_and_key(tmp_path: Path) -> None:
-    from emulator.nvmetcp.config import TargetConfig as EmulatorConfig
+    from emulator.nvmetcp.config import EmulatorConfig as EmulatorConfig
     from kvtool.replay.config import load_tiers_file
 
     tiers = tmp_path / "tiers.toml"

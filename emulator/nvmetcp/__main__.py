@@ -22,7 +22,7 @@ from pathlib import Path
 
 import click
 
-from emulator.nvmetcp.config import MAX_MDTS, HostKeyConfig, TargetConfig, simple_config
+from emulator.nvmetcp.config import MAX_MDTS, EmulatorConfig, HostKeyConfig, simple_config
 from emulator.nvmetcp.target import Target
 from emulator.nvmetcp.transport import new_event_loop
 from kvtool.errors import InputError, KvtoolError, UsageError
@@ -129,14 +129,14 @@ def main(listen: tuple[str, ...], allow_remote: bool, nqn: str | None, backing: 
 def _config(listen: tuple[str, ...], allow_remote: bool, nqn: str | None, backing: str | None,
             size: str | None, lba: int, hosts: tuple[str, ...], allow_any_host: bool,
             config_file: str | None, mdts: int | None, queue_size: int | None,
-            io_queues: int | None) -> TargetConfig:
+            io_queues: int | None) -> EmulatorConfig:
     if config_file:
         for name, value in (("--nqn", nqn), ("--backing", backing), ("--size", size),
                             ("--host", hosts), ("--allow-any-host", allow_any_host)):
             if value:
                 raise UsageError("give either --config or the single-subsystem options",
                                  field=name)
-        cfg = TargetConfig.load(config_file)
+        cfg = EmulatorConfig.load(config_file)
         if listen:
             cfg.listen = list(listen)
         cfg.allow_remote = cfg.allow_remote or allow_remote
@@ -179,7 +179,7 @@ def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
     return out
 
 
-def _add_keys(cfg: TargetConfig, keys: tuple[str, ...], ctrl_keys: tuple[str, ...],
+def _add_keys(cfg: EmulatorConfig, keys: tuple[str, ...], ctrl_keys: tuple[str, ...],
               hashes: str | None, groups: str | None) -> None:
     """The --dhchap-* options as ``host_keys`` entries (on top of a --config file's)."""
     host = _pairs(keys, "--dhchap-key")
@@ -251,7 +251,7 @@ def _reload_ana(target: Target, config_file: str) -> None:
     a file that does not validate changes nothing and is logged."""
     log = logging.getLogger("emulator.nvmetcp")
     try:
-        new = TargetConfig.load(config_file)
+        new = EmulatorConfig.load(config_file)
         target.set_ana(new.ana)
         if new.closed != target.config.closed:
             target.set_closed(new.closed)

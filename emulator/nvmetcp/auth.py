@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 
-from emulator.nvmetcp.config import TargetConfig
+from emulator.nvmetcp.config import EmulatorConfig
 from emulator.nvmetcp.queue import Queue
 from emulator.nvmetcp.sgl import expect_len, transfer_len
 from kvtool.errors import InputError
@@ -27,7 +27,7 @@ _CDW10 = (D.SECP_DHCHAP << 24) | (D.SPSP << 16) | (D.SPSP << 8)
 FCTYPE_AUTH_SEND, FCTYPE_AUTH_RECEIVE = D.FCTYPE_AUTH_SEND, D.FCTYPE_AUTH_RECEIVE
 
 
-def load_host_keys(config: TargetConfig, *, file: str | None = None) -> dict[str, D.HostKeys]:
+def load_host_keys(config: EmulatorConfig, *, file: str | None = None) -> dict[str, D.HostKeys]:
     """Read every host's key files (InputError naming the field when one is unusable)."""
     out: dict[str, D.HostKeys] = {}
     for i, hk in enumerate(config.host_keys):

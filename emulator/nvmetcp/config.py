@@ -55,7 +55,7 @@ class HostKeyConfig:
 
 
 @dataclass
-class TargetConfig:
+class EmulatorConfig:
     subsystems: list[SubsystemConfig] = field(default_factory=list)
     host_keys: list[HostKeyConfig] = field(default_factory=list)
     listen: list[str] = field(default_factory=lambda: [DEFAULT_LISTEN])
@@ -73,7 +73,7 @@ class TargetConfig:
     # fault injection: listeners closed (connections dropped), as a port whose link is down
     closed: list[str] = field(default_factory=list)
 
-    def validate(self, *, file: str | None = None) -> TargetConfig:
+    def validate(self, *, file: str | None = None) -> EmulatorConfig:
         """Check every field; return self. Raises InputError naming the field."""
         def bad(fld: str, msg: str) -> InputError:
             return InputError(msg, file=file, field=fld)
@@ -194,13 +194,13 @@ class TargetConfig:
         return out
 
     @classmethod
-    def from_dict(cls, doc: Any, *, file: str | None = None) -> TargetConfig:
+    def from_dict(cls, doc: Any, *, file: str | None = None) -> EmulatorConfig:
         """Build from the JSON document; unknown keys and wrong types are errors naming the
         key (and ``file``)."""
         return cls.from_document(ConfigDocument(doc, file, "json", None))
 
     @classmethod
-    def from_document(cls, doc: ConfigDocument) -> TargetConfig:
+    def from_document(cls, doc: ConfigDocument) -> EmulatorConfig:
         """Build from a read document (:mod:`kvtool.configfile`: its typed reader checks
         every key), then :meth:`validate`."""
         top = doc.table()
@@ -240,7 +240,7 @@ class TargetConfig:
         return cfg.validate(file=doc.source)
 
     @classmethod
-    def load(cls, path: str | Path) -> TargetConfig:
+    def load(cls, path: str | Path) -> EmulatorConfig:
         """Read a JSON config file; every error names the file, the key's line and the key
         (kvtool.configfile, the reader every kvtool config file goes through)."""
         doc = read_config(path, kind="json")
@@ -303,20 +303,20 @@ def parse_listen(addr: str, *, field: str = "listen",
 def simple_config(*, nqn: str, backing: str, size: str | None = None, lba_size: int = 512,
                   hosts: list[str] | None = None, allow_any_host: bool = False,
                   listen: list[str] | None = None, allow_remote: bool = False,
-                  **limits: Any) -> TargetConfig:
+                  **limits: Any) -> EmulatorConfig:
     """One subsystem with one namespace (nsid 1): what the CLI flags describe."""
     sub = SubsystemConfig(nqn=nqn, namespaces=[NamespaceConfig(1, backing, size, lba_size)],
                           hosts=list(hosts or []), allow_any_host=allow_any_host)
-    cfg = TargetConfig(subsystems=[sub], listen=list(listen or [DEFAULT_LISTEN]),
+    cfg = EmulatorConfig(subsystems=[sub], listen=list(listen or [DEFAULT_LISTEN]),
                        allow_remote=allow_remote, **limits)
     return cfg.validate()
 
 
 __all__ = [
+    "EmulatorConfig",
     "HostKeyConfig",
     "NamespaceConfig",
     "SubsystemConfig",
-    "TargetConfig",
     "check_nqn",
     "parse_listen",
     "simple_config",

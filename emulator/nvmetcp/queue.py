@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Protocol
 
-from emulator.nvmetcp.config import TargetConfig
+from emulator.nvmetcp.config import EmulatorConfig
 from emulator.nvmetcp.subsystem import Controller, Subsystem
 from kvtool.nvme import dhchap
 
@@ -22,7 +22,7 @@ from kvtool.nvme import dhchap
 class Shared(Protocol):
     """The state every queue of one target shares (event-loop confined)."""
 
-    config: TargetConfig
+    config: EmulatorConfig
     host_keys: dict[str, dhchap.HostKeys]  # host NQN → DH-HMAC-CHAP keys
     loop: asyncio.AbstractEventLoop
     connections: set[Queue]

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from emulator.nvmetcp.backing import Backing, open_backing
-from emulator.nvmetcp.config import SubsystemConfig, TargetConfig
+from emulator.nvmetcp.config import EmulatorConfig, SubsystemConfig
 from emulator.nvmetcp.logpages import ERROR_LOG_SLOTS, ErrorEntry, SmartCounters
 from kvtool.errors import InputError
 from kvtool.nvme import spec
@@ -238,7 +238,7 @@ def _serial(nqn: str) -> str:
     return uuid.uuid5(_UUID_NS, nqn).hex[:20]
 
 
-def build_subsystems(config: TargetConfig) -> dict[str, Subsystem]:
+def build_subsystems(config: EmulatorConfig) -> dict[str, Subsystem]:
     """Open every namespace's backing; on failure close the ones already opened."""
     subs: dict[str, Subsystem] = {}
     opened: list[Backing] = []

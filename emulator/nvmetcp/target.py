@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from emulator.nvmetcp.auth import load_host_keys
 from emulator.nvmetcp.backing import open_backing
-from emulator.nvmetcp.config import ANAGRPMAX, TargetConfig, parse_listen
+from emulator.nvmetcp.config import ANAGRPMAX, EmulatorConfig, parse_listen
 from emulator.nvmetcp.connection import QueueConnection
 from emulator.nvmetcp.logpages import ERROR_LOG_SLOTS
 from emulator.nvmetcp.metrics import TargetMetrics
@@ -56,7 +56,7 @@ def _url_host(host: str) -> str:
 class TargetState:
     """Everything the connections share (event-loop confined)."""
 
-    def __init__(self, config: TargetConfig, subsystems: dict[str, Subsystem],
+    def __init__(self, config: EmulatorConfig, subsystems: dict[str, Subsystem],
                  loop: asyncio.AbstractEventLoop,
                  host_keys: dict[str, HostKeys] | None = None) -> None:
         self.config = config
@@ -167,7 +167,7 @@ class TargetState:
 class Target:
     """An NVMe/TCP target serving ``config`` (see the module docstring)."""
 
-    def __init__(self, config: TargetConfig, *, metrics: TargetMetrics | None = None) -> None:
+    def __init__(self, config: EmulatorConfig, *, metrics: TargetMetrics | None = None) -> None:
         config.validate()
         self.config = config
         self.metrics = metrics
@@ -346,7 +346,7 @@ class Target:
         self._on_loop(resize, timeout)
 
     def set_ana(self, states: dict[str, dict[str, str]], *, timeout: float = 10.0) -> None:
-        """Replace the ANA states (``TargetConfig.ana``'s form: {listen address: {group:
+        """Replace the ANA states (``EmulatorConfig.ana``'s form: {listen address: {group:
         state}}); hosts connected through a changed listener get the ANA Change notice."""
         from dataclasses import replace
         parsed = replace(self.config, ana=states).ana_states()  # InputError when bad

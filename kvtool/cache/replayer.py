@@ -81,8 +81,8 @@ class TierSpec(msgspec.Struct):
         if self.policy not in POLICIES:
             raise UsageError(f"unknown policy {self.policy!r} (use {', '.join(POLICIES)})",
                              field="policy")
-        if self.policy == "vllm" and self.name not in POOLED_TIERS:
-            raise UsageError(f"policy 'vllm' is vLLM's GPU block pool: it manages the "
+        if POLICIES[self.policy].pooled and self.name not in POOLED_TIERS:
+            raise UsageError(f"policy {self.policy!r} is vLLM's GPU block pool: it manages the "
                              f"{' or '.join(POOLED_TIERS)} tier only, not {self.name}",
                              field="policy")
         for name in ("admit_after", "admit_ttl"):

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from kvtool.cli.output import emit, json_option, note
+from kvtool.target.runtimes import CLUSTER
 
 EPILOG = """
 \b
@@ -34,10 +35,10 @@ def command() -> None:
 @command.command("up", short_help="Make the nodes of FILE's [placement] and start everything on them",
                  epilog=EPILOG)
 @click.argument("file", type=click.Path(dir_okay=False))
-@click.option("--runtime", type=click.Choice(["userspace", "spdk"]), default=None,
+@click.option("--runtime", type=click.Choice(CLUSTER), default=None,
               help="How the storage nodes' NVMe/TCP targets run: kvtool's userspace target "
               "(default) or SPDK's nvmf_tgt (as kvtool target up --runtime).")
-@click.option("--engine", type=click.Choice(["userspace", "spdk"]), default=None, hidden=True,
+@click.option("--engine", type=click.Choice(CLUSTER), default=None, hidden=True,
               help="Deprecated name of --runtime.")
 @json_option
 def up_cmd(file: str, runtime: str | None, engine: str | None) -> None:
@@ -45,7 +46,7 @@ def up_cmd(file: str, runtime: str | None, engine: str | None) -> None:
     from kvtool.cli.target import runtime_flag
     from kvtool.cluster import lifecycle
 
-    state = lifecycle.up(file, runtime=runtime_flag(runtime, engine) or "userspace", step=note)
+    state = lifecycle.up(file, runtime=runtime_flag(runtime, engine) or CLUSTER[0], step=note)
     doc = lifecycle.status(state)
     emit(doc, lambda con: render(con, doc))
 

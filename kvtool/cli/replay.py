@@ -393,11 +393,11 @@ def _secret_path(name: str) -> str | None:
 
 def _relaunch_on_head(cluster: str) -> None:
     """A cluster ``kvtool cluster up`` made of namespaces runs this command on its head
-    node (:func:`kvtool.replay.raycluster.on_head`): the same arguments, output passed
+    node (:func:`kvtool.replay.raydata.on_head`): the same arguments, output passed
     through, its exit status."""
     import subprocess
 
-    from kvtool.replay.raycluster import cluster_up, on_head
+    from kvtool.replay.raydata import cluster_up, on_head
 
     state = cluster_up(cluster)
     if state is None:

@@ -56,14 +56,14 @@ def run(*, trace: str, clusters: tuple[str, ...], simulate: bool, fmt: str,
     backend = None
     state = None
     if not simulate:
-        from kvtool.replay.raycluster import cluster_up
+        from kvtool.replay.raydata import cluster_up
 
         state = cluster_up(clusters[0])
     if faults and state is None:
         raise UsageError(f"{param('fault')} needs a cluster that is up (kvtool cluster up "
                          f"{clusters[0]}) and data mode", field="fault")
     if state is not None:
-        from kvtool.replay.raycluster import Fault, RayClusterData
+        from kvtool.replay.raydata import Fault, RayClusterData
 
         parsed = [Fault.parse(f) for f in faults]
         note(f"data mode on cluster {state.name}: engines as Ray actors on their nodes "
@@ -75,7 +75,7 @@ def run(*, trace: str, clusters: tuple[str, ...], simulate: bool, fmt: str,
                 note(f"data mode: {tier} tier on {place}")
             return data
     elif not simulate:
-        from kvtool.replay.cluster import open_cluster_data
+        from kvtool.replay.servingdata import open_cluster_data
 
         def backend(built: Any) -> Any:
             data = open_cluster_data(built, seed=seed, nvme_place=nvme_place, read_qd=read_qd,

@@ -30,7 +30,7 @@ START_SLACK_S = 10.0
 def cluster_object_bytes(state: ClusterState) -> int:
     """The object a bench of ``state``'s cluster moves when none is named: one block of its
     engines as one engine's load or store moves it (all ranks), from the cluster file."""
-    from kvtool.serving.cluster import load_cluster
+    from kvtool.serving.topology import load_cluster
 
     return load_cluster(state.file).engines[0].all_ranks_block_bytes
 

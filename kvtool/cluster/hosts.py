@@ -66,7 +66,7 @@ from kvtool.cluster.state import (
     SegmentState,
 )
 from kvtool.errors import UsageError
-from kvtool.serving.cluster import ClusterSpec
+from kvtool.serving.topology import ClusterSpec
 from kvtool.target.config import Host
 from kvtool.target.document import config_document
 

@@ -1,6 +1,6 @@
 """``kvtool cluster up / status / down``: a cluster file's nodes made real.
 
-``up`` reads the cluster file (:func:`kvtool.serving.cluster.load_cluster`, with its
+``up`` reads the cluster file (:func:`kvtool.serving.topology.load_cluster`, with its
 ``[placement]``) and builds, in this order, recording each thing in the
 :class:`~kvtool.cluster.state.ClusterState` *before* making it:
 
@@ -76,11 +76,12 @@ from kvtool.cluster.state import (
     remove,
 )
 from kvtool.errors import UsageError
-from kvtool.serving.cluster import ClusterSpec, load_cluster
+from kvtool.serving.topology import ClusterSpec, load_cluster
 from kvtool.target.config import Host
 from kvtool.target.document import config_document
 from kvtool.target.loader import load_config
 from kvtool.target.procs import start_time
+from kvtool.target.runtimes import AUTO, CLUSTER
 from kvtool.target.state import pid_alive
 
 Step = Callable[[str], None]
@@ -93,23 +94,23 @@ def _no_step(_: str) -> None:
 # -- up ---------------------------------------------------------------------------------------
 
 
-TARGET_RUNTIMES = ("userspace", "spdk")
+TARGET_RUNTIMES = CLUSTER  # the runtime registry's (kvtool.target.runtimes)
 
 
 def check_target_config(path: Path) -> str | None:
     """Why the kvtool target config at ``path`` cannot serve as a cluster target (``None``:
     it can): a cluster target runs kvtool's emulator backend and serves a namespace."""
     cfg = load_config(path, allow_remote=True)
-    if cfg.backend != "emulator" or cfg.runtime not in ("auto", "userspace", "spdk"):
+    if cfg.backend != "emulator" or cfg.runtime not in (AUTO, *TARGET_RUNTIMES):
         return (f"{path}: a cluster target runs kvtool's emulator (backend \"emulator\", "
-                f"runtime userspace or spdk), got backend {cfg.backend!r}, runtime "
+                f"runtime {' or '.join(TARGET_RUNTIMES)}), got backend {cfg.backend!r}, runtime "
                 f"{cfg.runtime!r}")
     if not any(sub.namespaces for sub in cfg.subsystems):
         return f"{path} has no namespace to serve"
     return None
 
 
-def up(file: str | os.PathLike[str], *, runtime: str = "userspace",
+def up(file: str | os.PathLike[str], *, runtime: str = CLUSTER[0],
        step: Step = _no_step) -> ClusterState:
     """Bring the cluster of ``file`` up; its record (phase ``up``).
 

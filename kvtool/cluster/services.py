@@ -16,6 +16,7 @@ from pathlib import Path
 
 from kvtool.target.config import Host, Listener, Namespace, Subsystem, TargetConfig
 from kvtool.target.loader import load_config
+from kvtool.target.runtimes import CLUSTER
 
 ENV_TAG = "KVTOOL_CLUSTER"
 RAY_PORT = 6379
@@ -40,13 +41,13 @@ def target_config(name: str, runtime: str, subnqn: str, size: int, config: str |
     else:
         own = load_config(config, allow_remote=True)
         subsystems = own.subsystems
-        runtime = own.runtime if own.runtime in ("userspace", "spdk") else runtime
+        runtime = own.runtime if own.runtime in CLUSTER else runtime
     subsystems = tuple(replace(sub, hosts=(host.nqn,), allow_any_host=False)
                        for sub in subsystems)
     listener = Listener(1, "tcp", address, port, "ipv4", tuple(sub.nqn for sub in subsystems))
     return TargetConfig(name=name, backend="emulator", subsystems=subsystems,
                         listeners=(listener,), hosts=(host,),
-                        runtime="spdk" if runtime == "spdk" else "userspace")
+                        runtime=runtime if runtime in CLUSTER else CLUSTER[0])
 
 
 def metadata_args(address: str) -> list[str]:

@@ -41,8 +41,8 @@ def parameter_names() -> set[str]:
     from dataclasses import fields
 
     from kvtool.experiments.spec import WORKLOAD_KEYS
-    from kvtool.serving.cluster import CLUSTER_KEYS
     from kvtool.serving.roofline import Scalars
+    from kvtool.serving.topology import CLUSTER_KEYS
 
     names: set[str] = set()
     for table, keys in CLUSTER_KEYS.items():

@@ -117,7 +117,7 @@ def one_engine_times(requests: Sequence[Any], cfg: CacheConfig, *, block_tokens:
     # what a load or store moves: the replay's block (every rank's copy) when it has one
     kv_block = max(1, round(step.kv_bytes_per_token * block_tokens)) * t
     moved = block_bytes * t if block_bytes else kv_block
-    from kvtool.serving.cluster import vllm_batch_defaults
+    from kvtool.serving.topology import vllm_batch_defaults
 
     max_tokens, max_seqs = vllm_batch_defaults(g)
     gpu_tier = next((s for s in cfg.tiers if s.name == "gpu"), None)

@@ -1,6 +1,8 @@
 """Routers: which engine serves a request.
 
-``make_router(name, **params)`` builds one of :data:`ROUTERS`; ``router.route(request,
+``make_router(name, **params)`` builds one of :data:`ROUTERS`, the registry (name → the
+class, by module path: a router may live in a module of its own; its class says which
+parameters it takes, in ``PARAMS``); ``router.route(request,
 engines)`` returns an index into ``engines`` (a sequence of :class:`EngineView`). A router
 never changes an engine; it may keep its own state (the round-robin cursor, the sessions'
 engines). Every choice is repeatable: ties go to the lowest index (``kv-aware``: at random from a
@@ -44,15 +46,23 @@ still into the ``engines`` given.
 
 from __future__ import annotations
 
+import importlib
 import math
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Hashable, Sequence
-from typing import Any, Protocol
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any, ClassVar, Protocol
 
 from kvtool.errors import UsageError
 
-ROUTERS = ("round-robin", "least-loaded", "session-affinity", "kv-aware")
+ROUTERS: dict[str, str] = {
+    "round-robin": "kvtool.serving.router:RoundRobinRouter",
+    "least-loaded": "kvtool.serving.router:LeastLoadedRouter",
+    "session-affinity": "kvtool.serving.router:SessionAffinityRouter",
+    "kv-aware": "kvtool.serving.router:KvAwareRouter",
+}
+"""The routers a cluster file's ``router`` names: name → ``module:Class`` (a subclass of
+:class:`Router`). Adding one: docs/architecture.md, "Where to add…"."""
 ROLES = ("prefill", "decode")
 
 
@@ -98,6 +108,11 @@ class Router(ABC):
     """
 
     name = ""
+    PARAMS: ClassVar[frozenset[str]] = frozenset()
+    """The keyword parameters the constructor takes (from the cluster file's ``[router]``
+    table); none by default."""
+    ALIASES: ClassVar[Mapping[str, str]] = {}
+    """Older names of parameters → their names."""
 
     @abstractmethod
     def route(self, request: Any, engines: Sequence[Any], role: str | None = None, *,
@@ -185,6 +200,10 @@ class KvAwareRouter(Router):
     """Dynamo's KV router (module docstring): prefix overlap against tracked load."""
 
     name = "kv-aware"
+    PARAMS = frozenset({"overlap_score_credit", "prefill_load_scale", "host_cache_hit_weight",
+                        "decode_active_request_weight", "block_tokens", "track_prefill_tokens",
+                        "assume_kv_reuse", "tie_break", "seed"})
+    ALIASES: ClassVar[Mapping[str, str]] = {"overlap_score_weight": "prefill_load_scale"}
 
     def __init__(self, *, overlap_score_credit: float = 1.0, prefill_load_scale: float = 1.0,
                  host_cache_hit_weight: float = 0.75, decode_active_request_weight: float = 0.0,
@@ -367,33 +386,36 @@ class KvAwareRouter(Router):
                 del blocks[k]
 
 
-_ALIASES = {"overlap_score_weight": "prefill_load_scale"}
-
-
-def make_router(name: str, **params: Any) -> Router:
-    """A router by name (one of :data:`ROUTERS`); unknown names or parameters are
-    :class:`UsageError` naming them."""
+def router_class(name: str) -> type[Router]:
+    """The registered class of router ``name`` (case and ``_``/``-`` as the file may write
+    them); an unknown name is a :class:`UsageError` naming the known ones."""
     key = str(name).strip().lower().replace("_", "-")
-    if key == "round-robin":
-        cls: type[Router] = RoundRobinRouter
-    elif key == "least-loaded":
-        cls = LeastLoadedRouter
-    elif key == "session-affinity":
-        cls = SessionAffinityRouter
-    elif key == "kv-aware":
-        kw = {_ALIASES.get(k, k): v for k, v in params.items()}
-        allowed = {"overlap_score_credit", "prefill_load_scale", "host_cache_hit_weight",
-                   "decode_active_request_weight", "block_tokens", "track_prefill_tokens",
-                   "assume_kv_reuse", "tie_break", "seed"}
-        for k in params:
-            if _ALIASES.get(k, k) not in allowed:
-                raise UsageError(f"unknown parameter {k!r} of the kv-aware router (known: "
-                                 f"{', '.join(sorted(allowed | set(_ALIASES)))})", field=k)
-        return KvAwareRouter(**kw)
-    else:
+    where = ROUTERS.get(key)
+    if where is None:
         raise UsageError(f"unknown router {name!r} (known: {', '.join(ROUTERS)})",
                          field="router")
-    if params:
-        k = next(iter(params))
-        raise UsageError(f"the {key} router takes no parameters, got {k!r}", field=k)
-    return cls()
+    module, _, cls = where.partition(":")
+    found: type[Router] = getattr(importlib.import_module(module), cls)
+    return found
+
+
+def make_router(name: str, *, defaults: Mapping[str, Any] | None = None,
+                **params: Any) -> Router:
+    """A router by name (one of :data:`ROUTERS`); unknown names or parameters are
+    :class:`UsageError` naming them. ``defaults``: values for parameters not given, used
+    only by a router that takes them (the cluster's block size)."""
+    cls = router_class(name)
+    if not cls.PARAMS:
+        if params:
+            k = next(iter(params))
+            raise UsageError(f"the {cls.name} router takes no parameters, got {k!r}", field=k)
+        return cls()
+    for k in params:
+        if cls.ALIASES.get(k, k) not in cls.PARAMS:
+            raise UsageError(f"unknown parameter {k!r} of the {cls.name} router (known: "
+                             f"{', '.join(sorted(cls.PARAMS | set(cls.ALIASES)))})", field=k)
+    kw = {cls.ALIASES.get(k, k): v for k, v in params.items()}
+    for k, v in (defaults or {}).items():
+        if k in cls.PARAMS:
+            kw.setdefault(k, v)
+    return cls(**kw)

@@ -69,7 +69,7 @@ def parse_sweep(text: str) -> list[Load]:
     return out
 
 
-class Backend(Protocol):
+class RunBackend(Protocol):
     """A data-mode backend for one run (:class:`~kvtool.serving.sim.DataBackend`), with
     its report and a close."""
 
@@ -83,12 +83,12 @@ class Backend(Protocol):
 
 def run_serving(s: ServingSettings, *, progress: Callable[[int], None] | None = None,
                 on_setup: Callable[[dict[str, Any]], None] | None = None,
-                backend: Callable[[BuiltCluster], Backend] | None = None,
+                backend: Callable[[BuiltCluster], RunBackend] | None = None,
                 fanout: Fanout | None = None) -> dict[str, Any]:
     """Read the trace and the cluster files, run every (cluster, load), return the report.
 
     ``backend(built)``, when given, opens the real tiers of a run (data mode: the replay
-    package's :func:`kvtool.replay.cluster.open_cluster_data`); each run's report then has
+    package's :func:`kvtool.replay.servingdata.open_cluster_data`); each run's report then has
     a ``data`` object and is closed after the run. Without one, the runs are independent
     and ``fanout`` (:mod:`kvtool.fanout`) may run them side by side: the report is the
     same as a serial run's."""
@@ -149,7 +149,7 @@ class _Points:
         return len(self.built) * len(self.loads)
 
     def run(self, i: int, progress: Callable[[int], None] | None = None,
-            backend: Callable[[BuiltCluster], Backend] | None = None) -> dict[str, Any]:
+            backend: Callable[[BuiltCluster], RunBackend] | None = None) -> dict[str, Any]:
         from kvtool.serving.sim import Simulation
 
         b = self.built[i // len(self.loads)]

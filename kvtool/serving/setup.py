@@ -1,6 +1,6 @@
 """From a cluster file to what the event loop runs: engines' setups, tiers, links, router.
 
-:func:`build_setup` reads a cluster file (:func:`kvtool.serving.cluster.load_cluster`),
+:func:`build_setup` reads a cluster file (:func:`kvtool.serving.topology.load_cluster`),
 applies overrides of the roofline's scalars (calibration, what-ifs) and returns a
 :class:`BuiltCluster`: the :class:`~kvtool.serving.sim.ClusterSetup` the loop needs, a fresh
 router per run, and the summary the report shows.
@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvtool.errors import UsageError
-from kvtool.serving.cluster import ClusterSpec, load_cluster
 from kvtool.serving.load import check_block_sizes
 from kvtool.serving.roofline import Scalars, StepModel
 from kvtool.serving.router import Router, make_router
 from kvtool.serving.sim import ClusterSetup, EngineSetup, TierSetup
+from kvtool.serving.topology import ClusterSpec, load_cluster
 
 
 @dataclass
@@ -32,10 +32,8 @@ class BuiltCluster:
     scalars: Scalars
 
     def make_router(self) -> Router:
-        params = dict(self.spec.router.params)
-        if self.spec.router.name == "kv-aware":
-            params.setdefault("block_tokens", self.block_tokens)
-        return make_router(self.spec.router.name, **params)
+        return make_router(self.spec.router.name, defaults={"block_tokens": self.block_tokens},
+                           **self.spec.router.params)
 
     def describe(self) -> dict[str, Any]:
         doc = self.spec.to_dict()

@@ -100,7 +100,7 @@ class ClusterSetup:
     router_params: dict[str, Any]
     name: str = ""
     connector: Any = None
-    """The KV connector's costs (:class:`kvtool.serving.cluster.ConnectorSpec`), or None."""
+    """The KV connector's costs (:class:`kvtool.serving.topology.ConnectorSpec`), or None."""
     pd_transfer: str = "direct"
     """P/D split: ``direct`` (engine to engine) or ``store`` (through the tiers below)."""
 

@@ -27,6 +27,7 @@ from kvtool.target.config import TargetConfig
 from kvtool.target.document import config_document
 from kvtool.target.loader import load_config, parse_config
 from kvtool.target.plan import ApplyFailed, Plan, Step, TargetError, apply
+from kvtool.target.runtimes import BACKGROUND, open_runtime
 
 
 class Backend(Protocol):
@@ -62,24 +63,13 @@ def backend_for(cfg: TargetConfig, opts: Options | None = None,
     if cfg.backend == "nvmet":
         from kvtool.target.nvmet.backend import NvmetBackend
         return NvmetBackend(opts.configfs_root or cfg.nvmet_root)
-    if cfg.backend == "spdk" and cfg.spdk_start:
-        from kvtool.target.spdk.runtime import ManagedSpdk
-        return ManagedSpdk(record)
-    if cfg.backend == "spdk":
+    if cfg.backend == "spdk" and not cfg.spdk_start:
         from kvtool.target.spdk.backend import SpdkBackend
         return SpdkBackend(socket_path=opts.spdk_socket or cfg.spdk_socket, timeout=cfg.spdk_timeout)
     runtime = runtime_of(cfg)
-    if runtime == "userspace":
-        from kvtool.target.emulator import UserspaceRuntime
-        return UserspaceRuntime(record)
-    if runtime == "qemu":
-        from kvtool.target.guest import QemuRuntime
-        return QemuRuntime(record)
-    if runtime == "spdk":
-        from kvtool.target.spdk.runtime import SpdkRuntime
-        return SpdkRuntime(record)
-    from kvtool.target.emulator import KernelRuntime
-    return KernelRuntime(opts.configfs_root)
+    assert runtime is not None
+    backend: Backend = open_runtime(runtime, record=record, configfs_root=opts.configfs_root)
+    return backend
 
 
 def previous_config(record: st.TargetState | None) -> TargetConfig | None:
@@ -260,7 +250,7 @@ def default_target(port: int | None = None, name: str | None = None,
     if name is not None:
         cfg = replace(cfg, name=name)
     if runtime is not None:
-        cfg = replace(cfg, runtime=runtime)  # type: ignore[arg-type]
+        cfg = replace(cfg, runtime=runtime)
     if metrics_port is not None:
         cfg = replace(cfg, metrics_port=metrics_port)
     if busy_poll_us is not None:
@@ -320,7 +310,7 @@ def sweep(name: str | None = None) -> list[str]:
     notes = procs.sweep(name)
     for target in [name] if name is not None else st.names():
         record = st.load(target)
-        if record is None or record.pid is None or record.runtime not in BACKGROUND_RUNTIMES:
+        if record is None or record.pid is None or record.runtime not in BACKGROUND:
             continue
         from kvtool.target.emulator import recorded_pid_alive
         if not recorded_pid_alive(record.pid, record.pid_start):
@@ -330,9 +320,6 @@ def sweep(name: str | None = None) -> list[str]:
                          f"{why}; its record was removed")
             st.remove(target)
     return notes
-
-
-BACKGROUND_RUNTIMES = ("userspace", "spdk", "qemu", "nvmf_tgt")
 
 
 def acting_config(cfg: TargetConfig, record: st.TargetState | None) -> tuple[TargetConfig, str]:

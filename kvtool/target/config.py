@@ -22,12 +22,13 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from kvtool.target.runtimes import CHOICES
+
 BackendName = Literal["nvmet", "spdk", "emulator"]
-Runtime = Literal["auto", "kernel", "qemu", "userspace", "spdk"]
 Backing = Literal["memory", "file", "block", "nvme"]
 
 BACKENDS: tuple[str, ...] = ("nvmet", "spdk", "emulator")
-RUNTIMES: tuple[str, ...] = ("auto", "kernel", "qemu", "userspace", "spdk")
+RUNTIMES: tuple[str, ...] = CHOICES  # the registry's (kvtool.target.runtimes)
 BACKINGS: tuple[str, ...] = ("memory", "file", "block", "nvme")
 TRANSPORTS: tuple[str, ...] = ("tcp", "rdma")
 DEFAULT_PORT = 4420
@@ -141,7 +142,7 @@ class TargetConfig:
     listeners: tuple[Listener, ...]
     hosts: tuple[Host, ...] = ()
     transports: tuple[Transport, ...] = ()
-    runtime: Runtime = "auto"
+    runtime: str = "auto"  # one of RUNTIMES (the registry: kvtool.target.runtimes)
     metrics_port: int | None = None  # the userspace runtime's Prometheus port (0: any free)
     busy_poll_us: int | None = None  # the userspace runtime's event-loop polling (None: its own)
     nvmet_root: str | None = None

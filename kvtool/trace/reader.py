@@ -40,144 +40,34 @@ first N bad lines (in file order) are skipped and listed in
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import math
 import mmap
 import os
-import re
 import sys
 from collections.abc import Iterator
 from itertools import accumulate
 from pathlib import Path
-from typing import Annotated, Any, cast
+from typing import Any, cast
 
 import msgspec
 
 from kvtool.errors import InputError, param
 from kvtool.gcpause import cyclic_gc_paused
-from kvtool.trace.hashing import TOKEN_MAX, chain_hashes
-from kvtool.trace.schema import (
-    AZURE_COLUMNS,
-    BAILIAN_KEYS,
-    DEFAULT_BLOCK_TOKENS,
-    DEFAULT_WINDOW_MS,
-    FORMATS,
-    KVTOOL_ONLY_KEYS,
-    Request,
-    TraceFormat,
+from kvtool.trace.formats import FALLBACK, TRACE_FORMATS, format_module
+from kvtool.trace.formats.lines import BadLine, LineParser, Parsed
+from kvtool.trace.formats.mooncake import (
+    HEAD_DECODER,
+    LINE_DECODER,
+    RECORD_DECODER,
+    parsed_mooncake,
 )
-
-NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
-PosInt = Annotated[int, msgspec.Meta(ge=1)]
-TokenId = Annotated[int, msgspec.Meta(ge=0, le=TOKEN_MAX)]
-
-
-class _Line(msgspec.Struct, gc=False):
-    """A whole kvtool line; presence rules are checked by hand for clear errors."""
-
-    timestamp: float | None = None
-    input_length: NonNegInt | None = None
-    output_length: NonNegInt | None = None
-    hash_ids: list[int] | None = None
-    tokens: list[TokenId] | None = None
-    session: str | int | None = None
-    round: PosInt | None = None
-    block_tokens: PosInt | None = None
-
-
-class _MooncakeLine(msgspec.Struct, gc=False):
-    timestamp: float | None = None
-    input_length: NonNegInt | None = None
-    output_length: NonNegInt | None = None
-    hash_ids: list[int] | None = None
-
-
-class _MooncakeRecord(msgspec.Struct, gc=False):
-    """A Mooncake line with every field present, as a streamed trace's lines are
-    (:meth:`TraceReader._scan_sorted_mooncake`): the decoder checks their presence, so
-    no per-line code does; a line without one is left to the scan that words the error."""
-
-    timestamp: float
-    input_length: NonNegInt
-    output_length: NonNegInt
-    hash_ids: list[int]
-
-
-class _BailianLine(msgspec.Struct, gc=False):
-    """A Qwen-Bailian line (its README's schema); ``type`` is checked, then ignored."""
-
-    chat_id: int | str | None = None
-    parent_chat_id: int | str | None = None
-    timestamp: float | None = None
-    input_length: NonNegInt | None = None
-    output_length: NonNegInt | None = None
-    type: str | None = None
-    turn: PosInt | None = None
-    hash_ids: list[int] | None = None
-
-
-class _MooncakeHead(msgspec.Struct, gc=False):
-    """A Mooncake line with every field present, its block ids left undecoded (checked
-    to be present only): pass 1 of a streamed trace with late id checks
-    (:meth:`TraceReader._scan_sorted_mooncake`). Building the ids' ints is most of a
-    line's decoding; pass 2 builds them anyway."""
-
-    timestamp: float
-    input_length: NonNegInt
-    output_length: NonNegInt
-    hash_ids: msgspec.Raw
-
-
-_KVTOOL_DECODER = msgspec.json.Decoder(_Line)
-_MOONCAKE_DECODER = msgspec.json.Decoder(_MooncakeLine)
-_RECORD_DECODER = msgspec.json.Decoder(_MooncakeRecord)
-_HEAD_DECODER = msgspec.json.Decoder(_MooncakeHead)
-_BAILIAN_DECODER = msgspec.json.Decoder(_BailianLine)
-BAILIAN_ROOT = -1
-"""``parent_chat_id`` of a session's first request in Qwen-Bailian traces."""
-# (patterns compiled on first use, by re's cache: the Mooncake path needs neither)
-_AZURE_TIME_RE = (r"^(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?"
-                  r"(?:(Z)|([+-])(\d{2}):?(\d{2}))?$")
-
-_TYPE_WORDS = {"int": "an integer", "float": "a number", "str": "a string", "array": "a list",
-               "object": "a JSON object", "bool": "true/false", "null": "null"}
-_PATH_RE = r"^\$\.([A-Za-z_][A-Za-z0-9_]*)((?:\[\d+\])*)"
-
-
-class _BadLine(Exception):
-    def __init__(self, message: str, field: str | None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.field = field
-
-
-# _Parsed and _Entry are built once per line: msgspec Structs, whose construction runs in
-# C (a NamedTuple's or a dataclass's runs Python code), for the reader's start-up time.
-# gc=False (here, on the line Structs and on Request): they hold numbers, strings and lists
-# of ints, never a reference cycle, so the cyclic collector need not traverse them.
-class _Parsed(msgspec.Struct, frozen=True, gc=False):
-    """A validated line before serve-order fields (round inference, period) are known."""
-
-    timestamp: float | None
-    input_length: int
-    output_length: int
-    block_keys: list[int]
-    block_tokens: int
-    session: str | int | None
-    round: int | None
-    parent: str | int | None = None
-    """Qwen-Bailian: ``parent_chat_id`` (None for a root); ``session`` holds ``chat_id``."""
-
-
-def _parsed_mooncake(rec: Any, block_tokens: int) -> _Parsed:
-    """A Mooncake line, decoded and checked (every field present), as :class:`_Parsed`."""
-    return _Parsed(rec.timestamp, rec.input_length, rec.output_length, rec.hash_ids,
-                   block_tokens, None, None)
+from kvtool.trace.schema import DEFAULT_BLOCK_TOKENS, DEFAULT_WINDOW_MS, FORMATS, Request, TraceFormat
 
 
 class _Entry(msgspec.Struct, gc=False):
-    """One good line after pass 1."""
+    """One good line after pass 1 (a msgspec Struct: built once per line, in C; gc=False:
+    it holds numbers, strings and a :class:`Parsed`, never a reference cycle)."""
 
     line: int
     start: int
@@ -185,9 +75,10 @@ class _Entry(msgspec.Struct, gc=False):
     timestamp: float
     session: str | int | None
     round: int | None
-    parsed: _Parsed | None = None
-    """Pass 1's decoded line, kept (Mooncake traces, within :data:`KEEP_BLOCK_IDS`) so
-    that pass 2 does not decode it again."""
+    parsed: Parsed | None = None
+    """Pass 1's decoded line, kept (Mooncake traces, within
+    :data:`~kvtool.trace.formats.mooncake.KEEP_BLOCK_IDS`) so that pass 2 does not decode
+    it again."""
 
 
 CHUNK_BYTES = 1 << 20
@@ -200,69 +91,6 @@ STREAM_CHUNK_BYTES = 1 << 16
 decoded lines then reuse the memory the last chunk's freed, where larger chunks make
 the allocator map fresh pages, and each page's first touch is a page fault (about 3 µs
 here: BENCHMARKS.md, "Issue 23 speed, fifth pass")."""
-
-KEEP_BLOCK_IDS = 2_000_000
-"""Pass 1 keeps decoded Mooncake lines until they hold this many block ids (about 40 B
-each, so at most about 80 MB): a trace that size is decoded once; beyond it, pass 2
-decodes the rest again (a chunk at a time where serve order follows the file), so
-memory stays bounded whatever the trace's length."""
-
-
-def _words(type_expr: str) -> str:
-    parts = [p.strip() for p in type_expr.split("|") if p.strip() != "null"]
-    return " or ".join(_TYPE_WORDS.get(p, p) for p in parts)
-
-
-def _explain_validation(err: msgspec.ValidationError, raw: bytes) -> _BadLine:
-    """Turn msgspec's ``Expected `int`, got `str` - at `$.input_length``` into our words."""
-    text = str(err)
-    base, _, where = text.partition(" - at ")
-    where = where.strip("`")
-    field: str | None = None
-    index = ""
-    m = re.match(_PATH_RE, where)
-    if m:
-        field, index = m.group(1), m.group(2)
-    got = ""
-    value: Any = None
-    try:
-        value = json.loads(raw)
-        if field is not None:
-            value = value[field]
-            for i in re.findall(r"\[(\d+)\]", index):
-                value = value[int(i)]
-        got = json.dumps(value)
-        if len(got) > 40:
-            got = got[:37] + "..."
-    except (ValueError, KeyError, IndexError, TypeError):
-        got = ""
-    m2 = re.match(r"Expected `([^`]*)`(?:, got `([^`]*)`)?(.*)$", base)
-    if m2:
-        expected, _, rest = m2.groups()
-        message = f"expected {_words(expected)}{rest}"
-        if where == "" and field is None:
-            message = f"each line must be {_words(expected)}"
-    else:
-        message = base[:1].lower() + base[1:]
-    if got and where:
-        message += f", got {got}"
-    if index:
-        message = f"item {index.strip('[]').replace('][', ',')}: {message}"
-    return _BadLine(message, field)
-
-
-def _decode(decoder: msgspec.json.Decoder[Any], raw: bytes) -> Any:
-    """``decoder.decode(raw)``; a bad line raises :class:`_BadLine` in kvtool's words."""
-    try:
-        return decoder.decode(raw)
-    except msgspec.ValidationError as err:
-        raise _explain_validation(err, raw) from None
-    except msgspec.DecodeError as err:
-        text = str(err)
-        if "truncated" in text:
-            raise _BadLine("malformed JSON: the line is truncated", None) from None
-        raise _BadLine(f"malformed JSON: {text.removeprefix('JSON is malformed: ')}",
-                       None) from None
 
 
 class TraceReader:
@@ -310,7 +138,6 @@ class TraceReader:
         self._late_ids = late_id_checks and skip_bad == 0
         self.bad_lines: list[tuple[int, str]] = []
         self._bad_seen: set[int] = set()
-        self._explicit_block_tokens = block_tokens
         self._buf = self._open(self.path)
         detected, first_block_tokens = self._detect()
         self.format: TraceFormat = detected if fmt == "auto" else cast(TraceFormat, fmt)
@@ -323,8 +150,11 @@ class TraceReader:
             else f"{first_block_tokens} on its first line" if first_block_tokens is not None
             else f"the {self.format} default of {self.block_tokens}")
         self._entries: list[_Entry] = []
-        self._azure_columns: tuple[int, int, int, int] | None = None
-        self._azure_origin_ns: int | None = None
+        parser_class: type[LineParser] = format_module(self.format).Parser
+        self._lineparser = parser_class(self.path, self.block_tokens,
+                                        explicit_block_tokens=block_tokens,
+                                        block_tokens_source=self._block_tokens_source)
+        self._parse = self._lineparser.parse
         self.timed = False
         self.has_rounds = False
         self._t0 = 0.0
@@ -372,15 +202,19 @@ class TraceReader:
     def _detect(self) -> tuple[TraceFormat, int | None]:
         """Format and ``block_tokens`` of the first parseable record.
 
-        azure when the first non-blank line is a CSV header naming the Azure columns;
-        otherwise, from the first line that is a JSON object: kvtool when it has a
-        kvtool-only key (``session``, ``round``, ``block_tokens``, ``tokens``), bailian
-        when it has ``chat_id``, ``parent_chat_id`` or ``turn``, else mooncake.
+        A format known by its header (azure: a CSV header naming the Azure columns) when
+        the first non-blank line is that header; otherwise, from the first line that is a
+        JSON object, the first registered format one of whose keys it has (kvtool: a
+        kvtool-only key, ``session``, ``round``, ``block_tokens``, ``tokens``; bailian:
+        ``chat_id``, ``parent_chat_id`` or ``turn``), else mooncake
+        (:data:`kvtool.trace.formats.TRACE_FORMATS`).
         """
         first_line = True
         for _line, _start, _end, raw in self._lines():
-            if first_line and _azure_header(raw) is not None:
-                return "azure", None
+            if first_line:
+                for name, f in TRACE_FORMATS.items():
+                    if f.header and format_module(name).is_header(raw):
+                        return cast(TraceFormat, name), None
             first_line = False
             try:
                 first = json.loads(raw)
@@ -389,13 +223,14 @@ class TraceReader:
             if isinstance(first, dict):
                 bt = first.get("block_tokens")
                 bt = bt if isinstance(bt, int) and not isinstance(bt, bool) and bt > 0 else None
-                if KVTOOL_ONLY_KEYS & first.keys():
-                    return "kvtool", bt
-                return ("bailian" if BAILIAN_KEYS & first.keys() else "mooncake"), None
+                for name, f in TRACE_FORMATS.items():
+                    if f.keys & first.keys():
+                        return cast(TraceFormat, name), bt if name == "kvtool" else None
+                return cast(TraceFormat, FALLBACK), None
         return "kvtool", None
 
     # -- errors ----------------------------------------------------------------------------
-    def _bad(self, line: int, bad: _BadLine) -> None:
+    def _bad(self, line: int, bad: BadLine) -> None:
         """Record a bad line, or raise when the ``skip_bad`` allowance is used up."""
         if line in self._bad_seen:
             return
@@ -407,10 +242,6 @@ class TraceReader:
                                else bad.message))
 
     # -- pass 1 ----------------------------------------------------------------------------
-    def _parser(self) -> Any:
-        return {"kvtool": self._parse_kvtool, "mooncake": self._parse_mooncake,
-                "bailian": self._parse_bailian, "azure": self._parse_azure}[self.format]
-
     def _scan(self) -> None:
         # The cyclic collector is paused while pass 1 decodes: it builds only acyclic
         # records (numbers, strings, lists of ints), and on a long trace the collector's
@@ -463,7 +294,7 @@ class TraceReader:
         pos = line_no = 0
         last = -math.inf
         for start, end, _chunk, lines, recs in self._clean_chunks(
-                _HEAD_DECODER if late else _RECORD_DECODER, STREAM_CHUNK_BYTES):
+                HEAD_DECODER if late else RECORD_DECODER, STREAM_CHUNK_BYTES):
             for rec in recs:
                 ts = rec.timestamp
                 if ts < last or (not late and len(rec.hash_ids) > -(-rec.input_length // bt)):
@@ -495,7 +326,7 @@ class TraceReader:
         bt = self.block_tokens
         entries = self._entries
         pos = line_no = 0
-        for start, end, chunk, lines, recs in self._clean_chunks(_MOONCAKE_DECODER, CHUNK_BYTES):
+        for start, end, chunk, lines, recs in self._clean_chunks(LINE_DECODER, CHUNK_BYTES):
             ids = 0
             for rec in recs:
                 hash_ids = rec.hash_ids
@@ -512,7 +343,7 @@ class TraceReader:
             if ids <= keep:
                 keep -= ids
                 entries += [_Entry(line, 0, 0, rec.timestamp, None, None,
-                                   _parsed_mooncake(rec, bt))
+                                   parsed_mooncake(rec, bt))
                             for line, rec in enumerate(checked, first)]
             else:  # keep the offsets only: each line's start, and its end before the newline
                 keep = 0
@@ -524,25 +355,23 @@ class TraceReader:
         return pos, line_no, keep
 
     def _scan_lines(self) -> None:
-        parse = self._parser()
+        lp = self._lineparser
+        parse = self._parse
         entries = self._entries
         timed: bool | None = None
-        chats: dict[str | int, int] = {}       # bailian: chat_id -> line
-        parents: dict[str | int, str | int | None] = {}
-        keep = KEEP_BLOCK_IDS if self.format == "mooncake" else 0
+        keep = lp.keep_block_ids
+        wants_header, check_across = lp.wants_header, type(lp).seen is not LineParser.seen
         pos = line_no = 0
-        if self.format == "mooncake":
+        if lp.chunked:
             if self._scan_sorted_mooncake():
                 return
             pos, line_no, keep = self._scan_mooncake_chunks(keep)
             if entries:
                 timed = True
         for line, start, end, raw in self._lines(pos, line_no):
-            if self.format == "azure" and self._azure_columns is None:
-                self._azure_columns = _azure_header(raw)
-                if self._azure_columns is None:
-                    raise InputError("expected the Azure CSV header naming "
-                                     f"{', '.join(AZURE_COLUMNS)}", file=self.path, line=line)
+            if wants_header:
+                lp.header(raw, line)
+                wants_header = False
                 continue
             try:
                 req = parse(raw, keys=False)
@@ -550,17 +379,12 @@ class TraceReader:
                 if timed is None:
                     timed = has_ts
                 elif has_ts != timed:
-                    raise _BadLine("missing, but earlier lines have timestamps" if timed else
-                                   "present, but earlier lines have none (all or none)",
-                                   "timestamp")
-                if self.format == "bailian":
-                    assert req.session is not None
-                    if req.session in chats:
-                        raise _BadLine(f"{json.dumps(req.session)} is also the chat_id of line "
-                                       f"{chats[req.session]}", "chat_id")
-                    chats[req.session] = line
-                    parents[req.session] = req.parent
-            except _BadLine as bad:
+                    raise BadLine("missing, but earlier lines have timestamps" if timed else
+                                  "present, but earlier lines have none (all or none)",
+                                  "timestamp")
+                if check_across:
+                    lp.seen(req, line)
+            except BadLine as bad:
                 self._bad(line, bad)
                 continue
             n = len(req.block_keys)
@@ -576,44 +400,8 @@ class TraceReader:
             raise InputError("no requests in the trace" if not self.bad_lines
                              else "no valid requests in the trace", file=self.path)
         self.timed = bool(timed)
-        if self.format == "azure":
-            first = min(e.timestamp for e in entries)
-            if first:
-                for e in entries:
-                    e.timestamp -= first
-        if self.format == "bailian":
-            self._sessions_from_chains(parents)
+        lp.finish(entries)
         self._order()
-
-    def _sessions_from_chains(self, parents: dict[str | int, str | int | None]) -> None:
-        """Qwen-Bailian: a request's session is the root of its ``parent_chat_id`` chain.
-
-        A root has ``parent_chat_id`` -1; a chain whose parent is not in the trace (cut
-        off by the trace's window) is rooted at that parent's id.
-        """
-        root: dict[str | int, str | int] = {}
-        for e in self._entries:
-            assert e.session is not None
-            path: list[str | int] = []
-            cur: str | int = e.session
-            while True:
-                if cur in root:
-                    top = root[cur]
-                    break
-                parent = parents.get(cur)
-                if parent is None:  # a root, or a parent outside the trace
-                    top = cur
-                    break
-                if cur in path:
-                    raise InputError(f"the parent_chat_id chain from chat_id "
-                                     f"{json.dumps(e.session)} loops back to "
-                                     f"{json.dumps(cur)}", file=self.path, line=e.line,
-                                     field="parent_chat_id")
-                path.append(cur)
-                cur = parent
-            for c in path:
-                root[c] = top
-            e.session = top
 
     def _order(self) -> None:
         """Sort into serve order and infer rounds (request i of a session is round i)."""
@@ -650,7 +438,7 @@ class TraceReader:
         its chunks decoded again (:meth:`_decoded`), in file order. With late id checks,
         a chunk's ids are checked here, before any of its requests is yielded."""
         bt, t0, window, floor = self.block_tokens, self._t0, self.window_ms, math.floor
-        decoder = _RECORD_DECODER
+        decoder = RECORD_DECODER
         late = self._late_ids
         for start, end, first, lines in self._runs:
             try:
@@ -674,12 +462,12 @@ class TraceReader:
 
     def _served(self) -> Iterator[Request]:
         """The requests in serve order, from :attr:`_entries`."""
-        fresh = self.format == "azure"
+        fresh = self._lineparser.fresh_keys
         next_key = 0
         # a timed request without a round is filed under its window (inline: this loop
         # runs once per request of every replay)
         timed, t0, window, floor = self.timed, self._t0, self.window_ms, math.floor
-        run: list[_Parsed] = []  # lines decoded again (:meth:`_redecoded`), in order
+        run: list[Parsed] = []  # lines decoded again (:meth:`_redecoded`), in order
         taken = 0
         for i, e in enumerate(self._entries):
             req = e.parsed
@@ -707,8 +495,8 @@ class TraceReader:
             if stop > end:
                 break
             try:
-                self._parse_mooncake(raw, keys=True)
-            except _BadLine as bad:
+                self._parse(raw, keys=True)
+            except BadLine as bad:
                 self._bad(line, bad)
 
     def _decoded(self, decoder: msgspec.json.Decoder[Any], start: int, end: int) -> list[Any]:
@@ -719,7 +507,7 @@ class TraceReader:
         with memoryview(self._buf) as whole, whole[start:end] as part:
             return decoder.decode_lines(part)
 
-    def _redecoded(self, i: int) -> list[_Parsed]:
+    def _redecoded(self, i: int) -> list[Parsed]:
         """Entry ``i``'s line decoded again, with the lines right after it in the file
         when they follow it in serve order too and are not kept (a sorted Mooncake
         trace past :data:`KEEP_BLOCK_IDS`): those go to the decoder as one chunk of up to
@@ -727,7 +515,7 @@ class TraceReader:
         entries, buf, bt = self._entries, self._buf, self.block_tokens
         e = entries[i]
         j = i + 1
-        if self.format == "mooncake":
+        if self._lineparser.chunked:
             stop = min(len(entries), i + 1 + CHUNK_BYTES // 64)
             limit = e.start + CHUNK_BYTES
             while (j < stop and entries[j].parsed is None and entries[j].start == entries[j - 1].end + 1
@@ -735,111 +523,15 @@ class TraceReader:
                 j += 1
         if j > i + 1:
             try:
-                recs = self._decoded(_MOONCAKE_DECODER, e.start, entries[j - 1].end)
+                recs = self._decoded(LINE_DECODER, e.start, entries[j - 1].end)
             except msgspec.MsgspecError:  # pragma: no cover - only if the file changed under us
                 recs = []
             if len(recs) == j - i:  # (pass 1 checked every field of these lines)
-                return [_parsed_mooncake(r, bt) for r in recs]
+                return [parsed_mooncake(r, bt) for r in recs]
         try:
-            return [self._parser()(buf[e.start:e.end], keys=True)]
-        except _BadLine as bad:  # pragma: no cover - only if the file changed under us
+            return [self._parse(buf[e.start:e.end], keys=True)]
+        except BadLine as bad:  # pragma: no cover - only if the file changed under us
             raise InputError(bad.message, file=self.path, line=e.line, field=bad.field) from None
-
-    def _check_hash_ids(self, ids: list[int], input_length: int) -> None:
-        allowed = -(-input_length // self.block_tokens)
-        if len(ids) > allowed:
-            raise _BadLine(
-                f"{len(ids)} block ids, but input_length {input_length} allows at most "
-                f"{allowed} at {self.block_tokens} tokens per block", "hash_ids")
-
-    def _parse_mooncake(self, raw: bytes, *, keys: bool) -> _Parsed:
-        try:  # the decoder directly: a call less per line
-            rec: _MooncakeLine = _MOONCAKE_DECODER.decode(raw)
-        except msgspec.MsgspecError:
-            rec = _decode(_MOONCAKE_DECODER, raw)  # raises the line's error in our words
-        if (rec.timestamp is None or rec.input_length is None or rec.output_length is None
-                or rec.hash_ids is None):
-            for name in ("timestamp", "input_length", "output_length", "hash_ids"):
-                if getattr(rec, name) is None:
-                    raise _BadLine("missing (required in Mooncake traces)", name)
-            raise AssertionError("unreachable")
-        if len(rec.hash_ids) * self.block_tokens >= rec.input_length + self.block_tokens:
-            self._check_hash_ids(rec.hash_ids, rec.input_length)
-        return _parsed_mooncake(rec, self.block_tokens)
-
-    def _parse_bailian(self, raw: bytes, *, keys: bool) -> _Parsed:
-        try:  # the decoder directly: a call less per line
-            rec: _BailianLine = _BAILIAN_DECODER.decode(raw)
-        except msgspec.MsgspecError:
-            rec = _decode(_BAILIAN_DECODER, raw)  # raises the line's error in our words
-        for name in ("chat_id", "timestamp", "input_length", "output_length", "hash_ids"):
-            if getattr(rec, name) is None:
-                raise _BadLine("missing (required in Qwen-Bailian traces)", name)
-        assert rec.timestamp is not None and rec.input_length is not None
-        assert rec.output_length is not None and rec.hash_ids is not None
-        if rec.parent_chat_id == rec.chat_id:
-            raise _BadLine("a request cannot be its own parent", "parent_chat_id")
-        if len(rec.hash_ids) * self.block_tokens >= rec.input_length + self.block_tokens:
-            self._check_hash_ids(rec.hash_ids, rec.input_length)
-        parent = None if rec.parent_chat_id in (None, BAILIAN_ROOT) else rec.parent_chat_id
-        return _Parsed(round(rec.timestamp * 1000.0, 6), rec.input_length, rec.output_length,
-                       rec.hash_ids, self.block_tokens, rec.chat_id, rec.turn, parent)
-
-    def _parse_azure(self, raw: bytes, *, keys: bool) -> _Parsed:
-        assert self._azure_columns is not None
-        ts_col, in_col, out_col, ncols = self._azure_columns
-        import csv  # Azure traces only (start-up time of the JSONL formats)
-
-        try:
-            text = raw.decode("utf-8")
-            row = next(csv.reader([text])) if '"' in text else text.split(",")
-        except (UnicodeDecodeError, csv.Error) as err:
-            raise _BadLine(f"not a CSV row: {err}", None) from None
-        if len(row) != ncols:
-            raise _BadLine(f"expected {ncols} columns like the header, got {len(row)}", None)
-        input_length = _count(row[in_col], AZURE_COLUMNS[1])
-        output_length = _count(row[out_col], AZURE_COLUMNS[2])
-        if keys:  # pass 2: the entry has the timestamp already
-            return _Parsed(0.0, input_length, output_length, [], self.block_tokens, None, None)
-        ns = _azure_time_ns(row[ts_col])
-        if self._azure_origin_ns is None:
-            self._azure_origin_ns = ns
-        return _Parsed((ns - self._azure_origin_ns) / 1e6, input_length, output_length, [],
-                       self.block_tokens, None, None)
-
-    def _parse_kvtool(self, raw: bytes, *, keys: bool) -> _Parsed:
-        try:  # the decoder directly: a call less per line
-            rec: _Line = _KVTOOL_DECODER.decode(raw)
-        except msgspec.MsgspecError:
-            rec = _decode(_KVTOOL_DECODER, raw)  # raises the line's error in our words
-        bt = self.block_tokens
-        if rec.hash_ids is not None and rec.tokens is not None:
-            raise _BadLine("give either hash_ids or tokens, not both", "tokens")
-        if rec.block_tokens is not None and rec.block_tokens != bt and (
-                rec.tokens is None or self._explicit_block_tokens is None):
-            raise _BadLine(f"{rec.block_tokens} tokens per block, but the trace uses "
-                           f"{self._block_tokens_source} (one block size per trace)",
-                           "block_tokens")
-        block_keys: list[int]
-        if rec.tokens is not None:
-            n = len(rec.tokens)
-            if rec.input_length is not None and rec.input_length != n:
-                raise _BadLine(f"{rec.input_length}, but the line has {n} tokens",
-                               "input_length")
-            block_keys = chain_hashes(rec.tokens, bt) if keys else []
-            input_length = n
-        elif rec.hash_ids is not None:
-            if rec.input_length is None:
-                raise _BadLine("missing", "input_length")
-            input_length = rec.input_length
-            self._check_hash_ids(rec.hash_ids, input_length)
-            block_keys = rec.hash_ids
-        else:
-            raise _BadLine("missing: a line needs hash_ids or tokens", "hash_ids")
-        if rec.output_length is None:
-            raise _BadLine("missing", "output_length")
-        return _Parsed(rec.timestamp, input_length, rec.output_length, block_keys, bt,
-                       rec.session, rec.round)
 
     def close(self) -> None:
         if isinstance(self._buf, mmap.mmap):
@@ -850,52 +542,6 @@ class TraceReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _azure_header(raw: bytes) -> tuple[int, int, int, int] | None:
-    """Column indices of TIMESTAMP, ContextTokens, GeneratedTokens and the column count."""
-    if raw.lstrip().startswith(b"{"):  # a JSON object, not a CSV header: skip the csv import
-        return None
-    import csv
-
-    try:
-        names = [n.strip() for n in next(csv.reader([raw.decode("utf-8").lstrip("\ufeff")]))]
-    except (UnicodeDecodeError, csv.Error, StopIteration):
-        return None
-    if not all(c in names for c in AZURE_COLUMNS):
-        return None
-    ts, n_in, n_out = (names.index(c) for c in AZURE_COLUMNS)
-    return ts, n_in, n_out, len(names)
-
-
-def _azure_time_ns(text: str) -> int:
-    """``2023-11-16 18:15:46.6805900`` (optionally with a UTC offset) in ns since 1970."""
-    m = re.match(_AZURE_TIME_RE, text.strip())
-    if m is None:
-        raise _BadLine(f"expected a time like 2023-11-16 18:15:46.6805900, got "
-                       f"{json.dumps(text[:40])}", AZURE_COLUMNS[0])
-    y, mo, d, h, mi, s, frac, _z, sign, oh, om = m.groups()
-    try:
-        when = dt.datetime(int(y), int(mo), int(d), int(h), int(mi), int(s),
-                           tzinfo=dt.UTC)
-    except ValueError as err:
-        raise _BadLine(f"{err}, got {json.dumps(text[:40])}", AZURE_COLUMNS[0]) from None
-    seconds = int(when.timestamp())
-    if sign is not None:
-        offset = int(oh) * 3600 + int(om) * 60
-        seconds -= offset if sign == "+" else -offset
-    return seconds * 1_000_000_000 + int((frac or "0")[:9].ljust(9, "0"))
-
-
-def _count(text: str, field: str) -> int:
-    """A token count column: an integer >= 0."""
-    try:
-        value = int(text.strip())
-    except ValueError:
-        raise _BadLine(f"expected an integer, got {json.dumps(text[:40])}", field) from None
-    if value < 0:
-        raise _BadLine(f"expected an integer >= 0, got {value}", field)
-    return value
 
 
 def read_trace(

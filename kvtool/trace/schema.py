@@ -14,31 +14,22 @@ from typing import Literal
 
 import msgspec
 
+from kvtool.trace.formats import TRACE_FORMATS
+
 TraceFormat = Literal["kvtool", "mooncake", "azure", "bailian"]
-WRITABLE: tuple[TraceFormat, ...] = ("kvtool", "mooncake", "azure", "bailian")
+"""The registered formats' names (:data:`kvtool.trace.formats.TRACE_FORMATS`), for types."""
+WRITABLE: tuple[TraceFormat, ...] = tuple(
+    n for n, f in TRACE_FORMATS.items() if f.writable)  # type: ignore[misc]
 """Formats ``kvtool trace convert`` writes (every format it reads)."""
-FORMATS: tuple[str, ...] = ("auto", *WRITABLE)
+FORMATS: tuple[str, ...] = ("auto", *TRACE_FORMATS)
 """Values of ``--format`` for every command that reads a trace."""
 
-DEFAULT_BLOCK_TOKENS: dict[str, int] = {"kvtool": 256, "mooncake": 512, "azure": 256,
-                                        "bailian": 16}
-"""Block size when neither the trace nor ``--block-tokens`` says (docs/definitions.md).
-
-Mooncake's traces use 512-token blocks and Qwen-Bailian's 16 (their READMEs); the Azure
-CSVs have no blocks, so their made-up unique keys use kvtool's own default.
-"""
+DEFAULT_BLOCK_TOKENS: dict[str, int] = {n: f.default_block_tokens for n, f in TRACE_FORMATS.items()}
+"""Block size when neither the trace nor ``--block-tokens`` says (docs/definitions.md; the
+registry's)."""
 
 DEFAULT_WINDOW_MS = 60_000.0
 """Reporting window for timed traces without sessions or rounds (Mooncake's): one minute."""
-
-KVTOOL_ONLY_KEYS = frozenset({"session", "round", "block_tokens", "tokens"})
-"""A first record with any of these keys makes ``--format auto`` pick kvtool."""
-
-BAILIAN_KEYS = frozenset({"chat_id", "parent_chat_id", "turn"})
-"""Else a first record with any of these keys makes ``--format auto`` pick bailian."""
-
-AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
-"""The Azure CSV columns kvtool reads; a first line naming them makes ``auto`` pick azure."""
 
 
 class Request(msgspec.Struct, frozen=True, gc=False):

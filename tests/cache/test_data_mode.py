@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from emulator.nvmetcp import NamespaceConfig, SubsystemConfig, Target, TargetConfig
+from emulator.nvmetcp import EmulatorConfig, NamespaceConfig, SubsystemConfig, Target
 from kvtool.replay.data import TierFailed
 from kvtool.replay.run import ReplaySettings, prepare
 from kvtool.tiers.option import TierOption
@@ -144,7 +144,7 @@ def test_corrupt_objects_are_detected_counted_and_recomputed(store_dir: Path) ->
 
 @pytest.fixture
 def live_target() -> Iterator[Target]:
-    t = Target(TargetConfig(
+    t = Target(EmulatorConfig(
         subsystems=[SubsystemConfig(NQN, [NamespaceConfig(1, "64MiB")], allow_any_host=True)],
         listen=["127.0.0.1:0"])).start_in_thread()
     try:
@@ -224,27 +224,23 @@ def test_target_killed_mid_run_recompute(live_target: Target) -> None:
     assert res["hit_tokens"]["total"] + res["recompute_tokens"] == res["input_tokens"]
 
 
-def test_ctrl_c_gives_a_partial_report(store_dir: Path) -> None:
-    # times=False: the serving model's timing pass reads the trace before the replay, and
-    # this reader "presses Ctrl-C" on every pass; this is about the replay's own pass
+def test_ctrl_c_gives_a_partial_report(store_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Ctrl-C "pressed" while the 31st request is served (the run decodes the trace once,
+    # in prepare: the interruption is in the replay's own pass)
+    from kvtool.replay.data import DataReplayer
+
     job = prepare(settings(MULTI, {"dram": "40blk", "nvme": f"100blk@{store_dir / 'i.img'}"},
                            block_bytes=4096, times="none"))
-    reader = job.reader
+    real = DataReplayer.feed
+    fed: list[int] = []
 
-    class Interrupting:
-        def __init__(self) -> None:
-            self.format, self.bad_lines = reader.format, reader.bad_lines
+    def feed(self: DataReplayer, req: Any) -> Any:
+        if len(fed) == 30:
+            raise KeyboardInterrupt
+        fed.append(1)
+        return real(self, req)
 
-        def __len__(self) -> int:
-            return len(reader)
-
-        def __iter__(self) -> Iterator[Any]:
-            for i, req in enumerate(reader):
-                if i == 30:
-                    raise KeyboardInterrupt
-                yield req
-
-    job.reader = Interrupting()
+    monkeypatch.setattr(DataReplayer, "feed", feed)
     doc = job.run()
     assert doc["interrupted"] is True and doc["requests"] == 30 == doc["requests_served"]
 

@@ -89,7 +89,7 @@ def test_the_serving_models_times_do_make_cycles(trace: Path) -> None:
 def test_the_cli_pauses_the_collector_only_where_nothing_cycles(
         trace: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], paused: bool) -> None:
     import kvtool.cli.replay as cli_replay
-    import kvtool.replay.run as run_mod
+    import kvtool.replay.job as run_mod
 
     pauses: list[bool] = []
     during: list[bool] = []  # the collector's state while the replay runs, in this process

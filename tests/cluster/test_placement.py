@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kvtool.errors import InputError
-from kvtool.serving.cluster import load_cluster, parse_cluster
+from kvtool.serving.topology import load_cluster, parse_cluster
 from tests.conftest import FIXTURES, run, run_json
 
 BASE = """\

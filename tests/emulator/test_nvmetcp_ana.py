@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from emulator.nvmetcp.config import NamespaceConfig, SubsystemConfig, TargetConfig
+from emulator.nvmetcp.config import EmulatorConfig, NamespaceConfig, SubsystemConfig
 from emulator.nvmetcp.target import Target
 from kvtool.errors import InputError
 from kvtool.nvme import pdu as P
@@ -22,11 +22,11 @@ from kvtool.nvme.queue import Command, NvmeStatusError
 NQN = "nqn.2026-01.io.kvtool:ana"
 
 
-def make_config(ana: dict[str, dict[str, str]] | None = None) -> TargetConfig:
+def make_config(ana: dict[str, dict[str, str]] | None = None) -> EmulatorConfig:
     sub = SubsystemConfig(nqn=NQN, allow_any_host=True, namespaces=[
         NamespaceConfig(1, "8MiB"), NamespaceConfig(2, "8MiB", anagrpid=2),
         NamespaceConfig(3, "8MiB", anagrpid=2)])
-    return TargetConfig(subsystems=[sub], listen=["127.0.0.1:0", "127.0.0.1:0"],
+    return EmulatorConfig(subsystems=[sub], listen=["127.0.0.1:0", "127.0.0.1:0"],
                         ana=ana or {}).validate()
 
 
@@ -141,7 +141,7 @@ def test_config_checks_name_the_field() -> None:
     with pytest.raises(InputError, match="unknown ANA state"):
         make_config({"127.0.0.1:0": {"1": "sideways"}})
     with pytest.raises(InputError) as err:
-        TargetConfig.from_dict({"subsystems": [{"nqn": NQN, "allow_any_host": True,
+        EmulatorConfig.from_dict({"subsystems": [{"nqn": NQN, "allow_any_host": True,
                                                 "namespaces": [{"nsid": 1, "backing": "1MiB",
                                                                 "anagrpid": 200}]}]})
     assert err.value.field == "subsystems[0].namespaces[0].anagrpid"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from emulator.nvmetcp.config import TargetConfig
+from emulator.nvmetcp.config import EmulatorConfig
 from kvtool.errors import InputError
 from kvtool.nvme import host
 from tests.conftest import REPO
@@ -114,7 +114,7 @@ def test_config_schema(tmp_path: Path) -> None:
             {"nqn": NQN + "2", "allow_any_host": True,
              "namespaces": [{"nsid": 1, "backing": "1MiB"}]},
         ]}
-    cfg = TargetConfig.from_dict(doc, file="x.json")
+    cfg = EmulatorConfig.from_dict(doc, file="x.json")
     assert cfg.mdts == 5 and len(cfg.subsystems) == 2
     assert cfg.subsystems[0].namespaces[1].lba_size == 4096
     for broken, fld in [
@@ -128,7 +128,7 @@ def test_config_schema(tmp_path: Path) -> None:
         ({**doc, "listen": ["10.1.2.3:4420"]}, "listen[0]"),
     ]:
         with pytest.raises(InputError) as info:
-            TargetConfig.from_dict(broken, file="x.json")
+            EmulatorConfig.from_dict(broken, file="x.json")
         assert info.value.field == fld and info.value.file == "x.json"
 
 

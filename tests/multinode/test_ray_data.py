@@ -1,4 +1,4 @@
-"""Data mode across nodes (kvtool.replay.raycluster) on real pieces: a local Ray
+"""Data mode across nodes (kvtool.replay.raydata) on real pieces: a local Ray
 (``ray.init(num_cpus=2)``), engine actors placed on their nodes' Ray node, a Mooncake
 master on 127.0.0.1, two emulator targets in processes of their own requiring
 DH-HMAC-CHAP; the cluster described by a ClusterState built here."""
@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.mooncake]
 
 def test_fault_spec_is_checked() -> None:
     from kvtool.errors import UsageError
-    from kvtool.replay.raycluster import Fault
+    from kvtool.replay.raydata import Fault
 
     assert Fault.parse("node@2.5:n1") == Fault("node", 2.5, "n1")
     assert Fault.parse("target@0") == Fault("target", 0.0, None)
@@ -88,7 +88,7 @@ def _inputs(tmp: Path) -> tuple[str, str]:
 
 
 def _run(trace: str, cluster: str, state: Any, faults: tuple[str, ...] = ()) -> dict[str, Any]:
-    from kvtool.replay.raycluster import Fault, RayClusterData
+    from kvtool.replay.raydata import Fault, RayClusterData
     from kvtool.serving.load import Load
     from kvtool.serving.run import ServingSettings, run_serving
 

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from emulator.nvmetcp import NamespaceConfig, SubsystemConfig, Target, TargetConfig
+from emulator.nvmetcp import EmulatorConfig, NamespaceConfig, SubsystemConfig, Target
 
 NQN = "nqn.2026-01.io.kvtool:test"
 NQN4K = "nqn.2026-01.io.kvtool:test4k"
@@ -16,11 +16,11 @@ HOST_C = "nqn.2026-01.io.kvtool:host-c"
 STRANGER = "nqn.2026-01.io.kvtool:stranger"
 
 
-def make_config(**limits: object) -> TargetConfig:
+def make_config(**limits: object) -> EmulatorConfig:
     """Two subsystems; in-capsule data capped at 8 KiB (unless given) so that writes above
     it take the R2T/H2CData path these tests are about."""
     limits.setdefault("in_capsule_data_size", 8192)
-    return TargetConfig(
+    return EmulatorConfig(
         subsystems=[
             SubsystemConfig(NQN, [NamespaceConfig(1, "64MiB"), NamespaceConfig(2, "8MiB")],
                             hosts=[HOST_A, HOST_B, HOST_C]),

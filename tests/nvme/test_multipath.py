@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from emulator.nvmetcp.config import NamespaceConfig, SubsystemConfig, TargetConfig
+from emulator.nvmetcp.config import EmulatorConfig, NamespaceConfig, SubsystemConfig
 from emulator.nvmetcp.target import Target
 from kvtool.errors import UsageError
 from kvtool.nvme.engine import open_nvme_tcp
@@ -27,7 +27,7 @@ CHUNK = 64 << 10
 @pytest.fixture
 def target() -> Iterator[Target]:
     sub = SubsystemConfig(nqn=NQN, allow_any_host=True, namespaces=[NamespaceConfig(1, "16MiB")])
-    t = Target(TargetConfig(subsystems=[sub], listen=["127.0.0.1:0", "127.0.0.1:0"],
+    t = Target(EmulatorConfig(subsystems=[sub], listen=["127.0.0.1:0", "127.0.0.1:0"],
                             kato_grace_s=1.0).validate()).start_in_thread()
     t.config.listen = [f"{h}:{p}" for h, p in t.addresses]
     yield t

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from emulator.nvmetcp import NamespaceConfig, SubsystemConfig, Target, TargetConfig
+from emulator.nvmetcp import EmulatorConfig, NamespaceConfig, SubsystemConfig, Target
 from emulator.nvmetcp.transport import PAUSE_READING_AT
 from kvtool.nvme import host, spec
 from kvtool.nvme import pdu as P
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.timeout(120)
 @pytest.fixture(scope="module")
 def big_target() -> Iterator[Target]:
     """In-capsule data up to 1 MiB, so a write is one large send with no R2T to wait for."""
-    cfg = TargetConfig(subsystems=[SubsystemConfig(NQN, [NamespaceConfig(1, "96MiB")],
+    cfg = EmulatorConfig(subsystems=[SubsystemConfig(NQN, [NamespaceConfig(1, "96MiB")],
                                                    hosts=[HOST_A])],
                        listen=["127.0.0.1:0"], in_capsule_data_size=MIB)
     t = Target(cfg).start_in_thread()

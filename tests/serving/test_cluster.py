@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from kvtool.errors import InputError
-from kvtool.serving.cluster import (
+from kvtool.serving.gpus import resolve_gpu
+from kvtool.serving.router import make_router
+from kvtool.serving.topology import (
     DEFAULT_BLOCK_TOKENS,
     DEFAULT_GPU_MEMORY_UTILIZATION,
     ClusterSpec,
@@ -16,8 +18,6 @@ from kvtool.serving.cluster import (
     parse_cluster,
     vllm_batch_defaults,
 )
-from kvtool.serving.gpus import resolve_gpu
-from kvtool.serving.router import make_router
 from kvtool.units import Capacity
 from tests.conftest import FIXTURES
 

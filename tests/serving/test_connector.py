@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from kvtool.errors import InputError
-from kvtool.serving.cluster import ConnectorSpec, load_cluster
 from kvtool.serving.load import Load
 from kvtool.serving.setup import build_setup
 from kvtool.serving.sim import Simulation
+from kvtool.serving.topology import ConnectorSpec, load_cluster
 from kvtool.trace import read_trace
 
 ENGINE = ('[[engine]]\nnode = "n0"\ngpu = "a100-sxm"\nmodel = "llama-3-8b"\ntp = 1\n'

@@ -195,3 +195,11 @@ def test_bad_routers_and_parameters() -> None:
         make_router("least-loaded").route(Req(1, []), [View(0, role="decode")], "prefill")
     with pytest.raises(ValueError, match="role"):
         make_router("least-loaded").route(Req(1, []), [View(0)], "both")
+
+
+def test_every_registered_router_is_made_and_named_as_registered() -> None:
+    from kvtool.serving.router import ROUTERS, Router
+
+    for name in ROUTERS:
+        r = make_router(name, defaults={"block_tokens": 16})
+        assert isinstance(r, Router) and r.name == name

@@ -241,7 +241,7 @@ def test_data_mode_moves_and_checks_real_bytes_in_simulated_order(tmp_path: Path
 
 @pytest.mark.slow
 def test_data_mode_finds_a_corrupted_block_and_never_serves_it(tmp_path: Path) -> None:
-    from kvtool.replay.cluster import open_cluster_data
+    from kvtool.replay.servingdata import open_cluster_data
 
     trace = small_trace(tmp_path)
     path = cluster(tmp_path, DATA_CLUSTER)

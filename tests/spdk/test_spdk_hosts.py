@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from emulator.nvmetcp import NamespaceConfig, SubsystemConfig, Target, TargetConfig
+from emulator.nvmetcp import EmulatorConfig, NamespaceConfig, SubsystemConfig, Target
 from emulator.spdk import tools
 from kvtool.target.spdk.install import SpdkInstall
 
@@ -30,7 +30,7 @@ HOSTNQN = "nqn.2026-01.io.kvtool:spdk-host"
 
 @pytest.fixture(scope="module")
 def kvtool_target() -> Iterator[Target]:
-    config = TargetConfig(
+    config = EmulatorConfig(
         subsystems=[SubsystemConfig(NQN, [NamespaceConfig(1, "64MiB"),
                                           NamespaceConfig(2, "16MiB", lba_size=4096)],
                                     hosts=[HOSTNQN]),

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+import kvtool.trace.formats.mooncake as mooncake_mod
 import kvtool.trace.reader as reader_mod
 from kvtool.errors import InputError
 from kvtool.trace import Request, read_trace
@@ -84,7 +85,7 @@ def read_streamed(path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int = 200,
 @pytest.mark.parametrize("shuffled", [False, True], ids=["sorted", "shuffled"])
 def test_chunks_read_what_the_line_scan_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                               keep: int, shuffled: bool) -> None:
-    monkeypatch.setattr(reader_mod, "KEEP_BLOCK_IDS", keep)
+    monkeypatch.setattr(mooncake_mod.Parser, "keep_block_ids", keep)
     text = lines(400)
     if shuffled:  # serve order is not file order: pass 2 decodes line by line
         random.Random(4).shuffle(text)
@@ -109,7 +110,7 @@ def test_chunks_read_what_the_line_scan_reads(tmp_path: Path, monkeypatch: pytes
 
 def test_pass_2_decodes_runs_of_lines_not_kept(tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(reader_mod, "KEEP_BLOCK_IDS", 0)
+    monkeypatch.setattr(mooncake_mod.Parser, "keep_block_ids", 0)
     monkeypatch.setattr(reader_mod, "CHUNK_BYTES", 1000)
     no_stream(monkeypatch)
     p = tmp_path / "t.jsonl"
@@ -153,13 +154,13 @@ def test_pass_2_decodes_the_mapped_file_in_place(tmp_path: Path, monkeypatch: py
     monkeypatch.setattr(reader_mod, "STREAM_CHUNK_BYTES", 200)
     monkeypatch.setattr(reader_mod, "CHUNK_BYTES", 1000)
     if not streamed:
-        monkeypatch.setattr(reader_mod, "KEEP_BLOCK_IDS", 0)
+        monkeypatch.setattr(mooncake_mod.Parser, "keep_block_ids", 0)
         no_stream(monkeypatch)
     want = list(read_trace(p, fmt="mooncake"))
     r = read_trace(p, fmt="mooncake")
     assert bool(r._runs) == streamed
     seen: list[type] = []
-    name = "_RECORD_DECODER" if streamed else "_MOONCAKE_DECODER"
+    name = "RECORD_DECODER" if streamed else "LINE_DECODER"
     monkeypatch.setattr(reader_mod, name, _SpyDecoder(getattr(reader_mod, name), seen))
     it = iter(r)
     got = [next(it) for _ in range(150)]

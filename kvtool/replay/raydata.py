@@ -22,14 +22,11 @@ or reach moves them, on its node:
   *corrupt*, one the tier no longer has is *lost*: either way it is never served and the
   model recomputes it (``recomputed_after_check_blocks``).
 
-Faults (:class:`Fault`, ``--fault KIND@SECONDS[:WHO]``) fire when the simulated clock
-passes their time: ``engine`` kills an engine actor (Ray restarts it on its node, empty),
-``target`` kills a storage target's process, ``node`` kills every engine actor of a node
-and drops its memory (its DRAM pool and the Mooncake segments it lent), ``link`` sets a
-netns node's links down inside its namespace (``ip link set DEV down``). On a hosts
-cluster a process is killed by kvtool's agent on its host (its pid is that host's). A
-block that lived only there is lost from then on and recomputed when asked for; the
-report's ``faults`` names each one and when it fired (simulated and wall seconds).
+Faults (:class:`~kvtool.replay.faults.Fault`, ``--fault KIND@SECONDS[:WHO]``) fire when
+the simulated clock passes their time; :mod:`kvtool.replay.faults` injects them (engine,
+target, node, link). A block that lived only where a fault struck is lost from then on and
+recomputed when asked for; the report's ``faults`` names each one and when it fired
+(simulated and wall seconds).
 
 What is measured: bytes and the wall seconds each tier's transfers took on the engines;
 what is simulated: every time in the ``serving`` report.
@@ -40,7 +37,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import signal
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -50,7 +46,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kvtool.errors import UsageError, param
-from kvtool.replay.cluster import TierCounters
+from kvtool.replay.faults import FAULT_KINDS, Fault, FaultInjector
+from kvtool.replay.head import ON_HEAD_ENV, cluster_up, on_head
+from kvtool.replay.servingdata import TierCounters
 
 if TYPE_CHECKING:
     from kvtool.cluster.state import ClusterState
@@ -65,13 +63,12 @@ SEGMENT_HEADROOM = 1.5
 MAX_NAMED = 100
 RESTART_TIMEOUT_S = 60.0
 """Longest wait for Ray to restart a killed engine actor."""
-FAULT_KINDS = ("engine", "target", "node", "link")
 TIERS = ("dram", "mooncake", "nvme")
 
 
 # ------------------------------------------------------------------ on the nodes
 @dataclass(frozen=True)
-class TargetSpec:
+class TargetAccess:
     """How an engine reaches one NVMe/TCP target (key files hold DHHC-1 secrets)."""
 
     name: str
@@ -98,7 +95,7 @@ class WorkerSpec:
     mooncake: str | None
     local_hostname: str
     segment_bytes: int
-    targets: tuple[TargetSpec, ...]
+    targets: tuple[TargetAccess, ...]
     rows: int = ROWS
 
 
@@ -146,7 +143,7 @@ class EngineWorker:
                 self.dead[i] = f"connect: {exc}"
 
     @staticmethod
-    def _connect(t: TargetSpec) -> Any:
+    def _connect(t: TargetAccess) -> Any:
         from kvtool.nvme.dhchap import load_secret_file
         from kvtool.nvme.engine import open_nvme_tcp
         from kvtool.nvme.hostauth import HostCredentials
@@ -365,32 +362,6 @@ class SlotMap:
             self.free.append(s)
 
 
-@dataclass(frozen=True)
-class Fault:
-    """``KIND@SECONDS[:WHO]``: at simulated second SECONDS, kill an engine actor
-    (``engine``, WHO an engine name, default the first), a storage target's process
-    (``target``, WHO a target name) or a node (``node``, WHO a node name: its engine
-    actors and its memory), or cut a netns node's links (``link``, WHO a node name)."""
-
-    kind: str
-    at_s: float
-    who: str | None = None
-
-    @classmethod
-    def parse(cls, text: str) -> Fault:
-        kind, at, rest = text.partition("@")
-        when, _, who = rest.partition(":")
-        try:
-            at_s = float(when)
-        except ValueError:
-            at_s = -1.0
-        if kind not in FAULT_KINDS or not at or not (at_s >= 0 and math.isfinite(at_s)):
-            raise UsageError(f"{text!r}: expected KIND@SECONDS[:WHO] with KIND one of "
-                             f"{', '.join(FAULT_KINDS)} (example: engine@2.5:cx81-0)",
-                             field="fault")
-        return cls(kind, at_s, who or None)
-
-
 @dataclass
 class _Counter(TierCounters):
     """A tier's measured traffic, and the writes that a dead target or node refused."""
@@ -417,10 +388,7 @@ class RayClusterData:
         self.seed = seed
         self.block_bytes = bb = built.setup.engines[0].block_bytes
         self.run = uuid.uuid4().hex[:12]
-        self.faults = sorted(faults, key=lambda f: f.at_s)
-        self.fired: list[dict[str, Any]] = []
-        self.cut: list[tuple[str, str]] = []
-        """(namespace, device) of every link a fault cut: the run sets them up at the end."""
+        self.faults = FaultInjector(faults, self)
         self.clock: Callable[[], float] = lambda: 0.0
         self.wall0 = time.monotonic()
         self._started_ray = False
@@ -484,7 +452,7 @@ class RayClusterData:
                 dram_path=f"/dev/shm/kvtool-{self.run}-{e.node}.dram" if dram else None,
                 dram_slots=dram.slots if dram else 0, mooncake=mooncake_url,
                 local_hostname=node.address, segment_bytes=segment,
-                targets=tuple(TargetSpec(t.name, t.url, t.hostnqn, t.dhchap_key_file,
+                targets=tuple(TargetAccess(t.name, t.url, t.hostnqn, t.dhchap_key_file,
                                          t.dhchap_ctrl_key_file) for t in self.targets)))
         self.specs = specs
         self.workers: list[Any] = []
@@ -541,71 +509,7 @@ class RayClusterData:
         """The run's simulated clock (faults fire on it)."""
         self.clock = clock
 
-    # -------------------------------------------------------------- faults
-    def _faults_due(self) -> None:
-        now = self.clock()
-        while self.faults and self.faults[0].at_s <= now:
-            f = self.faults.pop(0)
-            self.fired.append(self._fire(f, now))
-
-    def _fire(self, f: Fault, now: float) -> dict[str, Any]:
-        import ray
-
-        doc: dict[str, Any] = {"kind": f.kind, "at_s": f.at_s, "fired_at_s": now,
-                               "wall_s": time.monotonic() - self.wall0, "basis": "simulated"}
-        if f.kind == "engine":
-            i = self._engine_index(f.who)
-            doc["who"] = self.specs[i].name
-            doc["node"] = self.specs[i].node
-            ray.kill(self.workers[i], no_restart=False)
-            self._await_restart([i])
-            doc["effect"] = ("actor killed; Ray restarts it on its node, empty; the Mooncake "
-                             "segment it lent is gone")
-        elif f.kind == "target":
-            t = self._target_index(f.who)
-            target = self.targets[t]
-            doc["who"] = target.name
-            if target.pid is None:
-                raise UsageError(f"target {target.name} has no process recorded to kill",
-                                 field="fault")
-            rec = next((r for r in self.state.resources if r.kind == "target"
-                        and r.name == target.name and r.pid == target.pid), None)
-            host = None if rec is None else rec.node
-            doc["effect"] = (f"process {target.pid} killed"
-                             if _kill_recorded(self.state, host, target.pid,
-                                               None if rec is None else rec.start)
-                             else f"process {target.pid} was gone already")
-            if host is not None:
-                doc["effect"] += f" on {host}, through kvtool's agent there"
-        elif f.kind == "link":
-            node = f.who or self.specs[0].node
-            doc["who"] = node
-            doc["effect"], cut = _cut_links(self.state, node)
-            self.cut.extend(cut)
-            if cut:
-                doc["effect"] += " (set up again when the run ends)"
-        else:
-            node = f.who or self.specs[0].node
-            mine = [s.index for s in self.specs if s.node == node]
-            if not mine:
-                raise UsageError(f"no engine runs on node {node!r}", field="fault")
-            doc["who"] = node
-            self._call(mine[0], "drop_node_memory")
-            for i in mine:
-                ray.kill(self.workers[i], no_restart=False)
-            self._await_restart(mine)
-            lost = [k for (tier, n, k) in self.writer if tier == "dram" and n == node]
-            for k in lost:
-                self.gone.add(("dram", node, k))
-            segment = _kill_segment(self.state, node)
-            doc["effect"] = (f"engine actors {', '.join(self.specs[i].name for i in mine)} "
-                             "killed and restarted; the node's DRAM pool and the Mooncake "
-                             "segments its engines lent lost"
-                             + (f"; its Mooncake segment (process {segment}) killed"
-                                if segment is not None else ""))
-        return doc
-
-    def _await_restart(self, engines: list[int]) -> None:
+    def await_restart(self, engines: list[int]) -> None:
         """Wait until Ray has brought the killed actors back (new processes on their
         nodes), so that the run goes on against engines that are up again."""
         import ray
@@ -627,24 +531,9 @@ class RayClusterData:
                     break
                 time.sleep(0.1)  # the kill has not reached it yet
 
-    def _engine_index(self, who: str | None) -> int:
-        if who is None:
-            return 0
-        for s in self.specs:
-            if s.name == who:
-                return s.index
-        raise UsageError(f"no engine named {who!r} (engines: "
-                         f"{', '.join(s.name for s in self.specs)})", field="fault")
-
-    def _target_index(self, who: str | None) -> int:
-        if not self.targets:
-            raise UsageError("the cluster has no storage target to kill", field="fault")
-        if who is None:
-            return 0
-        for i, t in enumerate(self.targets):
-            if t.name == who:
-                return i
-        raise UsageError(f"no target named {who!r}", field="fault")
+    def call(self, engine: int, method: str, *args: Any) -> Any:
+        """``method(*args)`` on engine ``engine``'s actor (the fault injector's way in)."""
+        return self._call(engine, method, *args)
 
     # -------------------------------------------------------------- DataBackend
     def _count(self, tier: str) -> _Counter:
@@ -679,7 +568,7 @@ class RayClusterData:
         return placed, where, unplaced
 
     def on_store(self, tier: str, node: str | None, keys: list[int], engine: int) -> None:
-        self._faults_due()
+        self.faults.due(self.clock())
         node = node if tier == "dram" else None
         placed, where, failed = self._where(tier, node, keys)
         c = self._count(tier)
@@ -706,7 +595,7 @@ class RayClusterData:
         c.failed_writes += len(bad)
 
     def on_load(self, tier: str, node: str | None, keys: list[int], engine: int) -> list[int]:
-        self._faults_due()
+        self.faults.due(self.clock())
         node = node if tier == "dram" else None
         known = [k for k in keys if (tier, node, k) not in self.gone]
         lost = [k for k in keys if (tier, node, k) in self.gone]
@@ -748,7 +637,7 @@ class RayClusterData:
         return lost + corrupt
 
     def on_evict(self, tier: str, node: str | None, keys: list[int]) -> None:
-        self._faults_due()
+        self.faults.due(self.clock())
         node = node if tier == "dram" else None
         for k in keys:
             self.writer.pop((tier, node, k), None)
@@ -799,7 +688,7 @@ class RayClusterData:
                 "problems": list(self.named),
                 "tiers": {k: v.to_dict() for k, v in sorted(self.counters.items())},
                 "engines": self._engines(),
-                "faults": list(self.fired),
+                "faults": list(self.faults.fired),
                 "basis": "measured"}
 
     def _engines(self) -> list[dict[str, Any]]:
@@ -818,14 +707,10 @@ class RayClusterData:
     def close(self) -> None:
         """Set up again the links a fault cut, close every engine's connections, remove
         each node's DRAM pool, stop the actors."""
-        import subprocess
 
         import ray
 
-        for ns, dev in self.cut:
-            subprocess.run(["ip", "-n", ns, "link", "set", "dev", dev, "up"],
-                           capture_output=True, check=False)
-        self.cut = []
+        self.faults.restore_links()
         if not ray.is_initialized():
             return
         dropped: set[str] = set()
@@ -846,71 +731,6 @@ class RayClusterData:
             ray.shutdown()
 
 
-def _kill_segment(state: ClusterState, node: str) -> str | None:
-    """Kill the process lending ``node``'s Mooncake segment, when ``kvtool cluster up``
-    recorded one (and it is still that process); its pid (and the host whose agent killed
-    it), else ``None``."""
-    for r in state.resources:
-        if (r.kind == "process" and r.name == f"mooncake segment {node}" and r.pid
-                and _kill_recorded(state, r.node, r.pid, r.start)):
-            return str(r.pid) + ("" if r.node is None
-                                 else f" on {r.node}, through kvtool's agent there")
-    return None
-
-
-def _kill_recorded(state: ClusterState, host: str | None, pid: int,
-                   start: int | None) -> bool:
-    """SIGKILL a process ``up`` recorded (``start``: its recorded start time, checked so
-    that a reused pid is never taken for it). ``host``: the node of a hosts cluster it is
-    on (its record's ``node``), whose agent kills it there (the pid is that host's);
-    ``None``: this machine (netns nodes share its pids). Whether it was still that process
-    and is killed."""
-    from kvtool.target.procs import start_time
-
-    if host is not None:
-        from kvtool.cluster.hosts import kill_processes
-
-        return pid in kill_processes(state, host, [(pid, start)])
-    if start is not None and start_time(pid) != start:
-        return False
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def _cut_links(state: ClusterState, node: str) -> tuple[str, list[tuple[str, str]]]:
-    """``ip link set DEV down`` for every link of ``node``'s namespace but loopback: the
-    node is cut off. Returns what was done (or why it could not be) and the (namespace,
-    device) pairs set down."""
-    import subprocess
-
-    try:
-        ns = state.node(node).netns
-    except KeyError:
-        raise UsageError(f"no node named {node!r}", field="fault") from None
-    if ns is None:
-        raise UsageError(f"node {node} is a host, not a network namespace: a link cut "
-                         "applies to netns nodes", field="fault")
-    out = subprocess.run(["ip", "-n", ns, "-o", "link", "show"], capture_output=True,
-                         text=True, check=False)
-    if out.returncode != 0:
-        return f"not cut: ip -n {ns} link show: {out.stderr.strip()}", []
-    devs = [line.split(":")[1].strip().split("@")[0] for line in out.stdout.splitlines()
-            if ":" in line]
-    devs = [d for d in devs if d != "lo"]
-    cut: list[tuple[str, str]] = []
-    for dev in devs:
-        done = subprocess.run(["ip", "-n", ns, "link", "set", "dev", dev, "down"],
-                              capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            return (f"not cut: ip -n {ns} link set dev {dev} down: {done.stderr.strip()}",
-                    cut)
-        cut.append((ns, dev))
-    return f"link {', '.join(devs)} set down inside namespace {ns}", cut
-
-
 def _mooncake_url(state: ClusterState) -> str:
     from urllib.parse import urlsplit
 
@@ -919,38 +739,5 @@ def _mooncake_url(state: ClusterState) -> str:
     return f"mooncake://{state.mooncake.master}?metadata={meta.hostname}:{meta.port}"
 
 
-ON_HEAD_ENV = "KVTOOL_ON_HEAD"
-"""Set (to the cluster's name) in a command relaunched on its head (:func:`on_head`)."""
-
-
-def on_head(state: ClusterState, args: Sequence[str]) -> tuple[list[str], dict[str, str]] | None:
-    """The command line and environment that run ``kvtool ARGS`` on ``state``'s head node,
-    or ``None`` when this process is there already (a host cluster, or relaunched).
-
-    The router and the driver of a netns cluster run in the head's namespace: a Ray
-    driver outside the cluster's namespaces reaches the head, but objects it owns are
-    not reachable from the other nodes (a sweep's points, an engine's larger replies),
-    and its traffic would bypass every shaped link."""
-    import sys
-
-    from kvtool.cluster.driver import kvtool_pythonpath
-    from kvtool.cluster.netns import exec_argv
-
-    if state.head.netns is None or os.environ.get(ON_HEAD_ENV) == state.name:
-        return None
-    env = {**os.environ, **state.ray_env(), ON_HEAD_ENV: state.name,
-           "PYTHONPATH": kvtool_pythonpath()}
-    return exec_argv(state.head.netns, [sys.executable, "-m", "kvtool", *args]), env
-
-
-def cluster_up(path: str) -> ClusterState | None:
-    """The state of the cluster ``path`` describes when ``kvtool cluster up`` made it and
-    it is up, else ``None``."""
-    from kvtool.cluster.state import load_state
-
-    state = load_state(path)
-    return state if state is not None and state.phase == "up" else None
-
-
-__all__ = ["ON_HEAD_ENV", "EngineWorker", "Fault", "RayClusterData", "SlotMap", "TargetSpec",
+__all__ = ["FAULT_KINDS", "ON_HEAD_ENV", "EngineWorker", "Fault", "RayClusterData", "SlotMap", "TargetAccess",
            "WorkerSpec", "cluster_up", "on_head"]
