@@ -115,6 +115,8 @@ class FlowNetwork:
         self._res: dict[Hop, _Resource] = {}
         self._links: list[str] = []
         self._classes: dict[tuple[Hop, ...], _Class] = {}
+        self._spare: dict[tuple[Hop, ...], _Class] = {}
+        """Classes that emptied, one per path, reused by the path's next flow."""
         self._paths: dict[tuple[Hop, ...], tuple[Hop, ...]] = {}  # checked paths
         self._heap: list[tuple[float, int, int, int, _Class]] = []  # (finish, head id, tie, version)
         self._ids = itertools.count()
@@ -188,7 +190,14 @@ class FlowNetwork:
         self.started_bytes += flow.nbytes
         cls = self._classes.get(hops)
         if cls is None:
-            cls = _Class(hops, tuple(self._res[h] for h in hops), settled=self._now)
+            cls = self._spare.pop(hops, None)
+            if cls is None:
+                cls = _Class(hops, tuple(self._res[h] for h in hops), settled=self._now)
+            else:  # the path's last class, emptied: as new (its version goes on rising)
+                cls.served = cls.rate = 0.0
+                cls.settled = self._now
+                cls.finish = math.inf
+                cls.head_id = -1
             self._classes[hops] = cls
             for r in cls.resources:
                 r.classes[cls] = None
@@ -333,6 +342,7 @@ class FlowNetwork:
             for r in cls.resources:
                 r.classes.pop(cls, None)
             cls.version += 1
+            self._spare[cls.path] = cls
         self._rebalance(cls.resources, cls if cls.flows else None)
         for f in finished:
             if f.on_done is not None:

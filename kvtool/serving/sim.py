@@ -229,27 +229,34 @@ class TierStack:
         tiers = self._tiers_for(engine)
         keys = seq.block_hashes
         runs: list[tuple[int, int]] = []  # (tier index, blocks)
-        cur = -1
-        count = 0
-        indexes = [tier.policy.index for _n, tier, _s in tiers]
-        names = [n for n, _tier, _s in tiers]
         bad = self.bad
-        for key in keys[first:last]:
-            ti = -1
-            for j, index in enumerate(indexes):
-                if key in index and (not bad or (names[j], key) not in bad):
-                    ti = j
+        if len(tiers) == 1 and not bad:
+            # one tier: the run is its leading keys (each tested in C, the first miss too)
+            held = list(map(tiers[0][1].policy.index.__contains__, keys[first:last]))
+            count = held.index(False) if False in held else len(held)
+            if count:
+                runs.append((0, count))
+        else:
+            cur = -1
+            count = 0
+            indexes = [tier.policy.index for _n, tier, _s in tiers]
+            names = [n for n, _tier, _s in tiers]
+            for key in keys[first:last]:
+                ti = -1
+                for j, index in enumerate(indexes):
+                    if key in index and (not bad or (names[j], key) not in bad):
+                        ti = j
+                        break
+                if ti < 0:
                     break
-            if ti < 0:
-                break
-            if ti == cur:
-                count += 1
-            else:
-                if count:
-                    runs.append((cur, count))
-                cur, count = ti, 1
-        if count:
-            runs.append((cur, count))
+                if ti == cur:
+                    count += 1
+                else:
+                    if count:
+                        runs.append((cur, count))
+                    cur, count = ti, 1
+            if count:
+                runs.append((cur, count))
         if not runs:
             return 0, 0
         found = sum(c for _t, c in runs)
@@ -305,15 +312,23 @@ class TierStack:
         per_flow: dict[tuple[str, str | None], list[int]] = {}
         by_tier: dict[str, int] = {}
         bad = self.bad
-        for key in keys:
-            for name, tier, spec in tiers:
-                if key in tier.policy.index and (not bad or (name, key) not in bad):
-                    target = None
-                    if spec is not None and spec.targets:
-                        target = spec.targets[key % len(spec.targets)][0]
-                    per_flow.setdefault((name, target), []).append(key)
-                    by_tier[name] = by_tier.get(name, 0) + 1
-                    break
+        if len(tiers) == 1 and not bad and (tiers[0][2] is None or not tiers[0][2].targets):
+            # one tier, one flow: the keys it holds, tested in C
+            name, tier, _spec = tiers[0]
+            held = list(filter(tier.policy.index.__contains__, keys))
+            if held:
+                per_flow[(name, None)] = held
+                by_tier[name] = len(held)
+        else:
+            for key in keys:
+                for name, tier, spec in tiers:
+                    if key in tier.policy.index and (not bad or (name, key) not in bad):
+                        target = None
+                        if spec is not None and spec.targets:
+                            target = spec.targets[key % len(spec.targets)][0]
+                        per_flow.setdefault((name, target), []).append(key)
+                        by_tier[name] = by_tier.get(name, 0) + 1
+                        break
         if not seq.decode_only:  # (a decode engine's read of a P/D prompt is no hit)
             seq.ext_by_tier = {n: c * B for n, c in by_tier.items()}
         # refresh what was hit (LRU order), as a store's lookup does
@@ -389,10 +404,17 @@ class TierStack:
         self.net.start(now, nbytes, path, self._load_done(engine, seq))
 
     def _insert(self, tier: Tier, name: str, keys: list[int], session: int,
-                engine: Engine) -> list[int]:
+                engine: Engine, want: bool = True) -> list[int]:
         """Insert ``keys`` (touching those held), evict down to capacity; with a backend,
         free the victims' bytes first, then write the blocks that stayed. Returns the keys
-        inserted (and still held)."""
+        inserted (and still held; ``[]`` when not ``want``-ed)."""
+        if not want and self.backend is None and not self.bad:
+            # a store that arrived: insert, evict, count (nobody reads what stayed)
+            tier.policy.access(keys, session)
+            out = tier.evict_to_capacity()
+            if out:
+                self.evictions[name] = self.evictions.get(name, 0) + len(out)
+            return []
         rec: list[int] = []
         tier.policy.access(keys, session, record=rec)
         if self.bad:
@@ -471,7 +493,7 @@ class TierStack:
                     engine: Engine, then: Callable[[float], None] | None = None
                     ) -> Callable[[float], None]:
         def done(t: float) -> None:
-            self._insert(tier, name, keys, session, engine)
+            self._insert(tier, name, keys, session, engine, False)
             if then is not None:
                 then(t)
         return done
