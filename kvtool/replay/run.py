@@ -251,7 +251,9 @@ class ReplayJob(msgspec.Struct):
             if self.mode == "simulate":
                 log = _open_iolog(self)
                 try:
-                    results = replay(_clocked(_measured(self.reader, maximum), log), self.configs,
+                    # the timed run has decoded the trace already: replay that list
+                    source = timing.requests if timing is not None else self.reader
+                    results = replay(_clocked(_measured(source, maximum), log), self.configs,
                                      block_tokens=self.block_tokens,
                                      block_bytes=self.block_bytes,
                                      progress=progress, on_request=sink,

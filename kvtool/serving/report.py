@@ -154,6 +154,7 @@ def describe_weighted(values: Sequence[float], counts: Sequence[int]) -> dict[st
         order_a = np.argsort(va, kind="stable")
         ordered: Sequence[float] = va[order_a].tolist()
         ends: Sequence[int] = np.cumsum(ca[order_a]).tolist()
+        pick = ordered.__getitem__
     else:
         if len(values) != len(counts):
             raise ValueError("values and counts differ in length")
@@ -163,11 +164,13 @@ def describe_weighted(values: Sequence[float], counts: Sequence[int]) -> dict[st
         dev = [v - mean for v in vs]
         var = math.fsum([d * d * c for d, c in zip(dev, counts)]) / n
         order = sorted(range(len(vs)), key=vs.__getitem__)
-        ordered = list(map(vs.__getitem__, order))
         ends = list(itertools.accumulate(map(counts.__getitem__, order)))
 
+        def pick(i: int) -> float:  # the i-th value in sorted order
+            return vs[order[i]]
+
     def at(rank: int) -> float:  # the expanded sample's value at 0-based ``rank``
-        return ordered[bisect.bisect_right(ends, rank)]
+        return pick(bisect.bisect_right(ends, rank))
 
     h = n // 2
     median = at(h) if n % 2 else (at(h - 1) + at(h)) / 2
