@@ -152,9 +152,9 @@ def describe_weighted(values: Sequence[float], counts: Sequence[int]) -> dict[st
         d = va - mean
         var = math.fsum((d * d * ca).tolist()) / n
         order_a = np.argsort(va, kind="stable")
-        ordered: Sequence[float] = va[order_a].tolist()
+        vs: list[float] = va[order_a].tolist()
+        order: Sequence[int] = range(len(vs))
         ends: Sequence[int] = np.cumsum(ca[order_a]).tolist()
-        pick = ordered.__getitem__
     else:
         if len(values) != len(counts):
             raise ValueError("values and counts differ in length")
@@ -162,15 +162,12 @@ def describe_weighted(values: Sequence[float], counts: Sequence[int]) -> dict[st
         # the same products and squares as a loop would make (fsum rounds once: any order)
         mean = math.fsum(map(operator.mul, vs, counts)) / n
         dev = [v - mean for v in vs]
-        var = math.fsum([d * d * c for d, c in zip(dev, counts)]) / n
+        var = math.fsum([d * d * c for d, c in zip(dev, counts, strict=True)]) / n
         order = sorted(range(len(vs)), key=vs.__getitem__)
         ends = list(itertools.accumulate(map(counts.__getitem__, order)))
 
-        def pick(i: int) -> float:  # the i-th value in sorted order
-            return vs[order[i]]
-
     def at(rank: int) -> float:  # the expanded sample's value at 0-based ``rank``
-        return pick(bisect.bisect_right(ends, rank))
+        return vs[order[bisect.bisect_right(ends, rank)]]
 
     h = n // 2
     median = at(h) if n % 2 else (at(h - 1) + at(h)) / 2
