@@ -39,7 +39,7 @@ import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import filterfalse
+from itertools import filterfalse, islice, takewhile
 from typing import Any, Protocol
 
 from kvtool.cache.policies import make_policy
@@ -231,9 +231,9 @@ class TierStack:
         runs: list[tuple[int, int]] = []  # (tier index, blocks)
         bad = self.bad
         if len(tiers) == 1 and not bad:
-            # one tier: the run is its leading keys (each tested in C, the first miss too)
-            held = list(map(tiers[0][1].policy.index.__contains__, keys[first:last]))
-            count = held.index(False) if False in held else len(held)
+            # one tier: the run is its leading keys (tested in C up to the first miss)
+            count = len(list(takewhile(tiers[0][1].policy.index.__contains__,
+                                       islice(keys, first, last))))
             if count:
                 runs.append((0, count))
         else:
@@ -743,8 +743,15 @@ class Simulation:
         self.wake(dst, now)
 
     def run(self, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+        # The arrivals known up front wait in a sorted list beside the heap (the entries
+        # _push_arrival would push, taken in the same order: a smaller heap for the rest)
+        early: list[tuple[float, int, int, int, int, int]] = []
         for t, idx in self.arrivals.initial():
-            self._push_arrival(t, idx, False)
+            self._order += 1
+            early.append((t, _EARLY, self._order, ARRIVAL, idx, 0))
+        early.sort()
+        n_early = len(early)
+        ei = 0
         heap = self._heap
         net = self.net
         version = self._version
@@ -754,12 +761,12 @@ class Simulation:
         reported = 0
         while True:
             t_net = net.next_completion()
-            if heap:
-                if t_net is not None and t_net <= heap[0][0]:
-                    self.now = t_net
-                    self._after = -1
-                    net.advance(t_net)
-                    continue
+            if ei < n_early:
+                entry = early[ei]
+                if heap and heap[0] < entry:
+                    entry = heap[0]
+            elif heap:
+                entry = heap[0]
             elif t_net is not None:
                 self.now = t_net
                 self._after = -1
@@ -767,7 +774,16 @@ class Simulation:
                 continue
             else:
                 break
-            t, cls, _o, kind, a, b = pop(heap)
+            if t_net is not None and t_net <= entry[0]:
+                self.now = t_net
+                self._after = -1
+                net.advance(t_net)
+                continue
+            if ei < n_early and entry is early[ei]:
+                ei += 1
+            else:
+                pop(heap)
+            t, cls, _o, kind, a, b = entry
             self.now = t
             if kind == ARRIVAL:
                 self._after = last if cls == _RELEASED else -1
