@@ -415,7 +415,14 @@ class KVPool:
 
     def check(self) -> None:
         """Assert the invariants of the module docstring (for tests; O(n))."""
-        self._unstack()
+        stack = self._stack
+        if stack is not None:  # no prefix caching: every block free or held once
+            assert len(stack) == self._num_free, (len(stack), self._num_free)
+            held_list = [b for blocks in self._req_blocks.values() for b in blocks]
+            assert sorted(stack + held_list) == list(range(1, self.num_gpu_blocks))
+            assert not self._cached and not self._dups
+            assert all(k is None for k in self._key)
+            return
         queue = self.free_queue()
         assert len(queue) == self._num_free, (len(queue), self._num_free)
         in_queue = set(queue)
