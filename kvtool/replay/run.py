@@ -29,6 +29,7 @@ import msgspec
 from kvtool.cache.replayer import CacheConfig, RequestOutcome, TierSpec, replay
 from kvtool.errors import UsageError, param
 from kvtool.fanout import Fanout
+from kvtool.gcpause import cyclic_gc_paused
 from kvtool.replay.config import (
     TiersFile,
     build_config,
@@ -330,7 +331,8 @@ class ReplayJob(msgspec.Struct):
         outputs carry them too."""
         from kvtool.replay.timing import ReplayTiming
 
-        requests = list(self.reader)
+        with cyclic_gc_paused():  # the requests and their block keys: no cycles
+            requests = list(self.reader)
         return ReplayTiming.run(requests, self.configs, **self._timing_kwargs())
 
     def _timing_kwargs(self) -> dict[str, Any]:
