@@ -12,6 +12,7 @@ import msgspec
 from kvtool.cache.replayer import CacheConfig, RequestOutcome, replay
 from kvtool.errors import UsageError, param
 from kvtool.fanout import Fanout
+from kvtool.gcpause import cyclic_gc_paused
 from kvtool.replay.report import one_shape, simulated, timing_off
 from kvtool.replay.settings import SCHEMA, ReplaySettings
 from kvtool.replay.tierfactory import open_tiers
@@ -90,7 +91,8 @@ class ReplayJob(msgspec.Struct):
         A ``--no-times`` simulation, which goes over the trace once, streams the reader
         instead (:meth:`one_pass`), so that its memory stays the reader's."""
         if self._requests is None:
-            self._requests = list(self.reader)
+            with cyclic_gc_paused():  # the requests and their block keys: no cycles
+                self._requests = list(self.reader)
         return self._requests
 
     def one_pass(self) -> Any:

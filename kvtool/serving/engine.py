@@ -865,7 +865,15 @@ class EventEngine(Engine):
         tokens = n_dec
         for _s, n in items:
             tokens += n
-        self._count_step(st, n_dec + len(items), tokens, k)
+        # _count_step(st, n_seqs, tokens, k), written out
+        n_seqs = n_dec + len(items)
+        st.steps += k
+        st.batch_seqs += n_seqs * k
+        if n_seqs > st.max_batch_seqs:
+            st.max_batch_seqs = n_seqs
+        st.batch_tokens += tokens + (k - 1) * n_seqs
+        hist = st.batch_hist
+        hist[n_seqs] = hist.get(n_seqs, 0) + k
         st.decode_tokens += n_dec * k
         t = float(ends[-1])
         if n_dec:

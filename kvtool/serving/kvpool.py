@@ -139,6 +139,7 @@ class KVPool:
         "_prev",
         "_ref",
         "_req_blocks",
+        "_stack",
         "_tail",
         "block_tokens",
         "enable_caching",
@@ -173,16 +174,18 @@ class KVPool:
         self._key: list[Hashable | None] = [None] * n
         head, tail = n, n + 1
         self._head, self._tail = head, tail
+        self._prev: list[int] = []
+        self._next: list[int] = []
         # Queue initially 1, 2, …, n-1: block 0 was popped from the head as the null block.
-        self._prev = [-1] * (n + 2)
-        self._next = [-1] * (n + 2)
-        p = head
-        for b in range(1, n):
-            self._next[p] = b
-            self._prev[b] = p
-            p = b
-        self._next[p] = tail
-        self._prev[tail] = p
+        self._stack: list[int] | None = None
+        """Without prefix caching, while no request holds a block twice: the free queue as
+        a stack, its head last (``_prev``, ``_next`` and ``_ref`` unused until
+        :meth:`_unstack`). No block is ever cached then, so every freed block goes to the
+        front: a request's blocks, freed tail first, are pushed in their order."""
+        if enable_caching:
+            self._link(range(1, n))
+        else:
+            self._stack = list(range(n - 1, 0, -1))
         self._num_free = n - 1
         self._cached: dict[Hashable, int] = {}       # key -> first-cached block holding it
         self._dups: dict[Hashable, list[int]] = {}   # key -> later copies, oldest first
@@ -250,18 +253,39 @@ class KVPool:
         rid = seq.request_id
         req_blocks = self._req_blocks.get(rid)
         num_local = seq.num_computed_tokens + num_new_computed_tokens
-        total_computed = min(num_local + num_external_computed_tokens, self.max_model_len)
+        mml = self.max_model_len
+        total_computed = num_local + num_external_computed_tokens
+        if total_computed > mml:
+            total_computed = mml
         watermark = self.watermark_blocks if has_scheduled_reqs and req_blocks is None else 0
+        # _num_blocks_to_allocate(rid, req_blocks, tokens, computed) is ceil(tokens / B)
+        # less ``less``, at least 0, plus ``evictable`` (written out: it runs for every step)
+        B = self.block_tokens
+        less = len(req_blocks) if req_blocks is not None else 0
+        evictable = 0
+        if computed:
+            if rid in self._num_cached:
+                raise ValueError(f"request {rid!r} is running and cannot take new computed blocks")
+            if self._stack is not None:
+                self._unstack()
+            ref = self._ref
+            for b in computed:
+                if ref[b] == 0:
+                    evictable += 1
+            less += len(computed)
+        free = self._num_free
 
         if full_sequence_must_fit:
-            need = self._num_blocks_to_allocate(rid, req_blocks, min(seq.num_tokens, self.max_model_len),
-                                                computed)
-            if need + watermark > self._num_free:
+            tokens = seq.num_tokens
+            need = -(-(tokens if tokens < mml else mml) // B) - less
+            if (need if need > 0 else 0) + evictable + watermark > free:
                 return None
 
-        num_need_slot = min(total_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
-        need = self._num_blocks_to_allocate(rid, req_blocks, num_need_slot, computed)
-        if need + watermark > self._num_free - reserved_blocks:
+        num_need_slot = total_computed + num_new_tokens + num_lookahead_tokens
+        if num_need_slot > mml:
+            num_need_slot = mml
+        need = -(-num_need_slot // B) - less
+        if (need if need > 0 else 0) + evictable + watermark > free - reserved_blocks:
             return None
 
         if (computed or num_external_computed_tokens > 0) and rid not in self._num_cached:
@@ -280,12 +304,13 @@ class KVPool:
 
         if req_blocks is None:
             req_blocks = self._req_blocks[rid] = []
-        n_new = -(-num_need_slot // self.block_tokens) - len(req_blocks)
+        n_new = -(-num_need_slot // B) - len(req_blocks)
         new_blocks = self._get_new_blocks(n_new) if n_new > 0 else []
         req_blocks.extend(new_blocks)
 
         if not delay_cache_blocks and self.enable_caching:
-            self._cache_blocks(seq, req_blocks, min(total_computed + num_new_tokens, seq.num_tokens))
+            tokens = total_computed + num_new_tokens
+            self._cache_blocks(seq, req_blocks, tokens if tokens < seq.num_tokens else seq.num_tokens)
         return new_blocks
 
     def cache_blocks(self, seq: SeqLike, num_computed_tokens: int) -> None:
@@ -299,7 +324,12 @@ class KVPool:
         blocks = self._req_blocks.pop(rid, None)
         self._num_cached.pop(rid, None)
         if blocks:
-            self._free_blocks(reversed(blocks))
+            stack = self._stack
+            if stack is not None:
+                stack.extend(blocks)  # reversed(blocks) to the front, in that order
+                self._num_free += len(blocks)
+            else:
+                self._free_blocks(reversed(blocks))
 
     def record_prefix_cache_stats(self, seq: SeqLike, num_hits: int, preempted: bool = False) -> None:
         """Count one admitted request's lookup (vLLM's scheduler calls this after admission)."""
@@ -364,6 +394,8 @@ class KVPool:
 
     def free_queue(self) -> list[int]:
         """Block ids in the free queue, head (next to be reused) first."""
+        if self._stack is not None:
+            return self._stack[::-1]
         out = []
         nxt = self._next
         b = nxt[self._head]
@@ -383,6 +415,14 @@ class KVPool:
 
     def check(self) -> None:
         """Assert the invariants of the module docstring (for tests; O(n))."""
+        stack = self._stack
+        if stack is not None:  # no prefix caching: every block free or held once
+            assert len(stack) == self._num_free, (len(stack), self._num_free)
+            held_list = [b for blocks in self._req_blocks.values() for b in blocks]
+            assert sorted(stack + held_list) == list(range(1, self.num_gpu_blocks))
+            assert not self._cached and not self._dups
+            assert all(k is None for k in self._key)
+            return
         queue = self.free_queue()
         assert len(queue) == self._num_free, (len(queue), self._num_free)
         in_queue = set(queue)
@@ -413,6 +453,8 @@ class KVPool:
             if computed:
                 raise ValueError(f"request {rid!r} is running and cannot take new computed blocks")
             return max(required - held, 0)
+        if computed and self._stack is not None:
+            self._unstack()
         ref = self._ref
         evictable = 0
         for b in computed:
@@ -420,10 +462,43 @@ class KVPool:
                 evictable += 1
         return max(required - len(computed) - held, 0) + evictable
 
+    def _link(self, blocks: Iterable[int]) -> None:
+        """Make the free queue ``blocks`` (head first) as the linked list."""
+        n = self.num_gpu_blocks
+        head, tail = self._head, self._tail
+        nxt = self._next = [-1] * (n + 2)
+        prv = self._prev = [-1] * (n + 2)
+        p = head
+        for b in blocks:
+            nxt[p] = b
+            prv[b] = p
+            p = b
+        nxt[p] = tail
+        prv[tail] = p
+
+    def _unstack(self) -> None:
+        """Leave the stack representation (``_stack``) for the linked list and counts."""
+        stack = self._stack
+        if stack is None:
+            return
+        self._stack = None
+        self._link(reversed(stack))
+        ref = self._ref
+        for blocks in self._req_blocks.values():
+            for b in blocks:
+                ref[b] += 1
+
     def _get_new_blocks(self, n: int) -> list[int]:
         """Pop ``n`` blocks from the queue's head, evicting their cached keys."""
         if n > self._num_free:
             raise ValueError(f"cannot get {n} free blocks from the pool")
+        stack = self._stack
+        if stack is not None:  # no key to evict: a slice
+            out = stack[-n:]
+            del stack[-n:]
+            out.reverse()
+            self._num_free -= n
+            return out
         nxt, prv, ref, key = self._next, self._prev, self._ref, self._key
         out = []
         b = nxt[self._head]
@@ -462,6 +537,8 @@ class KVPool:
 
     def _touch(self, blocks: Sequence[int]) -> None:
         """A hit: take the blocks out of the free queue if there, and hold them once more."""
+        if blocks and self._stack is not None:
+            self._unstack()  # a block may be held twice now
         ref, nxt, prv = self._ref, self._next, self._prev
         for b in blocks:
             if ref[b] == 0:

@@ -115,6 +115,8 @@ class FlowNetwork:
         self._res: dict[Hop, _Resource] = {}
         self._links: list[str] = []
         self._classes: dict[tuple[Hop, ...], _Class] = {}
+        self._spare: dict[tuple[Hop, ...], _Class] = {}
+        """Classes that emptied, one per path, reused by the path's next flow."""
         self._paths: dict[tuple[Hop, ...], tuple[Hop, ...]] = {}  # checked paths
         self._heap: list[tuple[float, int, int, int, _Class]] = []  # (finish, head id, tie, version)
         self._ids = itertools.count()
@@ -188,7 +190,14 @@ class FlowNetwork:
         self.started_bytes += flow.nbytes
         cls = self._classes.get(hops)
         if cls is None:
-            cls = _Class(hops, tuple(self._res[h] for h in hops), settled=self._now)
+            cls = self._spare.pop(hops, None)
+            if cls is None:
+                cls = _Class(hops, tuple(self._res[h] for h in hops), settled=self._now)
+            else:  # the path's last class, emptied: as new (its version goes on rising)
+                cls.served = cls.rate = 0.0
+                cls.settled = self._now
+                cls.finish = math.inf
+                cls.head_id = -1
             self._classes[hops] = cls
             for r in cls.resources:
                 r.classes[cls] = None
@@ -226,8 +235,14 @@ class FlowNetwork:
 
     def next_completion(self) -> float | None:
         """Absolute time at which the next active flow finishes (None when none is active)."""
-        top = self._top()
-        return None if top is None else top[0]
+        heap = self._heap  # _top, written out: the event loop asks before every event
+        while heap:
+            entry = heap[0]
+            cls = entry[4]
+            if entry[3] == cls.version and cls.flows:
+                return entry[0]
+            heapq.heappop(heap)
+        return None
 
     def advance(self, t: float) -> int:
         """Move the clock to ``t``, completing (in order) the flows that finish by then.
@@ -333,6 +348,7 @@ class FlowNetwork:
             for r in cls.resources:
                 r.classes.pop(cls, None)
             cls.version += 1
+            self._spare[cls.path] = cls
         self._rebalance(cls.resources, cls if cls.flows else None)
         for f in finished:
             if f.on_done is not None:
@@ -373,16 +389,45 @@ class FlowNetwork:
             else:
                 # the class is alone on its hops: its rate is the smallest share, as
                 # progressive filling finds it (the same division, the same float)
-                n = len(changed.flows)
+                flows = changed.flows
+                n = len(flows)
                 rate = math.inf
                 for r in res:
                     cap = r.capacity
                     share = (cap if cap > 0.0 else 0.0) / n
                     if share < rate:
                         rate = share
-                self._settle(changed)
+                now = self._now
+                # _settle, then _schedule, written out (a flow starts or ends here)
+                old = changed.rate
+                dt = now - changed.settled
+                if dt > 0 and old > 0 and old != math.inf:
+                    delta = old * dt
+                    changed.served += delta
+                    moved = delta * n
+                    for r in res:
+                        r.bytes += moved
+                changed.settled = now
                 changed.rate = rate
-                self._schedule(changed)
+                head_target, head_id, _ = flows[0]
+                if rate == math.inf:
+                    finish = now
+                elif rate <= 0:
+                    finish = math.inf
+                else:
+                    left = head_target - changed.served
+                    finish = now + (left if left > 0.0 else 0.0) / rate
+                if finish == changed.finish and head_id == changed.head_id:
+                    return
+                changed.version += 1
+                changed.finish, changed.head_id = finish, head_id
+                heap = self._heap
+                if finish < math.inf:
+                    heapq.heappush(heap, (finish, head_id, next(self._tie), changed.version,
+                                          changed))
+                if len(heap) > 64 + 4 * len(self._classes):  # drop stale entries
+                    self._heap = [e for e in heap if e[3] == e[4].version and e[4].flows]
+                    heapq.heapify(self._heap)
                 return
         classes, resources = self._component(seeds)
         if not classes:

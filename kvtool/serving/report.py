@@ -32,6 +32,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import operator
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -151,19 +152,22 @@ def describe_weighted(values: Sequence[float], counts: Sequence[int]) -> dict[st
         d = va - mean
         var = math.fsum((d * d * ca).tolist()) / n
         order_a = np.argsort(va, kind="stable")
-        ordered: Sequence[float] = va[order_a].tolist()
+        vs: list[float] = va[order_a].tolist()
+        order: Sequence[int] = range(len(vs))
         ends: Sequence[int] = np.cumsum(ca[order_a]).tolist()
     else:
-        vs = [float(v) for v in values]
-        mean = math.fsum([v * c for v, c in zip(vs, counts, strict=True)]) / n
-        var = math.fsum([(v - mean) * (v - mean) * c
-                         for v, c in zip(vs, counts, strict=True)]) / n
+        if len(values) != len(counts):
+            raise ValueError("values and counts differ in length")
+        vs = list(map(float, values))
+        # the same products and squares as a loop would make (fsum rounds once: any order)
+        mean = math.fsum(map(operator.mul, vs, counts)) / n
+        dev = [v - mean for v in vs]
+        var = math.fsum([d * d * c for d, c in zip(dev, counts, strict=True)]) / n
         order = sorted(range(len(vs)), key=vs.__getitem__)
-        ordered = [vs[i] for i in order]
-        ends = list(itertools.accumulate(counts[i] for i in order))
+        ends = list(itertools.accumulate(map(counts.__getitem__, order)))
 
     def at(rank: int) -> float:  # the expanded sample's value at 0-based ``rank``
-        return ordered[bisect.bisect_right(ends, rank)]
+        return vs[order[bisect.bisect_right(ends, rank)]]
 
     h = n // 2
     median = at(h) if n % 2 else (at(h - 1) + at(h)) / 2

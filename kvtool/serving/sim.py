@@ -39,7 +39,7 @@ import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import filterfalse
+from itertools import filterfalse, islice, takewhile
 from typing import Any, Protocol
 
 from kvtool.cache.policies import make_policy
@@ -229,27 +229,34 @@ class TierStack:
         tiers = self._tiers_for(engine)
         keys = seq.block_hashes
         runs: list[tuple[int, int]] = []  # (tier index, blocks)
-        cur = -1
-        count = 0
-        indexes = [tier.policy.index for _n, tier, _s in tiers]
-        names = [n for n, _tier, _s in tiers]
         bad = self.bad
-        for key in keys[first:last]:
-            ti = -1
-            for j, index in enumerate(indexes):
-                if key in index and (not bad or (names[j], key) not in bad):
-                    ti = j
+        if len(tiers) == 1 and not bad:
+            # one tier: the run is its leading keys (tested in C up to the first miss)
+            count = len(list(takewhile(tiers[0][1].policy.index.__contains__,
+                                       islice(keys, first, last))))
+            if count:
+                runs.append((0, count))
+        else:
+            cur = -1
+            count = 0
+            indexes = [tier.policy.index for _n, tier, _s in tiers]
+            names = [n for n, _tier, _s in tiers]
+            for key in keys[first:last]:
+                ti = -1
+                for j, index in enumerate(indexes):
+                    if key in index and (not bad or (names[j], key) not in bad):
+                        ti = j
+                        break
+                if ti < 0:
                     break
-            if ti < 0:
-                break
-            if ti == cur:
-                count += 1
-            else:
-                if count:
-                    runs.append((cur, count))
-                cur, count = ti, 1
-        if count:
-            runs.append((cur, count))
+                if ti == cur:
+                    count += 1
+                else:
+                    if count:
+                        runs.append((cur, count))
+                    cur, count = ti, 1
+            if count:
+                runs.append((cur, count))
         if not runs:
             return 0, 0
         found = sum(c for _t, c in runs)
@@ -305,15 +312,38 @@ class TierStack:
         per_flow: dict[tuple[str, str | None], list[int]] = {}
         by_tier: dict[str, int] = {}
         bad = self.bad
-        for key in keys:
-            for name, tier, spec in tiers:
-                if key in tier.policy.index and (not bad or (name, key) not in bad):
-                    target = None
-                    if spec is not None and spec.targets:
-                        target = spec.targets[key % len(spec.targets)][0]
-                    per_flow.setdefault((name, target), []).append(key)
-                    by_tier[name] = by_tier.get(name, 0) + 1
-                    break
+        if len(tiers) == 1 and not bad and (tiers[0][2] is None or not tiers[0][2].targets):
+            # one tier, one flow: the keys it holds, tested in C
+            name, tier, spec1 = tiers[0]
+            held = list(filter(tier.policy.index.__contains__, keys))
+            if self.backend is None and name == "dram":
+                # the loop below for that one flow (no check can fail, nothing to promote)
+                if not seq.decode_only:
+                    seq.ext_by_tier = {name: len(held) * B} if held else {}
+                if not held:
+                    seq.loads_pending = 0
+                    return
+                tier.policy.access(held, seq.index, admit=False)
+                seq.loads_pending = 1
+                nbytes = len(held) * bb
+                self.bytes_loaded[name] = self.bytes_loaded.get(name, 0) + nbytes
+                self.blocks_loaded[name] = self.blocks_loaded.get(name, 0) + len(held)
+                self.net.start(now, nbytes, self._path(engine, name, spec1, None, True),
+                               self._load_done(engine, seq, tokens))
+                return
+            if held:
+                per_flow[(name, None)] = held
+                by_tier[name] = len(held)
+        else:
+            for key in keys:
+                for name, tier, spec in tiers:
+                    if key in tier.policy.index and (not bad or (name, key) not in bad):
+                        target = None
+                        if spec is not None and spec.targets:
+                            target = spec.targets[key % len(spec.targets)][0]
+                        per_flow.setdefault((name, target), []).append(key)
+                        by_tier[name] = by_tier.get(name, 0) + 1
+                        break
         if not seq.decode_only:  # (a decode engine's read of a P/D prompt is no hit)
             seq.ext_by_tier = {n: c * B for n, c in by_tier.items()}
         # refresh what was hit (LRU order), as a store's lookup does
@@ -389,10 +419,17 @@ class TierStack:
         self.net.start(now, nbytes, path, self._load_done(engine, seq))
 
     def _insert(self, tier: Tier, name: str, keys: list[int], session: int,
-                engine: Engine) -> list[int]:
+                engine: Engine, want: bool = True) -> list[int]:
         """Insert ``keys`` (touching those held), evict down to capacity; with a backend,
         free the victims' bytes first, then write the blocks that stayed. Returns the keys
-        inserted (and still held)."""
+        inserted (and still held; ``[]`` when not ``want``-ed)."""
+        if not want and self.backend is None and not self.bad:
+            # a store that arrived: insert, evict, count (nobody reads what stayed)
+            tier.policy.access(keys, session)
+            out = tier.evict_to_capacity()
+            if out:
+                self.evictions[name] = self.evictions.get(name, 0) + len(out)
+            return []
         rec: list[int] = []
         tier.policy.access(keys, session, record=rec)
         if self.bad:
@@ -430,11 +467,13 @@ class TierStack:
         B = self.B
         n = min(seq.num_computed_tokens // B, len(seq.block_hashes))
         pending = [0]
-
-        def one_done(t: float) -> None:
-            pending[0] -= 1
-            if not pending[0] and stored is not None:
-                stored(t)
+        one_done: Callable[[float], None] | None = None
+        if stored is not None:  # (else nobody waits for the flows)
+            def all_done(t: float) -> None:
+                pending[0] -= 1
+                if not pending[0] and stored is not None:
+                    stored(t)
+            one_done = all_done
 
         if n <= 0:
             if stored is not None:
@@ -471,7 +510,7 @@ class TierStack:
                     engine: Engine, then: Callable[[float], None] | None = None
                     ) -> Callable[[float], None]:
         def done(t: float) -> None:
-            self._insert(tier, name, keys, session, engine)
+            self._insert(tier, name, keys, session, engine, False)
             if then is not None:
                 then(t)
         return done
@@ -704,8 +743,15 @@ class Simulation:
         self.wake(dst, now)
 
     def run(self, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+        # The arrivals known up front wait in a sorted list beside the heap (the entries
+        # _push_arrival would push, taken in the same order: a smaller heap for the rest)
+        early: list[tuple[float, int, int, int, int, int]] = []
         for t, idx in self.arrivals.initial():
-            self._push_arrival(t, idx, False)
+            self._order += 1
+            early.append((t, _EARLY, self._order, ARRIVAL, idx, 0))
+        early.sort()
+        n_early = len(early)
+        ei = 0
         heap = self._heap
         net = self.net
         version = self._version
@@ -715,12 +761,12 @@ class Simulation:
         reported = 0
         while True:
             t_net = net.next_completion()
-            if heap:
-                if t_net is not None and t_net <= heap[0][0]:
-                    self.now = t_net
-                    self._after = -1
-                    net.advance(t_net)
-                    continue
+            if ei < n_early:
+                entry = early[ei]
+                if heap and heap[0] < entry:
+                    entry = heap[0]
+            elif heap:
+                entry = heap[0]
             elif t_net is not None:
                 self.now = t_net
                 self._after = -1
@@ -728,7 +774,16 @@ class Simulation:
                 continue
             else:
                 break
-            t, cls, _o, kind, a, b = pop(heap)
+            if t_net is not None and t_net <= entry[0]:
+                self.now = t_net
+                self._after = -1
+                net.advance(t_net)
+                continue
+            if ei < n_early and entry is early[ei]:
+                ei += 1
+            else:
+                pop(heap)
+            t, cls, _o, kind, a, b = entry
             self.now = t
             if kind == ARRIVAL:
                 self._after = last if cls == _RELEASED else -1

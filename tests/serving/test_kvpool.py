@@ -120,3 +120,50 @@ def test_disabled_caching_and_argument_errors() -> None:
         pool.allocate_slots(seq("c", [], 4), 0)
     with pytest.raises(ValueError):
         KVPool(0, B)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_no_caching_stack_is_the_linked_queue(seed: int) -> None:
+    """Without prefix caching the free queue is kept as a stack: the same blocks, queue and
+    answers as the linked list (forced with ``_unstack``) under random steps and frees."""
+    import random
+
+    rnd = random.Random(seed)
+    n, bt = rnd.randint(2, 40), rnd.choice([1, 2, 4, 16])
+    fast, ref = KVPool(n, bt, enable_caching=False), KVPool(n, bt, enable_caching=False)
+    ref._unstack()
+    live: dict[str, tuple[Seq, Seq]] = {}
+    for step in range(200):
+        if live and rnd.random() < 0.35:
+            rid = rnd.choice(sorted(live))
+            a, b = live.pop(rid)
+            fast.free(a)
+            ref.free(b)
+        elif live and rnd.random() < 0.5:
+            rid = rnd.choice(sorted(live))
+            a, b = live[rid]
+            k = rnd.randint(1, 3 * bt)
+            got = fast.allocate_slots(a, k), ref.allocate_slots(b, k)
+            assert got[0] == got[1]
+            if got[0] is not None:
+                for s in (a, b):
+                    s.num_computed_tokens += k
+                    s.num_tokens = max(s.num_tokens, s.num_computed_tokens)
+        else:
+            rid = f"r{step}"
+            tokens = rnd.randint(1, 5 * bt)
+            a, b = (Seq(rid, list(range(10)), tokens, bt) for _ in range(2))
+            kw = {"full_sequence_must_fit": rnd.random() < 0.5,
+                  "num_external_computed_tokens": rnd.choice([0, 0, bt])}
+            first = tokens if not kw["num_external_computed_tokens"] else max(1, tokens - bt)
+            got = (fast.allocate_slots(a, first, **kw),  # type: ignore[arg-type]
+                   ref.allocate_slots(b, first, **kw))  # type: ignore[arg-type]
+            assert got[0] == got[1]
+            if got[0] is not None:
+                live[rid] = (a, b)
+        assert fast._stack is not None
+        assert fast.free_queue() == ref.free_queue()
+        assert fast.num_free_blocks == ref.num_free_blocks
+        assert {r: fast.get_block_ids(r) for r in live} == {r: ref.get_block_ids(r) for r in live}
+        fast.check()
+        ref.check()
