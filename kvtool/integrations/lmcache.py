@@ -594,9 +594,9 @@ class KvtoolAdapter(ConnectorAdapter):
 
 # ---------------------------------------------------------------------- helpers
 def _per_rank(spec: StoreSpec) -> bool:
-    """Whether every durable place of ``spec`` names the rank (local pools need none)."""
-    places = [o.place for o in (spec.dram, spec.nvme) if o is not None and o.place]
-    return all("{rank}" in p for p in places if not p.startswith("mooncake://"))
+    """Whether every durable place of ``spec`` names the rank (local pools need none; a
+    Mooncake pool may be shared: LMCache's keys name the worker)."""
+    return all(p.startswith("mooncake://") for p in spec.unranked_places())
 
 
 def _take(objs: Sequence[MemoryObj]) -> None:

@@ -135,6 +135,12 @@ class StoreSpec(msgspec.Struct, frozen=True):
             return TierOption(opt.capacity, opt.place.replace("{rank}", str(rank)))
         return msgspec.structs.replace(self, dram=sub(self.dram), nvme=sub(self.nvme))
 
+    def unranked_places(self) -> list[str]:
+        """The places (of the DRAM and NVMe tiers) that do not name ``{rank}``: ranks of a
+        TP>1 engine would share them (a size alone is a pool in the process: none)."""
+        places = [o.place for o in (self.dram, self.nvme) if o is not None and o.place]
+        return [p for p in places if "{rank}" not in p]
+
     def to_dict(self) -> dict[str, Any]:
         """The spec as its keys (secrets are file names; nothing here is key material)."""
         out: dict[str, Any] = {}

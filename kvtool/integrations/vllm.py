@@ -67,6 +67,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from kvtool.errors import UsageError
 from kvtool.integrations.blockstore import BlockStore, block_keys
 from kvtool.integrations.spec import StoreSpec
 from kvtool.store.layout import Geometry
@@ -234,6 +235,15 @@ class KvtoolConnector(KVConnectorBase_V1):
         cc, mc, pc = vllm_config.cache_config, vllm_config.model_config, vllm_config.parallel_config
         self.block_size = int(cc.block_size)
         self.tp = int(pc.tensor_parallel_size)
+        shared = self.spec.unranked_places()
+        if self.tp > 1 and shared:
+            # each rank stores its own shard of every block under the same key
+            raise UsageError(f"tensor_parallel_size {self.tp}: each rank needs its own "
+                             f"namespace or pool: put {{rank}} in {shared[0]} (example: "
+                             "nvme+tcp://HOST:4420/nqn.2026-01.io.kvtool:kv-{rank}/1)",
+                             field="kv_connector_extra_config.nvme"
+                             if self.spec.nvme is not None and self.spec.nvme.place in shared
+                             else "kv_connector_extra_config.dram")
         self.max_model_len = int(mc.max_model_len)
         model = str(getattr(mc, "served_model_name", None) or mc.model)
         if isinstance(getattr(mc, "served_model_name", None), list | tuple):
