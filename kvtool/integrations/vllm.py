@@ -50,6 +50,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -453,13 +454,16 @@ class KvtoolConnector(KVConnectorBase_V1):
         self.block_bytes = total
         self.store = self._open_store(total)
 
-    def _gather(self, block_id: int, out: np.ndarray) -> None:
-        """Block ``block_id`` of every layer, concatenated into ``out`` (host bytes)."""
+    def _gather(self, block_ids: list[int], out: np.ndarray) -> None:
+        """Blocks ``block_ids`` of every layer, each block's layers concatenated into its
+        row of ``out`` (``[len(block_ids), block_bytes]`` host bytes): one indexed copy
+        per layer."""
         off = 0
-        host = torch.from_numpy(out)
+        idx = torch.tensor(block_ids, dtype=torch.long)
+        n = len(block_ids)
         for _name, view, nbytes in self._layers:
-            src = view[block_id]
-            host[off:off + nbytes].view(src.dtype).view(src.shape).copy_(src)
+            part = view.index_select(0, idx).reshape(n, -1).view(torch.uint8)
+            out[:, off:off + nbytes] = part.numpy()
             off += nbytes
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
@@ -499,12 +503,16 @@ class KvtoolConnector(KVConnectorBase_V1):
         _name, view, nbytes = self._layers[i]
         off = sum(n for _x, _v, n in self._layers[:i])
         for block_ids, rows, ok in self._staged:
-            for b, row, good in zip(block_ids, rows, ok, strict=True):
-                if not good:
-                    continue
-                dst = view[b]
-                dst.copy_(torch.from_numpy(row[off:off + nbytes]).view(dst.dtype)
-                          .view(dst.shape))
+            # one indexed copy per layer and request (not one per block): the good rows'
+            # slices of this layer, gathered contiguous, then put at their block ids
+            good = [j for j, g in enumerate(ok) if g]
+            if not good:
+                continue
+            part = rows[:, off:off + nbytes] if len(good) == len(ok) else rows[good, off:
+                                                                              off + nbytes]
+            src = torch.from_numpy(np.ascontiguousarray(part)).view(view.dtype)
+            idx = torch.tensor([block_ids[j] for j in good], dtype=torch.long)
+            view[idx] = src.view(len(good), *view.shape[1:])
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any,
                       **kwargs: Any) -> None:
@@ -526,22 +534,29 @@ class KvtoolConnector(KVConnectorBase_V1):
                     # vLLM recomputes them after this step; the scheduler then plans this
                     # save again (_RELOAD), with the recomputed bytes
                     continue
-                where = dict(zip(sv.keys, sv.block_ids, strict=True))
-                rows: dict[int, np.ndarray] = {}
-
-                def source(key: int, where: dict[int, int] = where,
-                           rows: dict[int, np.ndarray] = rows) -> np.ndarray:
-                    row = rows.get(key)
-                    if row is None:
-                        row = rows[key] = np.empty(self.block_bytes, dtype=np.uint8)
-                        self._gather(where[key], row)
-                    return row
-
-                self.store.save(sv.keys, sv.input_length, source)
+                self.store.save(sv.keys, sv.input_length, self._source(sv))
             self.store.commit()
         except Exception as exc:
             log.warning("kvtool save failed (blocks not stored): %s", exc)
         self._count("save_seconds", time.perf_counter() - t0)
+
+    def _source(self, sv: SaveSpec) -> Callable[[int], np.ndarray]:
+        """``source(key)`` for :meth:`BlockStore.save`: a block's bytes, copied out of the
+        KV cache when first asked for. The blocks a request stores are mostly its tail
+        (its head hit a tier): asked for block ``p``, every block from ``p`` to the first
+        one copied already is copied at once."""
+        pos = {key: p for p, key in enumerate(sv.keys)}
+        rows = np.empty((len(sv.keys), self.block_bytes), dtype=np.uint8)
+        lo = [len(sv.keys)]  # rows[lo:] are copied
+
+        def source(key: int) -> np.ndarray:
+            p = pos[key]
+            if p < lo[0]:
+                self._gather(sv.block_ids[p:lo[0]], rows[p:lo[0]])
+                lo[0] = p
+            return rows[p]
+
+        return source
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         out, self._load_errors = self._load_errors, set()
