@@ -51,13 +51,15 @@ test: sysdeps venv
 ## The replay speed and memory benchmarks (BENCHMARKS.md) in $(BENCH_VENV). They print
 ## ratios against references measured in the same run; nothing here asserts on time.
 ## nvme_target_perf: the emulator's NVMe/TCP target against SPDK's (SPDK built once; needs
-## the spdk extra, so it runs in $(VENV)).
+## the spdk extra, so it runs in $(VENV)). connector_speed: the vLLM connector against vLLM's
+## own (the engine virtualenv, kvtool/integrations/venv.py, built once under /var/tmp).
 bench: $(BENCH_VENV)/.stamp venv
 	PYTHONPATH=$(CURDIR) $(BENCH_VENV)/bin/python bench/replay_speed.py --repeat 21
 	PYTHONPATH=$(CURDIR) $(BENCH_VENV)/bin/python bench/replay_speed.py --repeat 5 --times 10
 	PYTHONPATH=$(CURDIR) $(BENCH_VENV)/bin/python bench/replay_memory.py
 	PYTHONPATH=$(CURDIR) $(BENCH_VENV)/bin/python bench/serving_speed.py --repeat 5
 	$(PY) bench/nvme_target_perf.py --rounds 3 --write --priority -10
+	PYTHONPATH=$(CURDIR) $$($(PY) -m kvtool.integrations.venv) bench/connector_speed.py --repeat 3
 
 lint: venv
 	$(VENV)/bin/tox run -e lint
