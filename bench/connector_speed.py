@@ -44,7 +44,9 @@ in the same run.
 
 Runs in the cached engine virtualenv (kvtool.integrations.venv; this tree on
 ``PYTHONPATH``): every engine is a child process of that python. Figures are one run on
-whatever else the machine is doing: the ratios are medians of per-round figures.
+whatever else the machine is doing: each figure is a median over rounds (and over
+``--repeat`` engine processes per connector, run in turn), each ratio one of two medians
+measured in the same run.
 """
 
 from __future__ import annotations
