@@ -127,6 +127,9 @@ def run_cmd(name: str, out_dir: str | None, simulate: bool, dram: str | None,
     if exp.kind == "parallel-read" and (simulate or dram or nvme):
         note(f"{exp.name} measures reads on its own targets: --simulate, --dram and --nvme "
              "do not apply")
+    if exp.kind == "engine-vs-model" and (simulate or dram or nvme):
+        note(f"{exp.name} runs a real engine on its own small tiers: --simulate, --dram and "
+             "--nvme do not apply")
     if exp.is_serving and (not simulate or dram or nvme):
         note(f"{exp.name} runs on the serving model (simulated, times modelled): --dram and "
              "--nvme do not apply and --simulate is implied")
@@ -224,6 +227,10 @@ def render_fit(con: Any, doc: dict[str, Any]) -> None:
 def render(con: Any, doc: dict[str, Any]) -> None:
     from kvtool.cli.output import Column, print_table
 
+    if doc.get("engine_vs_model") is not None:
+        render_engine(con, doc)
+        return
+
     con.print(f"[bold]{doc['name']}[/] — {doc['title']}")
     con.print(f"[dim]source:[/] {doc['source']}")
     con.print(f"[dim]claim:[/] {doc['claim']}")
@@ -258,3 +265,52 @@ def render(con: Any, doc: dict[str, Any]) -> None:
         con.print(f"[dim]{doc['notes']}[/]")
     if doc.get("files"):
         con.print("[dim]files:[/] " + " ".join(doc["files"].values()))
+
+
+def render_engine(con: Any, doc: dict[str, Any]) -> None:
+    """An engine-vs-model run: measured against modelled per run and metric."""
+    from kvtool.cli.output import Column, print_table
+
+    sec = doc["engine_vs_model"]
+    con.print(f"[bold]{doc['name']}[/] — {doc['title']}")
+    con.print(f"[dim]scale:[/] {doc['scale']}")
+    scalars = ", ".join(f"{k} {v:.4g}" for k, v in sec["scalars"].items())
+    from kvtool.experiments.engine_model import METRIC_LABELS
+
+    to = ", ".join(METRIC_LABELS.get(m, (m,))[0] for m in sec["fit_metrics"])
+    con.print(f"[dim]fit:[/] {', '.join(sec['fit_scalars'])} to the {to} of "
+              f"{_short(sec['fit'])} (kvtool calibrate): {scalars}")
+    fit = sec["fit"]
+    rows: list[list[str] | None] = []
+    for r in doc["rows"]:
+        run = r["args"]["run"]
+        rows.append([_short(run) + (" (fit)" if run == fit else ""),
+                     r["claim"].split(": ", 1)[1],
+                     _fig(r["published"]), _fig(r["kvtool"]), f"{r['error_pct']:+.1f}%",
+                     r["unit"]])
+    print_table(con, [Column("run", justify="left", wrap=True),
+                      Column("metric", justify="left"), Column("measured"),
+                      Column(f"modelled\n(fit: {_short(fit)})"), Column("error"),
+                      Column("unit", justify="left", rank=1)],
+                rows, title="vLLM CPU engine (measured) vs serving model (modelled)",
+                more="--json has them")
+    m = sec["mape_pct"]["predicted"]
+    parts = [f"{METRIC_LABELS.get(k, (k,))[0]} {v:.1f}%" for k, v in m.items()
+             if v is not None]
+    if parts:
+        con.print("[dim]mean |error| of the predicted runs:[/] " + ", ".join(parts))
+    if doc["notes"]:
+        con.print(f"[dim]{doc['notes']}[/]")
+    if doc.get("files"):
+        con.print("[dim]files:[/] " + " ".join(doc["files"].values()))
+
+
+def _short(run: str) -> str:
+    """``random@concurrency=4`` → ``random c4``; ``random@request-rate=2`` → ``random r2``."""
+    trace, _, load = run.partition("@")
+    kind, _, value = load.partition("=")
+    return f"{trace} {'c' if kind.startswith('concurrency') else 'r'}{value}"
+
+
+def _fig(x: float) -> str:
+    return f"{x:.3g}" if abs(x) < 1000 else f"{x:,.0f}"

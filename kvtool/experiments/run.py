@@ -226,6 +226,9 @@ def run_experiment(exp: Experiment, *, out_dir: Path | None, simulate: bool = Fa
 
     if seeds < 1:
         raise UsageError(f"must be at least 1, got {seeds}", field="seeds")
+    if seeds > 1 and exp.kind == "engine-vs-model":
+        raise UsageError(f"{exp.name} measures a real engine once per run and fits the model "
+                         "to one of them: --seeds does not apply", field="seeds")
     if seeds > 1 and exp.kind == "parallel-read":
         raise UsageError(f"{exp.name} measures reads, it generates no workload to re-seed "
                          "(its [workload] repeats set how often it measures)", field="seeds")
@@ -241,8 +244,22 @@ def run_experiment(exp: Experiment, *, out_dir: Path | None, simulate: bool = Fa
             # One shape for every kind and mode (docs/experiments.md): what does not apply
             # is null.
             "mode": None, "requests": None, "setup": None, "reads": None, "configs": [],
-            "seeds": None,
+            "seeds": None, "engine_vs_model": None,
         }
+        if exp.kind == "engine-vs-model":
+            from kvtool.experiments.engine_model import rows_of, run_engine_vs_model
+
+            section = run_engine_vs_model(exp, work, progress=progress, on_event=on_event)
+            doc["mode"] = "engine"
+            doc["block_bytes"] = None
+            doc["requests"] = sum(r["requests"] for r in section["runs"])
+            doc["engine_vs_model"] = section
+            doc["rows"] = rows_of(section["runs"], section["fit"])
+            if out_dir is not None:
+                doc["files"] = write_engine_files(exp, doc, out_dir)
+            else:
+                doc["files"] = {}
+            return doc
         if exp.kind == "parallel-read":
             from kvtool.experiments.parallel_read import run_parallel_read
 
@@ -316,6 +333,30 @@ def _more_seeds(exp: Experiment, doc: dict[str, Any], data: RunData, seed_list: 
         row["kvtool_text"] = ci_text(summary, row["unit"])
     doc["seeds"] = {"n": len(seed_list), "seeds": seed_list, "method": METHOD}
     data.bands = {label: round_band(res) for label, res in results.items()}
+
+
+def write_engine_files(exp: Experiment, doc: dict[str, Any], out_dir: Path
+                       ) -> dict[str, str]:
+    """An engine-vs-model run's NAME.json and NAME.csv (one row per run and metric)."""
+    from kvtool.jsondoc import dump_json
+
+    files = {"json": out_dir / f"{exp.name}.json", "csv": out_dir / f"{exp.name}.csv"}
+    out = {k: str(v) for k, v in files.items()}
+    doc["files"] = out
+    section = doc["engine_vs_model"]
+    try:
+        with open(files["csv"], "w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f)
+            w.writerow(["run", "fitted_on", "metric", "unit", "measured", "modelled",
+                        "error_pct"])
+            for r in doc["rows"]:
+                w.writerow([r["args"]["run"], section["fit"], r["metric"], r["unit"],
+                            r["published"], r["kvtool"], r["error_pct"]])
+        files["json"].write_text(dump_json(doc) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot write into {out_dir}: {exc.strerror or exc}",
+                         field="out") from None
+    return out
 
 
 def write_files(exp: Experiment, doc: dict[str, Any], data: RunData, out_dir: Path

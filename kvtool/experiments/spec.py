@@ -43,8 +43,10 @@ from typing import Any
 
 from kvtool.configfile import read_config
 from kvtool.errors import InputError
+from kvtool.experiments.engine_model import REQUIRED as ENGINE_MODEL_REQUIRED
+from kvtool.experiments.engine_model import WORKLOAD_KEYS as ENGINE_MODEL_KEYS
 
-KINDS = ("multi-turn", "random-prompts", "parallel-read")
+KINDS = ("multi-turn", "random-prompts", "parallel-read", "engine-vs-model")
 
 _EXPERIMENT_KEYS = {"name", "title", "source", "claim", "scale", "notes"}
 _TOP_KEYS = {"experiment", "workload", "data", "config", "figure", "serving"}
@@ -69,10 +71,15 @@ _PARALLEL = {"requests": int, "tokens_per_request": int, "chunk_tokens": int, "c
              "serial_qd": int, "parallel_qd": int, "targets": list, "repeats": int,
              "prefill_tokens_per_s": float}
 _COMMON = {"kind": str, "model": str, "dtype": str, "block_bytes": int}
+_ENGINE_MODEL = dict(ENGINE_MODEL_KEYS)
+"""``engine-vs-model``: a real engine's runs against the serving model
+(:mod:`kvtool.experiments.engine_model`); no ``[[config]]``, ``[[figure]]``, ``[data]`` or
+``[serving]``: its rows are every run × metric of ``[workload]``."""
 _WORKLOAD_KEYS: dict[str, dict[str, type]] = {
     "multi-turn": {**_COMMON, **_MULTI_TURN},
     "random-prompts": {**_COMMON, **_RANDOM},
     "parallel-read": {**_COMMON, **_PARALLEL},
+    "engine-vs-model": _ENGINE_MODEL,
 }
 WORKLOAD_KEYS = _WORKLOAD_KEYS
 """Each workload kind's keys and their types (what ``kvtool experiment fit --vary`` may set)."""
@@ -80,6 +87,7 @@ _REQUIRED = {
     "multi-turn": ("sessions", "rounds", "input_tokens", "output_tokens"),
     "random-prompts": ("input_lengths", "num_prompts", "iterations"),
     "parallel-read": ("requests", "tokens_per_request", "chunk_tokens", "targets"),
+    "engine-vs-model": ENGINE_MODEL_REQUIRED,
 }
 PARALLEL_TARGETS = ("file", "loop", "nvme-tcp")
 
@@ -203,6 +211,20 @@ def load_experiment(path: str | Path) -> Experiment:
             if t not in PARALLEL_TARGETS:
                 raise bad(f"unknown target {t!r} (use {', '.join(PARALLEL_TARGETS)})",
                           "targets", "workload")
+    if kind == "engine-vs-model":
+        from kvtool.experiments.engine_model import check_workload
+
+        problem = check_workload(workload)
+        if problem:
+            key, _, message = problem.partition(": ")
+            raise bad(message, key, "workload")
+        for table in ("config", "figure", "data", "serving"):
+            if table in doc:
+                raise bad("an engine-vs-model experiment's rows are its [workload] runs × "
+                          "metrics: no [[config]], [[figure]], [data] or [serving]", table)
+        return Experiment(head["name"], head["title"], head["source"], head["claim"],
+                          head["scale"], kind, workload, [], [], {}, head.get("notes", ""),
+                          path)
     if kind == "random-prompts":
         for n in workload["input_lengths"]:
             if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
