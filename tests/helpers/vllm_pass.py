@@ -5,7 +5,8 @@
 KV cache size and block size, and the prompts (token ids). Prints one JSON line per prompt
 (its greedy tokens and cached tokens), then one ``{"end": …}`` line with vLLM's counters
 and the kvtool block store's report. With ``"step": true`` it reads a line from stdin
-before each prompt, so a test can act between requests (kill a target, corrupt a block);
+before each prompt, so a test can act between requests (kill a target, corrupt a block),
+and each result carries the kvtool block store's report so far;
 with ``"reset_prefix_cache": true`` it empties vLLM's own prefix cache between prompts.
 """
 
@@ -67,8 +68,13 @@ def main() -> None:
         if job.get("reset_prefix_cache") and i:
             llm.reset_prefix_cache()  # the next prompt can only hit the connector's tiers
         out = llm.generate([TokensPrompt(prompt_token_ids=prompt)], sp, use_tqdm=False)[0]
-        print(json.dumps({"i": i, "tokens": list(out.outputs[0].token_ids),
-                          "cached": int(out.num_cached_tokens or 0)}), file=results, flush=True)
+        doc = {"i": i, "tokens": list(out.outputs[0].token_ids),
+               "cached": int(out.num_cached_tokens or 0)}
+        if job.get("step") and job.get("connector") == "kvtool":
+            from kvtool.integrations.vllm import store_reports
+
+            doc["report"] = (store_reports() or [None])[0]  # the counters so far
+        print(json.dumps(doc), file=results, flush=True)
     report = None
     if kv is not None and job.get("connector") == "kvtool":
         from kvtool.integrations.vllm import close_stores, store_reports

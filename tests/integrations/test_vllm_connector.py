@@ -179,17 +179,24 @@ def test_corrupt_blocks_are_recomputed_never_served(engine_python: Path, tiny_mo
     first, end1 = run_engine(engine_python, job(tiny_model_dir, extra, [P]), tmp_path)
     block = tier(end1["report"], "nvme")["stored_bytes"] // 33
     assert _flip(img, block) == 33
-    second, end2 = run_engine(engine_python, job(tiny_model_dir, extra, [P]), tmp_path)
-    third, end3 = run_engine(engine_python, job(tiny_model_dir, extra, [P]), tmp_path)
-    # the corrupt copies were caught by their CRC32C, recomputed, and rewritten
-    rep2 = end2["report"]
+    # a fresh engine: P loads corrupt blocks (caught by their CRC32C, recomputed and
+    # rewritten); then, vLLM's own cache emptied, P again loads the rewritten blocks
+    p = EngineProcess(engine_python, {**job(tiny_model_dir, extra, [P, P], step=True),
+                                      "reset_prefix_cache": True}, tmp_path)
+    try:
+        second = p.step()
+        rep2 = second["report"]
+        third = p.step()
+        end3 = p.finish()
+    finally:
+        p.kill()
     assert rep2["corrupt_blocks"] >= 1 and rep2["verified_blocks"] == 0
     assert rep2["repaired_blocks"] >= 1
-    assert second[0]["tokens"] == first[0]["tokens"]
-    assert third[0]["tokens"] == first[0]["tokens"]
+    assert second["tokens"] == first[0]["tokens"]
+    assert third["tokens"] == first[0]["tokens"]
     rep3 = end3["report"]
-    assert rep3["corrupt_blocks"] == 0 and rep3["verified_blocks"] == 32
-    assert external_hits(end3) >= 1024
+    assert rep3["corrupt_blocks"] == rep2["corrupt_blocks"]  # no more since the rewrite
+    assert rep3["verified_blocks"] == 32 and third["cached"] >= 1024
 
 
 def test_target_killed_mid_run_is_a_miss(engine_python: Path, tiny_model_dir: Path,
@@ -226,11 +233,12 @@ def test_same_external_hits_as_vllms_example_connector(engine_python: Path,
     runs: dict[str, list[int]] = {}
     for name, extra in (("kvtool", {"nvme": f"64MiB@{store_dir / 'kv.img'}"}),
                         ("example", {"path": str(tmp_path / "example")})):
-        per: list[int] = []
-        for _ in range(2):
-            res, _end = run_engine(engine_python, job(tiny_model_dir, extra, prompts,
-                                                      connector=name), tmp_path)
-            per = [r["cached"] for r in res]
-        runs[name] = per
+        # each prompt twice, vLLM's own prefix cache emptied before each: the first pass
+        # stores, the second can only hit the connector
+        res, _end = run_engine(engine_python, {**job(tiny_model_dir, extra, prompts * 2,
+                                                     connector=name),
+                                               "reset_prefix_cache": True}, tmp_path)
+        assert [r["cached"] for r in res[:3]] == [0, 0, 0]
+        runs[name] = [r["cached"] for r in res[3:]]
     assert runs["kvtool"] == runs["example"]
     assert runs["kvtool"] == [1024, 672, 1984]
