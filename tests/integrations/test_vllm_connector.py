@@ -242,3 +242,34 @@ def test_same_external_hits_as_vllms_example_connector(engine_python: Path,
         runs[name] = [r["cached"] for r in res[3:]]
     assert runs["kvtool"] == runs["example"]
     assert runs["kvtool"] == [1024, 672, 1984]
+
+
+@pytest.mark.mooncake
+def test_dram_tier_on_mooncake_store_survives_the_process(engine_python: Path,
+                                                          tiny_model_dir: Path,
+                                                          tmp_path: Path) -> None:
+    """The DRAM tier on a Mooncake Store pool (``kvtool pool up --memory``): the engine
+    stores P in the pool, a fresh engine process loads it from there (vLLM's source
+    ``host``), with identical tokens."""
+    pytest.importorskip("mooncake.store", reason="the mooncake extra is not installed")
+    from kvtool.mooncake import pool as mc
+    from tests.conftest import free_port
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("KVTOOL_STATE_DIR", str(tmp_path / "pool-state"))
+    ports = [free_port() for _ in range(4)]
+    try:
+        doc = mc.up("engine", rpc_port=ports[0], metadata_port=ports[1],
+                    metrics_port=ports[2], memory_port=ports[3], memory_bytes=64 << 20)
+        extra = {"dram": f"8MiB@{doc['url']}"}
+        first, end1 = run_engine(engine_python, job(tiny_model_dir, extra, [P]), tmp_path)
+        second, end2 = run_engine(engine_python, job(tiny_model_dir, extra, [P]), tmp_path)
+    finally:
+        mc.down("engine")
+        mp.undo()
+    assert tier(end1["report"], "dram")["stored_blocks"] == 33
+    dram = tier(end2["report"], "dram")
+    assert dram["reopened_blocks"] == 33 and dram["hit_blocks"] == 32, dram
+    assert external_hits(end2) >= 1024
+    assert end2["counters"]["vllm:prompt_tokens_cached_by_source"]["host"] >= 1024
+    assert second[0]["tokens"] == first[0]["tokens"]
