@@ -459,10 +459,13 @@ class KvtoolConnector(KVConnectorBase_V1):
         row of ``out`` (``[len(block_ids), block_bytes]`` host bytes): one indexed copy
         per layer."""
         off = 0
-        idx = torch.tensor(block_ids, dtype=torch.long)
         n = len(block_ids)
+        idx: torch.Tensor | None = None
         for _name, view, nbytes in self._layers:
-            part = view.index_select(0, idx).reshape(n, -1).view(torch.uint8)
+            if idx is None or idx.device != view.device:
+                idx = torch.tensor(block_ids, dtype=torch.long, device=view.device)
+            # a device-to-host copy on a GPU (.cpu() is a no-op on the CPU build)
+            part = view.index_select(0, idx).reshape(n, -1).view(torch.uint8).cpu()
             out[:, off:off + nbytes] = part.numpy()
             off += nbytes
 
@@ -510,8 +513,10 @@ class KvtoolConnector(KVConnectorBase_V1):
                 continue
             part = rows[:, off:off + nbytes] if len(good) == len(ok) else rows[good, off:
                                                                               off + nbytes]
-            src = torch.from_numpy(np.ascontiguousarray(part)).view(view.dtype)
-            idx = torch.tensor([block_ids[j] for j in good], dtype=torch.long)
+            # host to device on a GPU (.to() is a no-op on the CPU build)
+            src = torch.from_numpy(np.ascontiguousarray(part)).view(view.dtype).to(view.device)
+            idx = torch.tensor([block_ids[j] for j in good], dtype=torch.long,
+                               device=view.device)
             view[idx] = src.view(len(good), *view.shape[1:])
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any,
