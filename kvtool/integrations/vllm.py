@@ -574,6 +574,10 @@ class KvtoolConnector(KVConnectorBase_V1):
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
         if self.role != KVConnectorRole.WORKER or self.store is None:
             return None
+        if not self._interval:
+            # vLLM asks after every step; a step that loaded and saved nothing (a decode
+            # step) changed no counter: no report to build
+            return None
         rep = self.store.report()
         now: dict[str, float] = {}
         for t in rep["tiers"]:
