@@ -302,11 +302,12 @@ def _mape(runs: list[dict[str, Any]], metrics: list[str]) -> dict[str, float | N
     return out
 
 
-def run_engine_vs_model(exp: Any, work: Path, *,
+def run_engine_vs_model(exp: Any, work: Path, cluster: Path, *,
                         progress: Callable[[str, float | None], Any] | None = None,
                         on_event: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run the experiment (module docstring); return its ``engine_vs_model`` section."""
-    from kvtool.experiments.spec import cluster_path
+    """Run the experiment (module docstring) with the engine's cluster file ``cluster``
+    (the workload's ``cluster``, resolved by :func:`kvtool.experiments.spec.cluster_path`);
+    return its ``engine_vs_model`` section."""
     from kvtool.serving.calibrate import CalibrationSettings, calibrate, read_bench_results
 
     w = exp.workload
@@ -315,7 +316,6 @@ def run_engine_vs_model(exp: Any, work: Path, *,
         key, _, msg = problem.partition(": ")
         raise InputError(msg, file=str(exp.path) if exp.path else None,
                          field=f"workload.{key}")
-    cluster = cluster_path(w["cluster"], exp.path)
     if not cluster.is_file():
         raise InputError(f"no cluster file {str(cluster)!r}",
                          file=str(exp.path) if exp.path else None, field="workload.cluster")

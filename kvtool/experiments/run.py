@@ -248,8 +248,11 @@ def run_experiment(exp: Experiment, *, out_dir: Path | None, simulate: bool = Fa
         }
         if exp.kind == "engine-vs-model":
             from kvtool.experiments.engine_model import rows_of, run_engine_vs_model
+            from kvtool.experiments.spec import cluster_path
 
-            section = run_engine_vs_model(exp, work, progress=progress, on_event=on_event)
+            section = run_engine_vs_model(exp, work,
+                                          cluster_path(exp.workload["cluster"], exp.path),
+                                          progress=progress, on_event=on_event)
             doc["mode"] = "engine"
             doc["block_bytes"] = None
             doc["requests"] = sum(r["requests"] for r in section["runs"])

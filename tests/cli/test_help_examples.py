@@ -64,7 +64,7 @@ RDMA_GUEST = ("the kernel's NVMe-oF host (/dev/nvme-fabrics), which this kernel 
               "tests/rdma/test_guest_rdma.py runs it in the QEMU guest")
 SKIP = {
     "kvtool replay mt.jsonl --engine vllm --check-outputs":
-        "needs vLLM (kvtool[vllm], a 3.9 GB virtualenv): tests/integrations/test_vllm_engine.py "
+        "needs vLLM (kvtool[vllm], a 3.9 GB virtualenv): tests/integrations/test_engine_replay.py "
         "runs replay --engine vllm --check-outputs in the cached engine venv",
     "kvtool bench --cluster fixtures/clusters/gp7000-mini.toml --block-bytes 1MiB --qd 8":
         "needs the cluster up (root, network namespaces, Ray): "
