@@ -8,6 +8,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,6 +24,43 @@ pytest_plugins = ["tests.helpers.qemu_guest", "tests.helpers.spdk_fixtures",
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
 FIXTURES = REPO / "fixtures"
+
+
+# --- running in parallel (tox: ``pytest -n 2 --dist loadfile``, pytest-xdist) ------------
+# Each test module runs whole on one worker (module fixtures such as a booted guest are set
+# up once). Tests already take free ports and their own state directories; as a net, a
+# worker whose environment names no state directory gets its own, so two workers' targets
+# never share a record. The modules that boot a guest or run a real engine are the longest
+# (minutes each): they are handed out first, so that the short ones fill in around them
+# instead of one long module starting last on an otherwise idle machine.
+
+LONG_MARKS = ("rdma", "engine", "qemu")
+_WORKER_STATE = pytest.StashKey[Path]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker and "KVTOOL_STATE_DIR" not in os.environ:
+        state = Path(tempfile.mkdtemp(prefix=f"kvtool-state-{worker}-"))
+        os.environ["KVTOOL_STATE_DIR"] = str(state)
+        config.stash[_WORKER_STATE] = state
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    state = config.stash.get(_WORKER_STATE, None)
+    if state is not None:
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Modules with a test marked rdma, then engine, then qemu first (stable: the order
+    within a module, and among the rest, is the collection order)."""
+    rank: dict[str, int] = {}
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        marks = [i for i, m in enumerate(LONG_MARKS) if item.get_closest_marker(m)]
+        rank[module] = min([rank.get(module, len(LONG_MARKS)), *marks])
+    items.sort(key=lambda item: rank[item.nodeid.split("::", 1)[0]])
 
 
 def run(*args: str, input: str | None = None) -> Result:
