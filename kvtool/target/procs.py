@@ -80,6 +80,9 @@ class ProcessRecord:
     ports: list[int] = field(default_factory=list)  # TCP ports it listens on
     sockets: list[str] = field(default_factory=list)  # Unix sockets (SPDK RPC)
     workdir: str | None = None  # removed with the process
+    # files the process removes itself when it exits cleanly but leaves when killed (SPDK's
+    # trace buffer in /dev/shm): removed with the record once the process is gone
+    leftovers: list[str] = field(default_factory=list)
     log: str | None = None
     phase: str = "starting"
     config_text: str | None = None  # the target's config (kvtool JSON), for a later down
@@ -104,10 +107,13 @@ class ProcessRecord:
         _write_atomic(self.path, json.dumps(asdict(self), indent=2, sort_keys=True).encode())
         return self.path
 
-    def started(self, pid: int) -> None:
-        """Record the pid (and its start time) of the process just started."""
+    def started(self, pid: int, leftovers: list[str] | None = None) -> None:
+        """Record the pid (and its start time) of the process just started, and the files
+        it may leave behind (they often name the pid)."""
         self.pid = pid
         self.start_time = start_time(pid)
+        if leftovers is not None:
+            self.leftovers = leftovers
         self.save()
 
     def ready(self) -> None:
@@ -224,10 +230,18 @@ def stop(rec: ProcessRecord, timeout: float = STOP_TIMEOUT) -> None:
     if left:
         raise TargetError(f"cannot stop {rec.describe()}: pid(s) {', '.join(map(str, left))} "
                           f"still running after SIGKILL; its record is kept ({rec.path})")
+    _remove_files(rec)
+    rec.forget()
+
+
+def _remove_files(rec: ProcessRecord) -> None:
+    """What a stopped or vanished process leaves: its work directory and leftovers."""
     if rec.workdir:
         import shutil
         shutil.rmtree(rec.workdir, ignore_errors=True)
-    rec.forget()
+    for path in rec.leftovers:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 def _signal(rec: ProcessRecord, pid: int, sig: signal.Signals, *, group: bool) -> None:
@@ -255,9 +269,7 @@ def sweep(target: str | None = None) -> list[str]:
         reused = rec.pid is not None and st.pid_alive(rec.pid)
         why = "its pid now belongs to another process" if reused else "it is no longer running"
         notes.append(f"{rec.describe()}: {why}; its record was removed")
-        if rec.workdir:
-            import shutil
-            shutil.rmtree(rec.workdir, ignore_errors=True)
+        _remove_files(rec)
         rec.forget()
     return notes
 

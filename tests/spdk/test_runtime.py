@@ -7,7 +7,9 @@ spdk backend, records it (status, load, replay and down find it) and stops it on
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -146,6 +148,27 @@ def test_failed_start_rolls_back_and_leaves_nothing(env: Path) -> None:
     assert st.names() == []
     leftovers = [d for d in set(os.listdir("/tmp")) - before if d.startswith("kvtool-spdk-")]
     assert leftovers == []
+
+
+def test_a_killed_nvmf_tgt_leaves_nothing_after_down(env: Path) -> None:
+    """SIGKILL skips nvmf_tgt's own clean-up of its trace buffer in /dev/shm; ``down``
+    (which finds the process gone) removes it with the process record."""
+    path = env / "t.toml"
+    path.write_text(config(free_port(), env, runtime_table=True))
+    pid = run_json("target", "up", str(path))["status"]["pid"]
+    trace = Path(f"/dev/shm/nvmf_trace.pid{pid}")
+    try:
+        assert trace.exists()  # SPDK's trace buffer, named after the pid
+        os.kill(pid, signal.SIGKILL)
+        for _ in range(200):
+            if not st.pid_alive(pid):
+                break
+            time.sleep(0.05)
+        assert trace.exists()  # nobody removed it
+    finally:
+        down = run("target", "down", str(path))
+    assert down.exit_code == 0, down.stderr
+    assert not trace.exists() and st.names() == []
 
 
 def test_spdk_missing_is_one_line(env: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -30,6 +30,18 @@ from kvtool.target.spdk.install import SpdkInstall
 from kvtool.target.spdk.install import die_with_parent as _die_with_parent
 from kvtool.target.spdk.rpc import SpdkRpc
 
+# an application's name for its shared memory (``opts.name`` in SPDK's app/*/ sources)
+APP_NAMES = {"nvmf_tgt": "nvmf", "iscsi_tgt": "iscsi", "vhost": "vhost"}
+
+
+def trace_file(binary: str, pid: int) -> str:
+    """The trace buffer an SPDK application ``binary`` started as ``pid`` keeps in shared
+    memory (made at start when no shm id is given). The application removes it when it
+    exits cleanly; after a SIGKILL or a crash it stays behind, so whoever stops the process
+    or finds it gone removes it (:meth:`SpdkApp.stop`; a background target's process
+    record lists it among its leftovers)."""
+    return f"/dev/shm/{APP_NAMES.get(binary, binary)}_trace.pid{pid}"
+
 
 class SpdkAppError(RuntimeError):
     """The application did not start or answer; the message carries its log's last lines."""
@@ -162,6 +174,9 @@ class SpdkApp:
         if self._rpc is not None:
             self._rpc.close()
             self._rpc = None
+        if proc is not None and proc.poll() is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(trace_file(self.binary, proc.pid))
         if self._own_dir and not os.environ.get("KVTOOL_SPDK_KEEP"):
             self._log_kept = self.log_text()
             shutil.rmtree(self.workdir, ignore_errors=True)

@@ -126,7 +126,7 @@ class SpdkRuntime(BackgroundRuntime):
 
     def _start(self, cfg: TargetConfig, install: Any, workdir: Path, mem: int,
                config: Path | None = None) -> None:
-        from kvtool.target.spdk.app import SpdkApp, SpdkAppError
+        from kvtool.target.spdk.app import SpdkApp, SpdkAppError, trace_file
         workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
         rec = self._process_record(cfg.name, "nvmf_tgt", [lst.port for lst in cfg.listeners],
                                    config_json(cfg))
@@ -137,7 +137,8 @@ class SpdkRuntime(BackgroundRuntime):
         rec.argv, rec.sockets, rec.log = app.command(), [str(app.socket)], str(app.log_path)
         rec.save()  # before the start: a kvtool killed from here on leaves a record
         try:
-            app.start(on_spawn=rec.started)
+            app.start(on_spawn=lambda pid: rec.started(pid, leftovers=[trace_file("nvmf_tgt",
+                                                                                   pid)]))
         except SpdkAppError as exc:
             rec.forget()  # SpdkApp.start stopped what it started
             raise TargetError(str(exc)) from None
