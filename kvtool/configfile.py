@@ -278,7 +278,7 @@ class ConfigTable:
         self.doc = doc
         self.path = path
         if not isinstance(data, dict):
-            self.fail("expected a table", path)
+            self.fail(f"expected a table, got {show_value(data)}", path)
         self.data: dict[str, Any] = data
 
     def fail(self, message: str, path: Sequence[str | int] | None = None) -> NoReturn:
@@ -300,25 +300,35 @@ class ConfigTable:
         return key in self.data
 
     @overload
-    def text(self, key: str, default: str, *, required: bool = False) -> str: ...
+    def text(self, key: str, default: str, *, required: bool = False,
+             nonempty: bool = False) -> str: ...
 
     @overload
-    def text(self, key: str, default: None = None, *, required: Literal[True]) -> str: ...
+    def text(self, key: str, default: None = None, *, required: Literal[True],
+             nonempty: bool = False) -> str: ...
 
     @overload
-    def text(self, key: str, default: str | None = None, *,
-             required: bool = False) -> str | None: ...
+    def text(self, key: str, default: str | None = None, *, required: bool = False,
+             nonempty: bool = False) -> str | None: ...
 
-    def text(self, key: str, default: str | None = None, *, required: bool = False) -> str | None:
-        """The string at ``key``; ``default`` when absent (an error when ``required``)."""
+    def text(self, key: str, default: str | None = None, *, required: bool = False,
+             nonempty: bool = False) -> str | None:
+        """The string at ``key``; ``default`` when absent (an error when ``required``);
+        ``nonempty``: an error when it is blank."""
         if key not in self.data:
             if required:
                 self.fail(f"missing required key {key!r}", (*self.path, key))
             return default
         v = self.data[key]
-        if not isinstance(v, str):
-            self.fail(f"expected a string, got {show_value(v)}", (*self.path, key))
+        if not isinstance(v, str) or (nonempty and not v.strip()):
+            what = "a non-empty string" if nonempty else "a string"
+            self.fail(f"expected {what}, got {show_value(v)}", (*self.path, key))
         return v
+
+    def require(self, key: str, why: str = "") -> None:
+        """An error unless ``key`` is given (``why``: added to the message)."""
+        if key not in self.data:
+            self.fail(f"missing required key {key!r}{why}", (*self.path, key))
 
     def choice(self, key: str, options: Iterable[str], default: str | None = None) -> str | None:
         v = self.text(key, default)
@@ -357,7 +367,9 @@ class ConfigTable:
         if isinstance(v, bool) or not isinstance(v, int):
             self.fail(f"expected an integer, got {show_value(v)}", (*self.path, key))
         if (lo is not None and v < lo) or (hi is not None and v > hi):
-            bounds = f"{lo if lo is not None else '-inf'}..{hi if hi is not None else 'inf'}"
+            if hi is None:
+                self.fail(f"must be at least {lo}, got {v}", (*self.path, key))
+            bounds = f"{lo if lo is not None else '-inf'}..{hi}"
             self.fail(f"{v} is out of range {bounds}", (*self.path, key))
         return v
 
@@ -387,6 +399,13 @@ class ConfigTable:
             self.fail("size must be positive", (*self.path, key))
         return n
 
+    def array(self, key: str) -> list[Any]:
+        """The array at ``key`` (any items); empty when absent."""
+        v = self.data.get(key, [])
+        if not isinstance(v, list):
+            self.fail(f"expected an array, got {show_value(v)}", (*self.path, key))
+        return v
+
     def str_list(self, key: str) -> list[str]:
         v = self.data.get(key, [])
         if not isinstance(v, list):
@@ -396,10 +415,23 @@ class ConfigTable:
                 self.fail(f"expected a string, got {show_value(item)}", (*self.path, key, i))
         return list(v)
 
+    def int_list(self, key: str, *, lo: int | None = None) -> list[int]:
+        """The array of integers (each at least ``lo``) at ``key``; empty when absent."""
+        v = self.data.get(key, [])
+        if not isinstance(v, list):
+            self.fail(f"expected a list of integers, got {show_value(v)}", (*self.path, key))
+        for i, item in enumerate(v):
+            if isinstance(item, bool) or not isinstance(item, int):
+                self.fail(f"expected an integer, got {show_value(item)}", (*self.path, key, i))
+            if lo is not None and item < lo:
+                self.fail(f"must be at least {lo}, got {item}", (*self.path, key, i))
+        return list(v)
+
     def tables(self, key: str) -> list[ConfigTable]:
+        """The ``[[key]]`` tables (one ``[key]`` table: a list of one, at ``key``'s path)."""
         v = self.data.get(key, [])
         if isinstance(v, dict):
-            v = [v]
+            return [ConfigTable(self.doc, v, (*self.path, key))]
         if not isinstance(v, list):
             self.fail(f"expected [[{key}]] tables, got {show_value(v)}", (*self.path, key))
         return [ConfigTable(self.doc, item, (*self.path, key, i)) for i, item in enumerate(v)]

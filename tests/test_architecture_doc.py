@@ -1,9 +1,11 @@
 """docs/architecture.md cannot drift from the code: its package map names every package
-and module of kvtool/ and emulator/ (and none that is gone), and its layer table is the one
-tests/test_import_cycles.py enforces."""
+and module of kvtool/ and emulator/ (and none that is gone), its layer table is the one
+tests/test_import_cycles.py enforces, and the library never prints (only kvtool/cli/ writes
+to the process's stdout and stderr)."""
 
 from __future__ import annotations
 
+import ast
 import re
 
 from tests.conftest import REPO
@@ -76,3 +78,57 @@ def test_the_layer_table_is_the_enforced_one() -> None:
         assert set(drawn.get(i, ())) == set(units), \
             f"docs/architecture.md layer {i}: {drawn.get(i)} but tests enforce {units}"
     assert set(drawn) == set(want)
+
+
+_STREAMS = {"stdout", "stderr", "__stdout__", "__stderr__"}
+
+
+def _is_main_guard(node: ast.stmt) -> bool:
+    """``if __name__ == "__main__":`` at a module's top level."""
+    return (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+            and isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__"
+            and any(isinstance(c, ast.Constant) and c.value == "__main__"
+                    for c in node.test.comparators))
+
+
+def prints(source: str) -> list[str]:
+    """Where ``source`` calls ``print()`` or names ``sys.stdout``/``sys.stderr``
+    (``LINE: what``), outside its ``if __name__ == "__main__":`` block.
+
+    That block is a program (``python -m kvtool.cluster.driver``, ...), not the library: its
+    stdout is the protocol its parent reads. The functions it calls return values or take
+    callbacks, like everything the CLI calls."""
+    tree = ast.parse(source)
+    found: list[str] = []
+    for top in tree.body:
+        if _is_main_guard(top):
+            continue
+        for node in ast.walk(top):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                    and node.func.id == "print":
+                found.append(f"{node.lineno}: print()")
+            elif isinstance(node, ast.Attribute) and node.attr in _STREAMS \
+                    and isinstance(node.value, ast.Name) and node.value.id == "sys":
+                found.append(f"{node.lineno}: sys.{node.attr}")
+            elif isinstance(node, ast.ImportFrom) and node.module == "sys" \
+                    and any(a.name in _STREAMS for a in node.names):
+                found.append(f"{node.lineno}: from sys import {node.names[0].name}")
+    return found
+
+
+def test_the_finder_finds_prints() -> None:
+    src = ("import sys\nprint('x')\nsys.stderr.write('y')\nfrom sys import stdout\n"
+           "def f(): return 1\nif __name__ == '__main__':\n    print(f())\n")
+    assert prints(src) == ["2: print()", "3: sys.stderr", "4: from sys import stdout"]
+
+
+def test_the_library_never_prints() -> None:
+    """Progress goes through callbacks or logging, results are returned: the CLI
+    (kvtool/cli/) alone decides what the user sees (docs/architecture.md)."""
+    found = []
+    for path in sorted((REPO / "kvtool").rglob("*.py")):
+        rel = path.relative_to(REPO)
+        if rel.parts[1] == "cli":
+            continue
+        found += [f"{rel}:{where}" for where in prints(path.read_text())]
+    assert not found, "the library prints (return it, or take a callback):\n" + "\n".join(found)

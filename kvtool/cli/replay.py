@@ -393,22 +393,15 @@ def _secret_path(name: str) -> str | None:
 
 def _relaunch_on_head(cluster: str) -> None:
     """A cluster ``kvtool cluster up`` made of namespaces runs this command on its head
-    node (:func:`kvtool.replay.raydata.on_head`): the same arguments, output passed
+    node (:func:`kvtool.replay.head.relaunch_on_head`): the same arguments, output passed
     through, its exit status."""
-    import subprocess
+    from kvtool.replay.head import relaunch_on_head
 
-    from kvtool.replay.raydata import cluster_up, on_head
-
-    state = cluster_up(cluster)
-    if state is None:
-        return
-    relaunch = on_head(state, sys.argv[1:])
-    if relaunch is None:
-        return
-    argv, env = relaunch
-    note(f"running on the head of cluster {state.name} ({state.head.name}, "
-         f"{state.head.address})")
-    raise SystemExit(subprocess.run(argv, env=env, check=False).returncode)
+    rc = relaunch_on_head(cluster, sys.argv[1:], lambda state: note(
+        f"running on the head of cluster {state.name} ({state.head.name}, "
+        f"{state.head.address})"))
+    if rc is not None:
+        raise SystemExit(rc)
 
 
 def _fanout(simulate: bool, jobs: int | None, ray_address: str | None, points: int,

@@ -53,36 +53,15 @@ def run(*, trace: str, clusters: tuple[str, ...], simulate: bool, fmt: str,
     settings = ServingSettings(trace=trace, clusters=clusters, loads=loads, fmt=fmt,
                                block_tokens=block_tokens, skip_bad=skip_bad, seed=seed,
                                scalars=dict(scalars or {}), exact_steps=exact_steps)
-    backend = None
-    state = None
-    if not simulate:
-        from kvtool.replay.raydata import cluster_up
+    from kvtool.replay.backend import data_backend
 
-        state = cluster_up(clusters[0])
-    if faults and state is None:
-        raise UsageError(f"{param('fault')} needs a cluster that is up (kvtool cluster up "
-                         f"{clusters[0]}) and data mode", field="fault")
+    backend, state = data_backend(clusters[0], simulate=simulate, seed=seed, faults=faults,
+                                  nvme_place=nvme_place, read_qd=read_qd,
+                                  credentials=credentials,
+                                  on_place=lambda where: note(f"data mode: {where}"))
     if state is not None:
-        from kvtool.replay.raydata import Fault, RayClusterData
-
-        parsed = [Fault.parse(f) for f in faults]
         note(f"data mode on cluster {state.name}: engines as Ray actors on their nodes "
              f"(Ray at {state.ray_address})")
-
-        def backend(built: Any) -> Any:
-            data = RayClusterData(built, state, seed=seed, faults=parsed)
-            for tier, place in data.places.items():
-                note(f"data mode: {tier} tier on {place}")
-            return data
-    elif not simulate:
-        from kvtool.replay.servingdata import open_cluster_data
-
-        def backend(built: Any) -> Any:
-            data = open_cluster_data(built, seed=seed, nvme_place=nvme_place, read_qd=read_qd,
-                                     credentials=credentials)
-            for tier, place in data.places.items():
-                note(f"data mode: {tier} tier on {place}")
-            return data
     def on_setup(head: dict[str, Any]) -> None:
         if backend is None:
             note_fanout(fanout, len(head["clusters"]) * len(head["loads"]))

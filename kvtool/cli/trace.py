@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -26,11 +27,16 @@ from kvtool.trace.gen import (
 from kvtool.trace.reader import TraceReader, read_trace
 from kvtool.trace.schema import DEFAULT_BLOCK_TOKENS, DEFAULT_WINDOW_MS, FORMATS, WRITABLE
 from kvtool.trace.stats import bad_lines, stats_document
-from kvtool.trace.writer import write_records
+from kvtool.trace.writer import Output, write_records
 from kvtool.units import format_size
 
 if TYPE_CHECKING:
     from rich.console import Console
+
+
+def _sink(output: str) -> Output:
+    """Where a trace is written: ``-`` is this command's stdout."""
+    return sys.stdout.buffer if output == "-" else output
 
 
 def _reader_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -307,7 +313,7 @@ def gen_cmd(output: str, sessions: int | None, rounds: int | None, input_tokens:
             output_tokens if output_tokens is not None else 128, not disable_shuffle,
             block_tokens, seed, cast(Form, form), **arrivals)
         spec = pspec
-        n = write_records(prefix_repetition(pspec), output)
+        n = write_records(prefix_repetition(pspec), _sink(output))
     elif random_lens is not None:
         for name, value in (("--sessions", sessions), ("--rounds", rounds),
                             ("--input-tokens", input_tokens)):
@@ -320,7 +326,7 @@ def gen_cmd(output: str, sessions: int | None, rounds: int | None, input_tokens:
                               **arrivals, range_ratio=range_ratio or 0.0,
                               reuse_share=1.0 if reuse_share is None else reuse_share)
         spec = rspec
-        n = write_records(random_prompts(rspec), output)
+        n = write_records(random_prompts(rspec), _sink(output))
     else:
         for name, value in (("--num-prompts", num_prompts), ("--iterations", iterations),
                             ("--random-range-ratio", range_ratio), ("--reuse-share", reuse_share)):
@@ -338,7 +344,7 @@ def gen_cmd(output: str, sessions: int | None, rounds: int | None, input_tokens:
                           block_tokens, seed, cast(Form, form),
                           **arrivals)
         spec = mspec
-        n = write_records(multi_turn(mspec), output)
+        n = write_records(multi_turn(mspec), _sink(output))
     result = gen_document(spec, output, n)
     if output == "-":
         return
@@ -383,7 +389,7 @@ def convert_cmd(trace: str, output: str, to: str, fmt: str, block_tokens: int | 
     if output != "-" and trace != "-" and Path(output).resolve() == Path(trace).resolve():
         raise UsageError("must differ from the input trace", field="--output")
     with _open(trace, fmt, block_tokens, skip_bad, window_ms) as reader:
-        res = convert_trace(reader, output, to=to, interval_ms=interval_ms)
+        res = convert_trace(reader, _sink(output), to=to, interval_ms=interval_ms)
         _report_bad(reader)
         bad = bad_lines(reader)
     if res.timestamps_added:

@@ -99,10 +99,11 @@ def node_resource(address: str) -> dict[str, float]:
     return {f"node:{address}": 0.001}
 
 
-def _main(state_file: str, job: str) -> int:
+def _job(state_file: str, job: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """Run ``job`` on the cluster recorded at ``state_file``: ``{"result": …}`` or
+    ``{"error": {"type", "message"}}`` (what :func:`run_on_head` rebuilds)."""
     from kvtool.errors import KvtoolError
 
-    payload = json.loads(sys.stdin.read() or "{}")
     try:
         state = load_state(state_file)
         if state is None:
@@ -112,9 +113,11 @@ def _main(state_file: str, job: str) -> int:
         doc: dict[str, Any] = {"result": result}
     except KvtoolError as exc:
         doc = {"error": {"type": type(exc).__name__, "message": str(exc)}}
-    print(RESULT_MARK + json.dumps(doc), flush=True)
-    return 0
+    return doc
 
 
 if __name__ == "__main__":
-    raise SystemExit(_main(sys.argv[1], sys.argv[2]))
+    # The program, not the library: its one result line on stdout is what run_on_head
+    # reads back.
+    result_doc = _job(sys.argv[1], sys.argv[2], json.loads(sys.stdin.read() or "{}"))
+    print(RESULT_MARK + json.dumps(result_doc), flush=True)

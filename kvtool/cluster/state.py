@@ -21,15 +21,15 @@ Invariants of a :class:`ClusterState`:
 from __future__ import annotations
 
 import contextlib
-import json
+import dataclasses
 import os
 import time
-import tomllib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
+from kvtool.configfile import ConfigDocument, ConfigTable, read_config
 from kvtool.errors import InputError
 from kvtool.jsondoc import save_record
 from kvtool.target.state import renamed_keys, state_dir
@@ -182,18 +182,9 @@ class ClusterState:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ClusterState:
-        d = dict(data)
-        d["nodes"] = [NodeState(**n) for n in d.get("nodes", [])]
-        d["engines"] = [EngineState(**e) for e in d.get("engines", [])]
-        d["targets"] = [ClusterTarget(**renamed_keys(t)) for t in d.get("targets", [])]
-        d["resources"] = [Resource(**r) for r in d.get("resources", [])]
-        m = d.get("mooncake")
-        if m is not None:
-            m = dict(m)
-            m["segments"] = [SegmentState(**s) for s in m.get("segments", [])]
-            d["mooncake"] = MooncakeState(**m)
-        return cls(**d)
+    def from_document(cls, doc: ConfigDocument) -> ClusterState:
+        """The record in a parsed state file (errors name the file, line and field)."""
+        return _record(doc.table(), cls)
 
     def save(self) -> Path:
         return save(self)
@@ -209,17 +200,55 @@ def save(state: ClusterState) -> Path:
     return save_record(state.path, state.to_json())
 
 
+R = TypeVar("R")
+_RECORDS: dict[str, type[Any]] = {
+    c.__name__: c for c in (NodeState, EngineState, ClusterTarget, SegmentState, MooncakeState,
+                            Resource)}
+"""The records a state file nests, by the name their fields' annotations give them."""
+
+
+def _record(t: ConfigTable, cls: type[R]) -> R:
+    """One record (a dataclass of this module) from a table: its fields' keys only, every
+    field without a default given, each value of its annotated type."""
+    if cls is ClusterTarget:
+        t.data = renamed_keys(t.data)  # records of an older kvtool stay readable
+    fields = {f.name: f for f in dataclasses.fields(cast(Any, cls))}
+    t.check_keys(fields)
+    values: dict[str, Any] = {}
+    for name, f in fields.items():
+        if t.has(name):
+            values[name] = _field(t, name, str(f.type))
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            t.require(name)
+    return cls(**values)
+
+
+def _field(t: ConfigTable, key: str, annotation: str) -> Any:
+    """The value at ``key`` as ``annotation`` (a field's type, as written) says."""
+    if annotation.endswith(" | None"):
+        if t.data[key] is None:
+            return None
+        annotation = annotation.removesuffix(" | None")
+    if annotation == "str":
+        return t.text(key)
+    if annotation == "int":
+        return t.integer(key)
+    if annotation == "float":
+        return t.number(key, 0.0)
+    if annotation == "list[str]":
+        return t.str_list(key)
+    if annotation.startswith("list["):
+        return [_record(item, _RECORDS[annotation[5:-1]]) for item in t.tables(key)]
+    table = t.table(key)
+    assert table is not None
+    return _record(table, _RECORDS[annotation])
+
+
 def cluster_name(file: str | os.PathLike[str]) -> str:
     """The name a cluster file gives its cluster (``name``, else the file's stem)."""
     p = Path(file)
-    try:
-        data = tomllib.loads(p.read_text()) if p.suffix != ".json" else json.loads(p.read_text())
-    except FileNotFoundError:
-        raise InputError("no such cluster file", file=str(p)) from None
-    except (OSError, ValueError) as exc:
-        raise InputError(f"unreadable cluster file: {exc}", file=str(p)) from None
-    name = data.get("name") if isinstance(data, dict) else None
-    return name.strip() if isinstance(name, str) and name.strip() else p.stem
+    name = read_config(p).table().text("name")
+    return name.strip() if name is not None and name.strip() else p.stem
 
 
 def load_state(name_or_file: str | os.PathLike[str]) -> ClusterState | None:
@@ -235,24 +264,17 @@ def load_state(name_or_file: str | os.PathLike[str]) -> ClusterState | None:
         path = clusters_dir() / f"{cluster_name(p)}.json"
     else:
         path = clusters_dir() / f"{s}.json"
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
+    if not path.is_file():
         return None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise InputError(f"unreadable cluster state: {exc}", file=str(path)) from None
-    try:
-        return ClusterState.from_json(data)
-    except TypeError as exc:
-        raise InputError(f"cluster state has an unexpected shape: {exc}",
-                         file=str(path)) from None
+    return ClusterState.from_document(read_config(path, kind="json"))
 
 
 def _is_record(p: Path) -> bool:
     try:
-        return json.loads(p.read_text()).get("schema") == SCHEMA
-    except (OSError, ValueError, AttributeError):
+        data = read_config(p, kind="json").data
+    except InputError:
         return False
+    return isinstance(data, dict) and data.get("schema") == SCHEMA
 
 
 def remove(name: str) -> None:

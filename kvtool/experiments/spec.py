@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvtool.configfile import read_config
+from kvtool.configfile import ConfigTable, read_config
 from kvtool.errors import InputError
 from kvtool.experiments.engine_model import REQUIRED as ENGINE_MODEL_REQUIRED
 from kvtool.experiments.engine_model import WORKLOAD_KEYS as ENGINE_MODEL_KEYS
@@ -161,225 +161,194 @@ class Experiment:
 
 
 def load_experiment(path: str | Path) -> Experiment:
-    """Parse and check one experiment file."""
+    """Parse and check one experiment file (errors name file, line and key)."""
     path = Path(path)
-    config = read_config(path, kind="toml")
-    doc = config.data
-    arrays = ("config", "figure")
-
-    def bad(message: str, key: str, table: str | None = None, nth: int = 0) -> InputError:
-        where: tuple[str | int, ...] = (
-            (key,) if table is None else (table, nth, key) if table in arrays else (table, key))
-        return config.error(message, where)
-
-    if "time" in doc:
-        raise bad(TIME_RETIRED, "time")
-    for key in doc:
-        if key not in _TOP_KEYS:
-            raise bad(f"unknown table (use {', '.join(sorted(_TOP_KEYS))})", key)
-    head = _table(doc, "experiment", bad)
-    for key in head:
-        if key not in _EXPERIMENT_KEYS:
-            raise bad(f"unknown key (use {', '.join(sorted(_EXPERIMENT_KEYS))})", key, "experiment")
-    for key in ("name", "title", "source", "claim", "scale"):
-        if not isinstance(head.get(key), str) or not head[key].strip():
-            raise bad("required: a non-empty string", key, "experiment")
-    if head["name"] != path.stem:
-        raise bad(f"must equal the file name's stem {path.stem!r}", "name", "experiment")
-
-    workload = _table(doc, "workload", bad)
-    kind = workload.get("kind")
+    top = read_config(path, kind="toml").table()
+    if top.has("time"):
+        top.fail(TIME_RETIRED, top.at("time"))
+    top.check_keys(_TOP_KEYS)
+    head = _required_table(top, "experiment")
+    head.check_keys(_EXPERIMENT_KEYS)
+    name, title, source, claim, scale = (head.text(key, required=True, nonempty=True)
+                                         for key in ("name", "title", "source", "claim", "scale"))
+    if name != path.stem:
+        head.fail(f"must equal the file name's stem {path.stem!r}", head.at("name"))
+    notes = head.text("notes", "")
+    workload = _required_table(top, "workload")
+    kind = workload.text("kind", required=True)
     if kind not in KINDS:
-        raise bad(f"must be one of {', '.join(KINDS)}", "kind", "workload")
-    allowed = _WORKLOAD_KEYS[kind]
-    for key, value in workload.items():
-        want = allowed.get(key)
-        if want is None:
-            raise bad(f"unknown key for kind {kind!r} (use {', '.join(sorted(allowed))})",
-                      key, "workload")
-        ok = (isinstance(value, int | float) and not isinstance(value, bool)
-              if want is float else isinstance(value, want) and not isinstance(value, bool))
-        if not ok:
-            raise bad(f"must be {want.__name__}, got {value!r}", key, "workload")
-        if want is int and value < 0:
-            raise bad(f"must not be negative, got {value}", key, "workload")
-    for key in _REQUIRED[kind]:
-        if key not in workload:
-            raise bad(f"required for kind {kind!r}", key, "workload")
-    if kind == "parallel-read":
-        for t in workload["targets"]:
-            if t not in PARALLEL_TARGETS:
-                raise bad(f"unknown target {t!r} (use {', '.join(PARALLEL_TARGETS)})",
-                          "targets", "workload")
+        workload.fail(f"expected one of {', '.join(KINDS)}, got {kind!r}", workload.at("kind"))
+    _check_workload(workload, kind)
+
     if kind == "engine-vs-model":
+        for table in ("config", "figure", "data", "serving"):
+            if top.has(table):
+                top.fail("an engine-vs-model experiment's rows are its [workload] runs × "
+                         "metrics: no [[config]], [[figure]], [data] or [serving]",
+                         top.at(table))
+        return Experiment(name, title, source, claim, scale, kind, workload.data, [], [],
+                          notes=notes, path=path)
+
+    data = top.table("data")
+    if data is not None:
+        data.check_keys(_DATA_KEYS)
+        for key in data.data:
+            data.integer(key, lo=1)
+    serving = top.table("serving")
+    if serving is not None:
+        _check_serving(serving, kind)
+    configs = _configs(top, path, serving=serving is not None)
+    if kind != "parallel-read" and not configs:
+        top.fail("a replay experiment needs at least one [[config]]", top.at("config"))
+    figures = _figures(top, kind, configs, serving=serving is not None)
+    return Experiment(name, title, source, claim, scale, kind, workload.data, configs, figures,
+                      data={} if data is None else data.data, notes=notes,
+                      path=path, serving={} if serving is None else serving.data)
+
+
+def _required_table(top: ConfigTable, key: str) -> ConfigTable:
+    table = top.table(key)
+    if table is None:
+        top.fail("missing required table", top.at(key))
+    return table
+
+
+def _check_workload(w: ConfigTable, kind: str) -> None:
+    """``[workload]``: the keys ``kind`` takes, each of its type; the required ones given."""
+    allowed = _WORKLOAD_KEYS[kind]
+    w.check_keys(allowed)
+    for key, want in allowed.items():
+        if key not in w.data:
+            continue
+        if want is int:
+            w.integer(key, lo=0)
+        elif want is float:
+            w.number(key, 0.0)
+        elif want is str:
+            w.text(key)
+        else:
+            w.array(key)
+    for key in _REQUIRED[kind]:
+        w.require(key, f" for kind {kind!r}")
+    if kind == "parallel-read":
+        for i, t in enumerate(w.str_list("targets")):
+            if t not in PARALLEL_TARGETS:
+                w.fail(f"unknown target {t!r} (use {', '.join(PARALLEL_TARGETS)})",
+                       (*w.at("targets"), i))
+    elif kind == "random-prompts":
+        w.int_list("input_lengths", lo=1)
+    elif kind == "engine-vs-model":
         from kvtool.experiments.engine_model import check_workload
 
-        problem = check_workload(workload)
+        problem = check_workload(w.data)
         if problem:
             key, _, message = problem.partition(": ")
-            raise bad(message, key, "workload")
-        for table in ("config", "figure", "data", "serving"):
-            if table in doc:
-                raise bad("an engine-vs-model experiment's rows are its [workload] runs × "
-                          "metrics: no [[config]], [[figure]], [data] or [serving]", table)
-        return Experiment(head["name"], head["title"], head["source"], head["claim"],
-                          head["scale"], kind, workload, [], [], {}, head.get("notes", ""),
-                          path)
-    if kind == "random-prompts":
-        for n in workload["input_lengths"]:
-            if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
-                raise bad(f"must be positive whole numbers, got {n!r}", "input_lengths",
-                          "workload")
+            w.fail(message, w.at(key))
 
-    data = doc.get("data", {})
-    if not isinstance(data, dict):
-        raise bad("must be a table", "data")
-    for key, value in data.items():
-        if key not in _DATA_KEYS:
-            raise bad(f"unknown key (use {', '.join(sorted(_DATA_KEYS))})", key, "data")
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise bad(f"must be a positive whole number, got {value!r}", key, "data")
 
-    serving = doc.get("serving", {})
-    if not isinstance(serving, dict):
-        raise bad("must be a table", "serving")
-    if "serving" in doc:
-        _check_serving(serving, kind, bad)
+def _configs(top: ConfigTable, path: Path, *, serving: bool) -> list[ConfigSpec]:
+    """``[[config]]``: a label and tiers (replay), or a label and a cluster file (serving)."""
     configs: list[ConfigSpec] = []
-    raw_configs = doc.get("config", [])
-    if not isinstance(raw_configs, list):
-        raise bad("must be an array of tables ([[config]])", "config")
-    for i, c in enumerate(raw_configs):
-        for key in c:
-            if key not in _CONFIG_KEYS:
-                raise bad(f"unknown key (use {', '.join(sorted(_CONFIG_KEYS))})", key, "config", i)
-        what = "cluster" if serving else "tiers"
-        other = "tiers" if serving else "cluster"
-        for key in ("label", what):
-            if not isinstance(c.get(key), str) or not c[key].strip():
-                raise bad("required: a non-empty string", key, "config", i)
-        if other in c:
-            raise bad(f"a {'serving' if serving else 'replay'} experiment's configurations "
-                      f"take {what}, not {other}", other, "config", i)
-        if any(ch in c["label"] for ch in ",="):
-            raise bad("must not contain ',' or '='", "label", "config", i)
-        if any(x.label == c["label"] for x in configs):
-            raise bad(f"label {c['label']!r} given twice", "label", "config", i)
+    what, other = ("cluster", "tiers") if serving else ("tiers", "cluster")
+    for c in top.tables("config"):
+        c.check_keys(_CONFIG_KEYS)
+        label = c.text("label", required=True, nonempty=True)
+        value = c.text(what, required=True, nonempty=True)
+        if c.has(other):
+            c.fail(f"a {'serving' if serving else 'replay'} experiment's configurations "
+                   f"take {what}, not {other}", c.at(other))
+        if any(ch in label for ch in ",="):
+            c.fail("must not contain ',' or '='", c.at("label"))
+        if any(x.label == label for x in configs):
+            c.fail(f"label {label!r} given twice", c.at("label"))
         if serving:
-
-            where = cluster_path(c["cluster"], path)
+            where = cluster_path(value, path)
             if not where.is_file():
-                raise bad(f"no cluster file {str(where)!r}", "cluster", "config", i)
-            configs.append(ConfigSpec(c["label"], "", c["cluster"]))
+                c.fail(f"no cluster file {str(where)!r}", c.at("cluster"))
+            configs.append(ConfigSpec(label, "", value))
             continue
         from kvtool.replay.config import parse_compare
 
         try:
-            parse_compare(c["tiers"], policy=None, write_policy=None)
+            parse_compare(value, policy=None, write_policy=None)
         except InputError as exc:
-            raise bad(exc.message, "tiers", "config", i) from None
-        configs.append(ConfigSpec(c["label"], c["tiers"]))
-    if kind != "parallel-read" and not configs:
-        raise bad("a replay experiment needs at least one [[config]]", "config")
+            c.fail(exc.message, c.at("tiers"))
+        configs.append(ConfigSpec(label, value))
+    return configs
 
-    from kvtool.experiments.figures import METRICS, RETIRED_METRICS
+
+def _figures(top: ConfigTable, kind: str, configs: list[ConfigSpec], *, serving: bool
+             ) -> list[Figure]:
+    """``[[figure]]``: at least one; each a known metric whose ``args`` it accepts."""
+    from kvtool.experiments.figures import METRICS, RETIRED_METRICS, SPAN_STATS
 
     figures: list[Figure] = []
-    raw_figures = doc.get("figure", [])
-    if not isinstance(raw_figures, list) or not raw_figures:
-        raise bad("required: at least one [[figure]]", "figure")
-    for i, f in enumerate(raw_figures):
-        for key in f:
-            if key not in _FIGURE_KEYS:
-                raise bad(f"unknown key (use {', '.join(sorted(_FIGURE_KEYS))})", key, "figure", i)
-        for key in ("claim", "unit", "metric"):
-            if not isinstance(f.get(key), str) or not f[key].strip():
-                raise bad("required: a non-empty string", key, "figure", i)
-        metric = METRICS.get(f["metric"])
-        if f["metric"] in RETIRED_METRICS:
-            raise bad(RETIRED_METRICS[f["metric"]], "metric", "figure", i)
+    tables = top.tables("figure")
+    if not tables:
+        top.fail("missing required [[figure]] (at least one)", top.at("figure"))
+    for f in tables:
+        f.check_keys(_FIGURE_KEYS)
+        claim, unit, name = (f.text(key, required=True, nonempty=True)
+                             for key in ("claim", "unit", "metric"))
+        if name in RETIRED_METRICS:
+            f.fail(RETIRED_METRICS[name], f.at("metric"))
+        metric = METRICS.get(name)
         if metric is None:
-            raise bad(f"unknown metric (use {', '.join(sorted(METRICS))})", "metric", "figure", i)
-        pub = f.get("published")
-        if pub is not None and (not isinstance(pub, int | float) or isinstance(pub, bool)):
-            raise bad(f"must be a number, got {pub!r}", "published", "figure", i)
-        args = f.get("args", {})
-        if not isinstance(args, dict):
-            raise bad("must be an inline table", "args", "figure", i)
-        problem = metric.check(args, [c.label for c in configs], kind, serving=bool(serving))
-        if not problem and "stat" in args and f["metric"] == "serving_ratio_span":
-            from kvtool.experiments.figures import SPAN_STATS
-
-            if args["stat"] not in SPAN_STATS:
-                problem = f"argument 'stat': use {', '.join(SPAN_STATS)}"
+            f.fail(f"unknown metric (use {', '.join(sorted(METRICS))})", f.at("metric"))
+        pub = f.number("published", 0.0) if f.has("published") else None
+        args_table = f.table("args")
+        args = {} if args_table is None else args_table.data
+        problem = metric.check(args, [c.label for c in configs], kind, serving=serving)
+        if not problem and "stat" in args and name == "serving_ratio_span" \
+                and args["stat"] not in SPAN_STATS:
+            problem = f"argument 'stat': use {', '.join(SPAN_STATS)}"
         if problem:
-            raise bad(problem, "args", "figure", i)
-        band = f.get("band")
-        if band is not None:
-            if (not isinstance(band, list) or len(band) != 2
-                    or not all(isinstance(x, int | float) and not isinstance(x, bool)
-                               for x in band) or band[0] > band[1]):
-                raise bad(f"must be [low, high] numbers, got {band!r}", "band", "figure", i)
-            band = (float(band[0]), float(band[1]))
-        figures.append(Figure(f["claim"], None if pub is None else float(pub), f["unit"],
-                              f["metric"], args, f.get("published_text"), f.get("differs", ""),
-                              band))
-    return Experiment(head["name"], head["title"], head["source"], head["claim"], head["scale"],
-                      kind, workload, configs, figures, data, head.get("notes", ""), path,
-                      serving)
+            f.fail(problem, f.at("args"))
+        band = None
+        if f.has("band"):
+            raw = f.array("band")
+            if (len(raw) != 2 or not all(isinstance(x, int | float) and not isinstance(x, bool)
+                                         for x in raw) or raw[0] > raw[1]):
+                f.fail(f"must be [low, high] numbers, got {raw!r}", f.at("band"))
+            band = (float(raw[0]), float(raw[1]))
+        figures.append(Figure(claim, pub, unit, name, args, f.text("published_text"),
+                              f.text("differs", ""), band))
+    return figures
 
 
-def _check_serving(serving: dict[str, Any], kind: str, bad: Any) -> None:
+def _check_serving(serving: ConfigTable, kind: str) -> None:
     """``[serving]``: the loads parse, phases are known and fit the load and workload."""
     from kvtool.errors import UsageError
 
-    for key in serving:
-        if key not in _SERVING_KEYS:
-            raise bad(f"unknown key (use {', '.join(sorted(_SERVING_KEYS))})", key, "serving")
+    serving.check_keys(_SERVING_KEYS)
     if kind == "parallel-read":
-        raise bad("a parallel-read experiment measures reads: no [serving]", "serving")
-    loads = serving.get("loads")
-    if not isinstance(loads, str) or not loads.strip():
-        raise bad('required: the --sweep syntax, e.g. "concurrency=1,4,16"', "loads", "serving")
+        serving.fail("a parallel-read experiment measures reads: no [serving]")
+    loads = serving.text("loads", required=True, nonempty=True)
     try:
         parsed = parse_loads(loads)
     except UsageError as exc:
-        raise bad(exc.message, "loads", "serving") from None
-    scalars = serving.get("scalars", {})
-    if not isinstance(scalars, dict):
-        raise bad("must be an inline table of roofline scalars", "scalars", "serving")
+        serving.fail(exc.message, serving.at("loads"))
+    scalars = serving.table("scalars")
     from kvtool.serving.roofline import Scalars
 
     try:
-        Scalars(**scalars)
+        Scalars(**({} if scalars is None else scalars.data))
     except TypeError:
         from dataclasses import fields
 
         names = ", ".join(f.name for f in fields(Scalars))
-        raise bad(f"unknown roofline scalar (use {names})", "scalars", "serving") from None
+        serving.fail(f"unknown roofline scalar (use {names})", serving.at("scalars"))
     except UsageError as exc:
-        raise bad(exc.message, "scalars", "serving") from None
-    blocks = serving.get("num_gpu_blocks")
-    if blocks is not None and (isinstance(blocks, bool) or not isinstance(blocks, int)
-                               or blocks < 2):
-        raise bad(f"must be an integer of at least 2, got {blocks!r}", "num_gpu_blocks",
-                  "serving")
-    phases = serving.get("phases", "none")
-    if phases not in PHASES:
-        raise bad(f"must be one of {', '.join(PHASES)}", "phases", "serving")
+        serving.fail(exc.message, serving.at("scalars"))
+    serving.integer("num_gpu_blocks", lo=2)
+    phases = serving.choice("phases", PHASES, "none")
     if phases == "iterations":
         if kind != "random-prompts":
-            raise bad("phases by iteration need a random-prompts workload", "phases", "serving")
+            serving.fail("phases by iteration need a random-prompts workload",
+                         serving.at("phases"))
         if any(ld.kind != "concurrency" for ld in parsed):
-            raise bad("phases by iteration run closed-loop: use concurrency=...", "loads",
-                      "serving")
-
-
-def _table(doc: dict[str, Any], key: str, bad: Any) -> dict[str, Any]:
-    value = doc.get(key)
-    if not isinstance(value, dict):
-        raise bad("required table", key)
-    return value
+            serving.fail("phases by iteration run closed-loop: use concurrency=...",
+                         serving.at("loads"))
 
 
 def experiments_dir() -> Path:

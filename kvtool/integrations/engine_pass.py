@@ -22,6 +22,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +67,7 @@ def _counters(llm: Any) -> dict[str, Any]:
     return out
 
 
-def run(job: dict[str, Any]) -> dict[str, Any]:
+def run(job: dict[str, Any], on_done: Callable[[int], None] | None = None) -> dict[str, Any]:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from kvtool.serving.load import Arrivals, Load
@@ -112,7 +113,6 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     tokens: list[list[int]] = [[] for _ in range(n)]
     cached = [0] * n
     running: set[int] = set()
-    out = sys.stdout
     t0 = time.perf_counter()
     while pending or running:
         now = time.perf_counter() - t0
@@ -149,8 +149,8 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
                 running.discard(i)
                 for item in arrivals.on_finish(i, now):
                     heapq.heappush(pending, item)
-                out.write(json.dumps({"done": i}) + "\n")
-                out.flush()
+                if on_done is not None:
+                    on_done(i)
     wall = time.perf_counter() - t0
     counters = _counters(llm)
     connector = None
@@ -183,12 +183,15 @@ class _quiet:
         return True  # a failing shutdown must not lose the pass's result
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], on_done: Callable[[int], None] | None = None) -> int:
     job = json.loads(Path(argv[0]).read_text())
-    result = run(job)
+    result = run(job, on_done)
     Path(job["out"]).write_text(json.dumps(result))
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    # The program, not the library: one JSON line per finished request on its stdout is
+    # the progress kvtool.integrations.engine_replay reads.
+    raise SystemExit(main(sys.argv[1:],
+                          lambda i: print(json.dumps({"done": i}), flush=True)))

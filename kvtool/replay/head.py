@@ -1,11 +1,11 @@
 """A command relaunched on a cluster's head node: the router and the Ray driver of a netns
-cluster run in the head's namespace (:func:`on_head`), on a cluster ``kvtool cluster up``
-made (:func:`cluster_up`)."""
+cluster run in the head's namespace (:func:`on_head`, :func:`relaunch_on_head`), on a
+cluster ``kvtool cluster up`` made (:func:`cluster_up`)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -43,3 +43,23 @@ def cluster_up(path: str) -> ClusterState | None:
 
     state = load_state(path)
     return state if state is not None and state.phase == "up" else None
+
+
+def relaunch_on_head(cluster: str, args: Sequence[str],
+                     on_relaunch: Callable[[ClusterState], None] | None = None) -> int | None:
+    """Run ``kvtool ARGS`` on the head of ``cluster`` when it is an up netns cluster and
+    this process is not there already (:func:`on_head`): its exit status, its output passed
+    through; ``None`` when the command runs here. ``on_relaunch`` hears of it first."""
+    import subprocess
+
+    state = cluster_up(cluster)
+    if state is None:
+        return None
+    relaunch = on_head(state, args)
+    if relaunch is None:
+        return None
+    argv, env = relaunch
+    if on_relaunch is not None:
+        on_relaunch(state)
+    return subprocess.run(argv, env=env, check=False).returncode
+

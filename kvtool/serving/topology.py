@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtool.cache.policies import POLICIES
-from kvtool.configfile import ConfigDocument, parse_config_text, read_config
+from kvtool.configfile import ConfigDocument, ConfigTable, parse_config_text, read_config, show_value
 from kvtool.errors import InputError, UsageError
 from kvtool.geometry.dtypes import canonical_dtype
 from kvtool.geometry.model import ModelSpec
@@ -51,7 +51,7 @@ from kvtool.geometry.params import weight_dtype as canonical_weight_dtype
 from kvtool.serving.gpus import GPU, gpu_from_table, resolve_gpu
 from kvtool.serving.roofline import StepModel
 from kvtool.serving.router import ROUTERS, make_router
-from kvtool.units import Capacity, parse_size
+from kvtool.units import Capacity
 
 ROLES = ("both", "prefill", "decode")
 DEFAULT_BLOCK_TOKENS = 16
@@ -435,12 +435,10 @@ def cluster_from_document(doc: ConfigDocument, *, default_name: str = "cluster",
     return _Reader(doc, base_dir, target_check).cluster(default_name, default_block_tokens)
 
 
-def _show(v: Any) -> str:
-    return f"{type(v).__name__} {v!r}"
-
-
 class _Reader:
-    """One pass over the document, with errors that name file, line and key."""
+    """One pass over the document through :class:`~kvtool.configfile.ConfigTable` (errors
+    name file, line and key); the methods here read the values only a cluster file has:
+    names, bandwidths, capacities, policies, addresses."""
 
     def __init__(self, doc: ConfigDocument, base_dir: Path | None,
                  target_check: TargetCheck | None = None) -> None:
@@ -448,119 +446,81 @@ class _Reader:
         self.base_dir = base_dir
         self.target_check = target_check
 
-    # -- typed access ------------------------------------------------------------------------
+    # -- typed values ------------------------------------------------------------------------
 
     def fail(self, message: str, path: Path_) -> InputError:
         return self.doc.error(message, path)
 
-    def table(self, data: Any, path: Path_, keys: set[str]) -> dict[str, Any]:
-        if not isinstance(data, dict):
-            raise self.fail(f"expected a table, got {_show(data)}", path)
-        for key in data:
-            if key not in keys:
-                raise self.fail(f"unknown key {key!r} (allowed here: {', '.join(sorted(keys))})",
-                                (*path, key))
-        return data
+    @staticmethod
+    def text(t: ConfigTable, key: str, default: str | None = None) -> str | None:
+        v = t.text(key, nonempty=True)
+        return default if v is None else v.strip()
 
-    def tables(self, data: Mapping[str, Any], key: str) -> list[tuple[Path_, Any]]:
-        v = data.get(key, [])
-        if isinstance(v, dict):
-            return [((key,), v)]
-        if not isinstance(v, list):
-            raise self.fail(f"expected [[{key}]] tables, got {_show(v)}", (key,))
-        return [((key, i), item) for i, item in enumerate(v)]
-
-    def text(self, t: Mapping[str, Any], key: str, path: Path_, default: str | None = None
-             ) -> str | None:
-        if key not in t:
-            return default
-        v = t[key]
-        if not isinstance(v, str) or not v.strip():
-            raise self.fail(f"expected a non-empty string, got {_show(v)}", (*path, key))
-        return v.strip()
-
-    def name(self, t: Mapping[str, Any], key: str, path: Path_, default: str | None = None
-             ) -> str | None:
-        v = self.text(t, key, path, default)
+    def name(self, t: ConfigTable, key: str, default: str | None = None) -> str | None:
+        v = self.text(t, key, default)
         if v is not None and not _NAME_RE.match(v):
-            raise self.fail(f"a name is 1-64 of A-Z a-z 0-9 _ . -, got {v!r}", (*path, key))
+            t.fail(f"a name is 1-64 of A-Z a-z 0-9 _ . -, got {v!r}", t.at(key))
         return v
 
-    def integer(self, t: Mapping[str, Any], key: str, path: Path_, default: int | None = None,
-                *, lo: int = 1) -> int | None:
-        if key not in t:
+    @staticmethod
+    def gbps(t: ConfigTable, key: str, default: float = math.inf) -> float:
+        if not t.has(key):
             return default
-        v = t[key]
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise self.fail(f"expected an integer, got {_show(v)}", (*path, key))
-        if v < lo:
-            raise self.fail(f"must be at least {lo}, got {v}", (*path, key))
-        return v
-
-    def gbps(self, t: Mapping[str, Any], key: str, path: Path_, default: float = math.inf
-             ) -> float:
-        if key not in t:
-            return default
-        v = t[key]
+        v = t.data[key]
         if isinstance(v, str) and v.strip().lower() in ("inf", "unlimited"):
             return math.inf
         if isinstance(v, bool) or not isinstance(v, int | float) or math.isnan(v) or v <= 0:
-            raise self.fail(f"expected a bandwidth in GB/s > 0 (or \"inf\"), got {_show(v)}",
-                            (*path, key))
+            t.fail(f"expected a bandwidth in GB/s > 0 (or \"inf\"), got {show_value(v)}",
+                   t.at(key))
         return float(v)
 
-    def capacity(self, t: Mapping[str, Any], key: str, path: Path_, *, required: bool = False
-                 ) -> Capacity | None:
-        if key not in t:
+    @staticmethod
+    def capacity(t: ConfigTable, key: str, *, required: bool = False) -> Capacity | None:
+        if not t.has(key):
             if required:
-                raise self.fail(f"missing required key {key!r}", (*path, key))
+                t.require(key)
             return None
-        v = t[key]
+        v = t.data[key]
         if isinstance(v, bool) or not isinstance(v, int | str):
-            raise self.fail(f"expected a capacity such as \"53.7GB\", \"5000blk\" or "
-                            f"\"inf\", got {_show(v)}", (*path, key))
+            t.fail(f"expected a capacity such as \"53.7GB\", \"5000blk\" or \"inf\", got "
+                   f"{show_value(v)}", t.at(key))
         try:
             return Capacity.parse(v, field=key)
         except UsageError as exc:
-            raise self.fail(exc.message, (*path, key)) from None
+            t.fail(exc.message, t.at(key))
 
-    def size(self, t: Mapping[str, Any], key: str, path: Path_, default: int) -> int:
-        if key not in t:
+    @staticmethod
+    def size(t: ConfigTable, key: str, default: int) -> int:
+        n = t.size(key)
+        if n is None:
             return default
-        v = t[key]
-        if isinstance(v, bool) or not isinstance(v, int | str):
-            raise self.fail(f"expected a size such as \"64MiB\", got {_show(v)}", (*path, key))
-        try:
-            n = parse_size(v, field=key, allow_zero=False)
-        except UsageError as exc:
-            raise self.fail(exc.message, (*path, key)) from None
         if n < 1 << 20:
-            raise self.fail(f"must be at least 1MiB, got {v!r}", (*path, key))
+            t.fail(f"must be at least 1MiB, got {t.data[key]!r}", t.at(key))
         return n
 
-    def positive(self, t: Mapping[str, Any], key: str, path: Path_) -> float | None:
-        if key not in t:
+    @staticmethod
+    def positive(t: ConfigTable, key: str) -> float | None:
+        if not t.has(key):
             return None
-        v = t[key]
-        if isinstance(v, bool) or not isinstance(v, int | float) or math.isnan(v) or v <= 0 \
-                or math.isinf(v):
-            raise self.fail(f"expected a number > 0, got {_show(v)}", (*path, key))
-        return float(v)
+        v = t.number(key, 0.0)
+        if v <= 0 or math.isinf(v):
+            t.fail(f"expected a number > 0, got {show_value(t.data[key])}", t.at(key))
+        return v
 
-    def policy(self, t: Mapping[str, Any], key: str, path: Path_) -> str:
-        v = self.text(t, key, path, DEFAULT_POLICY) or DEFAULT_POLICY
+    def policy(self, t: ConfigTable, key: str) -> str:
+        v = self.text(t, key, DEFAULT_POLICY) or DEFAULT_POLICY
         if v.lower() not in POLICIES:
-            raise self.fail(f"unknown policy {v!r} (known: {', '.join(POLICIES)})", (*path, key))
+            t.fail(f"unknown policy {v!r} (known: {', '.join(POLICIES)})", t.at(key))
         return v.lower()
 
     # -- sections ----------------------------------------------------------------------------
 
     def cluster(self, default_name: str, default_block_tokens: int | None = None) -> ClusterSpec:
-        data = self.table(self.doc.data, (), _TOP_KEYS)
-        name = self.text(data, "name", (), default_name) or default_name
-        block_tokens = self.integer(data, "block_tokens", (),
-                                    default_block_tokens or DEFAULT_BLOCK_TOKENS)
-        assert block_tokens is not None
+        data = self.doc.table()
+        data.check_keys(_TOP_KEYS)
+        name = self.text(data, "name", default_name) or default_name
+        block_tokens = data.integer("block_tokens", default_block_tokens or DEFAULT_BLOCK_TOKENS,
+                                    lo=1)
         router = self.router(data)
         gpus = self.user_gpus(data)
         nodes = self.nodes(data)
@@ -569,10 +529,7 @@ class _Reader:
         nvme = self.nvme(data)
         placement = self.placement(data, nodes, mooncake, nvme)
         connector = self.connector(data)
-        pd_transfer = (self.text(data, "pd_transfer", (), "direct") or "direct").lower()
-        if pd_transfer not in PD_TRANSFERS:
-            raise self.fail(f"expected one of {', '.join(PD_TRANSFERS)}, got "
-                            f"{data['pd_transfer']!r}", ("pd_transfer",))
+        pd_transfer = data.choice("pd_transfer", PD_TRANSFERS, "direct") or "direct"
         spec = ClusterSpec(name=name, block_tokens=block_tokens, router=router,
                            nodes=tuple(nodes.values()), engines=tuple(engines), gpus=gpus,
                            mooncake=mooncake, nvme=nvme, source=self.doc.source,
@@ -581,23 +538,24 @@ class _Reader:
                 mooncake or nvme or any(n.dram is not None for n in spec.nodes)):
             raise self.fail("P/D through the store needs a tier below the GPUs ([mooncake], "
                             "[nvme] or a node's dram)", ("pd_transfer",))
-        self.check_bytes_capacities(data, spec)
+        self.check_bytes_capacities(spec)
         return spec
 
-    def router(self, data: Mapping[str, Any]) -> RouterSpec:
-        v = data.get("router", DEFAULT_ROUTER)
+    def router(self, data: ConfigTable) -> RouterSpec:
+        v = data.data.get("router", DEFAULT_ROUTER)
         params: dict[str, Any] = {}
         path: Path_ = ("router",)
         if isinstance(v, dict):
-            if "name" not in v:
-                raise self.fail("missing required key 'name'", (*path, "name"))
+            t = ConfigTable(self.doc, v, path)
+            t.require("name")
             params = {k: x for k, x in v.items() if k != "name"}
-            name = self.text(v, "name", path)
+            name = self.text(t, "name")
             path = (*path, "name")
         elif isinstance(v, str):
             name = v
         else:
-            raise self.fail(f"expected a router name or a [router] table, got {_show(v)}", path)
+            raise self.fail(f"expected a router name or a [router] table, got {show_value(v)}",
+                            path)
         assert name is not None
         key = name.strip().lower()
         if key not in ROUTERS:
@@ -610,8 +568,8 @@ class _Reader:
             raise self.fail(exc.message, where) from None
         return RouterSpec(key, params)
 
-    def user_gpus(self, data: Mapping[str, Any]) -> dict[str, GPU]:
-        v = data.get("gpu")
+    def user_gpus(self, data: ConfigTable) -> dict[str, GPU]:
+        v = data.data.get("gpu")
         if v is None:
             return {}
         items: list[tuple[Path_, Any]]
@@ -620,7 +578,7 @@ class _Reader:
         elif isinstance(v, list):
             items = [(("gpu", i), t) for i, t in enumerate(v)]
         else:
-            raise self.fail(f"expected [[gpu]] tables, got {_show(v)}", ("gpu",))
+            raise self.fail(f"expected [[gpu]] tables, got {show_value(v)}", ("gpu",))
         out: dict[str, GPU] = {}
         for path, t in items:
             if isinstance(path[-1], int) and isinstance(t, dict) and "name" not in t:
@@ -631,33 +589,31 @@ class _Reader:
             out[gpu.name] = gpu
         return out
 
-    def nodes(self, data: Mapping[str, Any]) -> dict[str, NodeSpec]:
+    def nodes(self, data: ConfigTable) -> dict[str, NodeSpec]:
         out: dict[str, NodeSpec] = {}
-        for path, raw in self.tables(data, "node"):
-            t = self.table(raw, path, _NODE_KEYS)
-            name = self.name(t, "name", path)
-            if name is None:
-                raise self.fail("missing required key 'name'", (*path, "name"))
+        for t in data.tables("node"):
+            t.check_keys(_NODE_KEYS)
+            path = t.path
+            t.require("name")
+            name = self.name(t, "name")
+            assert name is not None
             if name in out:
                 raise self.fail(f"node {name!r} is defined twice", (*path, "name"))
-            storage = t.get("storage", False)
-            if not isinstance(storage, bool):
-                raise self.fail(f"expected true or false, got {_show(storage)}",
-                                (*path, "storage"))
-            if "dram_policy" in t and "dram" not in t:
+            storage = t.flag("storage")
+            if t.has("dram_policy") and not t.has("dram"):
                 raise self.fail("dram_policy without dram (the node's DRAM tier capacity)",
                                 (*path, "dram_policy"))
             out[name] = NodeSpec(
-                name=name, nic_gbps=self.gbps(t, "nic_gbps", path),
-                dram=self.capacity(t, "dram", path), dram_policy=self.policy(t, "dram_policy", path),
-                pcie_gbps=self.gbps(t, "pcie_gbps", path) if "pcie_gbps" in t else None,
-                gpus=self.integer(t, "gpus", path), storage=storage,
-                address=self.address(t, path))
+                name=name, nic_gbps=self.gbps(t, "nic_gbps"),
+                dram=self.capacity(t, "dram"), dram_policy=self.policy(t, "dram_policy"),
+                pcie_gbps=self.gbps(t, "pcie_gbps") if t.has("pcie_gbps") else None,
+                gpus=t.integer("gpus", lo=1), storage=storage, address=self.address(t))
         return out
 
-    def address(self, t: Mapping[str, Any], path: Path_) -> str | None:
+    def address(self, t: ConfigTable) -> str | None:
         """A node's ``address``: one IPv4 address a service can listen on."""
-        text = self.text(t, "address", path)
+        path = t.path
+        text = self.text(t, "address")
         if text is None:
             return None
         try:
@@ -671,9 +627,9 @@ class _Reader:
                             (*path, "address"))
         return str(ip)
 
-    def engines(self, data: Mapping[str, Any], gpus: Mapping[str, GPU],
+    def engines(self, data: ConfigTable, gpus: Mapping[str, GPU],
                 nodes: dict[str, NodeSpec], block_tokens: int) -> list[EngineSpec]:
-        tables = self.tables(data, "engine")
+        tables = data.tables("engine")
         if not tables:
             raise self.fail("a cluster needs at least one [[engine]] table "
                             "(gpu, model, tp)", ("engine",))
@@ -683,41 +639,41 @@ class _Reader:
         used_gpus: dict[str, int] = {}
         groups: dict[str, tuple[str, int]] = {}  # share_gpus group → (node, TP)
         first: tuple[EngineSpec, Path_] | None = None
-        for path, raw in tables:
-            t = self.table(raw, path, _ENGINE_KEYS)
-            for key in ("gpu", "model"):
-                if key not in t:
-                    raise self.fail(f"missing required key {key!r}", (*path, key))
-            gpu_name = self.text(t, "gpu", path)
+        for t in tables:
+            t.check_keys(_ENGINE_KEYS)
+            path = t.path
+            t.require("gpu")
+            t.require("model")
+            gpu_name = self.text(t, "gpu")
             assert gpu_name is not None
             try:
                 gpu = resolve_gpu(gpu_name, gpus)
             except UsageError as exc:
                 raise self.fail(exc.message, (*path, "gpu")) from None
             model = self.model(t, path)
-            tp = self.integer(t, "tp", path, 1)
-            count = self.integer(t, "count", path, 1)
+            tp = t.integer("tp", 1, lo=1)
+            count = t.integer("count", 1, lo=1)
             assert tp is not None and count is not None
             dtype = self.weight_dtype(t, path, model)
             kv_dtype = self.kv_dtype(t, path, model, dtype)
-            role = (self.text(t, "role", path, "both") or "both").lower()
+            role = (self.text(t, "role", "both") or "both").lower()
             if role not in ROLES:
-                raise self.fail(f"expected one of {', '.join(ROLES)}, got {t['role']!r}",
+                raise self.fail(f"expected one of {', '.join(ROLES)}, got {t.data['role']!r}",
                                 (*path, "role"))
             d_tokens, d_seqs = vllm_batch_defaults(gpu)
-            max_seqs = self.integer(t, "max_num_seqs", path, d_seqs)
-            max_tokens = self.integer(t, "max_num_batched_tokens", path, d_tokens)
+            max_seqs = t.integer("max_num_seqs", d_seqs, lo=1)
+            max_tokens = t.integer("max_num_batched_tokens", d_tokens, lo=1)
             assert max_seqs is not None and max_tokens is not None
-            if "num_gpu_blocks" in t and "gpu_memory_utilization" in t:
+            if t.has("num_gpu_blocks") and t.has("gpu_memory_utilization"):
                 raise self.fail("give num_gpu_blocks or gpu_memory_utilization, not both",
                                 (*path, "gpu_memory_utilization"))
             util = self.utilization(t, path)
-            caching = t.get("enable_prefix_caching", True)
+            caching = t.data.get("enable_prefix_caching", True)
             if not isinstance(caching, bool):
-                raise self.fail(f"expected true or false, got {_show(caching)}",
+                raise self.fail(f"expected true or false, got {show_value(caching)}",
                                 (*path, "enable_prefix_caching"))
             step = self.step_model(model, gpu, tp, dtype, kv_dtype, block_tokens, path)
-            blocks = self.integer(t, "num_gpu_blocks", path, None, lo=2)
+            blocks = t.integer("num_gpu_blocks", None, lo=2)
             basis = "given"
             if blocks is None:
                 basis = "modelled"
@@ -725,10 +681,10 @@ class _Reader:
                     blocks = step.kv_pool_blocks(block_tokens, util)
                 except UsageError as exc:
                     raise self.fail(exc.message, (*path, "tp")) from None
-            timing = (self.text(t, "step_time", path, "roofline") or "roofline").lower()
+            timing = (self.text(t, "step_time", "roofline") or "roofline").lower()
             if timing not in STEP_TIMES:
                 raise self.fail(f"expected one of {', '.join(STEP_TIMES)}, got "
-                                f"{t['step_time']!r}", (*path, "step_time"))
+                                f"{t.data['step_time']!r}", (*path, "step_time"))
             if timing == "dynamo-mocker":
                 from kvtool.serving.mockerstep import MockerStepModel
 
@@ -736,12 +692,12 @@ class _Reader:
                                        block_tokens=block_tokens,
                                        total_kv_tokens=blocks * block_tokens)
             geometry = model.geometry(dtype=kv_dtype, block_tokens=block_tokens, tp=tp)
-            node_name = self.name(t, "node", path)
+            node_name = self.name(t, "node")
             if node_name is not None and node_name not in explicit_nodes:
                 known = ", ".join(sorted(explicit_nodes)) or "none: add [[node]] tables"
                 raise self.fail(f"unknown node {node_name!r} (defined: {known})", (*path, "node"))
-            share = self.name(t, "share_gpus", path)
-            base = self.name(t, "name", path)
+            share = self.name(t, "share_gpus")
+            base = self.name(t, "name")
             for r in range(count):
                 index = len(out)
                 name = base if base is not None and count == 1 else \
@@ -798,8 +754,8 @@ class _Reader:
                             f"(roles here: {', '.join(sorted(roles))})", ("engine",))
         return out
 
-    def model(self, t: Mapping[str, Any], path: Path_) -> ModelSpec:
-        name = self.text(t, "model", path)
+    def model(self, t: ConfigTable, path: Path_) -> ModelSpec:
+        name = self.text(t, "model")
         assert name is not None
         try:
             if name.lower().endswith((".toml", ".json")):
@@ -813,17 +769,17 @@ class _Reader:
         except UsageError as exc:
             raise self.fail(exc.message, (*path, "model")) from None
 
-    def weight_dtype(self, t: Mapping[str, Any], path: Path_, model: ModelSpec) -> str:
+    def weight_dtype(self, t: ConfigTable, path: Path_, model: ModelSpec) -> str:
         default = model.arch.weight_dtype if model.arch is not None else "bf16"
-        v = self.text(t, "dtype", path, default) or default
+        v = self.text(t, "dtype", default) or default
         try:
             return canonical_weight_dtype(v, field="dtype")
         except UsageError as exc:
             raise self.fail(exc.message, (*path, "dtype")) from None
 
-    def kv_dtype(self, t: Mapping[str, Any], path: Path_, model: ModelSpec, dtype: str) -> str:
-        if "kv_dtype" in t:
-            v = self.text(t, "kv_dtype", path)
+    def kv_dtype(self, t: ConfigTable, path: Path_, model: ModelSpec, dtype: str) -> str:
+        if t.has("kv_dtype"):
+            v = self.text(t, "kv_dtype")
             assert v is not None
             try:
                 return canonical_dtype(v, field="kv_dtype")
@@ -833,10 +789,10 @@ class _Reader:
         # a float type, else (quantised checkpoints) the model's own default.
         return model.default_dtype if dtype in _QUANTISED else canonical_dtype(dtype)
 
-    def utilization(self, t: Mapping[str, Any], path: Path_) -> float:
-        v = t.get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION)
+    def utilization(self, t: ConfigTable, path: Path_) -> float:
+        v = t.data.get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION)
         if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= 1:
-            raise self.fail(f"expected a fraction in (0, 1], got {_show(v)}",
+            raise self.fail(f"expected a fraction in (0, 1], got {show_value(v)}",
                             (*path, "gpu_memory_utilization"))
         return float(v)
 
@@ -862,78 +818,80 @@ class _Reader:
             raise self.fail(f"every engine must use the same KV dtype: {a.name} uses "
                             f"{a.kv_dtype}, this one {b.kv_dtype}", (*path, "kv_dtype"))
 
-    def connector(self, data: Mapping[str, Any]) -> ConnectorSpec | None:
-        if "connector" not in data:
+    def connector(self, data: ConfigTable) -> ConnectorSpec | None:
+        t = data.table("connector")
+        if t is None:
             return None
-        path: Path_ = ("connector",)
-        t = self.table(data["connector"], path, _CONNECTOR_KEYS)
+        t.check_keys(_CONNECTOR_KEYS)
+        path = t.path
         d = ConnectorSpec()
 
         def ms(key: str, default: float) -> float:
-            if key not in t:
+            if not t.has(key):
                 return default
-            v = t[key]
+            v = t.data[key]
             if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) \
                     or v < 0:
-                raise self.fail(f"expected milliseconds >= 0, got {_show(v)}", (*path, key))
+                raise self.fail(f"expected milliseconds >= 0, got {show_value(v)}", (*path, key))
             return float(v)
 
-        chunk = self.integer(t, "chunk_tokens", path, d.chunk_tokens)
+        chunk = t.integer("chunk_tokens", d.chunk_tokens, lo=1)
         assert chunk is not None
-        load = (self.text(t, "load", path, d.load) or d.load).lower()
+        load = (self.text(t, "load", d.load) or d.load).lower()
         if load not in CONNECTOR_LOADS:
-            raise self.fail(f"expected one of {', '.join(CONNECTOR_LOADS)}, got {t['load']!r}",
+            raise self.fail(f"expected one of {', '.join(CONNECTOR_LOADS)}, got {t.data['load']!r}",
                             (*path, "load"))
-        return ConnectorSpec(name=self.text(t, "name", path, d.name) or d.name,
+        return ConnectorSpec(name=self.text(t, "name", d.name) or d.name,
                              lookup_ms=ms("lookup_ms", d.lookup_ms), chunk_tokens=chunk,
                              chunk_ms=ms("chunk_ms", d.chunk_ms),
-                             gbps=self.gbps(t, "gbps", path, d.gbps),
-                             source=self.text(t, "source", path, d.source) or d.source,
+                             gbps=self.gbps(t, "gbps", d.gbps),
+                             source=self.text(t, "source", d.source) or d.source,
                              load=load)
 
-    def mooncake(self, data: Mapping[str, Any]) -> PoolSpec | None:
-        if "mooncake" not in data:
+    def mooncake(self, data: ConfigTable) -> PoolSpec | None:
+        t = data.table("mooncake")
+        if t is None:
             return None
-        path: Path_ = ("mooncake",)
-        t = self.table(data["mooncake"], path, _MOONCAKE_KEYS)
-        cap = self.capacity(t, "capacity", path, required=True)
+        t.check_keys(_MOONCAKE_KEYS)
+        cap = self.capacity(t, "capacity", required=True)
         assert cap is not None
-        return PoolSpec(cap, self.policy(t, "policy", path), self.gbps(t, "gbps", path),
-                        master=self.name(t, "master", path),
-                        segment=self.size(t, "segment", path, DEFAULT_SEGMENT_BYTES))
+        return PoolSpec(cap, self.policy(t, "policy"), self.gbps(t, "gbps"),
+                        master=self.name(t, "master"),
+                        segment=self.size(t, "segment", DEFAULT_SEGMENT_BYTES))
 
-    def nvme(self, data: Mapping[str, Any]) -> NvmeSpec | None:
-        if "nvme" not in data:
+    def nvme(self, data: ConfigTable) -> NvmeSpec | None:
+        t = data.table("nvme")
+        if t is None:
             return None
-        path: Path_ = ("nvme",)
-        t = self.table(data["nvme"], path, _NVME_KEYS)
-        cap = self.capacity(t, "capacity", path, required=True)
+        t.check_keys(_NVME_KEYS)
+        path = t.path
+        cap = self.capacity(t, "capacity", required=True)
         assert cap is not None
         targets: list[TargetSpec] = []
-        for tpath, raw in self.tables(t, "target"):
-            tpath = (*path, *tpath)
-            tt = self.table(raw, tpath, _TARGET_KEYS)
-            name = self.name(tt, "name", tpath, f"t{len(targets)}")
+        for tt in t.tables("target"):
+            tt.check_keys(_TARGET_KEYS)
+            tpath = tt.path
+            name = self.name(tt, "name", f"t{len(targets)}")
             assert name is not None
             if any(x.name == name for x in targets):
                 raise self.fail(f"target {name!r} is defined twice", (*tpath, "name"))
-            if "config" in tt and "size" in tt:
+            if tt.has("config") and tt.has("size"):
                 raise self.fail("give size or config, not both (the config's namespaces "
                                 "have their sizes)", (*tpath, "size"))
-            targets.append(TargetSpec(name, self.gbps(tt, "read_gbps", tpath),
-                                      self.gbps(tt, "write_gbps", tpath),
-                                      node=self.name(tt, "node", tpath),
-                                      size=self.size(tt, "size", tpath, DEFAULT_TARGET_BYTES),
+            targets.append(TargetSpec(name, self.gbps(tt, "read_gbps"),
+                                      self.gbps(tt, "write_gbps"),
+                                      node=self.name(tt, "node"),
+                                      size=self.size(tt, "size", DEFAULT_TARGET_BYTES),
                                       config=self.target_config(tt, tpath)))
         if not targets:
             raise self.fail("the NVMe-oF pool needs at least one [[nvme.target]] "
                             "(name, read_gbps, write_gbps)", path)
-        return NvmeSpec(cap, tuple(targets), self.policy(t, "policy", path))
+        return NvmeSpec(cap, tuple(targets), self.policy(t, "policy"))
 
-    def target_config(self, t: Mapping[str, Any], path: Path_) -> str | None:
+    def target_config(self, t: ConfigTable, path: Path_) -> str | None:
         """A target's ``config`` file, resolved; checked by :attr:`target_check` when one
         is given (the target config's own errors name its own file and line)."""
-        text = self.text(t, "config", path)
+        text = self.text(t, "config")
         if text is None:
             return None
         p = Path(text)
@@ -946,7 +904,7 @@ class _Reader:
             raise self.fail(why, (*path, "config"))
         return str(p.resolve())
 
-    def check_bytes_capacities(self, data: Mapping[str, Any], spec: ClusterSpec) -> None:
+    def check_bytes_capacities(self, spec: ClusterSpec) -> None:
         sizes = {e.block_bytes for e in spec.engines}
         if len(sizes) == 1:
             return
@@ -963,7 +921,7 @@ class _Reader:
                                 "a capacity in bytes is ambiguous: give it in blocks (\"…blk\")",
                                 path)
 
-    def placement(self, data: Mapping[str, Any], nodes: dict[str, NodeSpec],
+    def placement(self, data: ConfigTable, nodes: dict[str, NodeSpec],
                   mooncake: PoolSpec | None, nvme: NvmeSpec | None) -> PlacementSpec | None:
         node_names = list(nodes)
         if mooncake is not None and mooncake.master is not None \
@@ -981,16 +939,17 @@ class _Reader:
             if not nodes[target.node].storage:
                 raise self.fail(f"node {target.node!r} is not a storage node (give it "
                                 "storage = true)", where)
-        if "placement" not in data:
+        t = data.table("placement")
+        if t is None:
             return None
-        path: Path_ = ("placement",)
-        t = self.table(data["placement"], path, _PLACEMENT_KEYS)
-        kind = (self.text(t, "kind", path, "netns") or "netns").lower()
+        t.check_keys(_PLACEMENT_KEYS)
+        path = t.path
+        kind = (self.text(t, "kind", "netns") or "netns").lower()
         if kind not in PLACEMENT_KINDS:
-            raise self.fail(f"unknown placement kind {t['kind']!r} (known: "
+            raise self.fail(f"unknown placement kind {t.data['kind']!r} (known: "
                             f"{', '.join(PLACEMENT_KINDS)})", (*path, "kind"))
         for key in _HOSTS_ONLY if kind == "netns" else _NETNS_ONLY:
-            if key in t:
+            if t.has(key):
                 raise self.fail(f"{key} applies to kind = "
                                 f"\"{'hosts' if kind == 'netns' else 'netns'}\"", (*path, key))
         if kind == "hosts":
@@ -1001,7 +960,7 @@ class _Reader:
                 raise self.fail("a node's address applies to [placement] kind = \"hosts\" "
                                 "(kind \"netns\" gives addresses from the subnet)",
                                 ("node", i, "address"))
-        subnet = self.text(t, "subnet", path, DEFAULT_SUBNET) or DEFAULT_SUBNET
+        subnet = self.text(t, "subnet", DEFAULT_SUBNET) or DEFAULT_SUBNET
         try:
             net = ipaddress.ip_network(subnet, strict=True)
         except ValueError as exc:
@@ -1012,7 +971,7 @@ class _Reader:
         if net.num_addresses - 2 < len(nodes) + 1:
             raise self.fail(f"{subnet} has no room for {len(nodes)} nodes and the bridge",
                             (*path, "subnet"))
-        scale, mbit = self.positive(t, "link_scale", path), self.positive(t, "link_mbit", path)
+        scale, mbit = self.positive(t, "link_scale"), self.positive(t, "link_mbit")
         if scale is not None and mbit is not None:
             raise self.fail("give link_scale or link_mbit, not both", (*path, "link_mbit"))
         self.placed_targets(nvme, storage)
@@ -1029,7 +988,7 @@ class _Reader:
                 raise self.fail(f"which storage node runs it? (storage nodes: "
                                 f"{', '.join(storage)})", ("nvme", "target", i, "node"))
 
-    def hosts_placement(self, t: Mapping[str, Any], nodes: dict[str, NodeSpec]
+    def hosts_placement(self, t: ConfigTable, nodes: dict[str, NodeSpec]
                         ) -> PlacementSpec:
         """``kind = "hosts"``: every node names its address (distinct); ``ray`` is
         ``HOST:PORT``; ``ray_token_file`` is resolved against the file's folder."""
@@ -1044,13 +1003,13 @@ class _Reader:
                 raise self.fail(f"address {node.address} is node {seen[node.address]!r}'s too",
                                 ("node", i, "address"))
             seen[node.address] = name
-        ray = self.text(t, "ray", path)
+        ray = self.text(t, "ray")
         if ray is not None:
             host, sep, port = ray.rpartition(":")
             if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
                 raise self.fail(f"expected the Ray head's HOST:PORT such as "
                                 f"'192.168.1.10:6379', got {ray!r}", (*path, "ray"))
-        token = self.text(t, "ray_token_file", path)
+        token = self.text(t, "ray_token_file")
         if token is not None:
             p = Path(token).expanduser()
             if not p.is_absolute() and self.base_dir is not None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -36,6 +37,9 @@ from kvtool.target.document import config_document
 from kvtool.target.emulator import BackgroundRuntime, config_json, memory_as_files, stop_pid
 from kvtool.target.plan import Plan, TargetError
 
+_log = logging.getLogger(__name__)
+"""The supervisor's log: what the guest's kvtool printed, and why it stopped (:func:`main`
+sends it to the process's log file; the library itself never prints)."""
 BOOT_TIMEOUT = 300.0  # TCG boot + Python start in the guest on a loaded 2-core machine
 GUEST_DIR = "/run/kvtool"  # the guest's own tmpfs, bound into the chroot (emulator/qemu/init.sh)
 REPO = Path(__file__).resolve().parents[2]
@@ -241,7 +245,7 @@ def _supervise(spec_path: str, ready_path: str) -> int:
         rc, out = guest.exec(kvtool_in_guest(
             f"--json up {GUEST_DIR}/target.json --backend nvmet --allow-remote"),
             timeout=BOOT_TIMEOUT)
-        print(out, flush=True)
+        _log.info("%s", out)
         if rc != 0:
             report({"error": out.strip().splitlines()[-1] if out.strip() else f"exit {rc}"})
             return 1
@@ -252,14 +256,14 @@ def _supervise(spec_path: str, ready_path: str) -> int:
         serving.set()
         while not stop.wait(1.0):
             if not guest.running:
-                print("kvtool: the QEMU guest died", flush=True)
+                _log.error("kvtool: the QEMU guest died")
                 return 1
         rc, out = guest.exec(kvtool_in_guest(f"--json down --name {spec['name']}"),
                              timeout=120)
-        print(out, flush=True)
+        _log.info("%s", out)
         return 0 if rc == 0 else 1
     except Exception as exc:
-        print(f"kvtool: {type(exc).__name__}: {exc}", flush=True)
+        _log.error("kvtool: %s: %s", type(exc).__name__, exc)
         if not Path(ready_path).exists():
             report({"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"})
         return 1
@@ -274,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("spec")
     p.add_argument("ready")
     a = p.parse_args(argv)
+    _log.addHandler(logging.StreamHandler())  # stderr: the supervisor's log file
+    _log.setLevel(logging.INFO)
     return _supervise(a.spec, a.ready)
 
 

@@ -22,7 +22,6 @@ with ``--block-tokens``.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +29,14 @@ from typing import Any
 from kvtool.errors import UsageError
 from kvtool.trace.reader import TraceReader
 from kvtool.trace.schema import DEFAULT_BLOCK_TOKENS, WRITABLE, Request
-from kvtool.trace.writer import BailianChains, compact_ids, to_record, write_azure, write_records
+from kvtool.trace.writer import (
+    BailianChains,
+    Output,
+    compact_ids,
+    to_record,
+    write_azure,
+    write_records,
+)
 
 
 @dataclass(frozen=True)
@@ -54,9 +60,10 @@ class ConvertResult:
                 "dropped": list(self.dropped), "bad_lines": bad_lines}
 
 
-def convert_trace(reader: TraceReader, out: str | os.PathLike[str], *, to: str,
+def convert_trace(reader: TraceReader, out: Output, *, to: str,
                   interval_ms: float = 1.0) -> ConvertResult:
-    """Write ``reader``'s requests to ``out`` in format ``to`` (one of :data:`WRITABLE`)."""
+    """Write ``reader``'s requests to ``out`` (a file, or a binary stream) in format ``to``
+    (one of :data:`WRITABLE`)."""
     if to not in WRITABLE:
         raise UsageError(f"unknown format {to!r} (use {', '.join(WRITABLE)})", field="to")
     if not interval_ms >= 0:

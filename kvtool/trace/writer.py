@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,12 +17,18 @@ from kvtool.trace.schema import Request
 _encode = msgspec.json.Encoder().encode
 
 
+Output = str | os.PathLike[str] | IO[bytes]
+"""Where a writer writes: a file's path, or an open binary stream (the CLI passes its
+stdout for ``-``: the library never writes to the process's streams itself)."""
+
+
 @contextmanager
-def _output(path: str | os.PathLike[str]) -> Iterator[IO[bytes]]:
-    """A binary output stream; ``"-"`` is stdout. A file is written whole or not at all."""
-    if str(path) == "-":
-        yield sys.stdout.buffer
-        sys.stdout.buffer.flush()
+def _output(path: Output) -> Iterator[IO[bytes]]:
+    """A binary output stream: ``path`` itself when it is one, else the file at ``path``,
+    written whole or not at all."""
+    if not isinstance(path, str | os.PathLike):
+        yield path
+        path.flush()
         return
     target = Path(path)
     if target.is_dir():
@@ -42,8 +47,8 @@ def _output(path: str | os.PathLike[str]) -> Iterator[IO[bytes]]:
             tmp.unlink()
 
 
-def write_records(records: Iterable[dict[str, Any]], path: str | os.PathLike[str]) -> int:
-    """Write ``records`` as JSONL to ``path`` (``"-"``: stdout); return how many."""
+def write_records(records: Iterable[dict[str, Any]], path: Output) -> int:
+    """Write ``records`` as JSONL to ``path`` (a file, or a binary stream); return how many."""
     n = 0
     with _output(path) as out:
         write = out.write
@@ -66,7 +71,7 @@ def azure_time(ms: float) -> str:
     return f"{when:%Y-%m-%d %H:%M:%S}.{rest:07d}"
 
 
-def write_azure(rows: Iterable[tuple[float, int, int]], path: str | os.PathLike[str]) -> int:
+def write_azure(rows: Iterable[tuple[float, int, int]], path: Output) -> int:
     """Write ``(timestamp_ms, input_length, output_length)`` rows as an Azure CSV."""
     n = 0
     with _output(path) as out:

@@ -164,3 +164,27 @@ def test_every_scale_names_what_still_differs() -> None:
 
     for exp in list_experiments():
         assert "What still differs: " in exp.scale, exp.name
+
+
+@pytest.mark.parametrize(("old", "new", "line", "field", "words"), [
+    ("num_prompts = 16", 'num_prompts = "sixteen"', 12, "workload.num_prompts",
+     "expected an integer"),
+    ("input_lengths = [10000]", "input_lengths = [0]", 11, "workload.input_lengths[0]",
+     "at least 1"),
+    ("block_bytes = 65536", "block_bytes = 0", 22, "data.block_bytes", "at least 1"),
+    ('tiers = "nvme=1024blk"', 'tiers = ""', 30, "config[1].tiers", "non-empty string"),
+    ("seed = 1", "seeds = 1", 16, "workload.seeds", "unknown key 'seeds'"),
+    ("published = 1.0", 'published = "1"', 34, "figure[0].published", "expected a number"),
+])
+def test_bad_field_names_file_line_and_field(tmp_path: Path, old: str, new: str, line: int,
+                                             field: str, words: str) -> None:
+    """The one config reader (issue 39): an experiment's errors read FILE:LINE: field 'F': …"""
+    src = find_experiment("gp7000-read-path").path
+    assert src is not None and old in src.read_text()
+    bad = tmp_path / "gp7000-read-path.toml"
+    bad.write_text(src.read_text().replace(old, new, 1))
+    result = run("experiment", "run", str(bad), "--simulate", "--out", str(tmp_path / "o"))
+    assert result.exit_code == 2
+    (err,) = result.stderr.strip().splitlines()
+    assert err.startswith(f"kvtool: error: {bad}:{line}: field '{field}': "), err
+    assert words in err and "Traceback" not in result.stderr

@@ -271,3 +271,23 @@ def test_json_cluster_files(tmp_path: Path) -> None:
     with pytest.raises(InputError) as info:
         load_cluster(p)
     assert info.value.field == "engine[0].max_num_seqs" and info.value.line == 2
+
+
+@pytest.mark.parametrize(("extra", "line", "field", "words"), [
+    ("count = 0\n", 5, "engine[0].count", "must be at least 1"),
+    ('[mooncake]\ncapacity = "1TB"\nsegment = "lots"\n', 7, "mooncake.segment", "size"),
+    ('[placement]\nsubnet = 4\n', 6, "placement.subnet", "expected a non-empty string"),
+])
+def test_cli_reports_a_bad_cluster_field_as_file_line_field(tmp_path: Path, extra: str, line: int,
+                                                            field: str, words: str) -> None:
+    """The one config reader (issue 39): one line FILE:LINE: field 'F': …, exit 2."""
+    from tests.conftest import run
+
+    p = tmp_path / "c.toml"
+    p.write_text(SMALLEST + extra)
+    result = run("replay", str(FIXTURES / "traces" / "multiturn-4x6.tokens.jsonl"), "--simulate",
+                 "--cluster", str(p))
+    assert result.exit_code == 2
+    (err,) = result.stderr.strip().splitlines()
+    assert err.startswith(f"kvtool: error: {p}:{line}: field '{field}': "), err
+    assert words in err and "Traceback" not in result.stderr
