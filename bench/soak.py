@@ -36,6 +36,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from emulator.nvmetcp.spawn import spawned
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 NQN = "nqn.2026-01.io.kvtool:soak"
@@ -67,21 +69,6 @@ def scrape(port: int) -> dict[str, float]:
     return out
 
 
-def start_target(backing: str, metrics_port: int, ready: Path) -> tuple[subprocess.Popen[bytes], str]:
-    ready.unlink(missing_ok=True)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "emulator.nvmetcp", "--listen", "127.0.0.1:0", "--nqn", NQN,
-         "--backing", backing, "--allow-any-host", "--ready-file", str(ready),
-         "--metrics-port", str(metrics_port)],
-        cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while not ready.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit("soak: the emulator target did not start")
-        time.sleep(0.05)
-    return proc, json.loads(ready.read_text())["urls"][0] + "/1"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--duration", type=float, default=3600.0, help="seconds (default 3600)")
@@ -101,11 +88,13 @@ def main() -> None:
     caps = dict(p.split("=", 1) for p in tiers.split(",") if p.split("=", 1)[0] in ("dram", "nvme"))
     kvtool = [sys.executable, "-m", "kvtool"]
     metrics_port = free_port()
-    proc, url = start_target(args.backing, metrics_port, out / "target.ready")
-    passes: list[dict[str, Any]] = []
-    t_start = time.monotonic()
-    target_rss = [rss_kib(proc.pid)]
-    try:
+    target_args = ["--listen", "127.0.0.1:0", "--nqn", NQN, "--backing", args.backing,
+                   "--allow-any-host", "--metrics-port", str(metrics_port)]
+    with spawned(target_args, workdir=out) as target:
+        url, proc = target.url(), target.proc
+        passes: list[dict[str, Any]] = []
+        t_start = time.monotonic()
+        target_rss = [rss_kib(proc.pid)]
         seed = 0
         while time.monotonic() - t_start < args.duration:
             seed += 1
@@ -142,9 +131,6 @@ def main() -> None:
         counters = scrape(metrics_port)
         v = subprocess.run([*kvtool, "--json", "verify", url], capture_output=True, text=True,
                            cwd=REPO)
-    finally:
-        proc.terminate()
-        proc.wait(30)
     wall = time.monotonic() - t_start
     link_bytes = sum(sum(link.get("bytes", 0) for link in p.get("measured", {}).get("links", {}).values())
                      if isinstance(p.get("measured", {}).get("links"), dict) else 0 for p in passes)

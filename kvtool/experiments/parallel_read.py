@@ -22,12 +22,10 @@ Targets, each measured when this machine allows it (otherwise the row says why):
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import queue
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -82,31 +80,15 @@ def _loop_target(scratch: Path, nbytes: int) -> Iterator[str]:
 
 @contextlib.contextmanager
 def _nvme_tcp_target(scratch: Path, nbytes: int) -> Iterator[str]:
-    ready = scratch / "fx100-target.ready"
-    ready.unlink(missing_ok=True)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "emulator.nvmetcp", "--listen", "127.0.0.1:0", "--nqn", NQN,
-         "--backing", str(nbytes), "--allow-any-host", "--ready-file", str(ready)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    from emulator.nvmetcp.spawn import TargetStartError, spawned
+
+    args = ["--listen", "127.0.0.1:0", "--nqn", NQN, "--backing", str(nbytes),
+            "--allow-any-host"]
     try:
-        deadline = time.monotonic() + 30
-        while not ready.exists():
-            if proc.poll() is not None:
-                err = proc.stderr.read().decode() if proc.stderr else ""
-                raise _Skip(f"the emulator target did not start: {err.strip()}")
-            if time.monotonic() > deadline:
-                raise _Skip("the emulator target did not start in 30 s")
-            time.sleep(0.05)
-        url = json.loads(ready.read_text())["urls"][0]
-        yield f"{url}/1"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        ready.unlink(missing_ok=True)
+        with spawned(args, workdir=scratch) as target:
+            yield target.url()
+    except TargetStartError as exc:
+        raise _Skip(f"the emulator target did not start: {exc}") from None
 
 
 class _Skip(Exception):

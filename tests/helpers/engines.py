@@ -21,7 +21,6 @@ import contextlib
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -144,9 +143,9 @@ def emulator_target(nqn: str, workdir: Path, *, backing: str = "64MiB",
                     hostnqn: str | None = None, host_key: Path | None = None,
                     ctrl_key: Path | None = None) -> Iterator[dict[str, Any]]:
     """``python -m emulator.nvmetcp`` on a free port: yields ``{"url", "port", "proc"}``."""
-    ready = workdir / f"target-{time.monotonic_ns()}.ready"
-    args = [sys.executable, "-m", "emulator.nvmetcp", "--listen", "127.0.0.1:0", "--nqn", nqn,
-            "--backing", backing, "--ready-file", str(ready)]
+    from emulator.nvmetcp.spawn import spawned
+
+    args = ["--listen", "127.0.0.1:0", "--nqn", nqn, "--backing", backing]
     if hostnqn is None:
         args.append("--allow-any-host")
     else:
@@ -155,31 +154,8 @@ def emulator_target(nqn: str, workdir: Path, *, backing: str = "64MiB",
             args += ["--dhchap-key", f"{hostnqn}={host_key}"]
         if ctrl_key is not None:
             args += ["--dhchap-ctrl-key", f"{hostnqn}={ctrl_key}"]
-    log = open(workdir / f"target-{time.monotonic_ns()}.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(args, stdout=log, stderr=log, cwd=REPO)
-    try:
-        deadline = time.monotonic() + 30
-        while not ready.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"the target did not start (exit {proc.poll()})")
-            time.sleep(0.05)
-        rec = json.loads(ready.read_text())
-        port = _port_of(rec)
-        yield {"url": f"nvme+tcp://127.0.0.1:{port}/{nqn}/1", "port": port, "proc": proc}
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        log.close()
-
-
-def _port_of(rec: dict[str, Any]) -> int:
-    """The port of the target's first listener (its ready record's ``listen``)."""
-    return int(rec["listen"][0].rsplit(":", 1)[1])
+    with spawned(args, workdir=workdir) as target:
+        yield {"url": target.url(), "port": target.port, "proc": target.proc}
 
 
 def run_script(python: Path, script: Path, *args: str, env: dict[str, str] | None = None,
