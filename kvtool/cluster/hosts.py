@@ -37,6 +37,7 @@ from typing import Any
 
 from kvtool.cluster.driver import connect, node_resource
 from kvtool.cluster.errors import ClusterError
+from kvtool.cluster.placement import PlacementSpec
 from kvtool.cluster.services import (
     ENV_TAG,
     HOST_NQN_PREFIX,
@@ -330,16 +331,15 @@ def kill_processes(state: ClusterState, node: str,
     return killed
 
 
-def ray_settings(spec: ClusterSpec) -> tuple[str, str | None]:
+def ray_settings(placement: PlacementSpec) -> tuple[str, str | None]:
     """The Ray head's ``HOST:PORT`` and its token file: the file's, else the environment's
     (``RAY_ADDRESS``, ``RAY_AUTH_TOKEN_PATH``)."""
-    assert spec.placement is not None
-    address = spec.placement.ray or os.environ.get("RAY_ADDRESS")
+    address = placement.ray or os.environ.get("RAY_ADDRESS")
     if not address:
         raise UsageError("a hosts cluster joins your Ray cluster: give [placement] ray = "
                          "\"HEAD:PORT\" (or set RAY_ADDRESS)", field="placement.ray")
     address = address.removeprefix("ray://")
-    token = spec.placement.ray_token_file or os.environ.get("RAY_AUTH_TOKEN_PATH") or None
+    token = placement.ray_token_file or os.environ.get("RAY_AUTH_TOKEN_PATH") or None
     if token is not None and not os.path.isfile(token):
         raise UsageError(f"no such Ray token file: {token}", field="placement.ray_token_file")
     return address, token
@@ -348,12 +348,14 @@ def ray_settings(spec: ClusterSpec) -> tuple[str, str | None]:
 class HostsBuilder:
     """The steps of ``up`` on the user's hosts, each recording before it makes."""
 
-    def __init__(self, spec: ClusterSpec, state: ClusterState, step: Any, runtime: str) -> None:
+    def __init__(self, spec: ClusterSpec, placement: PlacementSpec, state: ClusterState,
+                 step: Any, runtime: str) -> None:
         self.spec, self.state, self.step, self.runtime = spec, state, step, runtime
+        self.placement = placement
 
     def build(self) -> None:
         s, spec = self.state, self.spec
-        s.ray_address, s.ray_token_file = ray_settings(spec)
+        s.ray_address, s.ray_token_file = ray_settings(self.placement)
         s.add(Resource("dir", str(s.files_dir)))
         s.files_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         head_host = s.ray_address.rpartition(":")[0]

@@ -1,7 +1,7 @@
 """``kvtool cluster up / status / down``: a cluster file's nodes made real.
 
-``up`` reads the cluster file (:func:`kvtool.serving.topology.load_cluster`, with its
-``[placement]``) and builds, in this order, recording each thing in the
+``up`` reads the cluster file with its ``[placement]``
+(:func:`kvtool.cluster.placement.load_placed`) and builds, in this order, recording each thing in the
 :class:`~kvtool.cluster.state.ClusterState` *before* making it:
 
 1. the cluster's folder (keys, logs, Ray's token), the bridge, one namespace and veth pair
@@ -44,6 +44,7 @@ from kvtool.cluster import hosts as H
 from kvtool.cluster import netns as N
 from kvtool.cluster.driver import kvtool_pythonpath
 from kvtool.cluster.errors import ClusterError
+from kvtool.cluster.placement import PlacementSpec, load_placed
 from kvtool.cluster.services import (
     ENV_TAG,
     HOST_NQN_PREFIX,
@@ -76,7 +77,7 @@ from kvtool.cluster.state import (
     remove,
 )
 from kvtool.errors import UsageError
-from kvtool.serving.topology import ClusterSpec, load_cluster
+from kvtool.serving.topology import ClusterSpec
 from kvtool.target.config import Host
 from kvtool.target.document import config_document
 from kvtool.target.loader import load_config
@@ -124,11 +125,12 @@ def up(file: str | os.PathLike[str], *, runtime: str = CLUSTER[0],
     if runtime not in TARGET_RUNTIMES:
         raise UsageError(f"unknown target runtime {runtime!r} ({', '.join(TARGET_RUNTIMES)})",
                          field="runtime")
-    spec = load_cluster(path, target_check=check_target_config)
-    if spec.placement is None:
+    deployment = load_placed(path, target_check=check_target_config)
+    spec, placement = deployment.spec, deployment.placement
+    if placement is None:
         raise UsageError(f"{path} has no [placement] table: it says nothing about where its "
                          "nodes run (docs/cluster.md)", field="FILE")
-    hosts = spec.placement.kind == "hosts"
+    hosts = placement.kind == "hosts"
     why = None if hosts else N.available()
     if why is not None:
         raise ClusterError(f"cannot bring a netns cluster up: {why}")
@@ -140,19 +142,19 @@ def up(file: str | os.PathLike[str], *, runtime: str = CLUSTER[0],
                          f"{'failed: ' + old.error if old.error else 'not healthy'}): take it "
                          f"down first (kvtool cluster down {path})", field="FILE")
     if hosts:
-        H.ray_settings(spec)  # the Ray head to join is known, its token file there
-    user = None if hosts else N.subnet_user(spec.placement.subnet)
+        H.ray_settings(placement)  # the Ray head to join is known, its token file there
+    user = None if hosts else N.subnet_user(placement.subnet)
     if user is not None:
-        raise UsageError(f"subnet {spec.placement.subnet} overlaps the addresses of {user} "
+        raise UsageError(f"subnet {placement.subnet} overlaps the addresses of {user} "
                          "(another cluster, or a network of this machine): choose another "
                          "[placement] subnet", field="FILE")
-    state = ClusterState(name=spec.name, file=str(path.resolve()), kind=spec.placement.kind,
-                         subnet=None if hosts else spec.placement.subnet)
+    state = ClusterState(name=spec.name, file=str(path.resolve()), kind=placement.kind,
+                         subnet=None if hosts else placement.subnet)
     try:
         if hosts:
-            H.HostsBuilder(spec, state, step, runtime).build()
+            H.HostsBuilder(spec, placement, state, step, runtime).build()
         else:
-            _Builder(spec, state, step, runtime).build()
+            _Builder(spec, placement, state, step, runtime).build()
     except BaseException as exc:
         state.phase = "failed"
         state.error = str(exc) or type(exc).__name__
@@ -169,13 +171,13 @@ def up(file: str | os.PathLike[str], *, runtime: str = CLUSTER[0],
 class _Builder:
     """The steps of ``up``, each recording before it creates."""
 
-    def __init__(self, spec: ClusterSpec, state: ClusterState, step: Step, runtime: str) -> None:
+    def __init__(self, spec: ClusterSpec, placement: PlacementSpec, state: ClusterState,
+                 step: Step, runtime: str) -> None:
         self.spec = spec
         self.runtime = runtime
         self.state = state
         self.step = step
-        assert spec.placement is not None
-        self.placement = spec.placement
+        self.placement = placement
         self.env = {**os.environ, ENV_TAG: state.name, "RAY_USAGE_STATS_ENABLED": "0"}
 
     def build(self) -> None:
