@@ -1,21 +1,22 @@
 """``kvtool cluster up / status / down``: a cluster file's nodes made real.
 
 ``up`` reads the cluster file with its ``[placement]``
-(:func:`kvtool.cluster.placement.load_placed`) and builds, in this order, recording each thing in the
-:class:`~kvtool.cluster.state.ClusterState` *before* making it:
+(:func:`kvtool.cluster.placement.load_placed`) and builds, in this order, recording each
+thing in the :class:`~kvtool.cluster.state.ClusterState` *before* making it:
 
-1. the cluster's folder (keys, logs, Ray's token), the bridge, one namespace and veth pair
-   per node, tbf on each shaped link (:mod:`kvtool.cluster.netns`);
-2. Ray: the head on the first node, a worker on every other node, token authentication
-   with a token of this cluster's own;
-3. per storage node a DH-HMAC-CHAP key pair, and its targets (``kvtool target up`` of a
-   generated config, in the node's namespace: kvtool's userspace NVMe/TCP target or
-   SPDK's nvmf_tgt) on the node's address, requiring the key;
-4. Mooncake: the HTTP metadata server and the master on the master node, and a segment
+1. the nodes, through the placement kind's :class:`~kvtool.cluster.placement.Nodes`
+   (:data:`PLACEMENTS`): the cluster's folder (keys, logs, Ray's token), and for kind
+   ``netns`` the bridge, one namespace and veth pair per node, tbf on each shaped link and
+   Ray of the cluster's own (:mod:`kvtool.cluster.netnsnodes`), for kind ``hosts`` a kvtool
+   agent on each of the user's Ray hosts (:mod:`kvtool.cluster.hosts`);
+2. per storage node a DH-HMAC-CHAP key pair, and its targets (``kvtool target up`` of a
+   generated config, on the node: kvtool's userspace NVMe/TCP target or SPDK's nvmf_tgt)
+   on the node's address, requiring the key;
+3. Mooncake: the HTTP metadata server and the master on the master node, and a segment
    (``mooncake_client``) on every node.
 
-(``[placement] kind = "hosts"``: no namespaces and no Ray of kvtool's own; steps 3 and 4
-run on the user's hosts through :mod:`kvtool.cluster.hosts`.)
+One builder runs steps 2 and 3 for both kinds; what differs (how a node is reached) is the
+kind's :class:`~kvtool.cluster.placement.Nodes`.
 
 Every process runs inside its node's namespace and carries ``KVTOOL_CLUSTER=<name>`` in its
 environment. ``down`` stops every process found in the cluster's namespaces or carrying
@@ -27,10 +28,8 @@ each recorded thing is really there.
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import json
 import os
-import secrets
 import shutil
 import signal
 import subprocess
@@ -44,21 +43,17 @@ from kvtool.cluster import hosts as H
 from kvtool.cluster import netns as N
 from kvtool.cluster.driver import kvtool_pythonpath
 from kvtool.cluster.errors import ClusterError
-from kvtool.cluster.placement import PlacementSpec, load_placed
+from kvtool.cluster.netnsnodes import NetnsNodes
+from kvtool.cluster.placement import Nodes, load_placed
 from kvtool.cluster.services import (
-    ENV_TAG,
     HOST_NQN_PREFIX,
     MOONCAKE_CLIENT_PORT,
     MOONCAKE_METADATA_PORT,
     MOONCAKE_RPC_PORT,
-    RAY_PORT,
     START_TIMEOUT_S,
     STOP_TIMEOUT_S,
     SUB_NQN_PREFIX,
     TARGET_PORT,
-    last_line,
-    listening,
-    log_reason,
     master_args,
     metadata_args,
     segment_args,
@@ -70,14 +65,12 @@ from kvtool.cluster.state import (
     ClusterTarget,
     EngineState,
     MooncakeState,
-    NodeState,
     Resource,
     SegmentState,
     load_state,
     remove,
 )
 from kvtool.errors import UsageError
-from kvtool.serving.topology import ClusterSpec
 from kvtool.target.config import Host
 from kvtool.target.document import config_document
 from kvtool.target.loader import load_config
@@ -96,6 +89,8 @@ def _no_step(_: str) -> None:
 
 
 TARGET_RUNTIMES = CLUSTER  # the runtime registry's (kvtool.target.runtimes)
+PLACEMENTS: dict[str, type[Nodes]] = {"netns": NetnsNodes, "hosts": H.HostsNodes}
+"""Each ``[placement]`` kind's :class:`~kvtool.cluster.placement.Nodes`."""
 
 
 def check_target_config(path: Path) -> str | None:
@@ -130,10 +125,10 @@ def up(file: str | os.PathLike[str], *, runtime: str = CLUSTER[0],
     if placement is None:
         raise UsageError(f"{path} has no [placement] table: it says nothing about where its "
                          "nodes run (docs/cluster.md)", field="FILE")
-    hosts = placement.kind == "hosts"
-    why = None if hosts else N.available()
+    nodes = PLACEMENTS[placement.kind](spec, placement, step, runtime)
+    why = nodes.available()
     if why is not None:
-        raise ClusterError(f"cannot bring a netns cluster up: {why}")
+        raise ClusterError(why)
     old = load_state(spec.name)
     if old is not None:
         if old.phase == "up" and status(old)["healthy"]:
@@ -141,20 +136,11 @@ def up(file: str | os.PathLike[str], *, runtime: str = CLUSTER[0],
         raise UsageError(f"cluster {spec.name} is recorded ({old.phase}, "
                          f"{'failed: ' + old.error if old.error else 'not healthy'}): take it "
                          f"down first (kvtool cluster down {path})", field="FILE")
-    if hosts:
-        H.ray_settings(placement)  # the Ray head to join is known, its token file there
-    user = None if hosts else N.subnet_user(placement.subnet)
-    if user is not None:
-        raise UsageError(f"subnet {placement.subnet} overlaps the addresses of {user} "
-                         "(another cluster, or a network of this machine): choose another "
-                         "[placement] subnet", field="FILE")
+    nodes.check()
     state = ClusterState(name=spec.name, file=str(path.resolve()), kind=placement.kind,
-                         subnet=None if hosts else placement.subnet)
+                         subnet=nodes.subnet())
     try:
-        if hosts:
-            H.HostsBuilder(spec, placement, state, step, runtime).build()
-        else:
-            _Builder(spec, placement, state, step, runtime).build()
+        _Builder(nodes, state).build()
     except BaseException as exc:
         state.phase = "failed"
         state.error = str(exc) or type(exc).__name__
@@ -169,128 +155,31 @@ def up(file: str | os.PathLike[str], *, runtime: str = CLUSTER[0],
 
 
 class _Builder:
-    """The steps of ``up``, each recording before it creates."""
+    """The steps of ``up``, each recording before it creates; the nodes are made, and
+    things run on them, through the placement's :class:`~kvtool.cluster.placement.Nodes`."""
 
-    def __init__(self, spec: ClusterSpec, placement: PlacementSpec, state: ClusterState,
-                 step: Step, runtime: str) -> None:
-        self.spec = spec
-        self.runtime = runtime
+    def __init__(self, nodes: Nodes, state: ClusterState) -> None:
+        self.nodes = nodes
+        self.spec = nodes.spec
+        self.runtime = nodes.runtime
         self.state = state
-        self.step = step
-        self.placement = placement
-        self.env = {**os.environ, ENV_TAG: state.name, "RAY_USAGE_STATS_ENABLED": "0"}
+        self.step = nodes.step
 
     def build(self) -> None:
-        self.network()
-        self.ray()
-        self.targets()
-        self.mooncake()
+        self.nodes.make_nodes(self.state)
+        try:
+            self.targets()
+            self.mooncake()
+        finally:
+            self.nodes.close()
         self.state.engines = [EngineState(e.name, e.node) for e in self.spec.engines]
         self.state.save()
 
-    # -- network -------------------------------------------------------------------------
-
-    def network(self) -> None:
-        s, spec = self.state, self.spec
-        files = s.files_dir
-        s.add(Resource("dir", str(files)))
-        files.mkdir(parents=True, exist_ok=True, mode=0o700)
-        net = ipaddress.IPv4Network(self.placement.subnet)
-        hosts = list(net.hosts())
-        prefix = net.prefixlen
-        gateway = str(hosts[0])
-        s.bridge = N.bridge_name(s.name)
-        self.step(f"bridge {s.bridge} ({gateway}/{prefix})")
-        s.add(Resource("bridge", s.bridge))
-        N.add_bridge(s.bridge, gateway, prefix)
-        master = spec.mooncake.master if spec.mooncake is not None else None
-        for i, node in enumerate(spec.nodes):
-            roles = ["head"] if i == 0 else []
-            if spec.engines_on(node.name):
-                roles.append("engine")
-            if node.storage:
-                roles.append("storage")
-            if spec.mooncake is not None and (master or spec.nodes[0].name) == node.name:
-                roles.append("mooncake")
-            ns, veth = N.netns_name(s.name, node.name), N.veth_name(s.name, i)
-            rate = self.placement.link_rate_mbit(node)
-            s.nodes.append(NodeState(node.name, ns, str(hosts[i + 1]), roles, rate, veth))
-            self.step(f"node {node.name}: namespace {ns}, {hosts[i + 1]}"
-                      + (f", link {rate:g} Mb/s" if rate else ""))
-            s.add(Resource("netns", ns))
-            N.add_netns(ns)
-            s.add(Resource("veth", veth))
-            N.add_node_link(ns, veth, s.bridge, str(hosts[i + 1]), prefix, gateway)
-            if rate is not None:
-                N.shape(ns, veth, rate)
-
-    # -- processes -----------------------------------------------------------------------
-
-    def spawn(self, node: NodeState, argv: list[str], what: str, log: str,
-              env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        """Start ``argv`` in ``node``'s namespace, in its own session; recorded at once."""
-        with open(self.state.files_dir / log, "ab") as out:
-            proc = subprocess.Popen(N.exec_argv(node.netns, argv), stdin=subprocess.DEVNULL,
-                                    stdout=out, stderr=out, start_new_session=True,
-                                    env=env or self.env)
-        self.state.add(Resource("process", what, pid=proc.pid, start=start_time(proc.pid),
-                                netns=node.netns, what=f"{what} on {node.name}"))
-        return proc
-
-    def waitlistening(self, proc: subprocess.Popen[bytes], node: NodeState, port: int,
-                       what: str, log: str) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not listening(node.address, port):
-            if proc.poll() is not None:
-                raise ClusterError(f"{what} on {node.name} exited with status "
-                                   f"{proc.returncode} ({self.state.files_dir / log}: "
-                                   f"{log_reason(self.state.files_dir / log)})")
-            if time.monotonic() > deadline:
-                raise ClusterError(f"{what} on {node.name} is not listening on "
-                                   f"{node.address}:{port} after {START_TIMEOUT_S:.0f} s")
-            time.sleep(0.1)
-
-    def ray(self) -> None:
-        s = self.state
-        token = s.files_dir / "ray-token"
-        s.ray_token_file = str(token)
-        fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_hex(32))
-        env = {**self.env, **s.ray_env()}
-        ray_bin = str(Path(sys.executable).with_name("ray"))
-        if not os.path.exists(ray_bin):
-            found = shutil.which("ray")
-            if found is None:
-                raise UsageError("ray is not installed: pip install 'kvtool[cluster]'",
-                                 field="FILE")
-            ray_bin = found
-        head = s.nodes[0]
-        s.ray_address = f"{head.address}:{RAY_PORT}"
-        for i, node in enumerate(s.nodes):
-            temp = f"/tmp/kvr-{N.tag(s.name)}-{i}"  # Ray's socket paths must stay short
-            argv = [ray_bin, "start", f"--node-ip-address={node.address}",
-                    "--num-cpus=2", "--object-store-memory=80000000",
-                    f"--temp-dir={temp}", "--disable-usage-stats",
-                    f"--resources={json.dumps({'kvtool_node_' + node.name: 1})}"]
-            argv += ["--head", f"--port={RAY_PORT}", "--include-dashboard=false"] if i == 0 \
-                else [f"--address={s.ray_address}"]
-            self.step(f"Ray {'head' if i == 0 else 'worker'} on {node.name}")
-            s.add(Resource("ray", node.name, netns=node.netns, what=temp))
-            log = s.files_dir / f"ray-{node.name}.log"
-            with open(log, "ab") as out:
-                rc = subprocess.run(N.exec_argv(node.netns, argv), stdin=subprocess.DEVNULL,
-                                    stdout=out, stderr=out, env=env,
-                                    timeout=START_TIMEOUT_S * 2).returncode
-            if rc != 0:
-                raise ClusterError(f"ray start on {node.name} exited with status {rc} "
-                                   f"({log}: {log_reason(log)})")
-
     def targets(self) -> None:
-        """Each target through ``kvtool target up`` in its node's namespace: a generated
-        config (one memory namespace of ``size``, the node's address, only the cluster's
-        host NQN, with its keys) and the runtime asked for (userspace or SPDK)."""
-        s, spec = self.state, self.spec
+        """Each target through ``kvtool target up`` on its node: a generated config (one
+        memory namespace of ``size``, the node's address, only the cluster's host NQN, with
+        its keys) and the runtime asked for (userspace or SPDK)."""
+        s, spec, nodes = self.state, self.spec, self.nodes
         if spec.nvme is None:
             return
         from kvtool.target.keys import keygen
@@ -298,83 +187,73 @@ class _Builder:
         hostnqn = f"{HOST_NQN_PREFIX}:{s.name}"
         keys: dict[str, tuple[str, str]] = {}
         ports: dict[str, int] = {}
-        env = {**self.env, "KVTOOL_STATE_DIR": str(s.files_dir / "target-state"),
-               "PYTHONPATH": kvtool_pythonpath()}
         for t in spec.nvme.targets:
             assert t.node is not None  # the reader checked placement
             node = s.node(t.node)
             if node.name not in keys:
-                self.step(f"DH-HMAC-CHAP keys for {node.name}")
+                self.step(f"DH-HMAC-CHAP keys for {node.name}{nodes.keys_note}")
                 host_key = s.files_dir / f"{node.name}-host.key"
                 ctrl_key = s.files_dir / f"{node.name}-ctrl.key"
                 for f in (host_key, ctrl_key):
                     keygen(f)
+                nodes.share_keys({str(f): f.read_text() for f in (host_key, ctrl_key)})
                 keys[node.name] = (str(host_key), str(ctrl_key))
             port = ports.get(node.name, TARGET_PORT)
             ports[node.name] = port + 1
             host_key_file, ctrl_key_file = keys[node.name]
             cfg = target_config(f"{s.name}-{t.name}", self.runtime,
-                                 f"{SUB_NQN_PREFIX}:{s.name}:{t.name}", t.size, t.config,
-                                 Host(hostnqn, host_key_file, ctrl_key_file), node.address,
-                                 port)
+                                f"{SUB_NQN_PREFIX}:{s.name}:{t.name}", t.size, t.config,
+                                Host(hostnqn, host_key_file, ctrl_key_file), node.address, port)
             subnqn = cfg.subsystems[0].nqn
             config = s.files_dir / f"target-{t.name}.json"
-            config.write_text(json.dumps(config_document(cfg), indent=2))
+            text = json.dumps(config_document(cfg), indent=2)
+            config.write_text(text)
+            nodes.put_files(node, {str(config): text})
             self.step(f"target {t.name} on {node.name} ({cfg.runtime}): {node.address}:{port}")
-            res = s.add(Resource("target", t.name, netns=node.netns, what=str(config)))
-            log = s.files_dir / f"target-{t.name}.log"
-            with open(log, "ab") as err:
-                proc = subprocess.run(
-                    N.exec_argv(node.netns, [sys.executable, "-m", "kvtool", "--json", "target",
-                                             "up", str(config), "--allow-remote"]),
-                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, env=env,
-                    timeout=START_TIMEOUT_S * 3)
-            if proc.returncode != 0:
+            res = s.add(nodes.resource("target", t.name, node, str(config)))
+            rc, out, last = nodes.kvtool(node, ["--json", "target", "up", str(config),
+                                                "--allow-remote"],
+                                         f"target-{t.name}.log", START_TIMEOUT_S * 3)
+            if rc != 0:
                 raise ClusterError(f"target {t.name} on {node.name} did not start (exit "
-                                   f"{proc.returncode}: {last_line(log)})")
-            pid = json.loads(proc.stdout)["status"].get("pid")
-            res.pid, res.start = pid, start_time(pid) if pid else None
+                                   f"{rc}: {last})")
+            pid = json.loads(out)["status"].get("pid")
+            res.pid, res.start = pid, nodes.start_time(node, pid) if pid else None
             url = f"nvme+tcp://{node.address}:{port}/{subnqn}"
             size = sum(n.size or 0 for n in cfg.subsystems[0].namespaces[:1])
             s.targets.append(ClusterTarget(t.name, node.name, url, subnqn, hostnqn,
                                            host_key_file, ctrl_key_file, size, pid,
                                            cfg.runtime))
             s.save()
-            if not listening(node.address, port):
-                raise ClusterError(f"target {t.name} on {node.name} is up but nothing listens "
-                                   f"on {node.address}:{port}")
+            why = nodes.target_listening(node, port, f"target-{t.name}.log")
+            if why is not None:
+                raise ClusterError(f"target {t.name} on {node.name} is up but {why}")
 
     def mooncake(self) -> None:
-        s, spec = self.state, self.spec
+        s, spec, nodes = self.state, self.spec, self.nodes
         if spec.mooncake is None:
             return
-        from kvtool.mooncake.pool import mooncake_binary
-
         master = next(n for n in s.nodes if "mooncake" in n.roles)
         meta_url = f"http://{master.address}:{MOONCAKE_METADATA_PORT}/metadata"
         s.mooncake = MooncakeState(f"{master.address}:{MOONCAKE_RPC_PORT}", meta_url)
         self.step(f"Mooncake master on {master.name}: {s.mooncake.master}")
-        meta = self.spawn(master, [mooncake_binary("mooncake_http_metadata_server"),
-                                   *metadata_args(master.address)],
-                          "mooncake metadata server", "mooncake-metadata.log")
-        self.waitlistening(meta, master, MOONCAKE_METADATA_PORT, "mooncake metadata server",
-                            "mooncake-metadata.log")
-        proc = self.spawn(master, [mooncake_binary("mooncake_master"),
-                                   *master_args(master.address)],
-                          "mooncake master", "mooncake.log")
-        self.waitlistening(proc, master, MOONCAKE_RPC_PORT, "mooncake master",
-                            "mooncake.log")
+        for program, args, what, log, port in [
+                ("mooncake_http_metadata_server", metadata_args(master.address),
+                 "mooncake metadata server", "mooncake-metadata.log", MOONCAKE_METADATA_PORT),
+                ("mooncake_master", master_args(master.address), "mooncake master",
+                 "mooncake.log", MOONCAKE_RPC_PORT)]:
+            started = nodes.start(master, program, args, what, log)
+            nodes.wait_listening(master, started, port, what, log)
         size = spec.mooncake.segment
         for node in s.nodes:
             self.step(f"Mooncake segment on {node.name}: {size >> 20} MiB")
             log = f"mooncake-segment-{node.name}.log"
-            seg = self.spawn(node, [mooncake_binary("mooncake_client"),
-                                    *segment_args(node.address, size, s.mooncake.master,
-                                                  meta_url)],
-                             f"mooncake segment {node.name}", log)
+            started = nodes.start(node, "mooncake_client",
+                                  segment_args(node.address, size, s.mooncake.master, meta_url),
+                                  f"mooncake segment {node.name}", log)
             s.mooncake.segments.append(SegmentState(node.name, node.address, size))
             s.save()
-            self.waitlistening(seg, node, MOONCAKE_CLIENT_PORT, "mooncake segment", log)
+            nodes.wait_listening(node, started, MOONCAKE_CLIENT_PORT, "mooncake segment", log)
 
 
 # -- status -----------------------------------------------------------------------------------

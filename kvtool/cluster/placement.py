@@ -11,16 +11,21 @@ every config error does) and checks what a deployment alone needs (docs/cluster.
 * either kind: every target names the storage node running it.
 
 :func:`load_placed` returns the spec and its :class:`PlacementSpec` together (a
-:class:`Deployment`).
+:class:`Deployment`). :class:`Nodes` is how each kind makes the nodes and runs things on
+them, the interface ``kvtool cluster up``'s one builder calls.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ClassVar
 
+from kvtool.cluster.state import ClusterState, NodeState, Resource
 from kvtool.configfile import (
     ConfigDocument,
     ConfigTable,
@@ -203,3 +208,108 @@ def _hosts(doc: ConfigDocument, t: ConfigTable, spec: ClusterSpec,
             p = base_dir / p
         token = str(p.resolve())
     return PlacementSpec(kind="hosts", subnet="", ray=ray, ray_token_file=token)
+
+
+# -- the interface the builder calls, once per kind ---------------------------------------------
+
+
+Step = Callable[[str], None]
+
+
+def node_roles(spec: ClusterSpec, node: NodeSpec, *, head: bool) -> list[str]:
+    """What ``node`` runs: ``head`` (Ray's), ``engine``, ``storage``, ``mooncake``."""
+    roles = ["head"] if head else []
+    if spec.engines_on(node.name):
+        roles.append("engine")
+    if node.storage:
+        roles.append("storage")
+    master = spec.mooncake.master if spec.mooncake is not None else None
+    if spec.mooncake is not None and (master or spec.nodes[0].name) == node.name:
+        roles.append("mooncake")
+    return roles
+
+
+class Nodes(ABC):
+    """How one kind of placement makes a cluster's nodes and runs things on them: what
+    ``kvtool cluster up``'s one builder (:mod:`kvtool.cluster.lifecycle`) calls. The kinds:
+    :class:`kvtool.cluster.netnsnodes.NetnsNodes` (namespaces on this machine) and
+    :class:`kvtool.cluster.hosts.HostsNodes` (the user's hosts, through their Ray).
+
+    Every method that makes something records it in :attr:`state` first."""
+
+    kind: ClassVar[str]
+    keys_note: ClassVar[str] = ""
+    """Appended to the step that makes a storage node's keys (where they go)."""
+
+    def __init__(self, spec: ClusterSpec, placement: PlacementSpec, step: Step,
+                 runtime: str) -> None:
+        self.spec, self.placement, self.step, self.runtime = spec, placement, step, runtime
+        self._state: ClusterState | None = None
+
+    @property
+    def state(self) -> ClusterState:
+        assert self._state is not None, "make_nodes first"
+        return self._state
+
+    # before the record exists
+
+    def available(self) -> str | None:
+        """Why this kind cannot run from here (``None``: it can)."""
+        return None
+
+    @abstractmethod
+    def check(self) -> None:
+        """Checks before anything is recorded (a :class:`~kvtool.errors.UsageError`)."""
+
+    def subnet(self) -> str | None:
+        """The subnet the record names (``None``: none of kvtool's)."""
+        return None
+
+    # the build
+
+    @abstractmethod
+    def make_nodes(self, state: ClusterState) -> None:
+        """The cluster's folder, its nodes (``state.nodes``) and a way to reach each."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Let go of what :meth:`make_nodes` holds open (after the build, failed or not)."""
+
+    @abstractmethod
+    def share_keys(self, files: dict[str, str]) -> None:
+        """A storage node's key files (``path: text``), made here, to every node."""
+
+    @abstractmethod
+    def put_files(self, node: NodeState, files: dict[str, str]) -> None:
+        """Files made here (``path: text``) to ``node``, at the same paths."""
+
+    @abstractmethod
+    def resource(self, kind: str, name: str, node: NodeState, what: str) -> Resource:
+        """A record of ``kind`` ``name`` on ``node``."""
+
+    @abstractmethod
+    def kvtool(self, node: NodeState, args: list[str], log: str,
+               timeout: float) -> tuple[int | None, str, str]:
+        """``kvtool ARGS`` run to its end on ``node`` (the cluster's target state folder):
+        its exit status, standard output, and the last line of ``log``."""
+
+    @abstractmethod
+    def start_time(self, node: NodeState, pid: int) -> int | None:
+        """The start time of process ``pid`` on ``node``."""
+
+    @abstractmethod
+    def target_listening(self, node: NodeState, port: int, log: str) -> str | None:
+        """Why nothing listens on ``node``'s ``port`` after a target started (``None``:
+        something does)."""
+
+    @abstractmethod
+    def start(self, node: NodeState, program: str, args: list[str], what: str,
+              log: str) -> Any:
+        """Start the Mooncake ``program`` on ``node`` (recorded as process ``what``); a
+        handle for :meth:`wait_listening`."""
+
+    @abstractmethod
+    def wait_listening(self, node: NodeState, started: Any, port: int, what: str,
+                       log: str) -> None:
+        """Wait until what :meth:`start` started listens on ``port`` (a
+        :class:`~kvtool.cluster.errors.ClusterError` when it exits or does not)."""
