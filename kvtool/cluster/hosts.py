@@ -36,7 +36,7 @@ from typing import Any
 
 from kvtool.cluster.driver import connect, node_resource
 from kvtool.cluster.errors import ClusterError
-from kvtool.cluster.placement import Nodes, PlacementSpec, node_roles
+from kvtool.cluster.placement import Nodes, PlacementSpec, Step, node_roles
 from kvtool.cluster.services import (
     ENV_TAG,
     START_TIMEOUT_S,
@@ -332,6 +332,23 @@ class HostsNodes(Nodes):
 
     kind = "hosts"
     keys_note = ", to every node"
+    agent_kind = "agent"
+    local_after_failure = False  # the folder stays while the hosts hold things
+
+    @classmethod
+    def probe(cls, state: ClusterState
+              ) -> tuple[list[bool], dict[str, bool], str | None]:
+        return probe(state)
+
+    @classmethod
+    def stop(cls, state: ClusterState, step: Step
+             ) -> tuple[list[str], list[str], list[Resource]]:
+        """On the hosts, through their agents; nothing runs here but the folder."""
+        before = list(state.resources)
+        failed = stop(state, step)
+        removed = [f"{r.kind} {r.name} on {r.node}" for r in before
+                   if r.node is not None and r not in state.resources]
+        return removed, failed, [r for r in state.resources if r.node is not None]
 
     def check(self) -> None:
         ray_settings(self.placement)  # the Ray head to join is known, its token file there

@@ -31,19 +31,14 @@ import contextlib
 import json
 import os
 import shutil
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from kvtool.cluster import hosts as H
 from kvtool.cluster import netns as N
-from kvtool.cluster.driver import kvtool_pythonpath
 from kvtool.cluster.errors import ClusterError
-from kvtool.cluster.netnsnodes import NetnsNodes
+from kvtool.cluster.netnsnodes import NetnsNodes, resource_present
 from kvtool.cluster.placement import Nodes, load_placed
 from kvtool.cluster.services import (
     HOST_NQN_PREFIX,
@@ -51,13 +46,11 @@ from kvtool.cluster.services import (
     MOONCAKE_METADATA_PORT,
     MOONCAKE_RPC_PORT,
     START_TIMEOUT_S,
-    STOP_TIMEOUT_S,
     SUB_NQN_PREFIX,
     TARGET_PORT,
     master_args,
     metadata_args,
     segment_args,
-    tagged_pids,
     target_config,
 )
 from kvtool.cluster.state import (
@@ -65,7 +58,6 @@ from kvtool.cluster.state import (
     ClusterTarget,
     EngineState,
     MooncakeState,
-    Resource,
     SegmentState,
     load_state,
     remove,
@@ -74,9 +66,7 @@ from kvtool.errors import UsageError
 from kvtool.target.config import Host
 from kvtool.target.document import config_document
 from kvtool.target.loader import load_config
-from kvtool.target.procs import start_time
 from kvtool.target.runtimes import AUTO, CLUSTER
-from kvtool.target.state import pid_alive
 
 Step = Callable[[str], None]
 
@@ -259,54 +249,11 @@ class _Builder:
 # -- status -----------------------------------------------------------------------------------
 
 
-def _process_alive(r: Resource) -> bool:
-    return bool(r.pid) and pid_alive(r.pid) and (r.start is None or
-                                                  start_time(r.pid or 0) == r.start)
-
-
-def _ray_pids(netns: str | None) -> list[int]:
-    if netns is None:
-        return []
-    return [p for p in N.netns_pids(netns) if _is_ray(p)]
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _is_ray(pid: int) -> bool:
-    cmd = _cmdline(pid)
-    return "raylet" in cmd or "gcs_server" in cmd
-
-
-def resource_present(r: Resource) -> bool:
-    """Is this recorded thing really there now?"""
-    if r.kind == "netns":
-        return N.netns_exists(r.name)
-    if r.kind in ("bridge", "veth"):
-        return N.link_exists(r.name)
-    if r.kind in ("process", "target"):
-        return _process_alive(r)
-    if r.kind == "ray":
-        return bool(_ray_pids(r.netns))
-    if r.kind == "dir":
-        return os.path.isdir(r.name)
-    return False
-
-
 def status(state: ClusterState) -> dict[str, Any]:
     """What is recorded and whether each part is really there (``healthy``: all of it,
     and ``up`` finished)."""
-    ray_nodes: dict[str, bool] = {}
-    unreachable = None
-    if state.kind == "hosts":
-        present, ray_nodes, unreachable = H.probe(state)
-    else:
-        present = [resource_present(r) for r in state.resources]
+    present, node_present, unreachable = PLACEMENTS[state.kind].probe(state)
+    agent = PLACEMENTS[state.kind].agent_kind
     resources = [{"kind": r.kind, "name": r.name, "what": r.what or r.name,
                   "pid": r.pid, "node": r.node, "present": ok}
                  for r, ok in zip(state.resources, present, strict=True)]
@@ -319,10 +266,8 @@ def status(state: ClusterState) -> dict[str, Any]:
                       N.netns_exists(n.netns) else None,
                       "link_up": N.link_up(n.netns) if n.netns and
                       N.netns_exists(n.netns) else None,
-                      "present": ray_nodes.get(n.name, False) if state.kind == "hosts"
-                      else by_kind.get(("netns", n.netns or ""), False),
-                      "ray": by_kind.get(("agent" if state.kind == "hosts" else "ray", n.name),
-                                         False),
+                      "present": node_present.get(n.name, False),
+                      "ray": by_kind.get((agent, n.name), False),
                       "engines": [e.name for e in state.engines if e.node == n.name]})
     targets = []
     for t in state.targets:
@@ -367,46 +312,6 @@ def nothing_to_remove(name: str) -> dict[str, Any]:
     return {"schema": "kvtool.cluster.down/1", "name": name, "removed": []}
 
 
-def _target_down(state: ClusterState, r: Resource) -> None:
-    """``kvtool target down`` of a cluster target (its own cleanup: SPDK's files); what
-    it leaves, the process sweep that follows stops."""
-    env = {**os.environ, "KVTOOL_STATE_DIR": str(state.files_dir / "target-state"),
-           "PYTHONPATH": kvtool_pythonpath()}
-    with contextlib.suppress(subprocess.TimeoutExpired, OSError):
-        subprocess.run(N.exec_argv(r.netns, [sys.executable, "-m", "kvtool", "-q", "target",
-                                             "down", r.what]),
-                       stdin=subprocess.DEVNULL, capture_output=True, env=env,
-                       timeout=STOP_TIMEOUT_S * 3)
-
-
-def _cluster_pids(state: ClusterState) -> list[int]:
-    pids = set(tagged_pids(state.name))
-    for r in state.resources:
-        if r.kind == "netns" and N.netns_exists(r.name):
-            pids.update(N.netns_pids(r.name))
-        if r.kind in ("process", "target") and _process_alive(r) and r.pid:
-            pids.add(r.pid)
-    pids.discard(os.getpid())
-    return sorted(p for p in pids if pid_alive(p))
-
-
-def _stop_processes(state: ClusterState) -> list[int]:
-    """SIGTERM every process of the cluster, SIGKILL what is left; the pids that remain."""
-    pids = _cluster_pids(state)
-    for sig, wait in ((signal.SIGTERM, STOP_TIMEOUT_S), (signal.SIGKILL, 5.0)):
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            pids = _cluster_pids(state)
-            if not pids:
-                return []
-            time.sleep(0.1)
-        pids = _cluster_pids(state)
-    return pids
-
-
 def down(state: ClusterState, *, step: Step = _no_step) -> dict[str, Any]:
     """Remove everything the record lists (whatever phase ``up`` reached); a report.
 
@@ -415,27 +320,9 @@ def down(state: ClusterState, *, step: Step = _no_step) -> dict[str, Any]:
     """
     state.phase = "stopping"
     state.save()
-    removed: list[str] = []
-    failed: list[str] = []
-    keep: list[Resource] = []
-    if state.kind == "hosts":
-        # on the hosts, through their agents; nothing runs here but the folder
-        before = list(state.resources)
-        failed += H.stop(state, step)
-        removed += [f"{r.kind} {r.name} on {r.node}" for r in before
-                    if r.node is not None and r not in state.resources]
-        keep += [r for r in state.resources if r.node is not None]
-    else:
-        for r in reversed(state.resources):
-            if r.kind == "target" and r.netns and N.netns_exists(r.netns) \
-                    and os.path.exists(r.what):
-                step(f"kvtool target down {r.name}")
-                _target_down(state, r)
-        step("stopping processes")
-        left = _stop_processes(state)
-        if left:
-            failed.append(f"processes {', '.join(map(str, left))} survived SIGKILL")
-    local = [] if state.kind == "hosts" and failed else state.resources
+    kind = PLACEMENTS[state.kind]
+    removed, failed, keep = kind.stop(state, step)
+    local = [] if failed and not kind.local_after_failure else state.resources
     keep += [r for r in state.resources if r.node is None and r not in local]
     for r in reversed(local):
         if r.node is not None:

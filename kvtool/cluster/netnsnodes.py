@@ -8,11 +8,13 @@ builder asks (targets, Mooncake) inside the node's namespace.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -21,24 +23,28 @@ from pathlib import Path
 from kvtool.cluster import netns as N
 from kvtool.cluster.driver import kvtool_pythonpath
 from kvtool.cluster.errors import ClusterError
-from kvtool.cluster.placement import Nodes, node_roles
+from kvtool.cluster.placement import Nodes, Step, node_roles
 from kvtool.cluster.services import (
     ENV_TAG,
     RAY_PORT,
     START_TIMEOUT_S,
+    STOP_TIMEOUT_S,
     last_line,
     listening,
     log_reason,
+    tagged_pids,
 )
 from kvtool.cluster.state import ClusterState, NodeState, Resource
 from kvtool.errors import UsageError
 from kvtool.target.procs import start_time
+from kvtool.target.state import pid_alive
 
 
 class NetnsNodes(Nodes):
     """Namespaces joined by a bridge, with Ray of kvtool's own (needs root)."""
 
     kind = "netns"
+    agent_kind = "ray"
 
     def available(self) -> str | None:
         why = N.available()
@@ -184,3 +190,111 @@ class NetnsNodes(Nodes):
                 raise ClusterError(f"{what} on {node.name} is not listening on "
                                    f"{node.address}:{port} after {START_TIMEOUT_S:.0f} s")
             time.sleep(0.1)
+
+    # -- a recorded cluster ---------------------------------------------------------------
+
+    @classmethod
+    def probe(cls, state: ClusterState
+              ) -> tuple[list[bool], dict[str, bool], str | None]:
+        present = [resource_present(r) for r in state.resources]
+        by_kind = {(r.kind, r.name): ok for r, ok in zip(state.resources, present, strict=True)}
+        return (present, {n.name: by_kind.get(("netns", n.netns or ""), False)
+                          for n in state.nodes}, None)
+
+    @classmethod
+    def stop(cls, state: ClusterState, step: Step
+             ) -> tuple[list[str], list[str], list[Resource]]:
+        for r in reversed(state.resources):
+            if r.kind == "target" and r.netns and N.netns_exists(r.netns) \
+                    and os.path.exists(r.what):
+                step(f"kvtool target down {r.name}")
+                _target_down(state, r)
+        step("stopping processes")
+        left = _stop_processes(state)
+        if left:
+            return [], [f"processes {', '.join(map(str, left))} survived SIGKILL"], []
+        return [], [], []
+
+
+# -- this machine's things ------------------------------------------------------------------
+
+
+def _process_alive(r: Resource) -> bool:
+    return bool(r.pid) and pid_alive(r.pid) and (r.start is None or
+                                                  start_time(r.pid or 0) == r.start)
+
+
+def _ray_pids(netns: str | None) -> list[int]:
+    if netns is None:
+        return []
+    return [p for p in N.netns_pids(netns) if _is_ray(p)]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _is_ray(pid: int) -> bool:
+    cmd = _cmdline(pid)
+    return "raylet" in cmd or "gcs_server" in cmd
+
+
+def resource_present(r: Resource) -> bool:
+    """Is this recorded thing really there now?"""
+    if r.kind == "netns":
+        return N.netns_exists(r.name)
+    if r.kind in ("bridge", "veth"):
+        return N.link_exists(r.name)
+    if r.kind in ("process", "target"):
+        return _process_alive(r)
+    if r.kind == "ray":
+        return bool(_ray_pids(r.netns))
+    if r.kind == "dir":
+        return os.path.isdir(r.name)
+    return False
+
+
+def _target_down(state: ClusterState, r: Resource) -> None:
+    """``kvtool target down`` of a cluster target (its own cleanup: SPDK's files); what
+    it leaves, the process sweep that follows stops."""
+    env = {**os.environ, "KVTOOL_STATE_DIR": str(state.files_dir / "target-state"),
+           "PYTHONPATH": kvtool_pythonpath()}
+    with contextlib.suppress(subprocess.TimeoutExpired, OSError):
+        subprocess.run(N.exec_argv(r.netns, [sys.executable, "-m", "kvtool", "-q", "target",
+                                             "down", r.what]),
+                       stdin=subprocess.DEVNULL, capture_output=True, env=env,
+                       timeout=STOP_TIMEOUT_S * 3)
+
+
+def _cluster_pids(state: ClusterState) -> list[int]:
+    pids = set(tagged_pids(state.name))
+    for r in state.resources:
+        if r.kind == "netns" and N.netns_exists(r.name):
+            pids.update(N.netns_pids(r.name))
+        if r.kind in ("process", "target") and _process_alive(r) and r.pid:
+            pids.add(r.pid)
+    pids.discard(os.getpid())
+    return sorted(p for p in pids if pid_alive(p))
+
+
+def _stop_processes(state: ClusterState) -> list[int]:
+    """SIGTERM every process of the cluster, SIGKILL what is left; the pids that remain."""
+    pids = _cluster_pids(state)
+    for sig, wait in ((signal.SIGTERM, STOP_TIMEOUT_S), (signal.SIGKILL, 5.0)):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            pids = _cluster_pids(state)
+            if not pids:
+                return []
+            time.sleep(0.1)
+        pids = _cluster_pids(state)
+    return pids
+
+

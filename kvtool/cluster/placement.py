@@ -240,6 +240,11 @@ class Nodes(ABC):
     kind: ClassVar[str]
     keys_note: ClassVar[str] = ""
     """Appended to the step that makes a storage node's keys (where they go)."""
+    agent_kind: ClassVar[str]
+    """The kind of the resource that is kvtool's hand on a node (``status``'s ``ray``)."""
+    local_after_failure: ClassVar[bool] = True
+    """Whether ``down`` removes the things of this machine (the cluster's folder) when
+    :meth:`stop` could not stop everything on the nodes."""
 
     def __init__(self, spec: ClusterSpec, placement: PlacementSpec, step: Step,
                  runtime: str) -> None:
@@ -313,3 +318,20 @@ class Nodes(ABC):
                        log: str) -> None:
         """Wait until what :meth:`start` started listens on ``port`` (a
         :class:`~kvtool.cluster.errors.ClusterError` when it exits or does not)."""
+
+    # -- a recorded cluster (``status``, ``down``) ----------------------------------------
+
+    @classmethod
+    @abstractmethod
+    def probe(cls, state: ClusterState
+              ) -> tuple[list[bool], dict[str, bool], str | None]:
+        """Whether each of ``state.resources`` is really there, whether each node is, and
+        why the nodes could not be asked (``None``: they were)."""
+
+    @classmethod
+    @abstractmethod
+    def stop(cls, state: ClusterState, step: Step
+             ) -> tuple[list[str], list[str], list[Resource]]:
+        """Stop what runs on the nodes: what was removed, what could not be (each a
+        message), and the records on the nodes to keep. The things of this machine
+        (``Resource.node`` ``None``) are ``down``'s to remove."""
