@@ -26,7 +26,6 @@ node, before it is made.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -37,38 +36,22 @@ from typing import Any
 
 from kvtool.cluster.driver import connect, node_resource
 from kvtool.cluster.errors import ClusterError
+from kvtool.cluster.placement import Nodes, PlacementSpec, Step, node_roles
 from kvtool.cluster.services import (
     ENV_TAG,
-    HOST_NQN_PREFIX,
-    MOONCAKE_CLIENT_PORT,
-    MOONCAKE_METADATA_PORT,
-    MOONCAKE_RPC_PORT,
     START_TIMEOUT_S,
     STOP_TIMEOUT_S,
-    SUB_NQN_PREFIX,
-    TARGET_PORT,
     last_line,
     listening,
     log_reason,
-    master_args,
-    metadata_args,
-    segment_args,
     tagged_pids,
-    target_config,
 )
 from kvtool.cluster.state import (
     ClusterState,
-    ClusterTarget,
-    EngineState,
-    MooncakeState,
     NodeState,
     Resource,
-    SegmentState,
 )
 from kvtool.errors import UsageError
-from kvtool.serving.topology import ClusterSpec
-from kvtool.target.config import Host
-from kvtool.target.document import config_document
 
 AGENT_NAMESPACE = "kvtool"
 """The Ray namespace of kvtool's node agents (named ``kvtool-<cluster>-<node>``)."""
@@ -330,50 +313,63 @@ def kill_processes(state: ClusterState, node: str,
     return killed
 
 
-def ray_settings(spec: ClusterSpec) -> tuple[str, str | None]:
+def ray_settings(placement: PlacementSpec) -> tuple[str, str | None]:
     """The Ray head's ``HOST:PORT`` and its token file: the file's, else the environment's
     (``RAY_ADDRESS``, ``RAY_AUTH_TOKEN_PATH``)."""
-    assert spec.placement is not None
-    address = spec.placement.ray or os.environ.get("RAY_ADDRESS")
+    address = placement.ray or os.environ.get("RAY_ADDRESS")
     if not address:
         raise UsageError("a hosts cluster joins your Ray cluster: give [placement] ray = "
                          "\"HEAD:PORT\" (or set RAY_ADDRESS)", field="placement.ray")
     address = address.removeprefix("ray://")
-    token = spec.placement.ray_token_file or os.environ.get("RAY_AUTH_TOKEN_PATH") or None
+    token = placement.ray_token_file or os.environ.get("RAY_AUTH_TOKEN_PATH") or None
     if token is not None and not os.path.isfile(token):
         raise UsageError(f"no such Ray token file: {token}", field="placement.ray_token_file")
     return address, token
 
 
-class HostsBuilder:
-    """The steps of ``up`` on the user's hosts, each recording before it makes."""
+class HostsNodes(Nodes):
+    """The user's hosts, each reached through kvtool's agent there (a Ray actor)."""
 
-    def __init__(self, spec: ClusterSpec, state: ClusterState, step: Any, runtime: str) -> None:
-        self.spec, self.state, self.step, self.runtime = spec, state, step, runtime
+    kind = "hosts"
+    keys_note = ", to every node"
+    agent_kind = "agent"
+    local_after_failure = False  # the folder stays while the hosts hold things
 
-    def build(self) -> None:
-        s, spec = self.state, self.spec
-        s.ray_address, s.ray_token_file = ray_settings(spec)
+    @classmethod
+    def probe(cls, state: ClusterState
+              ) -> tuple[list[bool], dict[str, bool], str | None]:
+        return probe(state)
+
+    @classmethod
+    def stop(cls, state: ClusterState, step: Step
+             ) -> tuple[list[str], list[str], list[Resource]]:
+        """On the hosts, through their agents; nothing runs here but the folder."""
+        before = list(state.resources)
+        failed = stop(state, step)
+        removed = [f"{r.kind} {r.name} on {r.node}" for r in before
+                   if r.node is not None and r not in state.resources]
+        return removed, failed, [r for r in state.resources if r.node is not None]
+
+    def check(self) -> None:
+        ray_settings(self.placement)  # the Ray head to join is known, its token file there
+
+    def make_nodes(self, state: ClusterState) -> None:
+        self._state = s = state
+        spec = self.spec
+        s.ray_address, s.ray_token_file = ray_settings(self.placement)
         s.add(Resource("dir", str(s.files_dir)))
         s.files_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         head_host = s.ray_address.rpartition(":")[0]
-        master = spec.mooncake.master if spec.mooncake is not None else None
         head = next((n.name for n in spec.nodes if n.address == head_host), spec.nodes[0].name)
         for node in spec.nodes:
             assert node.address is not None  # the reader checked placement
-            roles = ["head"] if node.name == head else []
-            if spec.engines_on(node.name):
-                roles.append("engine")
-            if node.storage:
-                roles.append("storage")
-            if spec.mooncake is not None and (master or spec.nodes[0].name) == node.name:
-                roles.append("mooncake")
-            s.nodes.append(NodeState(node.name, None, node.address, roles))
+            s.nodes.append(NodeState(node.name, None, node.address,
+                                     node_roles(spec, node, head=node.name == head)))
         s.save()
         self.step(f"joining Ray at {s.ray_address}")
-        ray = connect(s)
+        self.ray = connect(s)
         try:
-            self.agents = _Agents(ray, s)
+            self.agents = _Agents(self.ray, s)
             missing = [f"{n.name} ({n.address})" for n in s.nodes
                        if n.address not in self.agents.alive_addresses()]
             if missing:
@@ -385,107 +381,62 @@ class HostsBuilder:
                 self.agents.get(n, create=True)
                 s.add(Resource("files", str(s.files_dir), node=n.name,
                                what=f"the cluster's folder on {n.name}"))
-            self.targets()
-            self.mooncake()
-        finally:
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        ray, self.ray = getattr(self, "ray", None), None
+        if ray is not None:
             ray.shutdown()
-        s.engines = [EngineState(e.name, e.node) for e in spec.engines]
-        s.save()
 
-    def targets(self) -> None:
-        from kvtool.target.keys import keygen
-
-        s, spec = self.state, self.spec
-        if spec.nvme is None:
-            return
-        hostnqn = f"{HOST_NQN_PREFIX}:{s.name}"
-        keys: dict[str, tuple[str, str]] = {}
-        ports: dict[str, int] = {}
-        for t in spec.nvme.targets:
-            assert t.node is not None
-            node = s.node(t.node)
-            agent = self.agents.get(node, create=False)
-            if node.name not in keys:
-                self.step(f"DH-HMAC-CHAP keys for {node.name}, to every node")
-                host_key = s.files_dir / f"{node.name}-host.key"
-                ctrl_key = s.files_dir / f"{node.name}-ctrl.key"
-                for f in (host_key, ctrl_key):
-                    keygen(f)
-                texts = {str(f): f.read_text() for f in (host_key, ctrl_key)}
-                for other in s.nodes:  # the target's node, and every client of it
-                    a = self.agents.get(other, create=False)
-                    self.agents.call(other, a.put_files, texts)
-                keys[node.name] = (str(host_key), str(ctrl_key))
-            port = ports.get(node.name, TARGET_PORT)
-            ports[node.name] = port + 1
-            host_key_file, ctrl_key_file = keys[node.name]
-            cfg = target_config(f"{s.name}-{t.name}", self.runtime,
-                                f"{SUB_NQN_PREFIX}:{s.name}:{t.name}", t.size, t.config,
-                                Host(hostnqn, host_key_file, ctrl_key_file), node.address, port)
-            subnqn = cfg.subsystems[0].nqn
-            config = s.files_dir / f"target-{t.name}.json"
-            text = json.dumps(config_document(cfg), indent=2)
-            config.write_text(text)
-            self.agents.call(node, agent.put_files, {str(config): text})
-            self.step(f"target {t.name} on {node.name} ({cfg.runtime}): {node.address}:{port}")
-            res = s.add(Resource("target", t.name, node=node.name, what=str(config)))
-            out = self.agents.call(node, agent.kvtool,
-                                   ["--json", "target", "up", str(config), "--allow-remote"],
-                                   f"target-{t.name}.log", str(s.files_dir / "target-state"),
-                                   START_TIMEOUT_S * 3, timeout=START_TIMEOUT_S * 3 + 30)
-            if out["rc"] != 0:
-                raise ClusterError(f"target {t.name} on {node.name} did not start (exit "
-                                   f"{out['rc']}: {out['last']})")
-            pid = json.loads(out["stdout"])["status"].get("pid")
-            if pid:
-                res.pid = pid
-                res.start = self.agents.call(node, agent.start_time, pid)
-            size = sum(n.size or 0 for n in cfg.subsystems[0].namespaces[:1])
-            s.targets.append(ClusterTarget(t.name, node.name,
-                                           f"nvme+tcp://{node.address}:{port}/{subnqn}",
-                                           subnqn, hostnqn, host_key_file, ctrl_key_file, size,
-                                           pid, cfg.runtime))
-            s.save()
-            why = self.agents.call(node, agent.wait_listening, None, port,
-                                   f"target-{t.name}.log", timeout=START_TIMEOUT_S + 30)
-            if why is not None:
-                raise ClusterError(f"target {t.name} on {node.name} is up but {why}")
-
-    def mooncake(self) -> None:
-        s, spec = self.state, self.spec
-        if spec.mooncake is None:
-            return
-        master = next(n for n in s.nodes if "mooncake" in n.roles)
-        meta_url = f"http://{master.address}:{MOONCAKE_METADATA_PORT}/metadata"
-        s.mooncake = MooncakeState(f"{master.address}:{MOONCAKE_RPC_PORT}", meta_url)
-        self.step(f"Mooncake master on {master.name}: {s.mooncake.master}")
-        self.spawn(master, "mooncake_http_metadata_server", metadata_args(master.address),
-                   "mooncake metadata server", "mooncake-metadata.log", MOONCAKE_METADATA_PORT)
-        self.spawn(master, "mooncake_master", master_args(master.address), "mooncake master",
-                   "mooncake.log", MOONCAKE_RPC_PORT)
-        size = spec.mooncake.segment
-        for node in s.nodes:
-            self.step(f"Mooncake segment on {node.name}: {size >> 20} MiB")
-            s.mooncake.segments.append(SegmentState(node.name, node.address, size))
-            self.spawn(node, "mooncake_client",
-                       segment_args(node.address, size, s.mooncake.master, meta_url),
-                       f"mooncake segment {node.name}", f"mooncake-segment-{node.name}.log",
-                       MOONCAKE_CLIENT_PORT)
-
-    def spawn(self, node: NodeState, program: str, args: list[str], what: str, log: str,
-              port: int) -> None:
-        """``program`` on ``node`` through its agent, recorded first; waits until it
-        listens on ``port``."""
+    def call(self, node: NodeState, method: str, *args: Any,
+             timeout: float = ANSWER_TIMEOUT_S) -> Any:
+        """``method(*args)`` of ``node``'s agent (made by :meth:`make_nodes`)."""
         agent = self.agents.get(node, create=False)
+        return self.agents.call(node, getattr(agent, method), *args, timeout=timeout)
+
+    def share_keys(self, files: dict[str, str]) -> None:
+        for other in self.state.nodes:  # the target's node, and every client of it
+            self.call(other, "put_files", files)
+
+    def put_files(self, node: NodeState, files: dict[str, str]) -> None:
+        self.call(node, "put_files", files)
+
+    def resource(self, kind: str, name: str, node: NodeState, what: str) -> Resource:
+        return Resource(kind, name, node=node.name, what=what)
+
+    def kvtool(self, node: NodeState, args: list[str], log: str,
+               timeout: float) -> tuple[int | None, str, str]:
+        out = self.call(node, "kvtool", args, log, str(self.state.files_dir / "target-state"),
+                        timeout, timeout=timeout + 30)
+        return out["rc"], out["stdout"], out["last"]
+
+    def start_time(self, node: NodeState, pid: int) -> int | None:
+        started: int | None = self.call(node, "start_time", pid)
+        return started
+
+    def target_listening(self, node: NodeState, port: int, log: str) -> str | None:
+        why: str | None = self.call(node, "wait_listening", None, port, log,
+                                    timeout=START_TIMEOUT_S + 30)
+        return why
+
+    def start(self, node: NodeState, program: str, args: list[str], what: str,
+              log: str) -> Resource:
+        """``program`` on ``node`` through its agent, recorded first."""
         res = self.state.add(Resource("process", what, node=node.name,
                                       what=f"{what} on {node.name}"))
-        started = self.agents.call(node, agent.start, program, args, log)
+        started = self.call(node, "start", program, args, log)
         res.pid, res.start = started["pid"], started["start"]
         self.state.save()
-        why = self.agents.call(node, agent.wait_listening, res.pid, port, log,
-                               timeout=START_TIMEOUT_S + 30)
+        return res
+
+    def wait_listening(self, node: NodeState, started: Resource, port: int, what: str,
+                       log: str) -> None:
+        why = self.call(node, "wait_listening", started.pid, port, log,
+                        timeout=START_TIMEOUT_S + 30)
         if why is not None:
-            raise ClusterError(f"{what} on {node.name} {why}")
+            raise ClusterError(f"{started.name} on {node.name} {why}")
 
 
 # -- status and down ----------------------------------------------------------------------------

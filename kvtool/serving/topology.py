@@ -24,10 +24,11 @@ Invariants of a :class:`ClusterSpec`:
   each (``both`` engines serve in both pools);
 * link names derived from it are unique: ``pcie/<engine>``, ``nic/<node>``,
   ``target/<target>`` and ``mooncake``;
-* placement (``[placement]``, for ``kvtool cluster up``; docs/cluster.md): every node has
-  an engine unless it is a storage node; a target's ``node`` is a storage node; the
-  Mooncake ``master`` is a node; the subnet is private IPv4 with an address per node
-  (kind ``netns``), or every node names a distinct IPv4 ``address`` (kind ``hosts``).
+* the Mooncake ``master`` is a node, and a target's ``node`` a storage node (``storage =
+  true``), when given; every node has an engine unless it is a storage node.
+
+``[placement]`` (where ``kvtool cluster up`` runs the nodes) is the deployment's: this
+reader lets it be and :mod:`kvtool.cluster.placement` reads it (docs/cluster.md).
 
 Bandwidths are GB/s (1e9 B/s) per direction; ``math.inf`` means unlimited.
 """
@@ -86,15 +87,10 @@ STEP_TIMES = ("roofline", "dynamo-mocker")
 _MOONCAKE_KEYS = {"capacity", "policy", "gbps", "master", "segment"}
 _NVME_KEYS = {"capacity", "policy", "target"}
 _TARGET_KEYS = {"name", "read_gbps", "write_gbps", "node", "size", "config"}
-_PLACEMENT_KEYS = {"kind", "subnet", "link_scale", "link_mbit", "ray", "ray_token_file"}
 CLUSTER_KEYS.update({"": frozenset(_TOP_KEYS), "node": frozenset(_NODE_KEYS),
                      "engine": frozenset(_ENGINE_KEYS), "mooncake": frozenset(_MOONCAKE_KEYS),
                      "nvme": frozenset(_NVME_KEYS), "nvme.target": frozenset(_TARGET_KEYS),
                      "connector": frozenset(_CONNECTOR_KEYS)})
-PLACEMENT_KINDS = ("netns", "hosts")
-_NETNS_ONLY = ("subnet", "link_scale", "link_mbit")
-_HOSTS_ONLY = ("ray", "ray_token_file")
-DEFAULT_SUBNET = "10.200.0.0/24"
 DEFAULT_TARGET_BYTES = 64 << 20
 """A placed target's namespace when the file gives no ``size`` (memory-backed)."""
 DEFAULT_SEGMENT_BYTES = 64 << 20
@@ -221,37 +217,6 @@ class PoolSpec:
 
 
 @dataclass(frozen=True)
-class PlacementSpec:
-    """Where ``kvtool cluster up`` puts the nodes (docs/cluster.md).
-
-    ``netns``: one network namespace per node on this machine, joined by a bridge, with
-    addresses from ``subnet`` (the bridge takes the first); each node's link is shaped
-    with tbf to ``link_mbit`` Mb/s, else to its ``nic_gbps`` × ``link_scale`` (unshaped
-    when neither gives a rate).
-
-    ``hosts``: the user's machines, each running a worker of the user's Ray cluster at
-    its node's ``address``; ``ray`` is the head's ``HOST:PORT`` (``None``: ``RAY_ADDRESS``
-    when ``up`` runs) and ``ray_token_file`` the file of its token when it uses token
-    authentication (absolute; ``None``: ``RAY_AUTH_TOKEN_PATH``). No subnet, no shaping.
-    """
-
-    kind: str = "netns"
-    subnet: str = DEFAULT_SUBNET
-    link_scale: float | None = None
-    link_mbit: float | None = None
-    ray: str | None = None
-    ray_token_file: str | None = None
-
-    def link_rate_mbit(self, node: NodeSpec) -> float | None:
-        """The tbf rate of ``node``'s link in Mb/s (``None``: unshaped)."""
-        if self.link_mbit is not None:
-            return self.link_mbit
-        if self.link_scale is not None and not math.isinf(node.nic_gbps):
-            return node.nic_gbps * 8e3 * self.link_scale
-        return None
-
-
-@dataclass(frozen=True)
 class TargetSpec:
     """One NVMe-oF target: its own bandwidth per direction (GB/s)."""
 
@@ -331,8 +296,6 @@ class ClusterSpec:
     mooncake: PoolSpec | None = None
     nvme: NvmeSpec | None = None
     source: str | None = None
-    placement: PlacementSpec | None = None
-    """Where ``kvtool cluster up`` runs it (``None``: the file has no ``[placement]``)."""
     connector: ConnectorSpec | None = None
     """The KV connector's costs (``None``: none)."""
     pd_transfer: str = "direct"
@@ -527,13 +490,13 @@ class _Reader:
         engines = self.engines(data, gpus, nodes, block_tokens)
         mooncake = self.mooncake(data)
         nvme = self.nvme(data)
-        placement = self.placement(data, nodes, mooncake, nvme)
+        self.placed_nodes(nodes, mooncake, nvme)
         connector = self.connector(data)
         pd_transfer = data.choice("pd_transfer", PD_TRANSFERS, "direct") or "direct"
         spec = ClusterSpec(name=name, block_tokens=block_tokens, router=router,
                            nodes=tuple(nodes.values()), engines=tuple(engines), gpus=gpus,
                            mooncake=mooncake, nvme=nvme, source=self.doc.source,
-                           placement=placement, connector=connector, pd_transfer=pd_transfer)
+                           connector=connector, pd_transfer=pd_transfer)
         if pd_transfer == "store" and spec.pd and not (
                 mooncake or nvme or any(n.dram is not None for n in spec.nodes)):
             raise self.fail("P/D through the store needs a tier below the GPUs ([mooncake], "
@@ -921,14 +884,16 @@ class _Reader:
                                 "a capacity in bytes is ambiguous: give it in blocks (\"…blk\")",
                                 path)
 
-    def placement(self, data: ConfigTable, nodes: dict[str, NodeSpec],
-                  mooncake: PoolSpec | None, nvme: NvmeSpec | None) -> PlacementSpec | None:
+    def placed_nodes(self, nodes: dict[str, NodeSpec], mooncake: PoolSpec | None,
+                     nvme: NvmeSpec | None) -> None:
+        """The Mooncake ``master`` and each target's ``node`` name a node (a target's, a
+        storage node). Where they run is the deployment's (:mod:`kvtool.cluster.placement`
+        reads ``[placement]``)."""
         node_names = list(nodes)
         if mooncake is not None and mooncake.master is not None \
                 and mooncake.master not in nodes:
             raise self.fail(f"unknown node {mooncake.master!r} (defined: "
                             f"{', '.join(node_names)})", ("mooncake", "master"))
-        storage = [n for n, spec in nodes.items() if spec.storage]
         for i, target in enumerate(nvme.targets if nvme is not None else ()):
             where: Path_ = ("nvme", "target", i, "node")
             if target.node is None:
@@ -939,80 +904,3 @@ class _Reader:
             if not nodes[target.node].storage:
                 raise self.fail(f"node {target.node!r} is not a storage node (give it "
                                 "storage = true)", where)
-        t = data.table("placement")
-        if t is None:
-            return None
-        t.check_keys(_PLACEMENT_KEYS)
-        path = t.path
-        kind = (self.text(t, "kind", "netns") or "netns").lower()
-        if kind not in PLACEMENT_KINDS:
-            raise self.fail(f"unknown placement kind {t.data['kind']!r} (known: "
-                            f"{', '.join(PLACEMENT_KINDS)})", (*path, "kind"))
-        for key in _HOSTS_ONLY if kind == "netns" else _NETNS_ONLY:
-            if t.has(key):
-                raise self.fail(f"{key} applies to kind = "
-                                f"\"{'hosts' if kind == 'netns' else 'netns'}\"", (*path, key))
-        if kind == "hosts":
-            self.placed_targets(nvme, storage)
-            return self.hosts_placement(t, nodes)
-        for i, node in enumerate(nodes.values()):
-            if node.address is not None:
-                raise self.fail("a node's address applies to [placement] kind = \"hosts\" "
-                                "(kind \"netns\" gives addresses from the subnet)",
-                                ("node", i, "address"))
-        subnet = self.text(t, "subnet", DEFAULT_SUBNET) or DEFAULT_SUBNET
-        try:
-            net = ipaddress.ip_network(subnet, strict=True)
-        except ValueError as exc:
-            raise self.fail(f"not a subnet: {exc}", (*path, "subnet")) from None
-        if not isinstance(net, ipaddress.IPv4Network) or not net.is_private:
-            raise self.fail(f"expected a private IPv4 subnet such as {DEFAULT_SUBNET!r}, got "
-                            f"{subnet!r}", (*path, "subnet"))
-        if net.num_addresses - 2 < len(nodes) + 1:
-            raise self.fail(f"{subnet} has no room for {len(nodes)} nodes and the bridge",
-                            (*path, "subnet"))
-        scale, mbit = self.positive(t, "link_scale"), self.positive(t, "link_mbit")
-        if scale is not None and mbit is not None:
-            raise self.fail("give link_scale or link_mbit, not both", (*path, "link_mbit"))
-        self.placed_targets(nvme, storage)
-        return PlacementSpec(kind=kind, subnet=str(net), link_scale=scale, link_mbit=mbit)
-
-    def placed_targets(self, nvme: NvmeSpec | None, storage: list[str]) -> None:
-        """With a placement, every target names the storage node running it."""
-        for i, target in enumerate(nvme.targets if nvme is not None else ()):
-            if target.node is None:
-                if not storage:
-                    raise self.fail("a placed cluster runs its targets on storage nodes: "
-                                    "add a [[node]] with storage = true",
-                                    ("nvme", "target", i))
-                raise self.fail(f"which storage node runs it? (storage nodes: "
-                                f"{', '.join(storage)})", ("nvme", "target", i, "node"))
-
-    def hosts_placement(self, t: ConfigTable, nodes: dict[str, NodeSpec]
-                        ) -> PlacementSpec:
-        """``kind = "hosts"``: every node names its address (distinct); ``ray`` is
-        ``HOST:PORT``; ``ray_token_file`` is resolved against the file's folder."""
-        path: Path_ = ("placement",)
-        seen: dict[str, str] = {}
-        for i, (name, node) in enumerate(nodes.items()):
-            if node.address is None:
-                raise self.fail(f"node {name!r} has no address: kind = \"hosts\" runs each node "
-                                "on the host at its address (its Ray worker's node IP)",
-                                ("node", i) if not node.auto else ("placement", "kind"))
-            if node.address in seen:
-                raise self.fail(f"address {node.address} is node {seen[node.address]!r}'s too",
-                                ("node", i, "address"))
-            seen[node.address] = name
-        ray = self.text(t, "ray")
-        if ray is not None:
-            host, sep, port = ray.rpartition(":")
-            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise self.fail(f"expected the Ray head's HOST:PORT such as "
-                                f"'192.168.1.10:6379', got {ray!r}", (*path, "ray"))
-        token = self.text(t, "ray_token_file")
-        if token is not None:
-            p = Path(token).expanduser()
-            if not p.is_absolute() and self.base_dir is not None:
-                p = self.base_dir / p
-            token = str(p.resolve())
-        return PlacementSpec(kind="hosts", subnet="", ray=ray, ray_token_file=token)

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from kvtool.cluster.placement import load_placed, parse_placed
 from kvtool.errors import InputError
-from kvtool.serving.topology import load_cluster, parse_cluster
+from kvtool.serving.topology import load_cluster
 from tests.conftest import FIXTURES, run, run_json
 
 BASE = """\
@@ -43,11 +44,12 @@ size = "48MiB"
 
 
 def test_placement_is_read() -> None:
-    spec = parse_cluster(BASE, source="p.toml")
-    assert spec.placement is not None
-    assert spec.placement.subnet == "10.200.0.0/24"
-    assert spec.placement.link_rate_mbit(spec.node("a")) == pytest.approx(200)
-    assert spec.placement.link_rate_mbit(spec.node("s")) is None  # no nic_gbps: unshaped
+    placed = parse_placed(BASE, source="p.toml")
+    spec, placement = placed.spec, placed.placement
+    assert placement is not None
+    assert placement.subnet == "10.200.0.0/24"
+    assert placement.link_rate_mbit(spec.node("a")) == pytest.approx(200)
+    assert placement.link_rate_mbit(spec.node("s")) is None  # no nic_gbps: unshaped
     assert spec.node("s").storage and not spec.engines_on("s")
     assert spec.nvme is not None and spec.nvme.targets[0].node == "s"
     assert spec.nvme.targets[0].size == 48 << 20
@@ -60,8 +62,10 @@ def test_every_cluster_fixture_still_loads() -> None:
     assert any(f.name == "gp7000-mini.toml" for f in files)
     for f in files:
         load_cluster(f)
-    mini = load_cluster(FIXTURES / "clusters" / "gp7000-mini.toml")
-    assert mini.placement is not None and [n.name for n in mini.nodes if n.storage] == ["array"]
+    placed = load_placed(FIXTURES / "clusters" / "gp7000-mini.toml")
+    mini = placed.spec
+    assert placed.placement is not None
+    assert [n.name for n in mini.nodes if n.storage] == ["array"]
     assert len(mini.engines) == 4 and {e.node for e in mini.engines} == {"cx81", "cx82"}
 
 
@@ -71,6 +75,8 @@ def test_every_cluster_fixture_still_loads() -> None:
     ('subnet = "10.200.0.0/24"', 'subnet = "10.200.0.0/30"', 4, "placement.subnet", "no room"),
     ('subnet = "10.200.0.0/24"', 'subnet = "10.200.0.1/24"', 4, "placement.subnet",
      "not a subnet"),
+    ('subnet = "10.200.0.0/24"', "subnet = 4", 4, "placement.subnet",
+     "expected a non-empty string"),
     ("link_scale = 0.001", "link_scale = -1", 5, "placement.link_scale", "> 0"),
     ("link_scale = 0.001", "link_scale = 0.001\nlink_mbit = 100", 6, "placement.link_mbit",
      "not both"),
@@ -88,7 +94,7 @@ def test_bad_placement_is_one_line_exit_2(tmp_path: Path, old: str, new: str, li
     f = tmp_path / "p.toml"
     f.write_text(BASE.replace(old, new, 1))
     with pytest.raises(InputError) as err:
-        load_cluster(f)
+        load_placed(f)
     assert err.value.line == line and err.value.field == field, str(err.value)
     result = run("cluster", "up", str(f))
     assert result.exit_code == 2
@@ -96,6 +102,17 @@ def test_bad_placement_is_one_line_exit_2(tmp_path: Path, old: str, new: str, li
     assert msg.startswith(f"kvtool: {f}:{line}: field '{field}'") or \
         f"{f.name}:{line}: field '{field}'" in msg, msg
     assert words in msg
+
+
+def test_the_simulation_lets_placement_be(tmp_path: Path) -> None:
+    """``[placement]`` is the deployment's (kvtool.cluster.placement): the simulation's spec
+    reads the rest of the file and does not look at it."""
+    f = tmp_path / "p.toml"
+    f.write_text(BASE.replace('subnet = "10.200.0.0/24"', "subnet = 4"))
+    assert [n.name for n in load_cluster(f).nodes] == ["a", "s"]
+    with pytest.raises(InputError) as err:
+        load_placed(f)
+    assert err.value.field == "placement.subnet"
 
 
 def test_a_target_without_node_in_a_placed_cluster(tmp_path: Path) -> None:
@@ -213,14 +230,14 @@ node = "s"
 def test_hosts_placement_is_read(tmp_path: Path) -> None:
     f = tmp_path / "h.toml"
     f.write_text(HOSTS)
-    spec = load_cluster(f)
-    assert spec.placement is not None and spec.placement.kind == "hosts"
-    assert spec.placement.ray == "192.168.7.1:6379"
-    assert spec.placement.ray_token_file == str(tmp_path / "ray-token")
+    spec, placement = load_placed(f).spec, load_placed(f).placement
+    assert placement is not None and placement.kind == "hosts"
+    assert placement.ray == "192.168.7.1:6379"
+    assert placement.ray_token_file == str(tmp_path / "ray-token")
     assert [n.address for n in spec.nodes] == ["192.168.7.1", "192.168.7.2"]
-    assert spec.placement.link_rate_mbit(spec.node("a")) is None  # no shaping on hosts
+    assert placement.link_rate_mbit(spec.node("a")) is None  # no shaping on hosts
     f.write_text(HOSTS.replace('ray = "192.168.7.1:6379"\n', ""))
-    assert load_cluster(f).placement.ray is None  # type: ignore[union-attr]  # RAY_ADDRESS
+    assert load_placed(f).placement.ray is None  # type: ignore[union-attr]  # RAY_ADDRESS
 
 
 @pytest.mark.parametrize(("old", "new", "line", "field", "words"), [
@@ -241,7 +258,7 @@ def test_bad_hosts_placement_is_one_line_exit_2(tmp_path: Path, old: str, new: s
     f = tmp_path / "h.toml"
     f.write_text(HOSTS.replace(old, new, 1))
     with pytest.raises(InputError) as err:
-        load_cluster(f)
+        load_placed(f)
     assert err.value.line == line and err.value.field == field, str(err.value)
     result = run("cluster", "up", str(f))
     assert result.exit_code == 2

@@ -276,7 +276,7 @@ def test_json_cluster_files(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("extra", "line", "field", "words"), [
     ("count = 0\n", 5, "engine[0].count", "must be at least 1"),
     ('[mooncake]\ncapacity = "1TB"\nsegment = "lots"\n', 7, "mooncake.segment", "size"),
-    ('[placement]\nsubnet = 4\n', 6, "placement.subnet", "expected a non-empty string"),
+    ('[connector]\nlookup_ms = -1\n', 6, "connector.lookup_ms", "milliseconds"),
 ])
 def test_cli_reports_a_bad_cluster_field_as_file_line_field(tmp_path: Path, extra: str, line: int,
                                                             field: str, words: str) -> None:
