@@ -217,10 +217,12 @@ def emit(result: Any, human: Callable[[Console], None] | None = None) -> None:
         human(console())
 
 
-def note(message: str) -> None:
-    """A human note on stderr (never pollutes ``--json`` stdout)."""
+def note(message: str, *, whole: bool = False) -> None:
+    """A human note on stderr (never pollutes ``--json`` stdout). ``whole``: one line as
+    it is, never broken by the console (a ``FILE:LINE: message`` a reader copies; the
+    terminal may still fold it)."""
     if not settings().quiet:
-        err_console().print(message)
+        err_console().print(message, soft_wrap=whole)
 
 
 class Bar:

@@ -69,9 +69,11 @@ def _open(trace: str, fmt: str, block_tokens: int | None, skip_bad: int,
 
 def _report_bad(reader: TraceReader) -> None:
     if reader.bad_lines:
-        note(f"[yellow]skipped {len(reader.bad_lines)} bad line(s) of {reader.path}:[/]")
+        from rich.markup import escape
+
+        note(f"[yellow]skipped {len(reader.bad_lines)} bad line(s):[/]")
         for line, message in reader.bad_lines:
-            note(f"  {reader.path}:{line}: {message}")
+            note(escape(f"  {reader.path}:{line}: {message}"), whole=True)
 
 
 @click.group("trace", epilog="""

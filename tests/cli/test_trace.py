@@ -81,14 +81,17 @@ def test_bad_line_in_a_real_process_has_no_traceback(tmp_path: Path) -> None:
 
 
 def test_skip_bad_reports_skipped_lines(tmp_path: Path) -> None:
-    path = bad_trace(tmp_path)
+    deep = tmp_path / ("a-directory-with-a-long-name-" * 3)  # the line is wider than 80
+    deep.mkdir()
+    path = bad_trace(deep)
     result = run("--json", "trace", "stats", str(path), "--skip-bad", "1")
     assert result.exit_code == 0
     doc = json.loads(result.stdout)
     assert doc["requests"] == 2
     assert doc["bad_lines"] == [{"line": 2, "message":
                                  "field 'input_length': expected an integer, got \"lots\""}]
-    assert f"{path}:2:" in result.stderr
+    # FILE:LINE: message stays one line, whatever the console's width
+    assert f"  {path}:2: field 'input_length'" in result.stderr.splitlines()[1]
 
 
 def test_missing_file_is_exit_2() -> None:
