@@ -26,13 +26,14 @@ SHARED = REPO.parent / "shared"
 FIXTURES = REPO / "fixtures"
 
 
-# --- running in parallel (tox: ``pytest -n 2 --dist loadfile``, pytest-xdist) ------------
+# --- running in parallel (tox: ``pytest -n 2 --dist loadfile``, pytest-xdist) -----------
 # Each test module runs whole on one worker (module fixtures such as a booted guest are set
 # up once). Tests already take free ports and their own state directories; as a net, a
 # worker whose environment names no state directory gets its own, so two workers' targets
 # never share a record. The modules that boot a guest or run a real engine are the longest
-# (minutes each): they are handed out first, so that the short ones fill in around them
-# instead of one long module starting last on an otherwise idle machine.
+# (minutes each): they are handed out first (tox keeps this order with xdist's
+# --no-loadscope-reorder), so that the short ones fill in around them instead of one long
+# module starting last on an otherwise idle machine.
 
 LONG_MARKS = ("rdma", "engine", "qemu")
 _WORKER_STATE = pytest.StashKey[Path]()
