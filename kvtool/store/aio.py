@@ -10,6 +10,10 @@ are called through ``ctypes``, which releases the GIL while they run.
 
 Requests beyond ``qd`` wait in a queue and are submitted as earlier ones complete.
 Completions are delivered on one reaper thread, which runs the futures' callbacks.
+Requests submitted together (:meth:`AioQueue.submit_many`) go to the kernel several per
+``io_submit`` and complete as one future: on a busy two-core machine each ctypes syscall
+and each completion hand-off to another thread costs tens of microseconds, more than a
+32 KiB transfer itself (BENCHMARKS.md, issue 36).
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ import os
 import platform
 import threading
 from collections import deque
+from collections.abc import Sequence
 from concurrent.futures import Future
+from typing import Any
 
 from kvtool.store.io import buffer_address
 
@@ -59,9 +65,40 @@ class AioUnavailable(OSError):
     """Native AIO cannot be used here (unknown architecture, io_setup refused)."""
 
 
+class _Batch:
+    """Requests submitted together: one future, resolved once every one of them has
+    completed (its exception: the first failure seen, in completion order)."""
+
+    __slots__ = ("error", "fut", "left")
+
+    def __init__(self, n: int) -> None:
+        self.fut: Future[None] = Future()
+        self.left = n
+        self.error: OSError | None = None
+
+    def settle(self, err: OSError | None) -> bool:
+        """One request is done (lock held); True when it was the last one."""
+        if err is not None and self.error is None:
+            self.error = err
+        self.left -= 1
+        return self.left == 0
+
+    def resolve(self) -> None:
+        if self.error is None:
+            self.fut.set_result(None)
+        else:
+            self.fut.set_exception(self.error)
+
+
 class AioQueue:
     """One AIO context on one O_DIRECT file descriptor with at most ``qd`` requests in
-    flight. ``submit`` is thread-safe and never blocks on the device."""
+    flight. ``submit`` and ``submit_many`` are thread-safe and never block on the device.
+
+    ``submit_many`` hands the kernel several requests per ``io_submit`` (one syscall for
+    as many as the queue depth has room for; the rest follow, again in batches, as
+    earlier ones complete) and resolves one future for all of them, so a burst of
+    requests costs one completion hand-off instead of one per request.
+    """
 
     def __init__(self, fd: int, qd: int) -> None:
         nr = _NR.get(platform.machine())
@@ -75,8 +112,8 @@ class AioQueue:
             err = ctypes.get_errno()
             raise AioUnavailable(err, f"io_setup: {os.strerror(err)}")
         self._lock = threading.Lock()
-        self._inflight: dict[int, tuple[_Iocb, Future[None], int]] = {}
-        self._waiting: deque[tuple[int, int, memoryview, Future[None]]] = deque()
+        self._inflight: dict[int, tuple[Any, _Batch, int, memoryview]] = {}
+        self._waiting: deque[tuple[int, int, int, int, _Batch, memoryview]] = deque()
         self._token = 0
         self._stop = False
         self._destroyed = False
@@ -84,37 +121,76 @@ class AioQueue:
         self._reaper.start()
 
     def submit(self, op: int, offset: int, buf: memoryview) -> Future[None]:
-        fut: Future[None] = Future()
-        with self._lock:
-            if len(self._inflight) >= self.qd:
-                self._waiting.append((op, offset, buf, fut))
-                return fut
-            failed = self._start(op, offset, buf, fut)
-        if failed is not None:
-            fut.set_exception(failed)
-        return fut
+        return self.submit_many(op, [(offset, buf)])
 
-    def _start(self, op: int, offset: int, buf: memoryview, fut: Future[None]) -> OSError | None:
-        """io_submit one request (lock held); returns the error instead of raising."""
-        cb = _Iocb()
-        self._token += 1
-        cb.aio_data = self._token
-        cb.aio_lio_opcode = op
-        cb.aio_fildes = self.fd
-        cb.aio_buf = buffer_address(buf)
-        cb.aio_nbytes = buf.nbytes
-        cb.aio_offset = offset
-        ptr = (ctypes.POINTER(_Iocb) * 1)(ctypes.pointer(cb))
-        while True:
-            r = _syscall(self._submit, self._ctx, ctypes.c_long(1), ptr)
-            if r == 1:
-                # the buffer is referenced through the future's owner; keep cb alive
-                self._inflight[self._token] = (cb, fut, buf.nbytes)
-                return None
-            err = ctypes.get_errno()
-            if err in (errno.EINTR, errno.EAGAIN):
+    def submit_many(self, op: int, items: Sequence[tuple[int, memoryview]]) -> Future[None]:
+        """Start ``op`` for every ``(offset, buffer)``; the future resolves once all of
+        them have completed (never earlier, even after a failure: the buffers are the
+        kernel's until then) and raises the first failure (OSError)."""
+        batch = _Batch(len(items))
+        if not items:
+            batch.resolve()
+            return batch.fut
+        reqs = [(op, offset, buffer_address(buf), buf.nbytes, batch, buf)
+                for offset, buf in items]
+        with self._lock:
+            room = self.qd - len(self._inflight)
+            if self._waiting or room <= 0:
+                self._waiting.extend(reqs)
+                return batch.fut
+            self._waiting.extend(reqs[room:])
+            done = self._start(reqs[:room])
+        for b in done:
+            b.resolve()
+        return batch.fut
+
+    def _io_submit(self, ptrs: Any, n: int) -> int:
+        """``io_submit`` of ``n`` iocbs: how many the kernel took, or ``-errno``."""
+        r = int(_syscall(self._submit, self._ctx, ctypes.c_long(n), ptrs))
+        return r if r >= 0 else -ctypes.get_errno()
+
+    def _start(self, reqs: Sequence[tuple[int, int, int, int, _Batch, memoryview]]
+               ) -> list[_Batch]:
+        """io_submit ``reqs`` (lock held), as many per call as the kernel takes. A request
+        the kernel refuses fails alone (its batch records the error); returns the batches
+        that thereby completed, to be resolved once the lock is released."""
+        n = len(reqs)
+        cbs = (_Iocb * n)()
+        ptrs = (ctypes.POINTER(_Iocb) * n)()
+        base = ctypes.addressof(cbs)
+        size = ctypes.sizeof(_Iocb)
+        token = self._token
+        for k, (op, offset, addr, nbytes, _b, _v) in enumerate(reqs):
+            cb = cbs[k]
+            token += 1
+            cb.aio_data = token
+            cb.aio_lio_opcode = op
+            cb.aio_fildes = self.fd
+            cb.aio_buf = addr
+            cb.aio_nbytes = nbytes
+            cb.aio_offset = offset
+            ptrs[k] = ctypes.cast(base + k * size, ctypes.POINTER(_Iocb))
+        first = self._token + 1
+        self._token = token
+        done: list[_Batch] = []
+        k = 0
+        psize = ctypes.sizeof(ctypes.c_void_p)
+        while k < n:
+            view = (ctypes.POINTER(_Iocb) * (n - k)).from_buffer(ptrs, k * psize)
+            r = self._io_submit(view, n - k)
+            if r in (-errno.EINTR, -errno.EAGAIN):
                 continue
-            return OSError(err, f"io_submit: {os.strerror(err)}")
+            if r <= 0:  # the k-th iocb was refused: it fails, the rest are tried again
+                err = -r if r < 0 else errno.EIO
+                if reqs[k][4].settle(OSError(err, f"io_submit: {os.strerror(err)}")):
+                    done.append(reqs[k][4])
+                k += 1
+                continue
+            for j in range(k, k + r):
+                # the iocbs and the buffer stay referenced until the request completes
+                self._inflight[first + j] = (cbs, reqs[j][4], reqs[j][3], reqs[j][5])
+            k += r
+        return done
 
     def _reap(self) -> None:
         events = (_Event * self.qd)()
@@ -128,8 +204,7 @@ class AioQueue:
                 if self._stop and self._destroyed:
                     return  # close() destroyed the context to wake us: nothing is in flight
                 n = 0
-            done: list[tuple[Future[None], BaseException | None]] = []
-            starts: list[tuple[Future[None], OSError]] = []
+            done: list[_Batch] = []
             with self._lock:
                 for k in range(n):
                     ev = events[k]
@@ -138,28 +213,24 @@ class AioQueue:
                         # a Ctrl-C landed between io_submit and recording the request: its
                         # submitter already gave up on it, so nobody waits for this completion
                         continue
-                    _, fut, nbytes = item
+                    _, batch, nbytes, _ = item
                     res = ev.res
                     if res == nbytes:
-                        done.append((fut, None))
+                        err = None
                     elif res < 0:
-                        done.append((fut, OSError(-res, os.strerror(-res))))
+                        err = OSError(-res, os.strerror(-res))
                     else:
-                        done.append((fut, OSError(errno.EIO, f"short transfer: {res} of "
-                                                  f"{nbytes} bytes")))
-                while self._waiting and len(self._inflight) < self.qd:
-                    op, offset, buf, fut = self._waiting.popleft()
-                    failed = self._start(op, offset, buf, fut)
-                    if failed is not None:
-                        starts.append((fut, failed))
+                        err = OSError(errno.EIO, f"short transfer: {res} of {nbytes} bytes")
+                    if batch.settle(err):
+                        done.append(batch)
+                room = self.qd - len(self._inflight)
+                if self._waiting and room > 0:
+                    reqs = [self._waiting.popleft()
+                            for _ in range(min(room, len(self._waiting)))]
+                    done += self._start(reqs)
                 idle = not self._inflight and not self._waiting
-            for fut, exc in done:
-                if exc is None:
-                    fut.set_result(None)
-                else:
-                    fut.set_exception(exc)
-            for fut, exc in starts:
-                fut.set_exception(exc)
+            for batch in done:
+                batch.resolve()
             if self._stop and idle:
                 return
 
@@ -173,8 +244,8 @@ class AioQueue:
         """
         self._stop = True
         with self._lock:
-            pending = [f for _, f, _ in self._inflight.values()]
-            pending += [w[3] for w in self._waiting]
+            pending = [item[1].fut for item in self._inflight.values()]
+            pending += [w[4].fut for w in self._waiting]
         for fut in pending:
             with contextlib.suppress(Exception):
                 fut.exception()  # wait; the owner of the future sees the outcome

@@ -15,13 +15,13 @@ import fcntl
 import os
 import stat
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
 from kvtool.errors import UsageError, param
 from kvtool.store.aio import IOCB_CMD_PREAD, IOCB_CMD_PWRITE, AioQueue, AioUnavailable
-from kvtool.store.io import PAGE_SIZE, ThreadedEngine
+from kvtool.store.io import PAGE_SIZE, ThreadedEngine, combine
 
 BLKROGET = 0x125E
 
@@ -71,6 +71,25 @@ class DirectEngine(ThreadedEngine):
             raise PermissionError(errno.EBADF, f"{self.path} is open read-only")
         self.check(offset, buf)
         return self._aio.submit(IOCB_CMD_PWRITE, offset, buf)
+
+    def submit_reads(self, items: Sequence[tuple[int, memoryview]]) -> Future[None]:
+        """Several reads, one future (:func:`kvtool.store.io.submit_batch`): batched
+        ``io_submit`` calls with native AIO."""
+        if self._aio is None:
+            return combine([super(DirectEngine, self).submit_read(o, b) for o, b in items])
+        for offset, buf in items:
+            self.check(offset, buf)
+        return self._aio.submit_many(IOCB_CMD_PREAD, items)
+
+    def submit_writes(self, items: Sequence[tuple[int, memoryview]]) -> Future[None]:
+        """Several writes, one future (see :meth:`submit_reads`)."""
+        if self._aio is None:
+            return combine([super(DirectEngine, self).submit_write(o, b) for o, b in items])
+        if not self.writable:
+            raise PermissionError(errno.EBADF, f"{self.path} is open read-only")
+        for offset, buf in items:
+            self.check(offset, buf)
+        return self._aio.submit_many(IOCB_CMD_PWRITE, items)
 
     @classmethod
     def open(cls, path: str, *, write: bool, qd: int, lba: int | None = None,
