@@ -531,8 +531,10 @@ class KvtoolConnector(KVConnectorBase_V1):
                 continue
             part = rows[:, off:off + nbytes] if len(good) == len(ok) else rows[good, off:
                                                                               off + nbytes]
-            # host to device on a GPU (.to() is a no-op on the CPU build)
-            src = torch.from_numpy(np.ascontiguousarray(part)).view(view.dtype).to(view.device)
+            # the layer's slices in place (rows of whole blocks: each slice is contiguous,
+            # so no gathering copy); host to device on a GPU (.to() is a no-op on the CPU
+            # build)
+            src = torch.from_numpy(part).view(view.dtype).to(view.device)
             idx = torch.tensor([block_ids[j] for j in good], dtype=torch.long,
                                device=view.device)
             view[idx] = src.view(len(good), *view.shape[1:])

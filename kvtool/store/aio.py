@@ -192,6 +192,50 @@ class AioQueue:
             k += r
         return done
 
+    def reap(self) -> None:
+        """Take the completions that have arrived on this thread, without waiting (one
+        ``io_getevents`` that does not block). A caller about to wait for a batch calls
+        it first: on a medium that completes requests inside ``io_submit`` (tmpfs, the
+        page cache) the batch is then done without a hand-off to the reaper thread."""
+        events = (_Event * self.qd)()
+        now = _Timespec(0, 0)
+        n = _syscall(self._getevents, self._ctx, ctypes.c_long(0), ctypes.c_long(self.qd),
+                     events, ctypes.byref(now))
+        if n > 0:
+            done, _idle = self._consume(events, n)
+            for batch in done:
+                batch.resolve()
+
+    def _consume(self, events: Any, n: int) -> tuple[list[_Batch], bool]:
+        """Settle ``n`` completion events and start waiting requests in the room they
+        made; returns the batches now complete (to resolve without the lock) and whether
+        nothing is in flight or waiting."""
+        done: list[_Batch] = []
+        with self._lock:
+            for k in range(n):
+                ev = events[k]
+                item = self._inflight.pop(ev.data, None)
+                if item is None:
+                    # a Ctrl-C landed between io_submit and recording the request: its
+                    # submitter already gave up on it, so nobody waits for this completion
+                    continue
+                _, batch, nbytes, _ = item
+                res = ev.res
+                if res == nbytes:
+                    err = None
+                elif res < 0:
+                    err = OSError(-res, os.strerror(-res))
+                else:
+                    err = OSError(errno.EIO, f"short transfer: {res} of {nbytes} bytes")
+                if batch.settle(err):
+                    done.append(batch)
+            room = self.qd - len(self._inflight)
+            if self._waiting and room > 0:
+                reqs = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
+                done += self._start(reqs)
+            idle = not self._inflight and not self._waiting
+        return done, idle
+
     def _reap(self) -> None:
         events = (_Event * self.qd)()
         timeout = _Timespec(0, _REAP_TIMEOUT_NS)
@@ -204,31 +248,7 @@ class AioQueue:
                 if self._stop and self._destroyed:
                     return  # close() destroyed the context to wake us: nothing is in flight
                 n = 0
-            done: list[_Batch] = []
-            with self._lock:
-                for k in range(n):
-                    ev = events[k]
-                    item = self._inflight.pop(ev.data, None)
-                    if item is None:
-                        # a Ctrl-C landed between io_submit and recording the request: its
-                        # submitter already gave up on it, so nobody waits for this completion
-                        continue
-                    _, batch, nbytes, _ = item
-                    res = ev.res
-                    if res == nbytes:
-                        err = None
-                    elif res < 0:
-                        err = OSError(-res, os.strerror(-res))
-                    else:
-                        err = OSError(errno.EIO, f"short transfer: {res} of {nbytes} bytes")
-                    if batch.settle(err):
-                        done.append(batch)
-                room = self.qd - len(self._inflight)
-                if self._waiting and room > 0:
-                    reqs = [self._waiting.popleft()
-                            for _ in range(min(room, len(self._waiting)))]
-                    done += self._start(reqs)
-                idle = not self._inflight and not self._waiting
+            done, idle = self._consume(events, n)
             for batch in done:
                 batch.resolve()
             if self._stop and idle:

@@ -72,6 +72,12 @@ class DirectEngine(ThreadedEngine):
         self.check(offset, buf)
         return self._aio.submit(IOCB_CMD_PWRITE, offset, buf)
 
+    def reap(self) -> None:
+        """Complete, on this thread, the native-AIO requests that are done (see
+        :meth:`kvtool.store.aio.AioQueue.reap`); nothing with a thread pool."""
+        if self._aio is not None:
+            self._aio.reap()
+
     def submit_reads(self, items: Sequence[tuple[int, memoryview]]) -> Future[None]:
         """Several reads, one future (:func:`kvtool.store.io.submit_batch`): batched
         ``io_submit`` calls with native AIO."""

@@ -118,7 +118,9 @@ class AlignedBuffer:
 
 def buffer_address(buf: memoryview) -> int:
     """Start address of a byte memoryview (read-only views included)."""
-    return int(np.frombuffer(buf, dtype=np.uint8).ctypes.data) if buf.nbytes else 0
+    # (the array interface, not ``.ctypes``: half the cost, and this runs per request)
+    return int(np.frombuffer(buf, dtype=np.uint8).__array_interface__["data"][0]) \
+        if buf.nbytes else 0
 
 
 def submit_batch(engine: IOEngine, items: Sequence[tuple[int, memoryview]], *,

@@ -207,7 +207,7 @@ class NvmeTier(DataTier):
                 or dst.nbytes != self.padded or not dst.flags.c_contiguous
                 or not dst.flags.writeable or dst.ctypes.data % self.engine.mem_align):
             return None
-        return memoryview(dst)
+        return memoryview(dst)  # type: ignore[arg-type]
 
     def prepare_load(self, keys: Sequence[int], dsts: Sequence[np.ndarray]) -> TransferJob:
         self._alive()
@@ -274,7 +274,14 @@ class NvmeTier(DataTier):
         return job.ok
 
     def _wait_one(self, fut: Future[None], what: str) -> None:
-        """Wait for one batch's future; its failure (or a timeout) fails the tier."""
+        """Wait for one batch's future; its failure (or a timeout) fails the tier. An
+        engine that can complete requests on the caller's thread does so first."""
+        reap = getattr(self.engine, "reap", None)
+        if reap is not None and not fut.done():
+            try:
+                reap()
+            except Exception as err:
+                raise self._error(err) from None
         try:
             exc = fut.exception(timeout=IO_TIMEOUT_S)
         except TimeoutError:

@@ -306,3 +306,16 @@ def test_aio_io_submit_taking_part_of_a_batch(blank_file: Callable[[int], Path])
         assert not aio._inflight and not aio._waiting
     finally:
         e.close()
+
+
+def test_aio_reap_on_the_callers_thread(file_engine: IOEngine) -> None:
+    """reap() takes the completions that have arrived without waiting; together with the
+    reaper thread every batch resolves exactly once."""
+    bufs = [AlignedBuffer(4096) for _ in range(24)]
+    futs = [submit_batch(file_engine, [(i * 4096, b.view) for i, b in
+                                       enumerate(bufs[k:k + 6], start=k)])
+            for k in range(0, 24, 6)]
+    reap = file_engine.reap  # type: ignore[attr-defined]
+    while not all(f.done() for f in futs):
+        reap()
+    assert all(f.result(10) is None for f in futs)
