@@ -313,40 +313,48 @@ class NvmeTier(DataTier):
         n = self.block_bytes
         group: list[tuple[int, int, AlignedBuffer, int | None]] = []
         grouped: set[int] = set()
-        for key, src in zip(keys, srcs, strict=True):
-            if key in grouped:  # the same key again: its earlier version goes first
-                self._write_group(group, job)
-                group, grouped = [], set()
-            if self.durable:
-                slot = self._durable_slot(key)
-            else:
-                held = self.slot_of.get(key)
-                if held is None:
-                    if not self._free:
-                        self._write_group(group, job)
-                        raise RuntimeError(f"{self.name} tier: all {self.slots} slots in use "
-                                           "(the engine sized it too small)")
-                    slot = self._free.popleft()
+        try:
+            for key, src in zip(keys, srcs, strict=True):
+                if key in grouped:  # the same key again: its earlier version goes first
+                    self._write_group(group, job)
+                    grouped.clear()
+                if self.durable:
+                    slot = self._durable_slot(key)
                 else:
-                    slot = held
-                    self._settle(key)
-            ab = self._stage_buffer()
-            if ab is None:
-                # every staging buffer is taken: send what is staged, wait for one back
-                self._write_group(group, job)
-                group, grouped = [], set()
-                try:
-                    ab = self._wstage.get(timeout=IO_TIMEOUT_S)
-                except queue.Empty:
-                    self._unclaim(slot)
-                    raise self._error(TimeoutError(f"writes did not complete in "
-                                                   f"{IO_TIMEOUT_S:.0f} s")) from None
-            staged = np.frombuffer(ab.view, dtype=np.uint8, count=n)
-            np.copyto(staged, src)
-            # durable mode commits every step: the CRC of the staged bytes is taken here,
-            # while they are in cache, instead of on the CRC thread after the write
-            group.append((key, slot, ab, crc32c(staged) if self.durable else None))
-            grouped.add(key)
+                    held = self.slot_of.get(key)
+                    if held is None:
+                        if not self._free:
+                            raise RuntimeError(f"{self.name} tier: all {self.slots} slots in "
+                                               "use (the engine sized it too small)")
+                        slot = self._free.popleft()
+                    else:
+                        slot = held
+                        self._settle(key)
+                ab = self._stage_buffer()
+                if ab is None:
+                    # every staging buffer is taken: send what is staged, wait for one back
+                    self._write_group(group, job)
+                    grouped.clear()
+                    try:
+                        ab = self._wstage.get(timeout=IO_TIMEOUT_S)
+                    except queue.Empty:
+                        self._unclaim(slot)
+                        raise self._error(TimeoutError(f"writes did not complete in "
+                                                       f"{IO_TIMEOUT_S:.0f} s")) from None
+                staged = np.frombuffer(ab.view, dtype=np.uint8, count=n)
+                np.copyto(staged, src)
+                # durable mode commits every step: the CRC of the staged bytes is taken
+                # here, while they are in cache, instead of on the CRC thread after the
+                # write
+                group.append((key, slot, ab, crc32c(staged) if self.durable else None))
+                grouped.add(key)
+        except BaseException:
+            # what was staged before the failure is written and recorded, as if stored
+            # one by one (unless the medium itself failed)
+            if group and self.dead is None:
+                with contextlib.suppress(TierError):
+                    self._write_group(group, job)
+            raise
         self._write_group(group, job)
         return job
 
@@ -358,7 +366,8 @@ class NvmeTier(DataTier):
 
     def _write_group(self, group: list[tuple[int, int, AlignedBuffer, int | None]],
                      job: TransferJob) -> None:
-        """Submit the staged writes of ``group`` as one batch and record them."""
+        """Submit the staged writes of ``group`` as one batch and record them; ``group``
+        is emptied either way."""
         if not group:
             return
         n = self.block_bytes
@@ -369,6 +378,7 @@ class NvmeTier(DataTier):
             for _k, slot, ab, _c in group:
                 self._wstage.put(ab)
                 self._unclaim(slot)
+            group.clear()
             raise self._error(exc) from None
         bufs = [ab for _k, _s, ab, _c in group]
         if self.durable:
@@ -386,6 +396,7 @@ class NvmeTier(DataTier):
             job.ok.append(True)
             job.nbytes += n
         job.futures.append(fut)
+        group.clear()
 
     def _returner(self, bufs: list[AlignedBuffer]) -> Callable[[Future[None]], None]:
         """A done-callback handing a batch's staging buffers back once its writes are

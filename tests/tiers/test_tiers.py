@@ -208,3 +208,24 @@ def test_durable_nvme_tier_failed_batch_loses_nothing_acknowledged(
             assert crc32c(d) == again.persisted_crcs()[k] == crc32c(blocks([k], bb)[0])
     finally:
         again.close()
+
+
+def test_nvme_tier_full_mid_request_keeps_what_it_staged(
+        blank_file) -> None:  # type: ignore[no-untyped-def]
+    """The slots run out halfway through a request's blocks: the ones staged before are
+    written and held (as if stored one by one), the error is the caller's."""
+    bb = 32768
+    path = blank_file(64 << 20)
+    tier = NvmeTier(open_engine(str(path), write=True, qd=4), block_bytes=bb, url=str(path),
+                    max_slots=5)
+    try:
+        keys = list(range(1, 9))
+        with pytest.raises(RuntimeError, match="slots in use"):
+            tier.prepare_store(keys, blocks(keys, bb))
+        assert len(tier) == 5
+        dst = [np.empty(bb, np.uint8) for _ in range(5)]
+        assert all(tier.complete_load(tier.prepare_load(keys[:5], dst)))
+        for k, d in zip(keys, dst, strict=False):
+            assert np.array_equal(d, blocks([k], bb)[0])
+    finally:
+        tier.close()
