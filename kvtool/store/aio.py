@@ -24,6 +24,7 @@ import errno
 import os
 import platform
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -65,14 +66,39 @@ class AioUnavailable(OSError):
     """Native AIO cannot be used here (unknown architecture, io_setup refused)."""
 
 
+class _CallerFuture(Future[None]):
+    """The future of a batch on a queue without a reaper thread: waiting for it (result,
+    exception) takes the queue's completions on the waiting thread."""
+
+    def __init__(self, queue: AioQueue) -> None:
+        super().__init__()
+        self._queue = queue
+
+    def _drive(self, timeout: float | None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.done():
+            left = _REAP_TIMEOUT_NS / 1e9 if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._queue.reap(wait=min(left, _REAP_TIMEOUT_NS / 1e9))
+
+    def result(self, timeout: float | None = None) -> None:
+        self._drive(timeout)
+        return super().result(0 if self.done() else timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self._drive(timeout)
+        return super().exception(0 if self.done() else timeout)
+
+
 class _Batch:
     """Requests submitted together: one future, resolved once every one of them has
     completed (its exception: the first failure seen, in completion order)."""
 
     __slots__ = ("error", "fut", "left")
 
-    def __init__(self, n: int) -> None:
-        self.fut: Future[None] = Future()
+    def __init__(self, n: int, queue: AioQueue | None = None) -> None:
+        self.fut: Future[None] = Future() if queue is None else _CallerFuture(queue)
         self.left = n
         self.error: OSError | None = None
 
@@ -100,7 +126,12 @@ class AioQueue:
     requests costs one completion hand-off instead of one per request.
     """
 
-    def __init__(self, fd: int, qd: int) -> None:
+    def __init__(self, fd: int, qd: int, *, reaper: bool = True) -> None:
+        """``reaper`` False: no reaper thread; the thread that waits for a future (its
+        ``result`` or ``exception``) or calls :meth:`reap` takes the completions. On a
+        busy machine every hand-off between two threads costs the GIL and a wake-up,
+        often more than a small transfer itself: a caller that waits for its own batch
+        right away (a load; a store committed in the same step) is better off without."""
         nr = _NR.get(platform.machine())
         if nr is None:
             raise AioUnavailable(errno.ENOSYS, f"no AIO syscall numbers for {platform.machine()}")
@@ -117,8 +148,10 @@ class AioQueue:
         self._token = 0
         self._stop = False
         self._destroyed = False
-        self._reaper = threading.Thread(target=self._reap, name="kvtool-aio", daemon=True)
-        self._reaper.start()
+        self._reaper: threading.Thread | None = None
+        if reaper:
+            self._reaper = threading.Thread(target=self._reap, name="kvtool-aio", daemon=True)
+            self._reaper.start()
 
     def submit(self, op: int, offset: int, buf: memoryview) -> Future[None]:
         return self.submit_many(op, [(offset, buf)])
@@ -127,7 +160,7 @@ class AioQueue:
         """Start ``op`` for every ``(offset, buffer)``; the future resolves once all of
         them have completed (never earlier, even after a failure: the buffers are the
         kernel's until then) and raises the first failure (OSError)."""
-        batch = _Batch(len(items))
+        batch = _Batch(len(items), None if self._reaper is not None else self)
         if not items:
             batch.resolve()
             return batch.fut
@@ -192,15 +225,19 @@ class AioQueue:
             k += r
         return done
 
-    def reap(self) -> None:
-        """Take the completions that have arrived on this thread, without waiting (one
-        ``io_getevents`` that does not block). A caller about to wait for a batch calls
-        it first: on a medium that completes requests inside ``io_submit`` (tmpfs, the
-        page cache) the batch is then done without a hand-off to the reaper thread."""
+    def reap(self, wait: float = 0.0) -> None:
+        """Take the completions that have arrived on this thread (one ``io_getevents``;
+        ``wait``: for at most that many seconds until one has). A caller about to wait
+        for a batch calls it first: on a medium that completes requests inside
+        ``io_submit`` (tmpfs, the page cache) the batch is then done without a hand-off
+        to the reaper thread."""
+        if self._destroyed:
+            return
         events = (_Event * self.qd)()
-        now = _Timespec(0, 0)
-        n = _syscall(self._getevents, self._ctx, ctypes.c_long(0), ctypes.c_long(self.qd),
-                     events, ctypes.byref(now))
+        ns = int(wait * 1e9)
+        until = _Timespec(ns // 1_000_000_000, ns % 1_000_000_000)
+        n = _syscall(self._getevents, self._ctx, ctypes.c_long(1 if wait > 0 else 0),
+                     ctypes.c_long(self.qd), events, ctypes.byref(until))
         if n > 0:
             done, _idle = self._consume(events, n)
             for batch in done:
@@ -272,4 +309,5 @@ class AioQueue:
         self._destroyed = True
         threading.Thread(target=_syscall, args=(self._destroy, self._ctx),
                          name="kvtool-aio-destroy", daemon=True).start()
-        self._reaper.join()
+        if self._reaper is not None:
+            self._reaper.join()

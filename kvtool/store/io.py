@@ -124,13 +124,17 @@ def buffer_address(buf: memoryview) -> int:
 
 
 def submit_batch(engine: IOEngine, items: Sequence[tuple[int, memoryview]], *,
-                 write: bool = False) -> Future[None]:
+                 write: bool = False, on_caller: bool = False) -> Future[None]:
     """Start a read (or ``write``) of every ``(offset, buf)`` of ``items``; one future for
     all of them (see the module docstring): the engine's ``submit_reads``/``submit_writes``
-    when it has them, else its ``submit_*`` futures combined."""
+    when it has them, else its ``submit_*`` futures combined. ``on_caller``: the caller
+    waits for this future itself, soon (``result``/``exception``, never only a callback):
+    an engine that can then complete the batch on the waiting thread does (the O_DIRECT
+    engine with native AIO)."""
     many = getattr(engine, "submit_writes" if write else "submit_reads", None)
     if many is not None:
-        fut: Future[None] = many(items)
+        fut: Future[None] = many(items, on_caller=True) if on_caller and getattr(
+            engine, "reap", None) is not None else many(items)
         return fut
     one = engine.submit_write if write else engine.submit_read
     return combine([one(offset, buf) for offset, buf in items])

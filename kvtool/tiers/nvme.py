@@ -252,7 +252,7 @@ class NvmeTier(DataTier):
             items.append((self.sb.slot_offset(slot), view))
         todo.extend(keep)
         try:
-            fut = submit_batch(self.engine, items)
+            fut = submit_batch(self.engine, items, on_caller=self.durable)
         except Exception as exc:
             raise self._error(exc) from None
         return fut, staged
@@ -335,6 +335,7 @@ class NvmeTier(DataTier):
                     # every staging buffer is taken: send what is staged, wait for one back
                     self._write_group(group, job)
                     grouped.clear()
+                    self._await_buffer()
                     try:
                         ab = self._wstage.get(timeout=IO_TIMEOUT_S)
                     except queue.Empty:
@@ -358,6 +359,16 @@ class NvmeTier(DataTier):
         self._write_group(group, job)
         return job
 
+    def _await_buffer(self) -> None:
+        """Wait for writes in flight, oldest first, until one has handed its staging
+        buffer back (waiting on their futures: in durable mode the waiting thread takes
+        the completions itself)."""
+        for fut in list(dict.fromkeys(self._pending.values())):
+            if not self._wstage.empty():
+                return
+            with contextlib.suppress(Exception):  # a failure is the commit's to report
+                fut.exception(timeout=IO_TIMEOUT_S)
+
     def _unclaim(self, slot: int) -> None:
         if self.durable:
             self.store.release(slot)
@@ -373,7 +384,8 @@ class NvmeTier(DataTier):
         n = self.block_bytes
         try:
             fut = submit_batch(self.engine, [(self.sb.slot_offset(slot), ab.view)
-                                             for _k, slot, ab, _c in group], write=True)
+                                             for _k, slot, ab, _c in group], write=True,
+                               on_caller=self.durable)
         except Exception as exc:
             for _k, slot, ab, _c in group:
                 self._wstage.put(ab)

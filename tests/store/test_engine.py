@@ -319,3 +319,30 @@ def test_aio_reap_on_the_callers_thread(file_engine: IOEngine) -> None:
     while not all(f.done() for f in futs):
         reap()
     assert all(f.result(10) is None for f in futs)
+
+
+def test_aio_batches_completed_by_their_waiter(blank_file: Callable[[int], Path]) -> None:
+    """on_caller batches go to an AIO context without a reaper thread: waiting for the
+    future (result, exception) takes the completions on the waiting thread, a batch
+    larger than the queue depth included, and callbacks still run."""
+    import threading
+
+    e = open_engine(str(blank_file(8 << 20)), write=True, qd=4, submission="aio")
+    try:
+        threads = threading.active_count()
+        bufs = [AlignedBuffer(4096) for _ in range(11)]
+        for i, b in enumerate(bufs):
+            b.view[:] = bytes([i + 7]) * 4096
+        seen: list[bool] = []
+        fut = submit_batch(e, [(i * 4096, b.view) for i, b in enumerate(bufs)], write=True,
+                           on_caller=True)
+        fut.add_done_callback(lambda f: seen.append(f.exception() is None))
+        assert fut.result(10) is None and seen == [True]
+        assert threading.active_count() == threads  # no reaper thread was started
+        out = [AlignedBuffer(4096) for _ in range(11)]
+        back = submit_batch(e, [(i * 4096, o.view) for i, o in enumerate(out)], on_caller=True)
+        assert back.exception(10) is None
+        assert [o.view[0] for o in out] == [i + 7 for i in range(11)]
+        submit_batch(e, [(0, out[0].view)], on_caller=True)  # close() completes it
+    finally:
+        e.close()

@@ -165,14 +165,15 @@ class _FailingWrites:
     def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
         return getattr(self._e, name)
 
-    def submit_writes(self, items):  # type: ignore[no-untyped-def]
+    def submit_writes(self, items, **kw):  # type: ignore[no-untyped-def]
         from concurrent.futures import Future
 
-        fut = self._e.submit_writes(items)
+        fut = self._e.submit_writes(items, **kw)
         if not self.fail:
             return fut
+        fut.exception(10)  # the writes land (waiting drives their completion) ...
         out: Future[None] = Future()
-        fut.add_done_callback(lambda f: out.set_exception(OSError(5, "medium error")))
+        out.set_exception(OSError(5, "medium error"))  # ... and report a medium error
         return out
 
 
