@@ -303,10 +303,13 @@ class NvmeTier(DataTier):
             return ab
         return None
 
-    def prepare_store(self, keys: Sequence[int], srcs: Sequence[np.ndarray]) -> TransferJob:
+    def prepare_store(self, keys: Sequence[int], srcs: Sequence[np.ndarray], *,
+                      crcs: Sequence[int] | None = None) -> TransferJob:
         """Stage every block (the caller's rows are free again on return) and write them
         in as few batches as the staging buffers allow (one, mostly): one future per
-        batch, completed in the background."""
+        batch, completed in the background. ``crcs``: the CRC32C of each source block,
+        taken by the caller (the data mover, which checks later loads against it): the
+        index records it rather than a second pass over the staged copy."""
         self._alive()
         job = TransferJob(list(keys), [])
         job.state = []
@@ -314,7 +317,7 @@ class NvmeTier(DataTier):
         group: list[tuple[int, int, AlignedBuffer, int | None]] = []
         grouped: set[int] = set()
         try:
-            for key, src in zip(keys, srcs, strict=True):
+            for pos, (key, src) in enumerate(zip(keys, srcs, strict=True)):
                 if key in grouped:  # the same key again: its earlier version goes first
                     self._write_group(group, job)
                     grouped.clear()
@@ -347,7 +350,9 @@ class NvmeTier(DataTier):
                 # durable mode commits every step: the CRC of the staged bytes is taken
                 # here, while they are in cache, instead of on the CRC thread after the
                 # write
-                group.append((key, slot, ab, crc32c(staged) if self.durable else None))
+                crc = crcs[pos] if crcs is not None else (
+                    crc32c(staged) if self.durable else None)
+                group.append((key, slot, ab, crc))
                 grouped.add(key)
         except BaseException:
             # what was staged before the failure is written and recorded, as if stored

@@ -230,3 +230,29 @@ def test_nvme_tier_full_mid_request_keeps_what_it_staged(
             assert np.array_equal(d, blocks([k], bb)[0])
     finally:
         tier.close()
+
+
+def test_nvme_tier_records_the_callers_checksums(blank_file) -> None:  # type: ignore[no-untyped-def]
+    """Given the CRC32C of each source block (the data mover's), the tier commits those:
+    a reopened store's entries hold them, and they match the bytes on the medium."""
+    from kvtool.store.checksum import crc32c
+
+    bb = 32768
+    path = blank_file(64 << 20)
+    keys = [5, 6, 7]
+    src = blocks(keys, bb)
+    want = [crc32c(a) for a in src]
+    tier = NvmeTier(open_engine(str(path), write=True, qd=4), block_bytes=bb, url=str(path),
+                    durable=True)
+    tier.complete_store(tier.prepare_store(keys, src, crcs=want))
+    assert tier.commit_pending() == 3
+    tier.close()
+    again = NvmeTier(open_engine(str(path), write=True, qd=4), block_bytes=bb, url=str(path),
+                     durable=True)
+    try:
+        assert again.persisted_crcs() == dict(zip(keys, want, strict=True))
+        dst = [np.empty(bb, np.uint8) for _ in keys]
+        assert all(again.complete_load(again.prepare_load(keys, dst)))
+        assert [crc32c(d) for d in dst] == want
+    finally:
+        again.close()
