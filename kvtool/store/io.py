@@ -47,6 +47,7 @@ it may spread submissions over several I/O queues as long as the rules above hol
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import threading
 from collections.abc import Sequence
@@ -118,9 +119,12 @@ class AlignedBuffer:
 
 def buffer_address(buf: memoryview) -> int:
     """Start address of a byte memoryview (read-only views included)."""
-    # (the array interface, not ``.ctypes``: half the cost, and this runs per request)
-    return int(np.frombuffer(buf, dtype=np.uint8).__array_interface__["data"][0]) \
-        if buf.nbytes else 0
+    if not buf.nbytes:
+        return 0
+    try:  # a writable buffer: a tenth of numpy's cost (this runs for every request)
+        return ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    except (TypeError, ValueError, BufferError):  # read-only (or not contiguous)
+        return int(np.frombuffer(buf, dtype=np.uint8).__array_interface__["data"][0])
 
 
 def submit_batch(engine: IOEngine, items: Sequence[tuple[int, memoryview]], *,

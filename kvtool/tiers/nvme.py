@@ -205,7 +205,8 @@ class NvmeTier(DataTier):
         copy. None: the read goes through a staging buffer."""
         if (self.padded != self.block_bytes or dst.ndim != 1 or dst.dtype != np.uint8
                 or dst.nbytes != self.padded or not dst.flags.c_contiguous
-                or not dst.flags.writeable or dst.ctypes.data % self.engine.mem_align):
+                or not dst.flags.writeable
+                or dst.__array_interface__["data"][0] % self.engine.mem_align):
             return None
         return memoryview(dst)  # type: ignore[arg-type]
 
