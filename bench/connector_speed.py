@@ -363,6 +363,8 @@ def main() -> int:
         for rep in range(a.repeat):
             # the engines in turn, every other repeat in reverse (load hits each alike)
             here = shm / f"r{rep}"  # each repeat's places start empty
+            # (and exist whichever engine runs first: a tier's place needs its directory)
+            here.mkdir(parents=True, exist_ok=True)
             todo = jobs(here)
             order = list(todo) if rep % 2 == 0 else list(reversed(todo))
             for name in order:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -86,32 +87,76 @@ class NvmeTcpEngine:
         self.check(offset, buf)
         return self._submit(spec.IO_WRITE, offset, buf)
 
+    def submit_reads(self, items: Sequence[tuple[int, memoryview]]) -> Future[None]:
+        """Several reads, one future (:func:`kvtool.store.io.submit_batch`): no future per
+        command, and the caller is woken once, when the last one has completed."""
+        for offset, buf in items:
+            self.check(offset, buf)
+        return self._submit_many(spec.IO_READ, items)
+
+    def submit_writes(self, items: Sequence[tuple[int, memoryview]]) -> Future[None]:
+        """Several writes, one future (see :meth:`submit_reads`)."""
+        self._writable()
+        for offset, buf in items:
+            self.check(offset, buf)
+        return self._submit_many(spec.IO_WRITE, items)
+
     def _submit(self, opcode: int, offset: int, buf: memoryview) -> Future[None]:
+        return self._submit_many(opcode, [(offset, buf)])
+
+    def _submit_many(self, opcode: int, items: Sequence[tuple[int, memoryview]]
+                     ) -> Future[None]:
+        """Submit every item; the future resolves once all have completed (a request that
+        failed with the connection is re-issued after the reconnect first) and raises
+        the first failure."""
         fut: Future[None] = Future()
         fut.set_running_or_notify_cancel()
-        view = memoryview(buf).cast("B")
+        if not items:
+            fut.set_result(None)
+            return fut
+        lock = threading.Lock()
+        left = [len(items)]
+        first: list[BaseException] = []
 
-        def done(err: BaseException | None) -> None:
-            if err is None:
-                fut.set_result(None)
-            elif isinstance(err, TransportError) and self.ctrl.reconnect > 0 and not self._closed:
-                self._retry_pool().submit(self._redo, fut, opcode, offset, view)
+        def settle(err: BaseException | None) -> None:
+            with lock:
+                if err is not None and not first:
+                    first.append(err)
+                left[0] -= 1
+                if left[0]:
+                    return
+            if first:
+                fut.set_exception(first[0])
             else:
-                fut.set_exception(err)
+                fut.set_result(None)
 
-        self.ctrl.submit_split(opcode, self.nsid, offset, view, self.lba_size, done)
+        for offset, buf in items:
+            view = memoryview(buf).cast("B")
+
+            def done(err: BaseException | None, offset: int = offset,
+                     view: memoryview = view) -> None:
+                if err is None:
+                    settle(None)
+                elif (isinstance(err, TransportError) and self.ctrl.reconnect > 0
+                      and not self._closed):
+                    self._retry_pool().submit(self._redo, settle, opcode, offset, view)
+                else:
+                    settle(err)
+
+            self.ctrl.submit_split(opcode, self.nsid, offset, view, self.lba_size, done)
         return fut
 
-    def _redo(self, fut: Future[None], opcode: int, offset: int, view: memoryview) -> None:
+    def _redo(self, settle: Callable[[BaseException | None], None], opcode: int, offset: int,
+              view: memoryview) -> None:
         try:
             if opcode == spec.IO_WRITE:
                 self.ctrl.write(self.nsid, offset // self.lba_size, view)
             else:
                 self.ctrl.read_into(self.nsid, offset // self.lba_size, view)
         except BaseException as exc:
-            fut.set_exception(exc)
+            settle(exc)
             return
-        fut.set_result(None)
+        settle(None)
 
     def _retry_pool(self) -> ThreadPoolExecutor:
         with self._retry_lock:

@@ -15,13 +15,13 @@ import fcntl
 import os
 import stat
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
 from kvtool.errors import UsageError, param
 from kvtool.store.aio import IOCB_CMD_PREAD, IOCB_CMD_PWRITE, AioQueue, AioUnavailable
-from kvtool.store.io import PAGE_SIZE, ThreadedEngine
+from kvtool.store.io import PAGE_SIZE, ThreadedEngine, combine
 
 BLKROGET = 0x125E
 
@@ -48,6 +48,9 @@ class DirectEngine(ThreadedEngine):
         self.physical_block_size = physical_block_size
         self.writable = writable
         self._aio: AioQueue | None = None
+        self._own: AioQueue | None = None
+        """Batches whose waiter takes the completions (``on_caller``), made when first
+        asked for."""
         if submission not in ("auto", "aio", "threads"):
             raise ValueError(f"unknown submission {submission!r}")
         if submission != "threads":
@@ -71,6 +74,48 @@ class DirectEngine(ThreadedEngine):
             raise PermissionError(errno.EBADF, f"{self.path} is open read-only")
         self.check(offset, buf)
         return self._aio.submit(IOCB_CMD_PWRITE, offset, buf)
+
+    def reap(self) -> None:
+        """Complete, on this thread, the native-AIO requests that are done (see
+        :meth:`kvtool.store.aio.AioQueue.reap`); nothing with a thread pool."""
+        for q in (self._aio, self._own):
+            if q is not None:
+                q.reap()
+
+    def _queue(self, on_caller: bool) -> AioQueue | None:
+        if not on_caller or self._aio is None:
+            return self._aio
+        if self._own is None:
+            try:
+                self._own = AioQueue(self.fd, self.qd, reaper=False)
+            except AioUnavailable:
+                return self._aio
+        return self._own
+
+    def submit_reads(self, items: Sequence[tuple[int, memoryview]], *,
+                     on_caller: bool = False) -> Future[None]:
+        """Several reads, one future (:func:`kvtool.store.io.submit_batch`): batched
+        ``io_submit`` calls with native AIO. ``on_caller``: on a second AIO context
+        without a reaper thread, whose completions the thread waiting for the future
+        takes itself (:class:`kvtool.store.aio.AioQueue`, ``reaper=False``)."""
+        aio = self._queue(on_caller)
+        if aio is None:
+            return combine([ThreadedEngine.submit_read(self, o, b) for o, b in items])
+        for offset, buf in items:
+            self.check(offset, buf)
+        return aio.submit_many(IOCB_CMD_PREAD, items)
+
+    def submit_writes(self, items: Sequence[tuple[int, memoryview]], *,
+                      on_caller: bool = False) -> Future[None]:
+        """Several writes, one future (see :meth:`submit_reads`)."""
+        aio = self._queue(on_caller)
+        if aio is None:
+            return combine([ThreadedEngine.submit_write(self, o, b) for o, b in items])
+        if not self.writable:
+            raise PermissionError(errno.EBADF, f"{self.path} is open read-only")
+        for offset, buf in items:
+            self.check(offset, buf)
+        return aio.submit_many(IOCB_CMD_PWRITE, items)
 
     @classmethod
     def open(cls, path: str, *, write: bool, qd: int, lba: int | None = None,
@@ -155,6 +200,9 @@ class DirectEngine(ThreadedEngine):
         os.fdatasync(self.fd)
 
     def _release(self) -> None:
+        if self._own is not None:
+            self._own.close()
+            self._own = None
         if self._aio is not None:
             self._aio.close()
             self._aio = None

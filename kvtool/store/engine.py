@@ -20,10 +20,12 @@ from kvtool.store.io import (
     ThreadedEngine,
     buffer_address,
     check_extent,
+    submit_batch,
 )
 
 __all__ = ["DEFAULT_QD", "NVME_RDMA_SCHEME", "NVME_TCP_SCHEME", "PAGE_SIZE", "AlignedBuffer", "IOEngine",
-           "ThreadedEngine", "buffer_address", "check_extent", "open_engine"]
+           "ThreadedEngine", "buffer_address", "check_extent", "open_engine",
+           "submit_batch"]
 
 NVME_TCP_SCHEME = "nvme+tcp://"
 NVME_RDMA_SCHEME = "nvme+rdma://"

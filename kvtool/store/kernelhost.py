@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
@@ -76,6 +77,17 @@ class KernelHostEngine:
 
     def submit_write(self, offset: int, buf: memoryview) -> Future[None]:
         return self.inner.submit_write(offset, buf)
+
+    def submit_reads(self, items: Sequence[tuple[int, memoryview]], *,
+                     on_caller: bool = False) -> Future[None]:
+        return self.inner.submit_reads(items, on_caller=on_caller)
+
+    def submit_writes(self, items: Sequence[tuple[int, memoryview]], *,
+                      on_caller: bool = False) -> Future[None]:
+        return self.inner.submit_writes(items, on_caller=on_caller)
+
+    def reap(self) -> None:
+        self.inner.reap()
 
     def flush(self) -> None:
         self.inner.flush()

@@ -34,14 +34,14 @@ import queue
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from kvtool.store.checksum import crc32c
-from kvtool.store.engine import AlignedBuffer, IOEngine
+from kvtool.store.engine import AlignedBuffer, IOEngine, submit_batch
 from kvtool.store.layout import (
     ORDINAL_KEYED,
     ORDINAL_NONE,
@@ -56,6 +56,9 @@ from kvtool.tiers.base import DataTier, TierError, TransferJob
 
 IO_TIMEOUT_S = 30.0
 """Longest wait for one transfer before the tier is declared failed."""
+WRITE_STAGING_BYTES = 64 << 20
+"""Staging buffers for writes grow up to this many bytes (at least ``write_qd`` of them)
+so a request's blocks go to the engine in one batch."""
 
 
 class NvmeTier(DataTier):
@@ -116,18 +119,19 @@ class NvmeTier(DataTier):
         self._pending: dict[int, Future[None]] = {}
         self._free: deque[int] = deque(range(sb.slot_count))
         self._wstage: queue.SimpleQueue[AlignedBuffer] = queue.SimpleQueue()
-        self._owned = [AlignedBuffer(self.padded) for _ in range(self.write_qd + self.read_qd)]
-        for ab in self._owned[:self.write_qd]:
+        self._owned = [AlignedBuffer(self.padded) for _ in range(self.read_qd + self.write_qd)]
+        """The read_qd read staging buffers, then the write staging buffers (write_qd at
+        first; more, up to ``_wcap``, while a request stores more blocks than are free)."""
+        for ab in self._owned[self.read_qd:]:
             self._wstage.put(ab)
+        self._wcap = max(self.write_qd, WRITE_STAGING_BYTES // self.padded)
         self._rstage = [np.frombuffer(ab.view, dtype=np.uint8)
-                        for ab in self._owned[self.write_qd:]]
-        self._rviews = [ab.view for ab in self._owned[self.write_qd:]]
-        self._crc_of: dict[int, Future[int]] = {}
-        """Each held key's CRC32C, computed after its latest write completed."""
-        for key, slot in self.slot_of.items():
-            done: Future[int] = Future()
-            done.set_result(int(store.entries[slot]["data_crc"]))
-            self._crc_of[key] = done
+                        for ab in self._owned[:self.read_qd]]
+        self._rviews = [ab.view for ab in self._owned[:self.read_qd]]
+        self._crc_of: dict[int, int | tuple[Future[list[int]], int]] = {
+            key: int(store.entries[slot]["data_crc"]) for key, slot in self.slot_of.items()}
+        """Each held key's CRC32C: of the bytes staged for its latest write (durable
+        mode), else (a batch's CRCs, its position) taken once that batch completed."""
         self._crc_pool = ThreadPoolExecutor(1, thread_name_prefix=f"{name}-crc")
         self.committed: int | None = None
         """Objects :meth:`commit` made durable in the store's index (None: not committed)."""
@@ -192,21 +196,20 @@ class NvmeTier(DataTier):
         """Wait for an in-flight write of ``key`` (a read or a reuse of its slot follows)."""
         fut = self._pending.pop(key, None)
         if fut is not None:
-            self._wait([fut], "write")
-
-    def _wait(self, futures: Sequence[Future[None]], what: str) -> None:
-        """Wait for ``futures``; the first failure (not the first in order) fails the tier,
-        so a dead target is reported once its first transfer gives up."""
-        done, pending = wait(futures, timeout=IO_TIMEOUT_S, return_when=FIRST_EXCEPTION)
-        for f in done:
-            exc = f.exception()
-            if exc is not None:
-                raise self._error(exc) from None
-        if pending:
-            raise self._error(TimeoutError(f"a {what} did not complete in "
-                                           f"{IO_TIMEOUT_S:.0f} s"))
+            self._wait_one(fut, "write")
 
     # ------------------------------------------------------------------ loads
+    def _direct(self, dst: np.ndarray) -> memoryview | None:
+        """``dst`` itself as the read buffer when the engine can read into it (a row of
+        whole LBAs, contiguous, writable, aligned as the engine needs): no staging and no
+        copy. None: the read goes through a staging buffer."""
+        if (self.padded != self.block_bytes or dst.ndim != 1 or dst.dtype != np.uint8
+                or dst.nbytes != self.padded or not dst.flags.c_contiguous
+                or not dst.flags.writeable
+                or dst.__array_interface__["data"][0] % self.engine.mem_align):
+            return None
+        return memoryview(dst)  # type: ignore[arg-type]
+
     def prepare_load(self, keys: Sequence[int], dsts: Sequence[np.ndarray]) -> TransferJob:
         self._alive()
         job = TransferJob(list(keys), [False] * len(keys))
@@ -218,120 +221,248 @@ class NvmeTier(DataTier):
             self._settle(key)
             todo.append((i, slot))
         job.nbytes = len(todo) * self.block_bytes
-        # One load at a time per tier (the read buffers are the tier's): the caller
-        # completes a load before it prepares the next.
-        job.state = (deque(todo), list(dsts), deque(), list(range(self.read_qd)))
-        self._fill_window(job)
+        # One load at a time per tier (the staging buffers are the tier's): the caller
+        # completes a load before it prepares the next. Every read goes to the engine at
+        # once (it queues what its queue depth has no room for), with one future for all:
+        # straight into the caller's rows where they qualify, else through the read_qd
+        # staging buffers (more than read_qd of those: in further batches).
+        later: deque[tuple[int, int]] = deque(todo)
+        free = list(range(self.read_qd))
+        fut, staged = self._read_batch(later, dsts, free)
+        job.state = (fut, staged, later, list(dsts), free, [i for i, _slot in todo])
         return job
 
-    def _fill_window(self, job: TransferJob) -> None:
-        todo, _dsts, inflight, free = job.state
-        while todo and free:
+    def _read_batch(self, todo: deque[tuple[int, int]], dsts: Sequence[np.ndarray],
+                    free: list[int]) -> tuple[Future[None], list[tuple[int, int]]]:
+        """Submit the reads of ``todo`` that have a buffer (all direct ones, staged ones
+        while ``free`` lasts); the rest stay in ``todo``. Returns the batch's future and
+        its staged reads (position, staging buffer)."""
+        items: list[tuple[int, memoryview]] = []
+        staged: list[tuple[int, int]] = []
+        keep: list[tuple[int, int]] = []
+        while todo:
             i, slot = todo.popleft()
-            b = free.pop()
-            try:
-                fut = self.engine.submit_read(self.sb.slot_offset(slot), self._rviews[b])
-            except Exception as exc:
-                raise self._error(exc) from None
-            inflight.append((i, b, fut))
+            view = self._direct(dsts[i])
+            if view is None:
+                if not free:
+                    keep.append((i, slot))
+                    continue
+                b = free.pop()
+                staged.append((i, b))
+                view = self._rviews[b]
+            items.append((self.sb.slot_offset(slot), view))
+        todo.extend(keep)
+        try:
+            fut = submit_batch(self.engine, items, on_caller=self.durable)
+        except Exception as exc:
+            raise self._error(exc) from None
+        return fut, staged
 
     def complete_load(self, job: TransferJob) -> list[bool]:
         self._alive()
-        _todo, dsts, inflight, free = job.state
+        fut, staged, later, dsts, free, read = job.state
         n = self.block_bytes
-        while inflight:
-            i, b, fut = inflight.popleft()
-            self._wait_head(fut, [x[2] for x in inflight])
-            np.copyto(dsts[i], self._rstage[b][:n])
-            free.append(b)
+        while True:
+            self._wait_one(fut, "read")
+            for i, b in staged:
+                np.copyto(dsts[i], self._rstage[b][:n])
+                free.append(b)
+            if not later:
+                break
+            fut, staged = self._read_batch(later, dsts, free)
+        for i in read:
             job.ok[i] = True
-            self._fill_window(job)
         return job.ok
 
-    def _wait_head(self, head: Future[None], others: list[Future[None]]) -> None:
-        """Wait for ``head`` while failing at once if any other read in flight fails."""
-        while not head.done():
-            others = [f for f in others if not f.done()]
-            done, _ = wait([head, *others], timeout=IO_TIMEOUT_S, return_when=FIRST_COMPLETED)
-            if not done:
-                raise self._error(TimeoutError(f"a read did not complete in "
-                                               f"{IO_TIMEOUT_S:.0f} s"))
-            for f in done:
-                if f.exception() is not None:
-                    raise self._error(f.exception())  # type: ignore[arg-type]
-        if head.exception() is not None:
-            raise self._error(head.exception())  # type: ignore[arg-type]
+    def _wait_one(self, fut: Future[None], what: str) -> None:
+        """Wait for one batch's future; its failure (or a timeout) fails the tier. An
+        engine that can complete requests on the caller's thread does so first."""
+        reap = getattr(self.engine, "reap", None)
+        if reap is not None and not fut.done():
+            try:
+                reap()
+            except Exception as err:
+                raise self._error(err) from None
+        try:
+            exc = fut.exception(timeout=IO_TIMEOUT_S)
+        except TimeoutError:
+            raise self._error(TimeoutError(f"a {what} did not complete in "
+                                           f"{IO_TIMEOUT_S:.0f} s")) from None
+        if exc is not None:
+            raise self._error(exc)
 
     # ------------------------------------------------------------------ stores
-    def prepare_store(self, keys: Sequence[int], srcs: Sequence[np.ndarray]) -> TransferJob:
+    def _stage_buffer(self) -> AlignedBuffer | None:
+        """A free staging buffer, a new one while fewer than the cap exist, else None."""
+        try:
+            return self._wstage.get_nowait()
+        except queue.Empty:
+            pass
+        if len(self._owned) - self.read_qd < self._wcap:
+            ab = AlignedBuffer(self.padded)
+            self._owned.append(ab)
+            return ab
+        return None
+
+    def prepare_store(self, keys: Sequence[int], srcs: Sequence[np.ndarray], *,
+                      crcs: Sequence[int] | None = None) -> TransferJob:
+        """Stage every block (the caller's rows are free again on return) and write them
+        in as few batches as the staging buffers allow (one, mostly): one future per
+        batch, completed in the background. ``crcs``: the CRC32C of each source block,
+        taken by the caller (the data mover, which checks later loads against it): the
+        index records it rather than a second pass over the staged copy."""
         self._alive()
         job = TransferJob(list(keys), [])
+        job.state = []
         n = self.block_bytes
-        for key, src in zip(keys, srcs, strict=True):
-            if self.durable:
-                slot = self._durable_slot(key)
-            else:
-                held = self.slot_of.get(key)
-                if held is None:
-                    if not self._free:
-                        raise RuntimeError(f"{self.name} tier: all {self.slots} slots in use "
-                                           "(the engine sized it too small)")
-                    slot = self._free.popleft()
-                else:
-                    slot = held
-                    self._settle(key)
-            try:
-                ab = self._wstage.get(timeout=IO_TIMEOUT_S)
-            except queue.Empty:
-                raise self._error(TimeoutError(f"writes did not complete in "
-                                               f"{IO_TIMEOUT_S:.0f} s")) from None
-            np.copyto(np.frombuffer(ab.view, dtype=np.uint8, count=n), src)
-            try:
-                fut = self.engine.submit_write(self.sb.slot_offset(slot), ab.view)
-            except Exception as exc:
-                self._wstage.put(ab)
+        group: list[tuple[int, int, AlignedBuffer, int | None]] = []
+        grouped: set[int] = set()
+        try:
+            for pos, (key, src) in enumerate(zip(keys, srcs, strict=True)):
+                if key in grouped:  # the same key again: its earlier version goes first
+                    self._write_group(group, job)
+                    grouped.clear()
                 if self.durable:
-                    self.store.release(slot)
+                    slot = self._durable_slot(key)
                 else:
-                    self._free.appendleft(slot)
-                raise self._error(exc) from None
-            crc: Future[int] = Future()
-            fut.add_done_callback(self._returner(ab, n, crc))
-            self._crc_of[key] = crc
+                    held = self.slot_of.get(key)
+                    if held is None:
+                        if not self._free:
+                            raise RuntimeError(f"{self.name} tier: all {self.slots} slots in "
+                                               "use (the engine sized it too small)")
+                        slot = self._free.popleft()
+                    else:
+                        slot = held
+                        self._settle(key)
+                ab = self._stage_buffer()
+                if ab is None:
+                    # every staging buffer is taken: send what is staged, wait for one back
+                    self._write_group(group, job)
+                    grouped.clear()
+                    self._await_buffer()
+                    try:
+                        ab = self._wstage.get(timeout=IO_TIMEOUT_S)
+                    except queue.Empty:
+                        self._unclaim(slot)
+                        raise self._error(TimeoutError(f"writes did not complete in "
+                                                       f"{IO_TIMEOUT_S:.0f} s")) from None
+                staged = np.frombuffer(ab.view, dtype=np.uint8, count=n)
+                np.copyto(staged, src)
+                # durable mode commits every step: the CRC of the staged bytes is taken
+                # here, while they are in cache, instead of on the CRC thread after the
+                # write
+                crc = crcs[pos] if crcs is not None else (
+                    crc32c(staged) if self.durable else None)
+                group.append((key, slot, ab, crc))
+                grouped.add(key)
+        except BaseException:
+            # what was staged before the failure is written and recorded, as if stored
+            # one by one (unless the medium itself failed)
+            if group and self.dead is None:
+                with contextlib.suppress(TierError):
+                    self._write_group(group, job)
+            raise
+        self._write_group(group, job)
+        return job
+
+    def _await_buffer(self) -> None:
+        """Wait for writes in flight, oldest first, until one has handed its staging
+        buffer back (waiting on their futures: in durable mode the waiting thread takes
+        the completions itself)."""
+        for fut in list(dict.fromkeys(self._pending.values())):
+            if not self._wstage.empty():
+                return
+            with contextlib.suppress(Exception):  # a failure is the commit's to report
+                fut.exception(timeout=IO_TIMEOUT_S)
+
+    def _unclaim(self, slot: int) -> None:
+        if self.durable:
+            self.store.release(slot)
+        else:
+            self._free.appendleft(slot)
+
+    def _write_group(self, group: list[tuple[int, int, AlignedBuffer, int | None]],
+                     job: TransferJob) -> None:
+        """Submit the staged writes of ``group`` as one batch and record them; ``group``
+        is emptied either way."""
+        if not group:
+            return
+        n = self.block_bytes
+        try:
+            fut = submit_batch(self.engine, [(self.sb.slot_offset(slot), ab.view)
+                                             for _k, slot, ab, _c in group], write=True,
+                               on_caller=self.durable)
+        except Exception as exc:
+            for _k, slot, ab, _c in group:
+                self._wstage.put(ab)
+                self._unclaim(slot)
+            group.clear()
+            raise self._error(exc) from None
+        bufs = [ab for _k, _s, ab, _c in group]
+        if self.durable:
+            fut.add_done_callback(self._returner(bufs))
+        else:
+            crcs: Future[list[int]] = Future()
+            fut.add_done_callback(self._checksummer(bufs, n, crcs))
+        for j, (key, slot, _ab, crc) in enumerate(group):
+            self._crc_of[key] = crc if crc is not None else (crcs, j)
             self.slot_of[key] = slot
             if self.durable:
                 self._uncommitted[key] = slot
             self._pending[key] = fut
-            job.futures.append(fut)
+            job.state.append((key, fut))
             job.ok.append(True)
             job.nbytes += n
-        return job
+        job.futures.append(fut)
+        group.clear()
 
-    def _returner(self, ab: AlignedBuffer, n: int,
-                  crc: Future[int]) -> Callable[[Future[None]], None]:
-        """A done-callback that has the written bytes' CRC32C taken on the CRC thread (not
+    def _returner(self, bufs: list[AlignedBuffer]) -> Callable[[Future[None]], None]:
+        """A done-callback handing a batch's staging buffers back once its writes are
+        done."""
+        def done(_f: Future[None]) -> None:
+            for ab in bufs:
+                self._wstage.put(ab)
+        return done
+
+    def _checksummer(self, bufs: list[AlignedBuffer], n: int,
+                     crcs: Future[list[int]]) -> Callable[[Future[None]], None]:
+        """A done-callback that has the written bytes' CRC32Cs taken on the CRC thread (not
         the engine's completion thread, which reads wait on), then hands the staging
-        buffer back for the next write."""
+        buffers back for the next writes."""
         def checksum(f: Future[None]) -> None:
             try:
                 exc = f.exception()
                 if exc is None:
-                    crc.set_result(crc32c(np.frombuffer(ab.view, dtype=np.uint8, count=n)))
+                    crcs.set_result([crc32c(np.frombuffer(ab.view, dtype=np.uint8, count=n))
+                                     for ab in bufs])
                 else:
-                    crc.set_exception(exc)
+                    crcs.set_exception(exc)
             except BaseException as err:  # the commit must see it, not a logger
-                if not crc.done():
-                    crc.set_exception(err)
+                if not crcs.done():
+                    crcs.set_exception(err)
             finally:
-                self._wstage.put(ab)
+                for ab in bufs:
+                    self._wstage.put(ab)
 
         def done(f: Future[None]) -> None:
             try:
                 self._crc_pool.submit(checksum, f)
-            except RuntimeError as exc:  # closed: nothing will commit this write
-                crc.set_exception(exc)
-                self._wstage.put(ab)
+            except RuntimeError as exc:  # closed: nothing will commit these writes
+                crcs.set_exception(exc)
+                for ab in bufs:
+                    self._wstage.put(ab)
         return done
+
+    def _crc(self, key: int) -> int:
+        """The CRC32C of ``key``'s latest write (waiting for the CRC thread's)."""
+        got = self._crc_of[key]
+        if isinstance(got, int):
+            return got
+        fut, j = got
+        try:
+            return fut.result(timeout=IO_TIMEOUT_S)[j]
+        except Exception as exc:
+            raise self._error(exc) from None
 
     def _durable_slot(self, key: int) -> int:
         """A free slot of the store for a new version of ``key``. A committed version
@@ -361,8 +492,9 @@ class NvmeTier(DataTier):
 
     def complete_store(self, job: TransferJob) -> None:
         self._alive()
-        self._wait(job.futures, "write")
-        for key, fut in zip(job.keys, job.futures, strict=True):
+        for fut in job.futures:
+            self._wait_one(fut, "write")
+        for key, fut in job.state:
             if self._pending.get(key) is fut:
                 del self._pending[key]
 
@@ -401,10 +533,7 @@ class NvmeTier(DataTier):
         records = []
         for key, slot in self._uncommitted.items():
             self._settle(key)
-            try:
-                crc = self._crc_of[key].result(timeout=IO_TIMEOUT_S)
-            except Exception as exc:
-                raise self._error(exc) from None
+            crc = self._crc(key)
             records.append(Written(slot, key, self.block_bytes, crc, self.ordinal))
         try:
             self.store.commit(records)
@@ -430,10 +559,7 @@ class NvmeTier(DataTier):
         self.drain()
         records = []
         for key, slot in self.slot_of.items():
-            try:
-                crc = self._crc_of[key].result(timeout=IO_TIMEOUT_S)
-            except Exception as exc:
-                raise self._error(exc) from None
+            crc = self._crc(key)
             records.append(Written(slot, key, self.block_bytes, crc, self.ordinal))
         try:
             self.store.commit_written(records)

@@ -6,6 +6,7 @@ file); then the bounce/zero-copy object path."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ import pytest
 from emulator.nvmetcp import Target, simple_config
 from kvtool.errors import UsageError
 from kvtool.store.bounce import io_path, read_object, write_object
-from kvtool.store.engine import AlignedBuffer, IOEngine, open_engine
+from kvtool.store.engine import AlignedBuffer, IOEngine, open_engine, submit_batch
 from tests.conftest import free_port
 
 NQN = "nqn.2026-01.io.kvtool:contract"
@@ -232,3 +233,116 @@ def test_more_submissions_than_qd_all_complete(engine: IOEngine) -> None:
     for f in [engine.submit_read(i * 4096, o.view) for i, o in enumerate(out)]:
         f.result(10)
     assert [o.view[0] for o in out] == list(range(64))
+
+
+def test_batched_submissions_round_trip(engine: IOEngine) -> None:
+    """submit_batch: more requests than the queue depth, one future for all of them."""
+    bufs = [AlignedBuffer(4096) for _ in range(37)]
+    for i, b in enumerate(bufs):
+        b.view[:] = bytes([i]) * 4096
+    submit_batch(engine, [(i * 4096, b.view) for i, b in enumerate(bufs)], write=True).result(10)
+    engine.flush()
+    out = [AlignedBuffer(4096) for _ in range(37)]
+    fut = submit_batch(engine, [(i * 4096, o.view) for i, o in enumerate(out)])
+    assert fut.result(10) is None
+    assert [o.view[0] for o in out] == list(range(37))
+    assert submit_batch(engine, []).result(10) is None
+
+
+def test_batch_with_a_failed_request_fails_only_once_all_are_done(
+        file_engine: IOEngine) -> None:
+    """One read of a batch comes back short (the file shrank under the engine): the
+    batch's future raises, but only after every other read of it has landed (their
+    buffers were the kernel's until then), and the engine keeps working."""
+    path = file_engine.describe()["target"]
+    with open(path, "r+b") as f:
+        f.write(bytes(range(256)) * (64 * 1024))
+    os.truncate(path, 4 << 20)
+    bufs = [AlignedBuffer(4096) for _ in range(12)]
+    items = [(i * 4096, b.view) for i, b in enumerate(bufs[:11])] + [(6 << 20, bufs[11].view)]
+    fut = submit_batch(file_engine, items)
+    with pytest.raises(OSError):
+        fut.result(10)
+    for i, b in enumerate(bufs[:11]):
+        assert bytes(b.view[:4]) == bytes(range(256))[(i * 4096) % 256:][:4]
+    submit_batch(file_engine, [(0, bufs[0].view)]).result(10)
+
+
+def test_aio_io_submit_taking_part_of_a_batch(blank_file: Callable[[int], Path]) -> None:
+    """The kernel may take only some iocbs of an io_submit, or refuse one: the rest are
+    submitted again, the refused one fails its batch, and nothing is lost or doubled."""
+    from kvtool.store.aio import AioQueue
+
+    e = open_engine(str(blank_file(8 << 20)), write=True, qd=8, submission="aio")
+    try:
+        aio = e._aio  # type: ignore[attr-defined]
+        assert isinstance(aio, AioQueue)
+        calls: list[int] = []
+        real = aio._io_submit
+
+        def partial(ptrs: object, n: int) -> int:
+            calls.append(n)
+            if len(calls) == 1:
+                return -errno.EAGAIN  # retried
+            if len(calls) == 2 and n > 2:
+                return real(ptrs, 2)  # two of them taken
+            if len(calls) == 3:
+                return -errno.EINVAL  # the next one refused
+            return real(ptrs, n)
+
+        aio._io_submit = partial
+        bufs = [AlignedBuffer(4096) for _ in range(6)]
+        for i, b in enumerate(bufs):
+            b.view[:] = bytes([i + 1]) * 4096
+        fut = e.submit_writes([(i * 4096, b.view) for i, b in enumerate(bufs)])
+        with pytest.raises(OSError, match="io_submit"):
+            fut.result(10)
+        assert calls[:4] == [6, 6, 4, 3]
+        aio._io_submit = real
+        out = AlignedBuffer(6 * 4096)
+        e.read_into(0, out.view)
+        got = [out.view[i * 4096] for i in range(6)]
+        assert got == [1, 2, 0, 4, 5, 6]  # the refused third write never happened
+        assert not aio._inflight and not aio._waiting
+    finally:
+        e.close()
+
+
+def test_aio_reap_on_the_callers_thread(file_engine: IOEngine) -> None:
+    """reap() takes the completions that have arrived without waiting; together with the
+    reaper thread every batch resolves exactly once."""
+    bufs = [AlignedBuffer(4096) for _ in range(24)]
+    futs = [submit_batch(file_engine, [(i * 4096, b.view) for i, b in
+                                       enumerate(bufs[k:k + 6], start=k)])
+            for k in range(0, 24, 6)]
+    reap = file_engine.reap  # type: ignore[attr-defined]
+    while not all(f.done() for f in futs):
+        reap()
+    assert all(f.result(10) is None for f in futs)
+
+
+def test_aio_batches_completed_by_their_waiter(blank_file: Callable[[int], Path]) -> None:
+    """on_caller batches go to an AIO context without a reaper thread: waiting for the
+    future (result, exception) takes the completions on the waiting thread, a batch
+    larger than the queue depth included, and callbacks still run."""
+    import threading
+
+    e = open_engine(str(blank_file(8 << 20)), write=True, qd=4, submission="aio")
+    try:
+        threads = threading.active_count()
+        bufs = [AlignedBuffer(4096) for _ in range(11)]
+        for i, b in enumerate(bufs):
+            b.view[:] = bytes([i + 7]) * 4096
+        seen: list[bool] = []
+        fut = submit_batch(e, [(i * 4096, b.view) for i, b in enumerate(bufs)], write=True,
+                           on_caller=True)
+        fut.add_done_callback(lambda f: seen.append(f.exception() is None))
+        assert fut.result(10) is None and seen == [True]
+        assert threading.active_count() == threads  # no reaper thread was started
+        out = [AlignedBuffer(4096) for _ in range(11)]
+        back = submit_batch(e, [(i * 4096, o.view) for i, o in enumerate(out)], on_caller=True)
+        assert back.exception(10) is None
+        assert [o.view[0] for o in out] == [i + 7 for i in range(11)]
+        submit_batch(e, [(0, out[0].view)], on_caller=True)  # close() completes it
+    finally:
+        e.close()

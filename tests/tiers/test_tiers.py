@@ -119,3 +119,140 @@ def test_tier_option_errors() -> None:
     with pytest.raises(UsageError, match="not a size"):
         TierOption.parse("lots", tier="dram")
     assert str(TierOption.parse("2GiB@/x.img", tier="nvme")) == "2 GiB@/x.img"
+
+
+def test_nvme_tier_batches_reads_into_aligned_rows_and_stages_the_rest(
+        blank_file, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A block of whole LBAs is read straight into an aligned row, through the read_qd
+    staging buffers otherwise (in several batches when there are more such rows); a
+    request storing more blocks than staging buffers exist grows them up to the cap,
+    then sends what is staged and waits for buffers to come back."""
+    from kvtool.store.io import AlignedBuffer
+    from kvtool.tiers import nvme as nvme_mod
+
+    bb = 32768
+    monkeypatch.setattr(nvme_mod, "WRITE_STAGING_BYTES", 6 * bb)  # 6 staging buffers at most
+    path = blank_file(64 << 20)
+    engine = open_engine(str(path), write=True, qd=4)
+    tier = NvmeTier(engine, block_bytes=bb, url=str(path), read_qd=3, write_qd=2)
+    try:
+        keys = list(range(1, 16))
+        src = blocks(keys, bb)
+        job = tier.prepare_store(keys, src)
+        assert len(job.futures) >= 3  # 15 blocks, 6 buffers: at least three batches
+        tier.complete_store(job)
+        arena = AlignedBuffer(len(keys) * bb)
+        rows = np.frombuffer(arena.view, dtype=np.uint8).reshape(len(keys), bb)
+        assert tier._direct(rows[0]) is not None
+        odd = [np.empty(bb + 1, np.uint8)[1:] for _ in keys]  # misaligned: staged
+        assert tier._direct(odd[0]) is None
+        dsts = [rows[i] if i % 2 else odd[i] for i in range(len(keys))]
+        assert tier.complete_load(tier.prepare_load([*keys, 999], [*dsts, odd[0]])) == [
+            True] * len(keys) + [False]
+        for k, d in zip(keys, dsts, strict=True):
+            assert np.array_equal(d, blocks([k], bb)[0])
+    finally:
+        tier.close()
+
+
+class _FailingWrites:
+    """An engine whose batched writes land but report a failure (a medium error)."""
+
+    def __init__(self, engine) -> None:  # type: ignore[no-untyped-def]
+        self._e = engine
+        self.fail = False
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self._e, name)
+
+    def submit_writes(self, items, **kw):  # type: ignore[no-untyped-def]
+        from concurrent.futures import Future
+
+        fut = self._e.submit_writes(items, **kw)
+        if not self.fail:
+            return fut
+        fut.exception(10)  # the writes land (waiting drives their completion) ...
+        out: Future[None] = Future()
+        out.set_exception(OSError(5, "medium error"))  # ... and report a medium error
+        return out
+
+
+def test_durable_nvme_tier_failed_batch_loses_nothing_acknowledged(
+        blank_file) -> None:  # type: ignore[no-untyped-def]
+    """A committed batch survives a later batch whose writes fail: that batch fails the
+    tier and is never committed, and the reopened store holds exactly the first one,
+    each block matching the CRC32C it was committed with."""
+    from kvtool.store.checksum import crc32c
+    from kvtool.tiers.base import TierError
+
+    bb = 32768
+    path = blank_file(64 << 20)
+    engine = _FailingWrites(open_engine(str(path), write=True, qd=4))
+    tier = NvmeTier(engine, block_bytes=bb, url=str(path), durable=True)  # type: ignore[arg-type]
+    first = list(range(1, 10))
+    tier.complete_store(tier.prepare_store(first, blocks(first, bb)))
+    assert tier.commit_pending() == len(first)
+    engine.fail = True
+    job = tier.prepare_store([50, 51, 52], blocks([50, 51, 52], bb))
+    with pytest.raises(TierError, match="medium error"):
+        tier.complete_store(job)
+    with pytest.raises(TierError):
+        tier.commit_pending()
+    tier.close()
+    again = NvmeTier(open_engine(str(path), write=True, qd=4), block_bytes=bb, url=str(path),
+                     durable=True)
+    try:
+        assert sorted(again.persisted_crcs()) == first
+        dst = [np.empty(bb, np.uint8) for _ in first]
+        assert all(again.complete_load(again.prepare_load(first, dst)))
+        for k, d in zip(first, dst, strict=True):
+            assert crc32c(d) == again.persisted_crcs()[k] == crc32c(blocks([k], bb)[0])
+    finally:
+        again.close()
+
+
+def test_nvme_tier_full_mid_request_keeps_what_it_staged(
+        blank_file) -> None:  # type: ignore[no-untyped-def]
+    """The slots run out halfway through a request's blocks: the ones staged before are
+    written and held (as if stored one by one), the error is the caller's."""
+    bb = 32768
+    path = blank_file(64 << 20)
+    tier = NvmeTier(open_engine(str(path), write=True, qd=4), block_bytes=bb, url=str(path),
+                    max_slots=5)
+    try:
+        keys = list(range(1, 9))
+        with pytest.raises(RuntimeError, match="slots in use"):
+            tier.prepare_store(keys, blocks(keys, bb))
+        assert len(tier) == 5
+        dst = [np.empty(bb, np.uint8) for _ in range(5)]
+        assert all(tier.complete_load(tier.prepare_load(keys[:5], dst)))
+        for k, d in zip(keys, dst, strict=False):
+            assert np.array_equal(d, blocks([k], bb)[0])
+    finally:
+        tier.close()
+
+
+def test_nvme_tier_records_the_callers_checksums(blank_file) -> None:  # type: ignore[no-untyped-def]
+    """Given the CRC32C of each source block (the data mover's), the tier commits those:
+    a reopened store's entries hold them, and they match the bytes on the medium."""
+    from kvtool.store.checksum import crc32c
+
+    bb = 32768
+    path = blank_file(64 << 20)
+    keys = [5, 6, 7]
+    src = blocks(keys, bb)
+    want = [crc32c(a) for a in src]
+    tier = NvmeTier(open_engine(str(path), write=True, qd=4), block_bytes=bb, url=str(path),
+                    durable=True)
+    tier.complete_store(tier.prepare_store(keys, src, crcs=want))
+    assert tier.commit_pending() == 3
+    tier.close()
+    again = NvmeTier(open_engine(str(path), write=True, qd=4), block_bytes=bb, url=str(path),
+                     durable=True)
+    try:
+        assert again.persisted_crcs() == dict(zip(keys, want, strict=True))
+        dst = [np.empty(bb, np.uint8) for _ in keys]
+        assert all(again.complete_load(again.prepare_load(keys, dst)))
+        assert [crc32c(d) for d in dst] == want
+    finally:
+        again.close()
