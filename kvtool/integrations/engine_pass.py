@@ -76,6 +76,9 @@ def run(job: dict[str, Any], on_done: Callable[[int], None] | None = None) -> di
     reader = read_trace(job["trace"], fmt=job["fmt"], block_tokens=job["trace_block_tokens"],
                         skip_bad=job["skip_bad"])
     reqs = list(reader)
+    from kvtool.integrations.torchextras import hide_unloadable
+
+    hidden = hide_unloadable()  # before vLLM imports transformers
     import vllm
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -164,7 +167,8 @@ def run(job: dict[str, Any], on_done: Callable[[int], None] | None = None) -> di
     info = {"name": "vllm", "version": vllm.__version__, "model": job["model"],
             "block_size": B, "num_gpu_blocks": int(cfg.cache_config.num_gpu_blocks or 0),
             "kv_cache_bytes": int(job["gpu_bytes"]), "max_model_len": job["max_model_len"],
-            "init_s": init_s, "omp_threads": os.environ.get("OMP_NUM_THREADS")}
+            "init_s": init_s, "omp_threads": os.environ.get("OMP_NUM_THREADS"),
+            "hidden_packages": hidden}
     with _quiet():
         engine.engine_core.shutdown()
     return {"engine": info, "wall_s": wall, "arrive_s": arrive, "first_token_s": first,

@@ -93,6 +93,9 @@ def make(out: Path) -> Path:
             return out
         tmp = out.with_name(out.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
+        from kvtool.integrations.torchextras import hide_unloadable
+
+        hide_unloadable()  # transformers imports torchvision when it is installed
         import torch
         from transformers import LlamaConfig, LlamaForCausalLM
 
