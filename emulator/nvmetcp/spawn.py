@@ -59,6 +59,7 @@ def spawned(args: Sequence[str], *, workdir: Path, python: str = sys.executable,
     """Start the target with ``args`` (its options, without ``--ready-file``); yield it once
     it is ready; stop it when the block ends. Its output goes to a log in ``workdir``,
     removed with its ready file when it stops (a failed start's error quotes its tail)."""
+    workdir = workdir.absolute()  # the child runs in the repository (``-m`` resolves there)
     workdir.mkdir(parents=True, exist_ok=True)
     name = f"target-{uuid.uuid4().hex[:8]}"
     ready, log = workdir / f"{name}.ready", workdir / f"{name}.log"

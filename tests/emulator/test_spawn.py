@@ -43,3 +43,13 @@ def test_the_target_is_stopped_when_the_block_raises(tmp_path: Path) -> None:
         proc = target.proc
         raise RuntimeError("boom")
     assert proc.poll() is not None
+
+
+def test_a_relative_workdir_is_the_callers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The child runs in the repository; a workdir relative to the caller's directory
+    still names the caller's (as ``kvtool experiment run … --out out/exp`` gives it)."""
+    monkeypatch.chdir(tmp_path)
+    with spawned(["--listen", "127.0.0.1:0", "--nqn", NQN, "--backing", "4MiB",
+                  "--allow-any-host"], workdir=Path("out") / "exp") as target:
+        assert target.log.parent == tmp_path / "out" / "exp"
+    assert (tmp_path / "out" / "exp").is_dir()
