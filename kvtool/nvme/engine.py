@@ -25,7 +25,7 @@ from kvtool.nvme import spec
 from kvtool.nvme.host import AuthenticationError, ConnectError, Controller, HostCredentials
 from kvtool.nvme.queue import TransportError
 from kvtool.nvme.url import NvmeUrl, default_hostnqn, parse_nvme_url
-from kvtool.store.io import check_extent
+from kvtool.store.io import Countdown, check_extent
 
 if TYPE_CHECKING:
     from kvtool.nvme.multipath import MultipathEngine
@@ -109,27 +109,11 @@ class NvmeTcpEngine:
         """Submit every item; the future resolves once all have completed (a request that
         failed with the connection is re-issued after the reconnect first) and raises
         the first failure."""
-        fut: Future[None] = Future()
-        fut.set_running_or_notify_cancel()
+        count = Countdown(len(items))
         if not items:
-            fut.set_result(None)
-            return fut
-        lock = threading.Lock()
-        left = [len(items)]
-        first: list[BaseException] = []
-
-        def settle(err: BaseException | None) -> None:
-            with lock:
-                if err is not None and not first:
-                    first.append(err)
-                left[0] -= 1
-                if left[0]:
-                    return
-            if first:
-                fut.set_exception(first[0])
-            else:
-                fut.set_result(None)
-
+            return count.fut
+        count.fut.set_running_or_notify_cancel()  # no cancel(): the commands are out
+        settle = count.settle
         for offset, buf in items:
             view = memoryview(buf).cast("B")
 
@@ -144,7 +128,7 @@ class NvmeTcpEngine:
                     settle(err)
 
             self.ctrl.submit_split(opcode, self.nsid, offset, view, self.lba_size, done)
-        return fut
+        return count.fut
 
     def _redo(self, settle: Callable[[BaseException | None], None], opcode: int, offset: int,
               view: memoryview) -> None:

@@ -144,32 +144,40 @@ def submit_batch(engine: IOEngine, items: Sequence[tuple[int, memoryview]], *,
     return combine([one(offset, buf) for offset, buf in items])
 
 
+class Countdown:
+    """``n`` operations behind one future (:attr:`fut`): each calls :meth:`settle` once,
+    with its error or ``None``; the future resolves when the last one has, raising the
+    first failure seen (thread-safe: completions arrive on any thread)."""
+
+    __slots__ = ("_first", "_left", "_lock", "fut")
+
+    def __init__(self, n: int) -> None:
+        self.fut: Future[None] = Future()
+        self._lock = threading.Lock()
+        self._left = n
+        self._first: BaseException | None = None
+        if n == 0:
+            self.fut.set_result(None)
+
+    def settle(self, err: BaseException | None) -> None:
+        with self._lock:
+            if err is not None and self._first is None:
+                self._first = err
+            self._left -= 1
+            if self._left:
+                return
+        if self._first is not None:
+            self.fut.set_exception(self._first)
+        else:
+            self.fut.set_result(None)
+
+
 def combine(futures: Sequence[Future[None]]) -> Future[None]:
     """One future for ``futures``: done once all are, with the first failure seen."""
-    out: Future[None] = Future()
-    if not futures:
-        out.set_result(None)
-        return out
-    lock = threading.Lock()
-    left = [len(futures)]
-    first: list[BaseException] = []
-
-    def settle(f: Future[None]) -> None:
-        exc = f.exception()
-        with lock:
-            if exc is not None and not first:
-                first.append(exc)
-            left[0] -= 1
-            if left[0]:
-                return
-        if first:
-            out.set_exception(first[0])
-        else:
-            out.set_result(None)
-
+    count = Countdown(len(futures))
     for f in futures:
-        f.add_done_callback(settle)
-    return out
+        f.add_done_callback(lambda f: count.settle(f.exception()))
+    return count.fut
 
 
 def check_extent(offset: int, nbytes: int, lba_size: int, size: int) -> None:
