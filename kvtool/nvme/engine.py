@@ -114,20 +114,21 @@ class NvmeTcpEngine:
             return count.fut
         count.fut.set_running_or_notify_cancel()  # no cancel(): the commands are out
         settle = count.settle
-        for offset, buf in items:
-            view = memoryview(buf).cast("B")
+        views = [memoryview(buf).cast("B") for _offset, buf in items]
 
-            def done(err: BaseException | None, offset: int = offset,
-                     view: memoryview = view) -> None:
-                if err is None:
-                    settle(None)
-                elif (isinstance(err, TransportError) and self.ctrl.reconnect > 0
-                      and not self._closed):
-                    self._retry_pool().submit(self._redo, settle, opcode, offset, view)
-                else:
-                    settle(err)
+        def done(i: int, err: BaseException | None) -> None:
+            if err is None:
+                settle(None)
+            elif (isinstance(err, TransportError) and self.ctrl.reconnect > 0
+                  and not self._closed):
+                self._retry_pool().submit(self._redo, settle, opcode, items[i][0], views[i])
+            else:
+                settle(err)
 
-            self.ctrl.submit_split(opcode, self.nsid, offset, view, self.lba_size, done)
+        self.ctrl.submit_many(opcode, self.nsid,
+                              [(offset, view) for (offset, _b), view in zip(items, views,
+                                                                            strict=True)],
+                              self.lba_size, done)
         return count.fut
 
     def _redo(self, settle: Callable[[BaseException | None], None], opcode: int, offset: int,

@@ -25,13 +25,21 @@ import logging
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 from types import TracebackType
 
 from kvtool.nvme import dhchap, spec
 from kvtool.nvme import pdu as P
 from kvtool.nvme.hostauth import AuthenticationError, HostCredentials, authenticate
-from kvtool.nvme.queue import DEFAULT_SPIN, Command, HostQueue, NvmeStatusError, TransportError
+from kvtool.nvme.queue import (
+    DEFAULT_SPIN,
+    Command,
+    HostQueue,
+    NvmeStatusError,
+    RwRequest,
+    TransportError,
+)
 from kvtool.nvme.spec import ControllerInfo, DiscoveryEntry, NamespaceInfo
 from kvtool.nvme.url import default_hostnqn, hostid_for
 
@@ -427,39 +435,34 @@ class Controller:
         :attr:`max_transfer` bytes, without waiting; ``done(error)`` runs once, when every
         piece has completed (``error``: the first piece's failure, else ``None``). A piece
         that cannot be sent counts as failed with the rest of the unsent ones."""
+        self.submit_many(opcode, nsid, [(offset, view)], lba_size,
+                         lambda _i, err: done(err))
+
+    def submit_many(self, opcode: int, nsid: int, items: Sequence[tuple[int, memoryview]],
+                    lba_size: int, done: Callable[[int, BaseException | None], None]) -> None:
+        """:meth:`submit_split` for every ``(offset, view)`` of ``items``: ``done(i, error)``
+        runs once per item. The commands go to the I/O queues in turns, each turn as many
+        as the queue has free slots for, in one send (:meth:`HostQueue.submit_rw_many`);
+        this waits only for free slots, never for completions."""
         chunk = max(lba_size, self.max_transfer // lba_size * lba_size)
-        pieces = [(off, view[off: off + chunk]) for off in range(0, len(view), chunk)]
-        if not pieces:
-            done(None)
-            return
-        lock = threading.Lock()
-        left = [len(pieces)]
-        first: list[BaseException] = []
-
-        def settle(n: int, err: BaseException | None) -> None:
-            with lock:
-                left[0] -= n
-                if err is not None and not first:
-                    first.append(err)
-                if left[0]:
-                    return
-            done(first[0] if first else None)
-
-        def on_done(cmd: Command) -> None:
-            try:
-                cmd.result()
-            except BaseException as exc:
-                settle(1, exc)
-                return
-            settle(1, None)
-
-        base = offset // lba_size
-        for i, (off, piece) in enumerate(pieces):
-            try:
-                self.submit_io(opcode, nsid, base + off // lba_size, piece, lba_size, on_done)
-            except OSError as exc:
-                settle(len(pieces) - i, exc)
-                break
+        pending: deque[RwRequest] = deque()
+        for i, (offset, view) in enumerate(items):
+            size = len(view)
+            if not size:
+                done(i, None)
+                continue
+            base = offset // lba_size
+            on_done = _piece_counter(i, -(-size // chunk), done)
+            for off in range(0, size, chunk):
+                piece = view[off: off + chunk]
+                pending.append((base + off // lba_size, len(piece) // lba_size, piece, on_done))
+        try:
+            self._check_open()
+            while pending:
+                self._queue().submit_rw_many(opcode, nsid, pending)
+        except OSError as exc:
+            for _slba, _nlb, _piece, on_done in pending:
+                on_done(_failed(exc))
 
     def reap(self) -> int:
         """Polled I/O queues: process the completions that have arrived (callbacks run on
@@ -612,3 +615,51 @@ def discover(host: str, port: int, *, hostnqn: str | None = None, timeout: float
                     dhchap_ctrl_secret=dhchap_ctrl_secret) as ctrl:
         return ctrl.discovery_log()
 
+
+class _Failed:
+    """Stands in for a command that was never sent (:meth:`Controller.submit_many`)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def result(self) -> None:
+        raise self.error
+
+
+def _failed(exc: BaseException) -> Command:
+    return _Failed(exc)  # type: ignore[return-value]
+
+
+def _piece_counter(i: int, pieces: int, done: Callable[[int, BaseException | None], None]
+                   ) -> Callable[[Command], None]:
+    """The ``on_done`` of item ``i``'s ``pieces`` commands: ``done(i, first error)`` once the
+    last has completed (one command: straight through, no lock)."""
+    if pieces == 1:
+        def one(cmd: Command) -> None:
+            try:
+                cmd.result()
+            except BaseException as exc:
+                done(i, exc)
+                return
+            done(i, None)
+        return one
+    lock = threading.Lock()
+    left = [pieces]
+    first: list[BaseException] = []
+
+    def each(cmd: Command) -> None:
+        err: BaseException | None = None
+        try:
+            cmd.result()
+        except BaseException as exc:
+            err = exc
+        with lock:
+            left[0] -= 1
+            if err is not None and not first:
+                first.append(err)
+            if left[0]:
+                return
+        done(i, first[0] if first else None)
+    return each

@@ -39,7 +39,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Literal, overload
 
 from kvtool.nvme import pdu as P
 from kvtool.nvme import spec
@@ -56,6 +56,11 @@ _QUICKACK_MIN = 64 * 1024  # reads larger than a loopback segment ask for quick 
 
 class TransportError(ConnectionError):
     """The NVMe/TCP connection failed (closed, reset, timed out, protocol error)."""
+
+
+class SendFailed(TransportError):
+    """A send on a queue failed: the command (or batch) it carried had been registered and
+    has failed with the queue, its callbacks run; whoever sent it must not settle it again."""
 
 
 class Unreachable(TransportError):
@@ -231,6 +236,10 @@ class _Reader:
             n -= chunk
 
 
+RwRequest = tuple[int, int, memoryview, Callable[[Command], None]]
+"""A Read or Write for :meth:`HostQueue.submit_rw_many`: (slba, nlb, buffer, on_done)."""
+
+
 class HostQueue:
     """A connected (ICReq/ICResp done) NVMe/TCP queue; Fabrics Connect is the caller's job.
 
@@ -388,6 +397,53 @@ class HostQueue:
             self._quickack()
         return cmd
 
+    def submit_rw_many(self, opcode: int, nsid: int, reqs: deque[RwRequest]) -> None:
+        """Submit Reads (or Writes) from the left of ``reqs`` in **one send**: the first
+        waits for a slot as :meth:`submit_rw` does, the others go while slots are free;
+        what finds none stays in ``reqs`` for the caller's next call. A request taken off
+        ``reqs`` is the queue's: its ``on_done`` runs once, also when the send fails (the
+        queue fails it; :class:`SendFailed` is raised then). Any other exception leaves
+        the request it was about in ``reqs``: the rest are the caller's to fail.
+
+        One ``sendmsg`` for a request's worth of capsules instead of one per command: on
+        a small machine each send also gave the GIL to a reader thread and back.
+        Digest and polled queues submit one at a time (:meth:`submit_rw`)."""
+        if self.hdgst or self.ddgst or self.polled:
+            slba, nlb, buf, on_done = reqs[0]
+            try:
+                self.submit_rw(opcode, nsid, slba, nlb, buf, on_done)
+            except SendFailed:
+                reqs.popleft()
+                raise
+            reqs.popleft()
+            return
+        write = opcode == spec.IO_WRITE
+        name = "Write" if write else "Read"
+        parts: list[bytes | memoryview] = []
+        quickack = False
+        limit = self.in_capsule_max
+        encode = P.encode_io_capsule
+        wait = True
+        while reqs:
+            slba, nlb, buf, on_done = reqs[0]
+            data_in, data_out = (None, buf) if write else (buf, None)
+            cmd = self._register((name, nsid, slba, nlb), data_in, data_out, on_done,
+                                 wait=wait)
+            if cmd is None:
+                break
+            reqs.popleft()
+            wait = False
+            n = len(buf)
+            if write and n and n <= limit:
+                cmd.sent = n
+                parts += (encode(opcode, cmd.cid, nsid, slba, nlb, n, 0), buf)
+            else:
+                parts.append(encode(opcode, cmd.cid, nsid, slba, nlb, 0, n))
+                quickack = quickack or (not write and n > _QUICKACK_MIN)
+        self._send(parts)
+        if quickack:
+            self._quickack()
+
     def _quickack(self) -> None:
         """ACK the coming data at once (TCP_QUICKACK), whatever the last exchange was.
 
@@ -399,14 +455,31 @@ class HostQueue:
         with contextlib.suppress(OSError):
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
 
+    @overload
+    def _register(self, what: str | tuple[Any, ...], data_in: memoryview | None,
+                  data_out: memoryview | None, on_done: Callable[[Command], None] | None,
+                  wait: Literal[True] = True) -> Command: ...
+
+    @overload
+    def _register(self, what: str | tuple[Any, ...], data_in: memoryview | None,
+                  data_out: memoryview | None, on_done: Callable[[Command], None] | None,
+                  wait: bool) -> Command | None: ...
+
     def _register(self, what: str | tuple[Any, ...], data_in: memoryview | None,
                   data_out: memoryview | None,
-                  on_done: Callable[[Command], None] | None) -> Command:
+                  on_done: Callable[[Command], None] | None,
+                  wait: bool = True) -> Command | None:
         """A new outstanding command with a free CID (waits for one while ``depth`` are
-        outstanding)."""
+        outstanding; without ``wait``, None when none is free now)."""
         if self.dead is not None:
             raise TransportError(f"queue {self.qid} is down: {self.dead}")
-        cid = self._take_slot()
+        if not wait:
+            try:
+                cid: int | None = self._free.get_nowait()
+            except queue.Empty:
+                return None
+        else:
+            cid = self._take_slot()
         if cid is None:
             self.fail(TransportError(f"queue {self.qid}: no free slot in {self.timeout:g} s"))
             raise TransportError(f"queue {self.qid} stalled")
@@ -470,7 +543,7 @@ class HostQueue:
             err = exc if isinstance(exc, TransportError) else \
                 TransportError(f"send failed: {exc.strerror or exc}")
             self.fail(err)
-            raise err from None
+            raise SendFailed(str(err)) from None
         self._after_send()
 
     def _after_send(self) -> None:
