@@ -9,7 +9,7 @@ caller can overlap them with other work, as vLLM's ``OffloadingManager`` /
   (a ``uint8`` array of ``block_bytes``); ``complete_load(job)`` waits and returns, per
   key, whether its bytes arrived (a key the tier does not hold is ``False``). Content is
   not checked here: the caller verifies what it receives;
-* ``prepare_store(keys, srcs)`` → job — start storing; every ``srcs[i]`` has been read
+* ``prepare_store(keys, srcs[, crcs])`` → job — start storing; every ``srcs[i]`` has been read
   (copied) before it returns, so the caller may reuse its buffers at once; the write to
   the medium may continue until ``complete_store(job)``;
 * ``evict(keys)`` — forget the keys and free their space (keys it lacks are ignored).
@@ -102,7 +102,12 @@ class DataTier(ABC):
     def complete_load(self, job: TransferJob) -> list[bool]: ...
 
     @abstractmethod
-    def prepare_store(self, keys: Sequence[int], srcs: Sequence[np.ndarray]) -> TransferJob: ...
+    def prepare_store(self, keys: Sequence[int], srcs: Sequence[np.ndarray], *,
+                      crcs: Sequence[int] | None = None) -> TransferJob:
+        """``crcs``: the CRC32C of each ``srcs[i]``, when the caller took them (the data
+        mover, which checks later loads against them). A tier that records a checksum
+        with each block (the NVMe tier's index, the shared pool's) records these instead
+        of a second pass over the bytes; the others ignore them."""
 
     @abstractmethod
     def complete_store(self, job: TransferJob) -> None: ...

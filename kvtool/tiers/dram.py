@@ -56,7 +56,8 @@ class DramTier(DataTier):
     def complete_load(self, job: TransferJob) -> list[bool]:
         return job.ok
 
-    def prepare_store(self, keys: Sequence[int], srcs: Sequence[np.ndarray]) -> TransferJob:
+    def prepare_store(self, keys: Sequence[int], srcs: Sequence[np.ndarray], *,
+                      crcs: Sequence[int] | None = None) -> TransferJob:
         job = TransferJob(list(keys), [])
         rows, pool, free = self.rows, self.pool, self._free
         for key, src in zip(keys, srcs, strict=True):

@@ -160,7 +160,8 @@ class MooncakeTier(DataTier):
     def complete_load(self, job: TransferJob) -> list[bool]:
         return job.ok
 
-    def prepare_store(self, keys: Sequence[int], srcs: Sequence[np.ndarray]) -> TransferJob:
+    def prepare_store(self, keys: Sequence[int], srcs: Sequence[np.ndarray], *,
+                      crcs: Sequence[int] | None = None) -> TransferJob:
         job = TransferJob(list(keys), [])
         bb = self.block_bytes
         for start in range(0, len(keys), self.batch):

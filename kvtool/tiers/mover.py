@@ -49,7 +49,6 @@ from kvtool.errors import CheckFailed, param
 from kvtool.store.checksum import crc32c
 from kvtool.tiers.base import DataTier, Link, TierError, TransferJob
 from kvtool.tiers.dram import DramTier
-from kvtool.tiers.nvme import NvmeTier
 from kvtool.tiers.option import ON_TIER_ERROR
 
 
@@ -400,8 +399,8 @@ class DataMover:
                     held[key] = crc
         start = time.perf_counter()
         try:
-            if self.crcs is not None and isinstance(tier, NvmeTier):
-                # the checksums the loads will be checked against are the ones the tier
+            if self.crcs is not None:
+                # the checksums the loads will be checked against are the ones a tier
                 # records with the blocks (one pass over the bytes, not two)
                 held = self.crcs[name]
                 job = tier.prepare_store(keys, srcs, crcs=[held[k] for k in keys])

@@ -127,7 +127,8 @@ class ShmDramTier(DramTier):
         ix = self.index
         return {key: int(ix["crc"][row]) for key, row in self.rows.items()}
 
-    def prepare_store(self, keys: Sequence[int], srcs: Sequence[np.ndarray]) -> TransferJob:
+    def prepare_store(self, keys: Sequence[int], srcs: Sequence[np.ndarray], *,
+                      crcs: Sequence[int] | None = None) -> TransferJob:
         ix = self.index
         for key in keys:  # a replaced block: its entry off before its row changes
             row = self.rows.get(key)
@@ -135,10 +136,11 @@ class ShmDramTier(DramTier):
                 ix["flags"][row] = 0
         job = super().prepare_store(keys, srcs)
         pool = self.pool
-        for key in keys:
+        for pos, key in enumerate(keys):
             row = self.rows[key]
             ix["key"][row] = key
-            ix["crc"][row] = crc32c(pool[row])
+            # the caller's CRC of the source is the row's: an exact copy
+            ix["crc"][row] = crc32c(pool[row]) if crcs is None else crcs[pos]
             ix["flags"][row] = VALID
         return job
 

@@ -256,3 +256,28 @@ def test_nvme_tier_records_the_callers_checksums(blank_file) -> None:  # type: i
         assert [crc32c(d) for d in dst] == want
     finally:
         again.close()
+
+
+def test_shm_pool_records_the_callers_checksums(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The shared DRAM pool records the CRC32C the caller took of each source block (the
+    data mover's, which loads are checked against) rather than a second pass over the row;
+    without them it takes its own. A reopened pool keeps what was recorded."""
+    from kvtool.store.checksum import crc32c
+    from kvtool.tiers.shm import ShmDramTier
+
+    bb = 4096
+    place = str(tmp_path / "pool")
+    tier = ShmDramTier(place, 8, bb)
+    keys = [11, 12, 13]
+    src = blocks(keys, bb)
+    given = [crc32c(a) for a in src]
+    given[1] ^= 1  # not the row's: recorded as given (a load checked against it fails)
+    tier.complete_store(tier.prepare_store(keys, src, crcs=given))
+    tier.complete_store(tier.prepare_store([14], blocks([14], bb)))
+    tier.close()
+    again = ShmDramTier(place, 8, bb)
+    try:
+        assert again.persisted_crcs() == {**dict(zip(keys, given, strict=True)),
+                                          14: crc32c(blocks([14], bb)[0])}
+    finally:
+        again.close()
