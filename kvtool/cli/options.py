@@ -35,7 +35,7 @@ def block_size_options(f: F) -> F:
     for opt in reversed([
         click.option("--model", "-m", metavar="NAME",
                      help="Model preset whose KV block to use (e.g. deepseek-v4-flash, "
-                          "llama-3-70b; list: kvtool audit --help)."),
+                          "llama-3-70b; an unknown name lists them)."),
         click.option("--dtype", metavar="DTYPE",
                      help="KV dtype of --model (fp8, bf16, ...) [default: the model's]."),
         click.option("--tp", type=int, metavar="N",

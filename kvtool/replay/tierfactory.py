@@ -58,7 +58,6 @@ def open_tiers(cfg: CacheConfig, block_bytes: int, work_blocks: int, s: ReplaySe
     from kvtool.align import round_up
     from kvtool.store.layout import Geometry
     from kvtool.tiers.base import TierError
-    from kvtool.tiers.dram import DramTier
     from kvtool.tiers.nvme import NvmeTier
 
     B = setup["block_tokens"]
@@ -69,23 +68,8 @@ def open_tiers(cfg: CacheConfig, block_bytes: int, work_blocks: int, s: ReplaySe
         for spec in cfg.tiers:
             head = headroom(cfg, spec.name, block_bytes, B, work_blocks)
             if spec.name == "dram":
-                cap = int(spec.blocks(block_bytes, B))
-                if spec.place is not None and spec.place.startswith("mooncake://"):
-                    from kvtool.tiers.mooncake import MooncakeTier  # kvtool pool
-
-                    tiers["dram"] = MooncakeTier(spec.place, slots=cap + head,
-                                                 block_bytes=block_bytes)
-                elif spec.place is not None:  # a shared-memory pool file
-                    from kvtool.tiers.shm import ShmDramTier
-
-                    try:
-                        shm = ShmDramTier(spec.place, cap + head, block_bytes)
-                    except TierError as exc:
-                        raise UsageError(str(exc), field="dram") from None
-                    shm.evict(list(shm.rows))  # a replay starts cold
-                    tiers["dram"] = shm
-                else:
-                    tiers["dram"] = DramTier(cap + head, block_bytes)
+                tiers["dram"] = dram_tier(spec.place, int(spec.blocks(block_bytes, B)) + head,
+                                          block_bytes)
             elif spec.name == "nvme":
                 assert spec.place is not None
                 place = spec.place
@@ -136,6 +120,28 @@ def open_tiers(cfg: CacheConfig, block_bytes: int, work_blocks: int, s: ReplaySe
             t.close()
         raise
     return tiers, media, CacheConfig(specs, cfg.write_policy, cfg.label)
+
+
+def dram_tier(place: str | None, slots: int, block_bytes: int) -> DataTier:
+    """The DRAM tier of ``slots`` blocks: a Mooncake Store pool (``mooncake://``), a
+    shared-memory pool file (emptied: a replay starts cold), or this process's memory."""
+    from kvtool.tiers.base import TierError
+    from kvtool.tiers.dram import DramTier
+
+    if place is not None and place.startswith("mooncake://"):
+        from kvtool.tiers.mooncake import MooncakeTier  # kvtool pool
+
+        return MooncakeTier(place, slots=slots, block_bytes=block_bytes)
+    if place is not None:  # a shared-memory pool file
+        from kvtool.tiers.shm import ShmDramTier
+
+        try:
+            shm = ShmDramTier(place, slots, block_bytes)
+        except TierError as exc:
+            raise UsageError(str(exc), field="dram") from None
+        shm.evict(list(shm.rows))  # a replay starts cold
+        return shm
+    return DramTier(slots, block_bytes)
 
 
 def headroom(cfg: CacheConfig, name: str, block_bytes: int, block_tokens: int,

@@ -140,7 +140,7 @@ class TraceReader:
         self._bad_seen: set[int] = set()
         self._buf = self._open(self.path)
         detected, first_block_tokens = self._detect()
-        self.format: TraceFormat = detected if fmt == "auto" else cast(TraceFormat, fmt)
+        self.format: TraceFormat = detected if fmt == "auto" else fmt
         if self.format != "kvtool":
             first_block_tokens = None
         self.block_tokens: int = (block_tokens or first_block_tokens
@@ -214,7 +214,7 @@ class TraceReader:
             if first_line:
                 for name, f in TRACE_FORMATS.items():
                     if f.header and format_module(name).is_header(raw):
-                        return cast(TraceFormat, name), None
+                        return name, None
             first_line = False
             try:
                 first = json.loads(raw)
@@ -225,8 +225,8 @@ class TraceReader:
                 bt = bt if isinstance(bt, int) and not isinstance(bt, bool) and bt > 0 else None
                 for name, f in TRACE_FORMATS.items():
                     if f.keys & first.keys():
-                        return cast(TraceFormat, name), bt if name == "kvtool" else None
-                return cast(TraceFormat, FALLBACK), None
+                        return name, bt if name == "kvtool" else None
+                return FALLBACK, None
         return "kvtool", None
 
     # -- errors ----------------------------------------------------------------------------

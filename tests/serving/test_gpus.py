@@ -24,6 +24,12 @@ def test_required_presets_with_sources() -> None:
     assert rtx.interconnect_gbps == rtx.pcie_gbps
 
 
+def test_every_registered_gpu_has_a_source_and_resolves_by_its_name() -> None:
+    for name, gpu in GPUS.items():
+        assert gpu.name == name and len(gpu.source) > 20, name
+        assert resolve_gpu(name.upper()) is gpu
+
+
 def test_peak_by_weight_dtype() -> None:
     h100, a100 = GPUS["h100-sxm"], GPUS["a100-sxm"]
     assert h100.peak_tflops("fp8") == 1979.0 and h100.peak_tflops("bf16") == 989.0
