@@ -158,8 +158,9 @@ def one_engine_times(requests: Sequence[Any], cfg: CacheConfig, *, block_tokens:
     from kvtool.gcpause import cyclic_gc_paused
 
     # The run's garbage is freed by reference counting; its cycles are the simulation's
-    # own (engines, tiers, loop), which it holds until it ends: the collector's passes
-    # over the trace's block keys and the run's state would find nothing (kvtool.gcpause).
+    # own (engines, tiers, loop), which it holds until it ends and then breaks
+    # (Simulation.release): the collector's passes over the trace's block keys and the
+    # run's state would find nothing (kvtool.gcpause), nor any leftover of it afterwards.
     with cyclic_gc_paused():
         sim = Simulation(requests, setup, load, block_tokens=block_tokens,
                          router=make_router("round-robin"), exact_steps=exact_steps)
@@ -171,6 +172,7 @@ def one_engine_times(requests: Sequence[Any], cfg: CacheConfig, *, block_tokens:
                 times.append(RequestTimes(nan if seq is None else seq.arrival, nan, nan))
             else:
                 times.append(RequestTimes(seq.arrival, seq.first_token, seq.finish))
+        sim.release()
     described = {
         "kind": "serving model, one engine (docs/replay.md, docs/serving.md)",
         "basis": "simulated",

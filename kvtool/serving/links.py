@@ -288,6 +288,17 @@ class FlowNetwork:
             out[name] = per
         return out
 
+    def release(self) -> None:
+        """Drop the flows in flight, the classes and the scratch lists, which refer to the
+        links and back (a cycle): the network is empty after it, its links and their
+        counts kept."""
+        for r in self._res.values():
+            r.classes.clear()
+            r.users = []
+        self._classes.clear()
+        self._spare.clear()
+        self._heap = []
+
     # -- internals ---------------------------------------------------------------------------
 
     def _top(self) -> tuple[float, int, int, int, _Class] | None:

@@ -820,6 +820,18 @@ class Simulation:
             progress(len(self.done) - reported)
         return self.report()
 
+    def release(self) -> None:
+        """Break the run's reference cycles (the engines, the tiers below and the loop refer
+        to one another; the flow network's links to their flow classes) so that reference
+        counting frees the simulation once it is dropped: the cyclic collector then has
+        none of it to walk (``replay``'s timed run reads the times, then drops it). Its
+        report and requests stay readable; it cannot run again."""
+        for engine in self.engines:
+            engine.offload = None
+        self.tiers.sim = None  # type: ignore[assignment]
+        self._timers.clear()
+        self.net.release()
+
     # ---------------------------------------------------------------- report
     def _overload(self, done: Sequence[Seq]) -> dict[str, Any]:
         """Whether the offered load exceeded the modelled capacity (:mod:`.overload`); with
