@@ -173,6 +173,7 @@ def one_engine_times(requests: Sequence[Any], cfg: CacheConfig, *, block_tokens:
             else:
                 times.append(RequestTimes(seq.arrival, seq.first_token, seq.finish))
         sim.release()
+        del sim  # freed now, before the collector is back (it would walk all of it once)
     described = {
         "kind": "serving model, one engine (docs/replay.md, docs/serving.md)",
         "basis": "simulated",

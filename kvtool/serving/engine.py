@@ -879,8 +879,11 @@ class EventEngine(Engine):
         if n_dec:
             itl_v = self.itl_values
             itl_c = self.itl_counts
-            if isinstance(ends, list):
-                itl_v.extend(map(operator.sub, ends, [self._last_end, *ends[:-1]]))
+            if k == 1:
+                itl_v.append(t - self._last_end)
+                itl_c.append(n_dec)
+            elif isinstance(ends, list):
+                itl_v.extend(map(operator.sub, ends, itertools.chain((self._last_end,), ends)))
                 itl_c.extend(itertools.repeat(n_dec, k))
             else:  # numpy: the same subtractions
                 import numpy as np

@@ -140,20 +140,22 @@ class LruPolicy(EvictionPolicy):
         # found before it runs dry. A stale reference's key is taken out and put back
         # one count down (one dict operation for the common case, a last reference).
         need = min(n, len(index))
-        if need > 1:
+        while need > 1:
             # the loop below, in C, while the next ``need`` references name distinct keys
             # (each then met once: its count does not depend on the others)
             chunk = list(islice(order, need))
-            if len(set(chunk)) == len(chunk):
-                deque(starmap(pop, repeat((), len(chunk))), maxlen=0)  # pop them
-                counts = list(map(take, chunk, repeat(0)))
-                last = list(compress(chunk, map((1).__eq__, counts)))
-                out.extend(last)
-                need -= len(last)
-                if need:  # some were stale references: put their keys back, one count down
-                    for key, c in zip(chunk, counts, strict=True):
-                        if c > 1:
-                            index[key] = c - 1
+            if len(set(chunk)) != len(chunk):
+                break
+            deque(starmap(pop, repeat((), need)), maxlen=0)  # pop them
+            counts = list(map(take, chunk, repeat(0)))
+            last = list(compress(chunk, map((1).__eq__, counts)))
+            out.extend(last)
+            if len(last) == need:
+                return out
+            need -= len(last)
+            # some were stale references: put their keys back, one count down, in order
+            index.update(zip(compress(chunk, map((1).__lt__, counts)),
+                             map((-1).__add__, filter((1).__lt__, counts))))
         while need:
             key = pop()
             c = take(key, 0)
