@@ -155,7 +155,7 @@ class LruPolicy(EvictionPolicy):
             need -= len(last)
             # some were stale references: put their keys back, one count down, in order
             index.update(zip(compress(chunk, map((1).__lt__, counts)),
-                             map((-1).__add__, filter((1).__lt__, counts))))
+                             map((-1).__add__, filter((1).__lt__, counts)), strict=True))
         while need:
             key = pop()
             c = take(key, 0)
