@@ -295,9 +295,10 @@ class FlowNetwork:
         return out
 
     def release(self) -> None:
-        """Drop the flows in flight, the classes and the scratch lists, which refer to the
-        links and back (a cycle): the network is empty after it, its links and their
-        counts kept."""
+        """Break the network's reference cycles (a link refers to its flow classes and they
+        to it) once it is no longer advanced: the classes, the emptied ones kept for reuse,
+        the completion heap and the scratch lists are dropped (with any flow still in
+        flight); the links and their counts (:meth:`stats`) stay."""
         for r in self._res.values():
             r.classes.clear()
             r.users = []
