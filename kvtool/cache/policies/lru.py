@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Container
-from itertools import compress, islice, repeat, starmap
+from itertools import islice
 
 from kvtool.cache.policies.admission import Admission, admitted
 from kvtool.cache.policies.base import EvictionPolicy, tally
@@ -133,30 +133,13 @@ class LruPolicy(EvictionPolicy):
                 del index[key]
                 out.append(key)
             return out
-        order = self.order
-        pop = order.popleft
+        pop = self.order.popleft
         add = out.append
         take = index.pop
         # Every cached key has a last reference in `order`, so n ≤ len(index) keys are
         # found before it runs dry. A stale reference's key is taken out and put back
         # one count down (one dict operation for the common case, a last reference).
         need = min(n, len(index))
-        while need > 1:
-            # the loop below, in C, while the next ``need`` references name distinct keys
-            # (each then met once: its count does not depend on the others)
-            chunk = list(islice(order, need))
-            if len(set(chunk)) != len(chunk):
-                break
-            deque(starmap(pop, repeat((), need)), maxlen=0)  # pop them
-            counts = list(map(take, chunk, repeat(0)))
-            last = list(compress(chunk, map((1).__eq__, counts)))
-            out.extend(last)
-            if len(last) == need:
-                return out
-            need -= len(last)
-            # some were stale references: put their keys back, one count down, in order
-            index.update(zip(compress(chunk, map((1).__lt__, counts)),
-                             map((-1).__add__, filter((1).__lt__, counts)), strict=True))
         while need:
             key = pop()
             c = take(key, 0)
