@@ -269,12 +269,13 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
         import logging
 
         logging.getLogger("kvtool.nvme").setLevel(logging.ERROR)
-    # A --simulate replay without the serving model's times (whose engines keep cycles),
-    # fanned-out points or a metrics server makes no reference cycles
-    # (tests/cli/test_replay_gc.py), so the cyclic collector's passes over the trace's kept
-    # block ids would find nothing: it is paused from reading the trace until the job,
-    # which holds them, is gone (kvtool.gcpause).
-    acyclic = (simulate and no_times and metrics_port is None
+    # A --simulate replay without fanned-out points or a metrics server makes no reference
+    # cycles (tests/cli/test_replay_gc.py; the serving model's run, whose engines and tiers
+    # refer to one another, breaks its cycles when its times are read), so the cyclic
+    # collector's passes over the trace's kept block ids and the times would find nothing:
+    # it is paused from reading the trace until the job, which holds them, is gone
+    # (kvtool.gcpause).
+    acyclic = (simulate and metrics_port is None
                and (fanout is None or fanout.kind == "serial"))
     with cyclic_gc_paused() if acyclic else contextlib.nullcontext():
         job = prepare(replay_settings, on_event=lambda m: note(f"[yellow]{m}[/]"))

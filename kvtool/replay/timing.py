@@ -94,7 +94,6 @@ def one_engine_times(requests: Sequence[Any], cfg: CacheConfig, *, block_tokens:
     """Run the one-engine case (module docstring); return each request's times in serve
     order and a description of the engine (the report's ``time_model``). ``exact_steps``:
     the engine schedules every step on its own (the same times; :mod:`kvtool.serving.engine`)."""
-    from kvtool.geometry.custom import from_toml
     from kvtool.geometry.presets import lookup
     from kvtool.serving.gpus import resolve_gpu
     from kvtool.serving.load import Load
@@ -109,7 +108,12 @@ def one_engine_times(requests: Sequence[Any], cfg: CacheConfig, *, block_tokens:
                          field="engine_gpu") from None
     spec = None
     if model is not None:
-        spec = from_toml(model) if model.lower().endswith((".toml", ".json")) else lookup(model)
+        if model.lower().endswith((".toml", ".json")):
+            from kvtool.geometry.custom import from_toml
+
+            spec = from_toml(model)
+        else:
+            spec = lookup(model)
     if spec is None or spec.arch is None:
         spec = lookup(DEFAULT_MODEL)
     t = tp or _tp_for(spec, g, None)
@@ -117,7 +121,7 @@ def one_engine_times(requests: Sequence[Any], cfg: CacheConfig, *, block_tokens:
     # what a load or store moves: the replay's block (every rank's copy) when it has one
     kv_block = max(1, round(step.kv_bytes_per_token * block_tokens)) * t
     moved = block_bytes * t if block_bytes else kv_block
-    from kvtool.serving.topology import vllm_batch_defaults
+    from kvtool.serving.gpus import vllm_batch_defaults
 
     max_tokens, max_seqs = vllm_batch_defaults(g)
     gpu_tier = next((s for s in cfg.tiers if s.name == "gpu"), None)
@@ -158,8 +162,9 @@ def one_engine_times(requests: Sequence[Any], cfg: CacheConfig, *, block_tokens:
     from kvtool.gcpause import cyclic_gc_paused
 
     # The run's garbage is freed by reference counting; its cycles are the simulation's
-    # own (engines, tiers, loop), which it holds until it ends: the collector's passes
-    # over the trace's block keys and the run's state would find nothing (kvtool.gcpause).
+    # own (engines, tiers, loop), which it holds until it ends and then breaks
+    # (Simulation.release): the collector's passes over the trace's block keys and the
+    # run's state would find nothing (kvtool.gcpause), nor any leftover of it afterwards.
     with cyclic_gc_paused():
         sim = Simulation(requests, setup, load, block_tokens=block_tokens,
                          router=make_router("round-robin"), exact_steps=exact_steps)
@@ -171,6 +176,8 @@ def one_engine_times(requests: Sequence[Any], cfg: CacheConfig, *, block_tokens:
                 times.append(RequestTimes(nan if seq is None else seq.arrival, nan, nan))
             else:
                 times.append(RequestTimes(seq.arrival, seq.first_token, seq.finish))
+        sim.release()
+        del sim  # freed now, before the collector is back (it would walk all of it once)
     described = {
         "kind": "serving model, one engine (docs/replay.md, docs/serving.md)",
         "basis": "simulated",

@@ -292,6 +292,10 @@ class Engine:
         self._hold_need: tuple[Seq | None, int] = (None, 0)
         """The holding queue's head when it last could not be admitted, and the free blocks
         it needs: while fewer are free it is not tried again (nothing else changes it)."""
+        self._wait_need: tuple[Seq | None, int, bool, int] = (None, 0, False, 0)
+        """Without prefix caching: the waiting request that last could not be admitted, its
+        tokens, whether others ran, and the free blocks its whole prompt needs then (no hit
+        changes it): while fewer are free, the same request is blocked again."""
         self.itl_values: list[float] = []
         self.itl_counts: list[int] = []
         self.first_tokens: list[Seq] = []
@@ -422,10 +426,20 @@ class Engine:
                 j += 1
                 continue
             if seq.num_computed_tokens == 0:
+                has_running = bool(running)
+                w_seq, w_tokens, w_running, w_need = self._wait_need
+                if (w_seq is seq and w_tokens == seq.num_tokens and w_running is has_running
+                        and pool.num_free_blocks < w_need):
+                    self._blocked = seq  # as below: it still needs more than is free
+                    self._can_admit = True
+                    return
                 blocks, local = pool.get_computed_blocks(seq)
-                if not pool.full_sequence_fits(seq, blocks, has_scheduled_reqs=bool(running)):
+                need = pool.full_sequence_need(seq, blocks, has_scheduled_reqs=has_running)
+                if need > pool.num_free_blocks:
                     # whether it loads or recomputes, its whole prompt must fit: it does
                     # not, so the tiers' answer cannot change this step (it has no effect)
+                    if not pool.enable_caching:  # no hit: its need stays while it waits
+                        self._wait_need = (seq, seq.num_tokens, has_running, need)
                     self._blocked = seq
                     self._can_admit = True
                     return
@@ -582,7 +596,7 @@ class SteppedEngine(Engine):
                 i += 1
                 continue
             scheduled = True
-            while pool.allocate_slots(seq, n) is None:
+            while pool.allocate_running(seq, n) is None:
                 victim = running.pop()
                 self._preempt(victim)
                 preempted = True
@@ -765,7 +779,7 @@ class EventEngine(Engine):
                 if seq.dec_gen != gen:
                     continue  # preempted by an earlier request of this step
                 self._materialize(seq, S)
-                while pool.allocate_slots(seq, 1) is None:
+                while pool.allocate_running(seq, 1) is None:
                     victim = self._pop_last()
                     preempted = True
                     if victim is seq:
@@ -790,7 +804,7 @@ class EventEngine(Engine):
                     i += 1
                     continue
                 scheduled = True
-                while pool.allocate_slots(seq, n) is None:
+                while pool.allocate_running(seq, n) is None:
                     victim = self._pop_last()
                     preempted = True
                     if victim is seq:
@@ -879,8 +893,11 @@ class EventEngine(Engine):
         if n_dec:
             itl_v = self.itl_values
             itl_c = self.itl_counts
-            if isinstance(ends, list):
-                itl_v.extend(map(operator.sub, ends, [self._last_end, *ends[:-1]]))
+            if k == 1:
+                itl_v.append(t - self._last_end)
+                itl_c.append(n_dec)
+            elif isinstance(ends, list):
+                itl_v.extend(map(operator.sub, ends, itertools.chain((self._last_end,), ends)))
                 itl_c.extend(itertools.repeat(n_dec, k))
             else:  # numpy: the same subtractions
                 import numpy as np

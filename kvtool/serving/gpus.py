@@ -196,3 +196,18 @@ def _number(value: Any, key: str, fail: Any) -> float:
     if not _is_positive_number(value):
         raise fail(key, f"must be a positive number, got {value!r}")
     return float(value)
+
+
+def vllm_batch_defaults(gpu: GPU) -> tuple[int, int]:
+    """``(max_num_batched_tokens, max_num_seqs)`` vLLM picks for online serving on ``gpu``.
+
+    vLLM 0.33.0 ``EngineArgs.get_batch_defaults`` (vllm/engine/arg_utils.py), usage context
+    OPENAI_API_SERVER: 16384 / 1024 on GPUs with at least 160 GiB; 8192 / 1024 on GPUs with
+    at least 70 GiB that are not A100s; 2048 / 256 otherwise.
+    """
+    gib = 2 ** 30
+    if gpu.memory_bytes >= 160 * gib:
+        return 16384, 1024
+    if gpu.memory_bytes >= 70 * gib and "a100" not in gpu.name.lower():
+        return 8192, 1024
+    return 2048, 256

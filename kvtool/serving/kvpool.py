@@ -313,6 +313,31 @@ class KVPool:
             self._cache_blocks(seq, req_blocks, tokens if tokens < seq.num_tokens else seq.num_tokens)
         return new_blocks
 
+    def allocate_running(self, seq: SeqLike, num_new_tokens: int) -> list[int] | None:
+        """``allocate_slots(seq, num_new_tokens)`` for a request that holds blocks (a running
+        one: no hit to adopt, nothing to load, no watermark): the same blocks, caching and
+        answer, without the admission's cases (the scheduler's call for every running
+        request it steps). Any other request goes to :meth:`allocate_slots`."""
+        req_blocks = self._req_blocks.get(seq.request_id)
+        if req_blocks is None or num_new_tokens <= 0:
+            return self.allocate_slots(seq, num_new_tokens)
+        mml = self.max_model_len
+        computed = seq.num_computed_tokens
+        if computed > mml:
+            computed = mml
+        slots = computed + num_new_tokens
+        if slots > mml:
+            slots = mml
+        n_new = -(-slots // self.block_tokens) - len(req_blocks)
+        if n_new > self._num_free:
+            return None
+        new_blocks = self._get_new_blocks(n_new) if n_new > 0 else []
+        req_blocks.extend(new_blocks)
+        if self.enable_caching:
+            tokens = computed + num_new_tokens
+            self._cache_blocks(seq, req_blocks, tokens if tokens < seq.num_tokens else seq.num_tokens)
+        return new_blocks
+
     def cache_blocks(self, seq: SeqLike, num_computed_tokens: int) -> None:
         """Cache ``seq``'s full blocks up to ``num_computed_tokens`` (after a delayed load)."""
         if self.enable_caching:

@@ -54,7 +54,7 @@ _REL_EPS = 1e-9
 _ABS_EPS = 1e-6
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Flow:
     """One transfer: ``nbytes`` over ``path``, started at ``start_time``."""
 
@@ -71,7 +71,7 @@ class Flow:
         return self.end_time is not None
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Resource:
     """One direction of one link."""
 
@@ -91,7 +91,7 @@ class _Resource:
     users: list[_Class] = field(default_factory=list)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Class:
     """The active flows sharing one path; they all get the same rate."""
 
@@ -174,7 +174,7 @@ class FlowNetwork:
         due before ``now`` and not yet completed is an error; one due exactly at ``now`` may
         wait for the next ``advance``).
         """
-        if nbytes < 0 or math.isnan(nbytes) or math.isinf(nbytes):
+        if not 0.0 <= nbytes < math.inf:  # (nan compares false)
             raise ValueError(f"flow size must be a finite number >= 0, got {nbytes!r}")
         key = tuple(path)
         try:
@@ -186,16 +186,18 @@ class FlowNetwork:
             hops = self._check_path(key)
             self._paths[key] = hops
         self._move_to(now)
-        flow = Flow(next(self._ids), float(nbytes), hops, self._now, on_done)
-        self.started_bytes += flow.nbytes
+        t = self._now
+        size = float(nbytes)
+        flow = Flow(next(self._ids), size, hops, t, on_done)
+        self.started_bytes += size
         cls = self._classes.get(hops)
         if cls is None:
             cls = self._spare.pop(hops, None)
             if cls is None:
-                cls = _Class(hops, tuple(self._res[h] for h in hops), settled=self._now)
+                cls = _Class(hops, tuple(self._res[h] for h in hops), settled=t)
             else:  # the path's last class, emptied: as new (its version goes on rising)
                 cls.served = cls.rate = 0.0
-                cls.settled = self._now
+                cls.settled = t
                 cls.finish = math.inf
                 cls.head_id = -1
             self._classes[hops] = cls
@@ -203,14 +205,18 @@ class FlowNetwork:
                 r.classes[cls] = None
         else:
             self._settle(cls)
-        flow._target = cls.served + flow.nbytes
-        heapq.heappush(cls.flows, (flow._target, flow.id, flow))
+        target = cls.served + size
+        flow._target = target
+        heapq.heappush(cls.flows, (target, flow.id, flow))
         self._active += 1
         for r in cls.resources:
-            if r.active == 0:
-                r.busy_since = self._now
-            r.active += 1
-            r.peak_flows = max(r.peak_flows, r.active)
+            active = r.active
+            if active == 0:
+                r.busy_since = t
+            active += 1
+            r.active = active
+            if active > r.peak_flows:
+                r.peak_flows = active
         self._rebalance(cls.resources, cls)
         return flow
 
@@ -288,6 +294,18 @@ class FlowNetwork:
             out[name] = per
         return out
 
+    def release(self) -> None:
+        """Break the network's reference cycles (a link refers to its flow classes and they
+        to it) once it is no longer advanced: the classes, the emptied ones kept for reuse,
+        the completion heap and the scratch lists are dropped (with any flow still in
+        flight); the links and their counts (:meth:`stats`) stay."""
+        for r in self._res.values():
+            r.classes.clear()
+            r.users = []
+        self._classes.clear()
+        self._spare.clear()
+        self._heap = []
+
     # -- internals ---------------------------------------------------------------------------
 
     def _top(self) -> tuple[float, int, int, int, _Class] | None:
@@ -343,13 +361,18 @@ class FlowNetwork:
                 r.active -= 1
                 if r.active == 0:
                     r.busy_s += self._now - r.busy_since
-        if not cls.flows:
+        if cls.flows:
+            self._rebalance(cls.resources, cls)
+        else:
             del self._classes[cls.path]
             for r in cls.resources:
                 r.classes.pop(cls, None)
             cls.version += 1
             self._spare[cls.path] = cls
-        self._rebalance(cls.resources, cls if cls.flows else None)
+            for r in cls.resources:
+                if r.classes:  # (else no class is connected to the change: no rate moves)
+                    self._rebalance(cls.resources)
+                    break
         for f in finished:
             if f.on_done is not None:
                 f.on_done(self._now)

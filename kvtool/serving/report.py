@@ -32,9 +32,11 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-import operator
 import sys
 from collections.abc import Sequence
+from functools import reduce
+from itertools import repeat
+from operator import add, mul, sub
 from typing import Any
 
 PERCENTILES: tuple[int, ...] = (90, 99)
@@ -49,26 +51,13 @@ _PW_BLOCK = 128
 def _pairwise_sum(v: Sequence[float], lo: int, n: int) -> float:
     """numpy's ``DOUBLE_pairwise_sum`` (``loops_utils.h``) over ``v[lo:lo + n]``: under 8
     values one running sum, up to 128 eight running sums combined as a tree, else the two
-    halves (split at a multiple of 8) summed apart."""
+    halves (split at a multiple of 8) summed apart. (A running sum is ``reduce(add, …)``
+    over a slice: the same additions in the same order, in C.)"""
     if n < 8:
-        res = 0.0
-        for i in range(lo, lo + n):
-            res += v[i]
-        return res
+        return reduce(add, v[lo:lo + n], 0.0)
     if n <= _PW_BLOCK:
-        r0, r1, r2, r3, r4, r5, r6, r7 = v[lo:lo + 8]
-        i = lo + 8
         end = lo + n - n % 8
-        while i < end:
-            r0 += v[i]
-            r1 += v[i + 1]
-            r2 += v[i + 2]
-            r3 += v[i + 3]
-            r4 += v[i + 4]
-            r5 += v[i + 5]
-            r6 += v[i + 6]
-            r7 += v[i + 7]
-            i += 8
+        r0, r1, r2, r3, r4, r5, r6, r7 = [reduce(add, v[i:end:8]) for i in range(lo, lo + 8)]
         res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
         for j in range(end, lo + n):
             res += v[j]
@@ -83,10 +72,13 @@ def _mean(v: Sequence[float]) -> float:
     return (0.0 + _pairwise_sum(v, 0, len(v))) / len(v)
 
 
-def _std(v: Sequence[float]) -> float:
-    """``np.std`` (ddof 0): the mean of the squared deviations from the mean, its root."""
-    m = _mean(v)
-    return math.sqrt(_mean([d * d for d in (x - m for x in v)]))
+def _std(v: Sequence[float], m: float | None = None) -> float:
+    """``np.std`` (ddof 0): the mean of the squared deviations from the mean (``m``, when
+    given), its root."""
+    if m is None:
+        m = _mean(v)
+    d = list(map(sub, v, repeat(m)))
+    return math.sqrt(_mean(list(map(mul, d, d))))
 
 
 def _median(ordered: Sequence[float]) -> float:
@@ -130,9 +122,10 @@ def describe(values: Sequence[float]) -> dict[str, float]:
         return {"mean": float(np.mean(a)), "median": float(np.median(a)),
                 "std": float(np.std(a)),
                 **{f"p{p}": float(np.percentile(a, p)) for p in PERCENTILES}}
-    v = [float(x) for x in values]
+    v = list(map(float, values))
     ordered = sorted(v)
-    return {"mean": _mean(v), "median": _median(ordered), "std": _std(v),
+    m = _mean(v)
+    return {"mean": m, "median": _median(ordered), "std": _std(v, m),
             **{f"p{p}": _percentile(ordered, p) for p in PERCENTILES}}
 
 
@@ -160,9 +153,9 @@ def describe_weighted(values: Sequence[float], counts: Sequence[int]) -> dict[st
             raise ValueError("values and counts differ in length")
         vs = list(map(float, values))
         # the same products and squares as a loop would make (fsum rounds once: any order)
-        mean = math.fsum(map(operator.mul, vs, counts)) / n
-        dev = [v - mean for v in vs]
-        var = math.fsum([d * d * c for d, c in zip(dev, counts, strict=True)]) / n
+        mean = math.fsum(map(mul, vs, counts)) / n
+        dev = list(map(sub, vs, repeat(mean)))
+        var = math.fsum(map(mul, map(mul, dev, dev), counts)) / n
         order = sorted(range(len(vs)), key=vs.__getitem__)
         ends = list(itertools.accumulate(map(counts.__getitem__, order)))
 

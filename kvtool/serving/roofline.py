@@ -57,6 +57,9 @@ OPS_PER_LAYER = 5
 #: import, 0.1 s, is not worth it for a short replay: bench/startup.py).
 _VECTOR_STEPS = 48
 _NUMPY_AFTER = 400_000
+_BOUND_MARGIN = 1.0 + 1e-9
+"""A run of decode steps is memory-bound throughout when its memory time exceeds its compute
+time by this factor at its first and last step (:meth:`StepModel.decode_step_ends`)."""
 
 if TYPE_CHECKING:
     import numpy as np
@@ -229,6 +232,18 @@ class StepModel:
             if ar_fixed == 0.0 and ar_n == 0.0:
                 # one GPU: adding the all-reduce terms (+0.0 twice) changes no positive float;
                 # (c + n) * kvb converts the int exactly, as float() does
+                last = ctx + n * (k - 1)
+                tc0 = (ft_n + fp * (ctx + half)) * inv_d
+                tc1 = (ft_n + fp * (last + half)) * inv_d
+                if ((weights + (ctx + n) * kvb) * inv_mem > tc0 * _BOUND_MARGIN
+                        and (weights + (last + n) * kvb) * inv_mem > tc1 * _BOUND_MARGIN
+                        and (weights + (last + n) * kvb) * inv_mem < tc0 * 1e6):
+                    # memory-bound at both ends by a margin far above rounding: both times
+                    # are affine in c, so the memory time is the larger at every step
+                    for cn in range(ctx + n, last + n + 1, n):
+                        t += (weights + cn * kvb) * inv_mem + c0
+                        append(t)
+                    return out
                 for c in range(ctx, ctx + n * k, n):
                     t_compute = (ft_n + fp * (c + half)) * inv_d
                     t_memory = (weights + (c + n) * kvb) * inv_mem

@@ -49,6 +49,7 @@ from kvtool.serving.kvpool import KVPool
 from kvtool.serving.links import FlowNetwork
 from kvtool.serving.load import Arrivals, Load, output_block_keys
 from kvtool.serving.report import describe, serving_metrics
+from kvtool.serving.router import Router
 
 ARRIVAL, STEP, PLAN, TIMER = 0, 1, 2, 3
 # the order of simultaneous events (module docstring)
@@ -550,6 +551,9 @@ class Simulation:
         self.load = load
         self.B = block_tokens
         self.router = router
+        self._router_tracks_ends = (getattr(type(router), "finished", None)
+                                    is not Router.finished)
+        """A router that keeps the base class's ``finished`` ignores it: not called."""
         self.net = FlowNetwork()
         self.caps: dict[tuple[str, str], float] = {}
         for node, gbps in setup.nodes.items():
@@ -709,9 +713,9 @@ class Simulation:
             # prefill engine's KV is in the tiers below (WQS's design)
             self.tiers.store(engine, seq, now,
                              (lambda t: self._handoff(engine, seq, t)) if through_store else None)
-        request = self.requests[seq.index]
-        self.router.finished(request, "decode" if seq.decode_only else
-                             "prefill" if self.pd else None)
+        if self._router_tracks_ends:
+            self.router.finished(self.requests[seq.index], "decode" if seq.decode_only else
+                                 "prefill" if self.pd else None)
         if handoff:
             if not through_store:
                 self._handoff(engine, seq, now)
@@ -759,6 +763,8 @@ class Simulation:
         last = len(engines)
         pop = heapq.heappop
         reported = 0
+        # a router that keeps the base class's prefill_done ignores it: not called
+        tracks = getattr(type(self.router), "prefill_done", None) is not Router.prefill_done
         while True:
             t_net = net.next_completion()
             if ei < n_early:
@@ -802,7 +808,7 @@ class Simulation:
             engine = engines[a]
             finished = engine.end_step()
             if engine.first_tokens:
-                for seq in engine.first_tokens:
+                for seq in engine.first_tokens if tracks else ():
                     if not seq.decode_only:
                         self.router.prefill_done(self.requests[seq.index],
                                                  "prefill" if self.pd else None)
@@ -819,6 +825,18 @@ class Simulation:
         if progress is not None and len(self.done) > reported:
             progress(len(self.done) - reported)
         return self.report()
+
+    def release(self) -> None:
+        """Break the run's reference cycles (the engines, the tiers below and the loop refer
+        to one another; the flow network's links to their flow classes) so that reference
+        counting frees the simulation once it is dropped: the cyclic collector then has
+        none of it to walk (``replay``'s timed run reads the times, then drops it). Its
+        report and requests stay readable; it cannot run again."""
+        for engine in self.engines:
+            engine.offload = None
+        self.tiers.sim = None  # type: ignore[assignment]
+        self._timers.clear()
+        self.net.release()
 
     # ---------------------------------------------------------------- report
     def _overload(self, done: Sequence[Seq]) -> dict[str, Any]:

@@ -49,7 +49,7 @@ from kvtool.errors import InputError, UsageError
 from kvtool.geometry.dtypes import canonical_dtype
 from kvtool.geometry.model import ModelSpec
 from kvtool.geometry.params import weight_dtype as canonical_weight_dtype
-from kvtool.serving.gpus import GPU, gpu_from_table, resolve_gpu
+from kvtool.serving.gpus import GPU, gpu_from_table, resolve_gpu, vllm_batch_defaults
 from kvtool.serving.roofline import StepModel
 from kvtool.serving.router import ROUTERS, make_router
 from kvtool.units import Capacity
@@ -98,21 +98,6 @@ DEFAULT_SEGMENT_BYTES = 64 << 20
 _QUANTISED = ("fp8", "int8", "fp4", "int4")
 
 Path_ = tuple[str | int, ...]
-
-
-def vllm_batch_defaults(gpu: GPU) -> tuple[int, int]:
-    """``(max_num_batched_tokens, max_num_seqs)`` vLLM picks for online serving on ``gpu``.
-
-    vLLM 0.33.0 ``EngineArgs.get_batch_defaults`` (vllm/engine/arg_utils.py), usage context
-    OPENAI_API_SERVER: 16384 / 1024 on GPUs with at least 160 GiB; 8192 / 1024 on GPUs with
-    at least 70 GiB that are not A100s; 2048 / 256 otherwise.
-    """
-    gib = 2 ** 30
-    if gpu.memory_bytes >= 160 * gib:
-        return 16384, 1024
-    if gpu.memory_bytes >= 70 * gib and "a100" not in gpu.name.lower():
-        return 8192, 1024
-    return 2048, 256
 
 
 @dataclass(frozen=True)

@@ -167,3 +167,58 @@ def test_no_caching_stack_is_the_linked_queue(seed: int) -> None:
         assert {r: fast.get_block_ids(r) for r in live} == {r: ref.get_block_ids(r) for r in live}
         fast.check()
         ref.check()
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_allocate_running_is_allocate_slots(seed: int) -> None:
+    """``allocate_running`` (a running request's step) gives what ``allocate_slots`` gives:
+    the same answers, blocks, queue and cache, on twin pools under random admissions (with
+    hits and loads), steps and frees, with and without prefix caching."""
+    import random
+
+    rnd = random.Random(seed)
+    n, bt = rnd.randint(2, 40), rnd.choice([1, 2, 4, 16])
+    caching = seed % 2 == 0
+    fast, ref = KVPool(n, bt, enable_caching=caching), KVPool(n, bt, enable_caching=caching)
+    live: dict[str, tuple[Seq, Seq]] = {}
+    for step in range(200):
+        if live and rnd.random() < 0.3:
+            rid = rnd.choice(sorted(live))
+            a, b = live.pop(rid)
+            fast.free(a)
+            ref.free(b)
+        elif live and rnd.random() < 0.6:
+            rid = rnd.choice(sorted(live))
+            a, b = live[rid]
+            k = rnd.randint(1, 3 * bt)
+            for s in (a, b):  # decoding: the request grows by what it computes
+                s.num_tokens = max(s.num_tokens, s.num_computed_tokens + k)
+            got = fast.allocate_running(a, k), ref.allocate_slots(b, k)
+            assert got[0] == got[1]
+            if got[0] is not None:
+                for s in (a, b):
+                    s.num_computed_tokens += k
+        else:
+            rid = f"r{step}"
+            tokens = rnd.randint(1, 5 * bt)
+            keys = [rnd.randrange(6) * 100 + i for i in range(40)]
+            a, b = (Seq(rid, list(keys), tokens, bt) for _ in range(2))
+            blocks, hit = fast.get_computed_blocks(a)
+            assert (blocks, hit) == ref.get_computed_blocks(b)
+            ext = rnd.choice([0, 0, bt]) if tokens - hit > bt else 0
+            first = tokens - hit - ext
+            kw = {"full_sequence_must_fit": rnd.random() < 0.5,
+                  "num_external_computed_tokens": ext}
+            got = (fast.allocate_slots(a, first, hit, blocks, **kw),  # type: ignore[arg-type]
+                   ref.allocate_slots(b, first, hit, list(blocks), **kw))  # type: ignore[arg-type]
+            assert got[0] == got[1]
+            if got[0] is not None:
+                for s in (a, b):
+                    s.num_computed_tokens = tokens
+                live[rid] = (a, b)
+        assert fast.free_queue() == ref.free_queue()
+        assert fast.num_free_blocks == ref.num_free_blocks
+        assert {r: fast.get_block_ids(r) for r in live} == {r: ref.get_block_ids(r) for r in live}
+        assert fast.hash_index == ref.hash_index
+        fast.check()
+        ref.check()

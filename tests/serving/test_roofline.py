@@ -305,3 +305,31 @@ def test_a_run_of_decode_steps_without_numpy(monkeypatch: pytest.MonkeyPatch) ->
             want.append(t)
         got = step.decode_step_ends(start, n, ctx, k)
         assert isinstance(got, list) and got == want, (k, n)
+
+
+@pytest.mark.parametrize("model,gpu", [("llama-3-8b", "h100-sxm"), ("llama-3-8b", "rtx-pro-6000")])
+def test_one_gpu_runs_memory_bound_compute_bound_and_crossing(
+        monkeypatch: pytest.MonkeyPatch, model: str, gpu: str) -> None:
+    """One GPU (no all-reduce terms): a run memory-bound at both ends takes the memory time
+    alone; compute-bound runs and runs that cross over take the full comparison: every one
+    the floats of stepping."""
+    import sys
+
+    step = StepModel(lookup(model), resolve_gpu(gpu), 1, block_tokens=512)
+    monkeypatch.delitem(sys.modules, "numpy", raising=False)
+    rng = random.Random(5)
+    bounds = set()
+    for _ in range(300):
+        n = rng.choice([1, 2, 8, 40, 128, 256, 512])
+        ctx = rng.choice([0, n, 10 * n, rng.randint(0, 50_000 * n)])
+        k = rng.randint(1, 300)
+        start = rng.uniform(0.0, 10_000.0)
+        t, want = start, []
+        for j in range(k):
+            c = ctx + n * j
+            t += step.step_time_sums(0, 0.0, n, c + 0.5 * n, float(c + n))
+            want.append(t)
+        assert step.decode_step_ends(start, n, ctx, k) == want, (n, ctx, k)
+        ends = [step.breakdown([(1, c // n)] * n) for c in (ctx, ctx + n * (k - 1))]
+        bounds.add(tuple(b["t_memory"] > b["t_compute"] for b in ends))
+    assert (True, True) in bounds and len(bounds) > 1, bounds  # memory-bound, and not

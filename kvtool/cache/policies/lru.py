@@ -75,7 +75,6 @@ class LruPolicy(EvictionPolicy):
                     if record is not None:
                         record.append(key)
             return len(index) - before
-        get, push = index.get, self.order.append
         if admit and skip is None:
             # The hot path: every key gets a reference and one more count, each a C
             # call for the request; the counts do not depend on the order. ``record``
@@ -90,6 +89,7 @@ class LruPolicy(EvictionPolicy):
             self.order.extend(order)
             tally(index, keys)
         elif admit:
+            get, push = index.get, self.order.append
             for key in order:
                 c = get(key)
                 if c is not None:
@@ -105,6 +105,7 @@ class LruPolicy(EvictionPolicy):
             self.order.extend(order)
             tally(index, keys)
         else:
+            get, push = index.get, self.order.append
             for key in order:
                 c = get(key)
                 if c is not None:
