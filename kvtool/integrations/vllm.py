@@ -270,6 +270,8 @@ class KvtoolConnector(KVConnectorBase_V1):
         """(name, per-block view of the layer's cache: [num_blocks, …], bytes per block)."""
         self._layer_index: dict[str, int] = {}
         self._staged: list[tuple[list[int], np.ndarray, list[bool]]] = []
+        self._load_index: dict[tuple[int, Any], torch.Tensor] = {}
+        """The block ids of each staged load on each device, as an index tensor."""
         self._arena: AlignedBuffer | None = None
         """The rows loads are read into (:meth:`_load_rows`)."""
         self._scattered: set[str] = set()
@@ -476,6 +478,7 @@ class KvtoolConnector(KVConnectorBase_V1):
         meta = self._get_connector_metadata()
         assert isinstance(meta, KvtoolConnectorMetadata)
         self._staged = []
+        self._load_index = {}
         self._scattered = set()
         if not meta.loads or self.store is None:
             return
@@ -523,7 +526,7 @@ class KvtoolConnector(KVConnectorBase_V1):
         self._scattered.add(layer_name)
         _name, view, nbytes = self._layers[i]
         off = sum(n for _x, _v, n in self._layers[:i])
-        for block_ids, rows, ok in self._staged:
+        for k, (block_ids, rows, ok) in enumerate(self._staged):
             # one indexed copy per layer and request (not one per block): the good rows'
             # slices of this layer, gathered contiguous, then put at their block ids
             good = [j for j, g in enumerate(ok) if g]
@@ -535,8 +538,10 @@ class KvtoolConnector(KVConnectorBase_V1):
             # so no gathering copy); host to device on a GPU (.to() is a no-op on the CPU
             # build)
             src = torch.from_numpy(part).view(view.dtype).to(view.device)
-            idx = torch.tensor([block_ids[j] for j in good], dtype=torch.long,
-                               device=view.device)
+            idx = self._load_index.get((k, view.device))
+            if idx is None:  # the request's block ids, made once for all its layers
+                idx = self._load_index[k, view.device] = torch.tensor(
+                    [block_ids[j] for j in good], dtype=torch.long, device=view.device)
             view[idx] = src.view(len(good), *view.shape[1:])
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any,
@@ -548,6 +553,7 @@ class KvtoolConnector(KVConnectorBase_V1):
             for name, _v, _n in self._layers:
                 self.wait_for_layer_load(name)
             self._staged = []
+            self._load_index = {}
         meta = self._get_connector_metadata()
         assert isinstance(meta, KvtoolConnectorMetadata)
         if not meta.saves or self.store is None:
@@ -634,6 +640,7 @@ class KvtoolConnector(KVConnectorBase_V1):
     # ------------------------------------------------------------------ shutdown
     def shutdown(self) -> None:
         self._staged = []
+        self._load_index = {}
         if self._arena is not None:
             self._arena.close()
             self._arena = None

@@ -42,6 +42,7 @@ import numpy as np
 
 from kvtool.store.checksum import crc32c
 from kvtool.store.engine import AlignedBuffer, IOEngine, submit_batch
+from kvtool.store.io import buffer_address
 from kvtool.store.layout import (
     ORDINAL_KEYED,
     ORDINAL_NONE,
@@ -205,10 +206,13 @@ class NvmeTier(DataTier):
         copy. None: the read goes through a staging buffer."""
         if (self.padded != self.block_bytes or dst.ndim != 1 or dst.dtype != np.uint8
                 or dst.nbytes != self.padded or not dst.flags.c_contiguous
-                or not dst.flags.writeable
-                or dst.__array_interface__["data"][0] % self.engine.mem_align):
+                or not dst.flags.writeable):
             return None
-        return memoryview(dst)  # type: ignore[arg-type]
+        view = memoryview(dst)  # type: ignore[arg-type]
+        align = self.engine.mem_align
+        if align > 1 and buffer_address(view) % align:
+            return None
+        return view
 
     def prepare_load(self, keys: Sequence[int], dsts: Sequence[np.ndarray]) -> TransferJob:
         self._alive()
