@@ -14,6 +14,7 @@ target stays away longer than ``reconnect`` seconds.
 from __future__ import annotations
 
 import errno
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -32,11 +33,14 @@ if TYPE_CHECKING:
 
 __all__ = ["NvmeTcpEngine", "open_nvme_tcp"]
 
+log = logging.getLogger("kvtool.nvme")
+
 
 class NvmeTcpEngine:
     """One NVMe/TCP namespace as an :class:`~kvtool.store.io.IOEngine`."""
 
     mem_align = 1  # data is copied to/from sockets: any buffer address works
+    item_callbacks = True  # completions arrive on the queues' reader threads
 
     def __init__(self, ctrl: Controller, nsid: int, *, url: str, write: bool, qd: int) -> None:
         ns = ctrl.namespace(nsid)
@@ -87,12 +91,15 @@ class NvmeTcpEngine:
         self.check(offset, buf)
         return self._submit(spec.IO_WRITE, offset, buf)
 
-    def submit_reads(self, items: Sequence[tuple[int, memoryview]]) -> Future[None]:
+    def submit_reads(self, items: Sequence[tuple[int, memoryview]], *,
+                     on_item: Callable[[int], None] | None = None) -> Future[None]:
         """Several reads, one future (:func:`kvtool.store.io.submit_batch`): no future per
-        command, and the caller is woken once, when the last one has completed."""
+        command, and the caller is woken once, when the last one has completed.
+        ``on_item(i)``: run on the reader thread as each read completes (see
+        :mod:`kvtool.store.io`)."""
         for offset, buf in items:
             self.check(offset, buf)
-        return self._submit_many(spec.IO_READ, items)
+        return self._submit_many(spec.IO_READ, items, on_item)
 
     def submit_writes(self, items: Sequence[tuple[int, memoryview]]) -> Future[None]:
         """Several writes, one future (see :meth:`submit_reads`)."""
@@ -104,11 +111,11 @@ class NvmeTcpEngine:
     def _submit(self, opcode: int, offset: int, buf: memoryview) -> Future[None]:
         return self._submit_many(opcode, [(offset, buf)])
 
-    def _submit_many(self, opcode: int, items: Sequence[tuple[int, memoryview]]
-                     ) -> Future[None]:
+    def _submit_many(self, opcode: int, items: Sequence[tuple[int, memoryview]],
+                     on_item: Callable[[int], None] | None = None) -> Future[None]:
         """Submit every item; the future resolves once all have completed (a request that
         failed with the connection is re-issued after the reconnect first) and raises
-        the first failure."""
+        the first failure. ``on_item(i)`` runs first for each item that completed."""
         count = Countdown(len(items))
         if not items:
             return count.fut
@@ -118,6 +125,11 @@ class NvmeTcpEngine:
 
         def done(i: int, err: BaseException | None) -> None:
             if err is None:
+                if on_item is not None:
+                    try:
+                        on_item(i)
+                    except Exception:  # the caller's work, not the read's: it stands
+                        log.exception("a read's completion callback failed")
                 settle(None)
             elif (isinstance(err, TransportError) and self.ctrl.reconnect > 0
                   and not self._closed):

@@ -40,6 +40,12 @@ Completion and durability
   even after a failure) and raising the first failure. :func:`submit_batch` calls them,
   or combines ``submit_*`` futures for an engine without them. A burst of requests then
   costs one completion hand-off (and, for native AIO, one ``io_submit`` per batch).
+* Optionally too, an engine whose completions arrive on threads of its own declares
+  ``item_callbacks = True`` and takes ``on_item`` there: ``on_item(i)`` runs on the
+  completing thread once item ``i`` has completed successfully, before the batch's
+  future resolves, so the caller can work on the items that have arrived (checksum
+  them) while the others are in flight. It must be quick and must not raise or submit;
+  an item whose completion went another way (a retry after a reconnect) gets no call.
 
 An NVMe/TCP engine (``kvtool.nvme.engine.open_nvme_tcp``) implements the same protocol;
 it may spread submissions over several I/O queues as long as the rules above hold.
@@ -50,7 +56,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, Protocol, runtime_checkable
@@ -128,17 +134,23 @@ def buffer_address(buf: memoryview) -> int:
 
 
 def submit_batch(engine: IOEngine, items: Sequence[tuple[int, memoryview]], *,
-                 write: bool = False, on_caller: bool = False) -> Future[None]:
+                 write: bool = False, on_caller: bool = False,
+                 on_item: Callable[[int], None] | None = None) -> Future[None]:
     """Start a read (or ``write``) of every ``(offset, buf)`` of ``items``; one future for
     all of them (see the module docstring): the engine's ``submit_reads``/``submit_writes``
     when it has them, else its ``submit_*`` futures combined. ``on_caller``: the caller
     waits for this future itself, soon (``result``/``exception``, never only a callback):
     an engine that can then complete the batch on the waiting thread does (the O_DIRECT
-    engine with native AIO)."""
+    engine with native AIO). ``on_item``: passed on to an engine with ``item_callbacks``
+    (see the module docstring), ignored by the others: the caller cannot count on it."""
     many = getattr(engine, "submit_writes" if write else "submit_reads", None)
     if many is not None:
-        fut: Future[None] = many(items, on_caller=True) if on_caller and getattr(
-            engine, "reap", None) is not None else many(items)
+        kw: dict[str, Any] = {}
+        if on_caller and getattr(engine, "reap", None) is not None:
+            kw["on_caller"] = True
+        if on_item is not None and getattr(engine, "item_callbacks", False):
+            kw["on_item"] = on_item
+        fut: Future[None] = many(items, **kw)
         return fut
     one = engine.submit_write if write else engine.submit_read
     return combine([one(offset, buf) for offset, buf in items])

@@ -70,6 +70,10 @@ class TransferJob:
     """Completion times of the futures (perf_counter), for measured link time."""
     state: Any = None
     """The tier's own bookkeeping of the transfer."""
+    crcs: list[int | None] | None = None
+    """A load's CRC32C of each block as it arrived (``checksum=True``), taken by a tier
+    whose engine completes reads on threads of its own while the others are in flight;
+    ``None`` (all, or one block's): not taken, the caller computes it."""
 
 
 class DataTier(ABC):
@@ -96,7 +100,11 @@ class DataTier(ABC):
         return n
 
     @abstractmethod
-    def prepare_load(self, keys: Sequence[int], dsts: Sequence[np.ndarray]) -> TransferJob: ...
+    def prepare_load(self, keys: Sequence[int], dsts: Sequence[np.ndarray], *,
+                     checksum: bool = False) -> TransferJob:
+        """Start loading ``keys[i]`` into ``dsts[i]``. ``checksum``: the caller will check
+        each block's CRC32C; a tier that can take it as the block arrives, off the
+        caller's thread, does (:attr:`TransferJob.crcs`), the others ignore it."""
 
     @abstractmethod
     def complete_load(self, job: TransferJob) -> list[bool]: ...

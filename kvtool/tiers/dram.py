@@ -40,7 +40,8 @@ class DramTier(DataTier):
         """The stored bytes of ``key`` (a view; KeyError if absent)."""
         return self.pool[self.rows[key]]
 
-    def prepare_load(self, keys: Sequence[int], dsts: Sequence[np.ndarray]) -> TransferJob:
+    def prepare_load(self, keys: Sequence[int], dsts: Sequence[np.ndarray], *,
+                     checksum: bool = False) -> TransferJob:
         job = TransferJob(list(keys), [])
         rows, pool = self.rows, self.pool
         for key, dst in zip(keys, dsts, strict=True):

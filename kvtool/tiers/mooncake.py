@@ -141,7 +141,8 @@ class MooncakeTier(DataTier):
     def _ptrs(self, n: int) -> list[int]:
         return [self._base + i * self.block_bytes for i in range(n)]
 
-    def prepare_load(self, keys: Sequence[int], dsts: Sequence[np.ndarray]) -> TransferJob:
+    def prepare_load(self, keys: Sequence[int], dsts: Sequence[np.ndarray], *,
+                     checksum: bool = False) -> TransferJob:
         job = TransferJob(list(keys), [])
         bb = self.block_bytes
         for start in range(0, len(keys), self.batch):

@@ -243,7 +243,8 @@ class DataMover:
                 continue
             start = time.perf_counter()
             try:
-                job = tier.prepare_load([keys[i] for i in ps], [dsts[i] for i in ps])
+                job = tier.prepare_load([keys[i] for i in ps], [dsts[i] for i in ps],
+                                        checksum=check is None)
             except TierError as err:
                 self.fail(err)
                 failed.extend((i, name, "lost") for i in ps)
@@ -262,10 +263,12 @@ class DataMover:
             self.measured.link(link).add(n_ok, n_ok * tier.block_bytes,
                                          self.interval(link, start, end))
             t_v = time.perf_counter()
-            for i, good in zip(ps, ok, strict=True):
+            crcs = job.crcs
+            for k, (i, good) in enumerate(zip(ps, ok, strict=True)):
                 if not good:
                     failed.append((i, name, "lost"))
-                elif not self._good(check, name, keys[i], dsts[i]):
+                elif not self._good(check, name, keys[i], dsts[i],
+                                    crcs[k] if crcs is not None else None):
                     failed.append((i, name, "corrupt"))
                 else:
                     counters.verified_blocks += 1
@@ -320,12 +323,15 @@ class DataMover:
             out.append(Failure(i, name, kind, served))
         return out
 
-    def _good(self, check: Check | None, tier: str, key: int, block: np.ndarray) -> bool:
+    def _good(self, check: Check | None, tier: str, key: int, block: np.ndarray,
+              crc: int | None = None) -> bool:
+        """Whether ``block`` (from ``tier``) is ``key``'s: ``check``, else its CRC32C
+        (``crc``, when the tier took it as the block arrived) against the one stored."""
         if check is not None:
             return check(key, block)
         assert self.crcs is not None, "a load without a check needs checksums=True"
         want = self.crcs[tier].get(key)
-        return want is not None and crc32c(block) == want
+        return want is not None and (crc32c(block) if crc is None else crc) == want
 
     # ------------------------------------------------------------------ one request
     def begin(self, source: Callable[[int], np.ndarray]) -> None:

@@ -281,3 +281,69 @@ def test_shm_pool_records_the_callers_checksums(tmp_path) -> None:  # type: igno
                                           14: crc32c(blocks([14], bb)[0])}
     finally:
         again.close()
+
+
+class _CountingReads:
+    """An engine that records the number of reads in each batch it is given."""
+
+    def __init__(self, engine) -> None:  # type: ignore[no-untyped-def]
+        self._e = engine
+        self.batches: list[int] = []
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self._e, name)
+
+    def submit_reads(self, items, **kw):  # type: ignore[no-untyped-def]
+        self.batches.append(len(items))
+        return self._e.submit_reads(items, **kw)
+
+
+def test_nvme_tcp_tier_checksums_blocks_as_they_arrive(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Over NVMe/TCP (kvtool's target, a real socket) a load asked for checksums gets the
+    CRC32C of every block it read, taken on the engine's thread as each one arrived —
+    straight-read rows and staged ones alike, missing keys none — and the first reads go
+    to the engine on their own, before the rest. The data mover checks loads against
+    those: a block changed on the medium is caught as corrupt, the others verified."""
+    from kvtool.store.checksum import crc32c
+    from kvtool.store.io import AlignedBuffer
+    from kvtool.tiers import nvme as nvme_mod
+    from kvtool.tiers.mover import DataCounters, DataMover
+    from tests.helpers.engines import emulator_target
+
+    bb = 32768
+    keys = list(range(1, 12))
+    src = blocks(keys, bb)
+    with emulator_target("nqn.2026-01.io.kvtool:crcs", tmp_path) as t:
+        engine = _CountingReads(open_engine(t["url"], write=True, qd=8))
+        tier = NvmeTier(engine, block_bytes=bb, url=t["url"], read_qd=3, durable=True)
+        try:
+            tier.complete_store(tier.prepare_store(keys, src))
+            arena = AlignedBuffer(len(keys) * bb)
+            rows = np.frombuffer(arena.view, dtype=np.uint8).reshape(len(keys), bb)
+            odd = [np.empty(bb + 1, np.uint8)[1:] for _ in keys]  # not writable in place
+            dsts = [rows[i] if i % 3 else odd[i] for i in range(len(keys))]
+            job = tier.prepare_load([*keys, 999], [*dsts, odd[0]], checksum=True)
+            assert tier.complete_load(job) == [True] * len(keys) + [False]
+            assert job.crcs == [crc32c(a) for a in src] + [None]
+            assert engine.batches[0] == nvme_mod.EARLY_READS < len(keys)
+            assert sum(engine.batches) == len(keys)
+            # without checksum=True nothing is taken
+            job = tier.prepare_load(keys[:3], dsts[:3])
+            tier.complete_load(job)
+            assert job.crcs is None
+
+            mover = DataMover(["nvme"], {"nvme": tier}, holds=lambda _j, k: k in tier,
+                              source="engine", checksums=True)
+            assert mover.crcs is not None
+            mover.crcs["nvme"].update({k: crc32c(a) for k, a in zip(keys, src, strict=True)})
+            bad = np.full(bb, 0x5A, np.uint8)
+            engine.write_from(tier.sb.slot_offset(tier.slot_of[keys[4]]), memoryview(bad))
+            counters = DataCounters()
+            problems: list[tuple[str, int, str]] = []
+            got = mover.load(keys, ["nvme"] * len(keys), dsts, None, counters,
+                             lambda kind, key, name: problems.append((kind, key, name)))
+            assert [(f.pos, f.kind, f.served) for f in got] == [(4, "corrupt", None)]
+            assert problems == [("corrupt", keys[4], "nvme")]
+            assert counters.verified_blocks == len(keys) - 1
+        finally:
+            tier.close()
