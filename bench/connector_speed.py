@@ -12,7 +12,8 @@ in the same run.
    * *load path*: ``start_load_kv`` + ``wait_for_layer_load`` (reads and copies into
      vLLM's KV cache);
    * *save path*: ``save_kv_layer`` + ``wait_for_save`` (copies out of the cache and
-     writes, until durable: kvtool's commit);
+     writes, until the writes have completed; kvtool's commits included, one every
+     ``commit_interval``, 0.25 s by default — ``ExampleConnector`` never syncs);
    * *scheduler*: ``get_num_new_matched_tokens``, ``update_state_after_alloc``,
      ``build_connector_meta``, ``request_finished`` (printed, not in a bar).
 
@@ -21,7 +22,7 @@ in the same run.
    ``⌊(L−1)/B⌋`` blocks of a prompt, kvtool all full ones). Both write to the same tmpfs
    (``/dev/shm``): ``ExampleConnector`` its safetensors files (one per layer and request),
    kvtool either its NVMe tier on a file there (kvtool's object store: O_DIRECT, native
-   AIO, a crash-consistent commit per step) or its DRAM tier as a pool file there (rows
+   AIO, crash-consistent group commits) or its DRAM tier as a pool file there (rows
    and an index, mmap). Both are held to the bar; kvtool with a local DRAM pool
    (anonymous memory) and with an NVMe/TCP namespace (part 2's) are printed beside them.
    Bar: kvtool at most 1.0× per stored and per loaded block. The first round of each

@@ -13,10 +13,12 @@ object store on a file, block device or ``nvme+tcp://`` namespace). What differs
 * **Checks** are CRC32C: the mover takes the CRC of each block as it stores it, per tier;
   a load whose bytes do not match is counted corrupt and never served (the caller
   recomputes it, and the stale copy is rewritten once it has).
-* **Durable tiers**: the NVMe tier opens the store its place holds and commits every
-  batch of writes (and evictions) through the store's crash-consistent protocol
-  (:meth:`commit`); a ``/dev/shm`` DRAM pool keeps an index beside its rows. A new process
-  finds what an earlier one stored, with the checksums it stored.
+* **Durable tiers**: the NVMe tier opens the store its place holds and commits its
+  writes (and evictions) through the store's crash-consistent protocol (:meth:`commit`:
+  at most every ``commit_interval`` seconds from an engine's steps, :meth:`step_done`,
+  and at :meth:`close`); a ``/dev/shm`` DRAM pool keeps an index beside its rows. A new
+  process finds what an earlier one stored, with the checksums it stored; one that
+  crashed loses at most its last interval's blocks (misses, never wrong bytes).
 * **A failing tier is a miss**, never an error for the engine (``on_tier_error`` =
   ``recompute``): the tier is dropped, its hits recomputed, and the engine goes on.
 
@@ -128,6 +130,7 @@ class BlockStore:
         self.lookups = 0
         self.lookup_blocks = 0
         self.commits = 0
+        self._last_commit = time.monotonic()
         self._sessions: dict[Any, int] = {}
         self._anonymous = 0
         self._stale: list[tuple[str, int]] = []
@@ -292,11 +295,23 @@ class BlockStore:
                     seen.update(dict.fromkeys(self.hierarchy.tiers[i].policy.index))
             return [k for k in seen if k not in self._removed]
 
+    def step_done(self) -> int:
+        """An engine step has stored what it stores: complete the stores in flight, and
+        :meth:`commit` once ``spec.commit_interval`` seconds have passed since the last
+        commit (a group commit: a commit is a flush, an index write and a flush, which on
+        a real device cost more than a step's writes). Returns the blocks committed."""
+        with self._lock:
+            if time.monotonic() - self._last_commit >= self.spec.commit_interval:
+                return self.commit()
+            self.mover.drain()
+            return 0
+
     def commit(self) -> int:
         """Complete the stores in flight and commit the durable tiers' new blocks and
         evictions (one batch of the store's protocol each); returns blocks committed."""
         with self._lock:
             n = 0
+            self._last_commit = time.monotonic()
             self.mover.drain()
             for name, tier in self.data_tiers.items():
                 pending = getattr(tier, "commit_pending", None)

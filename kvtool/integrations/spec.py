@@ -8,7 +8,7 @@ A vLLM connector reads them from ``kv_connector_extra_config``, an LMCache plugi
      "policy": "lru", "write_policy": "write-through", "tiers": "tiers.toml",
      "hostnqn": "nqn.2014-08.org.nvmexpress:uuid:…",
      "dhchap_secret": "host.key", "dhchap_ctrl_secret": "ctrl.key",   # key *files*
-     "read_qd": 16, "reformat": false, "metrics_port": 9400}
+     "read_qd": 16, "commit_interval": 0.25, "reformat": false, "metrics_port": 9400}
 
 ``{rank}`` in a place stands for the worker's tensor-parallel rank: each rank keeps its own
 blocks (its shard of every layer), so each needs its own namespace or pool file.
@@ -17,6 +17,7 @@ Errors are :class:`~kvtool.errors.UsageError`\\ s naming the key as the caller s
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,6 +37,7 @@ KEYS: dict[str, str] = {
     "dhchap_secret": "DH-HMAC-CHAP: the host's key file (mode 0600)",
     "dhchap_ctrl_secret": "DH-HMAC-CHAP: the controller's key file (bidirectional)",
     "read_qd": "NVMe reads in flight",
+    "commit_interval": "seconds between commits of the NVMe tier's new blocks (0: every step)",
     "reformat": "format a place holding a kvtool store of other blocks (erases it)",
     "metrics_port": "serve kvtool's Prometheus metrics on 127.0.0.1:PORT",
     "on_tier_error": "a tier's medium fails: recompute (default: its blocks are misses) or fail",
@@ -55,6 +57,11 @@ class StoreSpec(msgspec.Struct, frozen=True):
     dhchap_secret: str | None = None
     dhchap_ctrl_secret: str | None = None
     read_qd: int = 16
+    commit_interval: float = 0.25
+    """Seconds between two commits of the durable tiers (a group commit): an engine step
+    completes its writes, and commits them once this long has passed since the last
+    commit. What a crash loses is at most this long's blocks, each then a miss, never
+    wrong bytes. 0: every step commits."""
     reformat: bool = False
     metrics_port: int | None = None
     on_tier_error: str = "recompute"
@@ -109,6 +116,14 @@ class StoreSpec(msgspec.Struct, frozen=True):
         if on_error not in ON_TIER_ERROR:
             raise UsageError(f"use {' or '.join(ON_TIER_ERROR)}, got {on_error!r}",
                              field=field("on_tier_error"))
+        interval = values.get("commit_interval", 0.25)
+        if isinstance(interval, str):
+            with contextlib.suppress(ValueError):
+                interval = float(interval)
+        if (not isinstance(interval, int | float) or isinstance(interval, bool)
+                or not 0 <= interval <= 3600):
+            raise UsageError(f"expected seconds in 0..3600, got {interval!r}",
+                             field=field("commit_interval"))
         reformat = values.get("reformat", False)
         if isinstance(reformat, str) and reformat.lower() in ("true", "false"):
             reformat = reformat.lower() == "true"
@@ -118,7 +133,8 @@ class StoreSpec(msgspec.Struct, frozen=True):
                    write_policy=write_policy, tiers=text("tiers"), hostnqn=text("hostnqn"),
                    dhchap_secret=text("dhchap_secret"),
                    dhchap_ctrl_secret=text("dhchap_ctrl_secret"),
-                   read_qd=integer("read_qd", 16, 1, 1024) or 16, reformat=reformat,
+                   read_qd=integer("read_qd", 16, 1, 1024) or 16,
+                   commit_interval=float(interval), reformat=reformat,
                    metrics_port=integer("metrics_port", None, 0, 65535),
                    on_tier_error=on_error)
         if spec.dram is None and spec.nvme is None and spec.tiers is None:

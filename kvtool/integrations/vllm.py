@@ -566,7 +566,7 @@ class KvtoolConnector(KVConnectorBase_V1):
                     # save again (_RELOAD), with the recomputed bytes
                     continue
                 self.store.save(sv.keys, sv.input_length, self._source(sv))
-            self.store.commit()
+            self.store.step_done()
         except Exception as exc:
             log.warning("kvtool save failed (blocks not stored): %s", exc)
         self._count("save_seconds", time.perf_counter() - t0)

@@ -88,6 +88,8 @@ class NvmeTier(DataTier):
         self.engine = engine
         self.block_bytes = block_bytes
         self.read_qd = max(1, read_qd)
+        self._async_reads = bool(getattr(engine, "item_callbacks", False))
+        """The engine completes reads on threads of its own (:mod:`kvtool.store.io`)."""
         self.write_qd = max(1, write_qd)
         sb = new_superblock(device_bytes=engine.size, object_bytes=block_bytes,
                             lba_size=engine.lba_size,
@@ -233,7 +235,7 @@ class NvmeTier(DataTier):
                 self._settle(key)
             todo.append((i, slot))
         job.nbytes = len(todo) * self.block_bytes
-        if checksum and getattr(self.engine, "item_callbacks", False):
+        if checksum and self._async_reads:
             job.crcs = [None] * len(keys)
         # One load at a time per tier (the staging buffers are the tier's): the caller
         # completes a load before it prepares the next. Every read goes to the engine at
@@ -251,15 +253,18 @@ class NvmeTier(DataTier):
                     ) -> tuple[list[Future[None]], list[tuple[int, int]]]:
         """Submit the reads of ``todo`` that have a buffer (all direct ones, staged ones
         while ``free`` lasts); the rest stay in ``todo``. The first :data:`EARLY_READS`
-        go to the engine before the others are prepared, so the target starts on them
-        meanwhile. Returns the batches' futures and the staged reads (position, staging
-        buffer). ``crcs``: each block's CRC32C is put at its position as it arrives."""
+        go to an engine that completes reads on threads of its own (NVMe/TCP) before the
+        others are prepared, so the target starts on them meanwhile (an engine that
+        completes them in its submit call, native AIO on a file, gets one batch).
+        Returns the batches' futures and the staged reads (position, staging buffer).
+        ``crcs``: each block's CRC32C is put at its position as it arrives."""
         items: list[tuple[int, memoryview]] = []
         arrived: list[tuple[int, np.ndarray]] = []  # per item: position, its bytes
         staged: list[tuple[int, int]] = []
         keep: list[tuple[int, int]] = []
         futs: list[Future[None]] = []
         n = self.block_bytes
+        early = self._async_reads
         while todo:
             i, slot = todo.popleft()
             view = self._direct(dsts[i])
@@ -276,7 +281,7 @@ class NvmeTier(DataTier):
             items.append((self.sb.slot_offset(slot), view))
             if crcs is not None:
                 arrived.append((i, block))
-            if not futs and len(items) == EARLY_READS and todo:
+            if early and not futs and len(items) == EARLY_READS and todo:
                 futs.append(self._submit_reads(items, arrived, crcs))
                 items, arrived = [], []
         todo.extend(keep)

@@ -186,9 +186,11 @@ def test_dram_pool_over_nvme_through_the_adapter(engine_python: Path, store_dir:
 
 @pytest.mark.parametrize(("plugin", "world_size", "error"), [
     ({"polcy": "lru"}, 1, f"field '{PLUGIN}polcy': unknown key 'polcy'"),
+    ({"commit_interval": 1}, 1, f"field '{PLUGIN}commit_interval': each put is durable "
+                                "when it returns: commit_interval is the vLLM connector's"),
     ({}, 2, f"field '{PLUGIN}url': world size 2: each rank needs its own namespace or pool "
             "file: put {rank} in the places"),
-], ids=["unknown-key", "ranks-share-a-place"])
+], ids=["unknown-key", "vllm-only-key", "ranks-share-a-place"])
 def test_a_bad_config_is_one_error_line_and_no_backend(engine_python: Path, store_dir: Path,
                                                        tmp_path: Path, plugin: dict[str, Any],
                                                        world_size: int, error: str) -> None:

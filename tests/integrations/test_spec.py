@@ -15,6 +15,8 @@ def test_the_keys_parse_and_round_trip() -> None:
                             "policy": "lru", "write_policy": "write-back", "read_qd": 8})
     assert spec.dram is not None and spec.nvme is not None
     assert spec.write_policy == "write-back" and spec.read_qd == 8
+    assert spec.commit_interval == 0.25  # the default group commit
+    assert StoreSpec.parse({"dram": "1GiB", "commit_interval": "0"}).commit_interval == 0
     assert set(spec.to_dict()) <= set(KEYS)
     assert StoreSpec.parse(spec.to_dict()) == spec
 
@@ -23,6 +25,9 @@ def test_the_keys_parse_and_round_trip() -> None:
     ({"dram": "1GiB", "colour": "red"}, "colour"),
     ({"dram": "1GiB", "write_policy": "sometimes"}, "write_policy"),
     ({"dram": "1GiB", "on_tier_error": "ignore"}, "on_tier_error"),
+    ({"dram": "1GiB", "commit_interval": -1}, "commit_interval"),
+    ({"dram": "1GiB", "commit_interval": "soon"}, "commit_interval"),
+    ({"dram": "1GiB", "commit_interval": True}, "commit_interval"),
     ({}, "nvme"),
 ])
 def test_a_bad_key_names_itself(values: dict[str, object], key: str) -> None:
