@@ -77,8 +77,8 @@ if TYPE_CHECKING:
 
 WAITING, LOADING, RUNNING, FINISHED, FAILED = 0, 1, 2, 3, 4
 _BLOCKED, _LOADS = -1, -2
-"""What :meth:`Engine._admit`'s helpers return instead of a token count: the request could
-not be allocated; it started loading from the tiers."""
+"""What :meth:`Engine._admit_fresh` returns instead of a token count: the request could not
+be allocated; it started loading from the tiers."""
 
 
 class Seq:
@@ -394,9 +394,30 @@ class Engine:
         pool = self.pool
         running = self.running
         self._blocked = None
-        budget = self._admit_holding(budget, batch)
-        if budget < 0:
-            return
+        holding = self.kv_holding
+        while holding and budget > 0 and len(running) < self.max_num_seqs:
+            seq = holding[0]
+            n = seq.num_tokens - seq.num_computed_tokens
+            if n > budget:
+                n = budget
+            held, need = self._hold_need
+            if held is seq and pool.num_free_blocks < need:
+                self._blocked = seq  # holding its blocks, it needs as many as before
+                self._can_admit = True
+                return
+            if pool.allocate_slots(seq, n, full_sequence_must_fit=True,
+                                   has_scheduled_reqs=bool(running)) is None:
+                self._hold_need = (seq, pool.full_sequence_need(seq))
+                self._blocked = seq
+                self._can_admit = True
+                return
+            if held is seq:
+                self._hold_need = (None, 0)  # it may come back (preempted) holding others
+            holding.popleft()
+            seq.status = RUNNING
+            self._start_running(seq)
+            batch.append((seq, n))
+            budget -= n
         waiting = self.waiting
         j = 0
         while budget > 0 and j < len(waiting):
@@ -431,38 +452,6 @@ class Engine:
             batch.append((seq, n))
             budget -= n
         self._can_admit = budget > 0 and len(running) < self.max_num_seqs
-
-    def _admit_holding(self, budget: int, batch: list[tuple[Seq, int]]) -> int:
-        """Admit the requests of the holding queue (they hold their loaded blocks) into
-        ``batch``, in order, while ``budget`` and ``max_num_seqs`` allow; the budget left,
-        or ``_BLOCKED`` when one could not be allocated (:attr:`_blocked` says which)."""
-        pool = self.pool
-        running = self.running
-        holding = self.kv_holding
-        while holding and budget > 0 and len(running) < self.max_num_seqs:
-            seq = holding[0]
-            n = seq.num_tokens - seq.num_computed_tokens
-            if n > budget:
-                n = budget
-            held, need = self._hold_need
-            if held is seq and pool.num_free_blocks < need:
-                self._blocked = seq  # holding its blocks, it needs as many as before
-                self._can_admit = True
-                return _BLOCKED
-            if pool.allocate_slots(seq, n, full_sequence_must_fit=True,
-                                   has_scheduled_reqs=bool(running)) is None:
-                self._hold_need = (seq, pool.full_sequence_need(seq))
-                self._blocked = seq
-                self._can_admit = True
-                return _BLOCKED
-            if held is seq:
-                self._hold_need = (None, 0)  # it may come back (preempted) holding others
-            holding.popleft()
-            seq.status = RUNNING
-            self._start_running(seq)
-            batch.append((seq, n))
-            budget -= n
-        return budget
 
     def _admit_fresh(self, now: float, seq: Seq, budget: int) -> int:
         """Look up the prefix of waiting request ``seq``, which has computed nothing, in the
@@ -817,7 +806,11 @@ class EventEngine(Engine):
     def plan(self, now: float) -> float | None:
         S = self._step_no
         pool = self.pool
-        preempted, stopped = self._grow_due(S)
+        heap = self._stops
+        if (heap and heap[0][0] == S) or self._due:
+            preempted, stopped = self._grow_due(S)
+        else:
+            preempted = stopped = False
         n_dec = self._n_dec
         budget = self.max_num_batched_tokens - n_dec
         items: list[tuple[Seq, int]] = []
@@ -862,12 +855,6 @@ class EventEngine(Engine):
             ends = self._run_ends(now, n_dec, ctx, self._next_stop() - S)
             self._ends = ends
             return float(ends[-1])
-        return self._one_step_end(now, items, n_dec, ctx)
-
-    def _one_step_end(self, now: float, items: list[tuple[Seq, int]], n_dec: int,
-                      ctx: int) -> float:
-        """The end of one step that runs ``items`` beside ``n_dec`` decoding requests whose
-        contexts sum to ``ctx`` (kept as the run's only end)."""
         pt = 0
         dt = n_dec
         pw = 0.0

@@ -405,15 +405,62 @@ class FlowNetwork:
         rescheduled: between rate changes a class's service is linear in time.
         """
         if changed is not None:
-            for r in changed.resources:
+            res = changed.resources
+            for r in res:
                 if len(r.classes) != 1:
                     break
             else:
-                self._rebalance_alone(changed)
+                # the class is alone on its hops: its rate is the smallest share, as
+                # progressive filling finds it (the same division, the same float)
+                flows = changed.flows
+                n = len(flows)
+                rate = math.inf
+                for r in res:
+                    cap = r.capacity
+                    share = (cap if cap > 0.0 else 0.0) / n
+                    if share < rate:
+                        rate = share
+                now = self._now
+                # _settle, then _schedule, written out (a flow starts or ends here)
+                old = changed.rate
+                dt = now - changed.settled
+                if dt > 0 and old > 0 and old != math.inf:
+                    delta = old * dt
+                    changed.served += delta
+                    moved = delta * n
+                    for r in res:
+                        r.bytes += moved
+                changed.settled = now
+                changed.rate = rate
+                head_target, head_id, _ = flows[0]
+                if rate == math.inf:
+                    finish = now
+                elif rate <= 0:
+                    finish = math.inf
+                else:
+                    left = head_target - changed.served
+                    finish = now + (left if left > 0.0 else 0.0) / rate
+                if finish == changed.finish and head_id == changed.head_id:
+                    return
+                changed.version += 1
+                changed.finish, changed.head_id = finish, head_id
+                heap = self._heap
+                if finish < math.inf:
+                    heapq.heappush(heap, (finish, head_id, next(self._tie), changed.version,
+                                          changed))
+                if len(heap) > 64 + 4 * len(self._classes):  # drop stale entries
+                    self._heap = [e for e in heap if e[3] == e[4].version and e[4].flows]
+                    heapq.heapify(self._heap)
                 return
         classes, resources = self._component(seeds)
-        if not classes:
-            return
+        if classes:
+            self._fill(classes, resources, changed)
+
+    def _fill(self, classes: list[_Class], resources: list[_Resource],
+              changed: _Class | None) -> None:
+        """Progressive filling over connected ``classes`` and their ``resources``: each
+        class's max-min fair rate; those whose rate changes (and ``changed``) are settled
+        and rescheduled."""
         for r in resources:
             r.cap_left = r.capacity
             r.weight = 0
@@ -460,51 +507,6 @@ class FlowNetwork:
             self._settle(c)
             c.rate = new
             self._schedule(c)
-
-    def _rebalance_alone(self, changed: _Class) -> None:
-        """:meth:`_rebalance` of a class alone on its hops, whose flows changed: its rate is
-        the smallest share, as progressive filling finds it (the same division, the same
-        float)."""
-        res = changed.resources
-        flows = changed.flows
-        n = len(flows)
-        rate = math.inf
-        for r in res:
-            cap = r.capacity
-            share = (cap if cap > 0.0 else 0.0) / n
-            if share < rate:
-                rate = share
-        now = self._now
-        # _settle, then _schedule, written out (a flow starts or ends here)
-        old = changed.rate
-        dt = now - changed.settled
-        if dt > 0 and old > 0 and old != math.inf:
-            delta = old * dt
-            changed.served += delta
-            moved = delta * n
-            for r in res:
-                r.bytes += moved
-        changed.settled = now
-        changed.rate = rate
-        head_target, head_id, _ = flows[0]
-        if rate == math.inf:
-            finish = now
-        elif rate <= 0:
-            finish = math.inf
-        else:
-            left = head_target - changed.served
-            finish = now + (left if left > 0.0 else 0.0) / rate
-        if finish == changed.finish and head_id == changed.head_id:
-            return
-        changed.version += 1
-        changed.finish, changed.head_id = finish, head_id
-        heap = self._heap
-        if finish < math.inf:
-            heapq.heappush(heap, (finish, head_id, next(self._tie), changed.version,
-                                  changed))
-        if len(heap) > 64 + 4 * len(self._classes):  # drop stale entries
-            self._heap = [e for e in heap if e[3] == e[4].version and e[4].flows]
-            heapq.heapify(self._heap)
 
     def _schedule(self, c: _Class) -> None:
         """(Re)enter the class in the heap at its head flow's finish time, if that changed."""
