@@ -53,6 +53,7 @@ from kvtool.replay.servingdata import TierCounters
 if TYPE_CHECKING:
     from kvtool.cluster.state import ClusterState
     from kvtool.serving.setup import BuiltCluster
+    from kvtool.serving.sim import TierSetup
 
 ROWS = 16
 """Rows of an engine's GPU pool that one transfer moves at a time."""
@@ -433,7 +434,7 @@ class RayClusterData:
         self.nvme: list[SlotMap] = self._nvme_slots()
         self.places = self._places()
 
-    def _nvme_targets(self, tiers: dict[str, Any]) -> list[Any]:
+    def _nvme_targets(self, tiers: dict[str, TierSetup]) -> list[Any]:
         """The cluster's storage targets behind the nvme tier's targets, by name (else in
         turn); none without an nvme tier."""
         state, built = self.state, self.built
@@ -447,7 +448,7 @@ class RayClusterData:
         return [by_name.get(n, state.targets[i % len(state.targets)])
                 for i, n in enumerate(names)]
 
-    def _mooncake_share(self, tiers: dict[str, Any]) -> tuple[str | None, int]:
+    def _mooncake_share(self, tiers: dict[str, TierSetup]) -> tuple[str | None, int]:
         """The Mooncake master's URL for the mooncake tier (None without one), and the
         bytes each engine lends the pool (0 where the nodes lend their own segments)."""
         state, built = self.state, self.built
