@@ -1,7 +1,8 @@
 """docs/architecture.md cannot drift from the code: its package map names every package
 and module of kvtool/ and emulator/ (and none that is gone), its layer table is the one
-tests/test_import_cycles.py enforces, and the library never prints (only kvtool/cli/ writes
-to the process's stdout and stderr)."""
+tests/test_import_cycles.py enforces, the library never prints (only kvtool/cli/ writes
+to the process's stdout and stderr), and no function of kvtool/ is longer than
+``MAX_FUNCTION_LINES``."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from tests.helpers.layers import LAYERS
 
 DOC = REPO / "docs" / "architecture.md"
 ROOTS = ("kvtool", "emulator")
+MAX_FUNCTION_LINES = 80
+"""The longest a function of kvtool/ may be, from its ``def`` to its last line (decorators
+not counted; issue 39)."""
 
 
 def _section(title: str) -> list[list[str]]:
@@ -132,3 +136,34 @@ def test_the_library_never_prints() -> None:
             continue
         found += [f"{rel}:{where}" for where in prints(path.read_text())]
     assert not found, "the library prints (return it, or take a callback):\n" + "\n".join(found)
+
+
+def long_functions(source: str, limit: int) -> list[str]:
+    """The functions and methods of ``source`` longer than ``limit`` lines, from ``def``
+    to their last line (``LINE: NAME (N lines)``)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            assert node.end_lineno is not None
+            length = node.end_lineno - node.lineno + 1
+            if length > limit:
+                found.append(f"{node.lineno}: {node.name} ({length} lines)")
+    return found
+
+
+def test_the_finder_finds_long_functions() -> None:
+    src = ("def short():\n    return 1\n\n\nclass C:\n    @staticmethod\n"
+           "    async def long():\n" + "        x = 1\n" * 3)
+    assert long_functions(src, 3) == ["7: long (4 lines)"]  # the decorator is not counted
+    assert long_functions(src, 4) == []
+
+
+def test_no_function_is_over_the_limit() -> None:
+    """A long function does several jobs: split it into named steps (docs/architecture.md)."""
+    found = []
+    for path in sorted((REPO / "kvtool").rglob("*.py")):
+        rel = path.relative_to(REPO)
+        found += [f"{rel}:{where}" for where in long_functions(path.read_text(),
+                                                               MAX_FUNCTION_LINES)]
+    assert not found, (f"functions over {MAX_FUNCTION_LINES} lines (split them into "
+                       "helpers, one job each):\n" + "\n".join(found))

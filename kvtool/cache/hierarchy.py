@@ -201,8 +201,17 @@ class TierHierarchy:
                 tier.mover.on_write(tier.name, record)
 
         # 3. evict, top down (write-back demotes into the next tier first)
+        self._evict_from(0, stats)
+        return per_tier
+
+    def _evict_from(self, start: int, stats: RoundStats) -> None:
+        """Evict each tier from ``start`` down to its capacity (or watermark), top down;
+        under write-back a tier's evicted blocks are demoted into the next tier first."""
+        tiers = self.tiers
+        m = len(tiers)
+        written = stats.blocks_written
         evictions = stats.evictions
-        for i in range(m):
+        for i in range(start, m):
             tier = tiers[i]
             if tier.watermark is None and len(self._indexes[i]) <= tier.capacity:
                 continue
@@ -218,7 +227,6 @@ class TierHierarchy:
                     written[i + 1] += len(down)
                     if below.mover is not None:
                         below.mover.on_write(below.name, down)
-        return per_tier
 
     def _lookup_pooled(self, keys: list[int], input_length: int) -> list[int]:
         """:meth:`lookup` with a pooled top tier: its capped hit, then the lower tiers."""
@@ -301,22 +309,7 @@ class TierHierarchy:
                     written[1] += len(down)
                     if below.mover is not None:
                         below.mover.on_write(below.name, down)
-        for i in range(1, m):
-            tier = tiers[i]
-            if tier.watermark is None and len(self._indexes[i]) <= tier.capacity:
-                continue
-            out = tier.evict_to_capacity()
-            if not out:
-                continue
-            stats.evictions[i] += len(out)
-            if self.write_back and i + 1 < m:
-                below = tiers[i + 1]
-                down = below.policy.admit(out)
-                if down:
-                    stats.blocks_read[i] += len(down)
-                    written[i + 1] += len(down)
-                    if below.mover is not None:
-                        below.mover.on_write(below.name, down)
+        self._evict_from(1, stats)
         return per_tier
 
     def _serve_fused(self, keys: list[int], input_length: int, block_tokens: int,
@@ -334,75 +327,11 @@ class TierHierarchy:
         per_tier = self._count_hits(src, input_length, block_tokens, stats)
         indexes = self._indexes
         before = [len(ix) for ix in indexes]
-        last = indexes[-1]
         pols: list[LruPolicy] = self._policies  # type: ignore[assignment]
-        last_ordered = pols[-1].ordered
-        # LruPolicy: index[key] counts the key's references in its order deque; a touch
-        # or an insert appends one (an unordered last tier keeps no deque).
-        i0 = indexes[0]
-        p0 = pols[0].order.append
         if m == 2:
-            p1 = pols[1].order.append if last_ordered else None
-            for key, s in zip(keys, src, strict=False):
-                i0[key] = i0[key] + 1 if s == 0 else 1
-                p0(key)
-                if p1 is not None:
-                    c = last.get(key)
-                    if c is not None:
-                        last[key] = c + 1
-                        p1(key)
-            for key in keys[k:]:
-                c = i0.get(key)
-                i0[key] = 1 if c is None else c + 1
-                p0(key)
-                c = last.get(key)
-                if c is None:
-                    last[key] = 1
-                    if p1 is not None:
-                        p1(key)
-                elif p1 is not None:
-                    last[key] = c + 1
-                    p1(key)
+            self._fused_touch_two(keys, src)
         else:
-            i1 = indexes[1]
-            p1 = pols[1].order.append
-            p2 = pols[2].order.append if last_ordered else None
-            for key, s in zip(keys, src, strict=False):
-                if s == 0:
-                    i0[key] += 1
-                    c = i1.get(key)
-                    if c is not None:
-                        i1[key] = c + 1
-                        p1(key)
-                elif s == 1:
-                    i0[key] = 1
-                    i1[key] += 1
-                    p1(key)
-                else:
-                    i0[key] = 1
-                    i1[key] = 1
-                    p1(key)
-                p0(key)
-                if p2 is not None:
-                    c = last.get(key)
-                    if c is not None:
-                        last[key] = c + 1
-                        p2(key)
-            for key in keys[k:]:
-                c = i0.get(key)
-                i0[key] = 1 if c is None else c + 1
-                p0(key)
-                c = i1.get(key)
-                i1[key] = 1 if c is None else c + 1
-                p1(key)
-                c = last.get(key)
-                if c is None:
-                    last[key] = 1
-                    if p2 is not None:
-                        p2(key)
-                elif p2 is not None:
-                    last[key] = c + 1
-                    p2(key)
+            self._fused_touch_three(keys, src)
         for pol in pols:
             if pol.ordered and len(pol.order) > 2 * len(pol.index) + 1024:
                 pol.compact()
@@ -422,6 +351,92 @@ class TierHierarchy:
             if tier.watermark is not None or len(ix) > tier.capacity:
                 evictions[i] += len(tier.evict_to_capacity())
         return per_tier
+
+    def _fused_touch_two(self, keys: list[int], src: list[int]) -> None:
+        """:meth:`_serve_fused`'s pass over the keys for 2 tiers: touch each hit block where
+        it is held and promote it into the top tier, insert each missed block into both.
+
+        LruPolicy: index[key] counts the key's references in its order deque; a touch or an
+        insert appends one (an unordered last tier keeps no deque)."""
+        k = len(src)
+        indexes = self._indexes
+        last = indexes[-1]
+        pols: list[LruPolicy] = self._policies  # type: ignore[assignment]
+        last_ordered = pols[-1].ordered
+        i0 = indexes[0]
+        p0 = pols[0].order.append
+        p1 = pols[1].order.append if last_ordered else None
+        for key, s in zip(keys, src, strict=False):
+            i0[key] = i0[key] + 1 if s == 0 else 1
+            p0(key)
+            if p1 is not None:
+                c = last.get(key)
+                if c is not None:
+                    last[key] = c + 1
+                    p1(key)
+        for key in keys[k:]:
+            c = i0.get(key)
+            i0[key] = 1 if c is None else c + 1
+            p0(key)
+            c = last.get(key)
+            if c is None:
+                last[key] = 1
+                if p1 is not None:
+                    p1(key)
+            elif p1 is not None:
+                last[key] = c + 1
+                p1(key)
+
+    def _fused_touch_three(self, keys: list[int], src: list[int]) -> None:
+        """:meth:`_serve_fused`'s pass over the keys for 3 tiers (as
+        :meth:`_fused_touch_two`): touch or promote each hit block, insert each missed one
+        into every tier."""
+        k = len(src)
+        indexes = self._indexes
+        last = indexes[-1]
+        pols: list[LruPolicy] = self._policies  # type: ignore[assignment]
+        last_ordered = pols[-1].ordered
+        i0 = indexes[0]
+        p0 = pols[0].order.append
+        i1 = indexes[1]
+        p1 = pols[1].order.append
+        p2 = pols[2].order.append if last_ordered else None
+        for key, s in zip(keys, src, strict=False):
+            if s == 0:
+                i0[key] += 1
+                c = i1.get(key)
+                if c is not None:
+                    i1[key] = c + 1
+                    p1(key)
+            elif s == 1:
+                i0[key] = 1
+                i1[key] += 1
+                p1(key)
+            else:
+                i0[key] = 1
+                i1[key] = 1
+                p1(key)
+            p0(key)
+            if p2 is not None:
+                c = last.get(key)
+                if c is not None:
+                    last[key] = c + 1
+                    p2(key)
+        for key in keys[k:]:
+            c = i0.get(key)
+            i0[key] = 1 if c is None else c + 1
+            p0(key)
+            c = i1.get(key)
+            i1[key] = 1 if c is None else c + 1
+            p1(key)
+            c = last.get(key)
+            if c is None:
+                last[key] = 1
+                if p2 is not None:
+                    p2(key)
+            elif p2 is not None:
+                last[key] = c + 1
+                p2(key)
 
     def _serve_through(self, keys: list[int], input_length: int, block_tokens: int,
                        session: int, stats: RoundStats) -> list[int]:

@@ -274,6 +274,13 @@ class Replayer:
                 if progress is not None and not n & 1023:
                     progress(1024)
             return n
+        return self._feed_one_tier(tier, requests, progress)
+
+    def _feed_one_tier(self, tier: Tier, requests: Iterable[RequestLike],
+                       progress: Callable[[int], None] | None) -> int:
+        """:meth:`feed_many` with one tier and no ``on_request``: :meth:`feed` and the
+        hierarchy's single-tier serve inlined, the round's counters kept in locals."""
+        n = 0
         policy = tier.policy
         index = policy.index
         access, discard = policy.access, policy.discard

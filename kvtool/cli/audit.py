@@ -9,11 +9,11 @@ import click
 
 from kvtool.align.audit import AuditReport, audit
 from kvtool.align.layout import read_extents
-from kvtool.align.probe import probe_device
+from kvtool.align.probe import DeviceLimits, probe_device
 from kvtool.cli.options import block_size_options
 from kvtool.cli.output import emit, json_option
 from kvtool.errors import CheckFailed, UsageError
-from kvtool.geometry import Layout, ObjectSize
+from kvtool.geometry import KVGeometry, Layout, ObjectSize
 from kvtool.geometry.blocksize import resolve_geometry
 from kvtool.units import format_size, parse_size
 
@@ -132,88 +132,115 @@ def _n(v: int) -> str:
 
 def render(con: Console, report: AuditReport) -> None:
     """The human view of an :class:`AuditReport`."""
-    from rich import box
-    from rich.markup import escape
-    from rich.table import Table
-
-    g = report.geometry
-    if g is not None:
-        dtype = g.dtype + (f" ({g.record})" if g.record else "")
-        bpt = g.bytes_per_token
-        bpt_s = _n(int(bpt)) if bpt.is_integer() else f"{bpt:,.2f}"
-        con.print(f"[bold]{escape(g.model)}[/] {dtype}, {g.attention.upper()}, {g.layers} layers, "
-                  f"{g.block_tokens} tokens/block, TP {g.tp}")
-        heads = g.kv_heads or 1
-        if g.attention == "mla":
-            sharding = "full copy on every rank"
-        elif g.tp <= heads:
-            sharding = f"{heads // g.tp} of {heads} KV heads per rank"
-        else:
-            sharding = f"1 of {heads} KV heads per rank, each head on {g.per_rank_duplication} ranks"
-        con.print(f"  {bpt_s} B/token; {_n(g.copy_block_bytes)} B per block (one copy)")
-        con.print(f"  per rank: {_n(g.block_bytes)} B per block ({sharding}; t = "
-                  f"{g.per_rank_duplication})")
-        if g.unpadded_block_bytes != g.copy_block_bytes:
-            con.print(f"  without per-component page padding: {_n(g.unpadded_block_bytes)} B/block")
-        con.print(f"  [dim]source: {escape(g.source)}[/]")
-    d = report.device
-    if d is not None:
-        t = Table(title=f"Device {escape(d.path)} ({d.kind})", title_justify="left", box=box.SIMPLE_HEAD,
-                  pad_edge=False)
-        for col in ("logical", "physical", "size", "DIO offset", "DIO buffer", "from"):
-            t.add_column(col, justify="right" if col != "from" else "left", no_wrap=True)
-        t.add_row(f"{d.logical_block_size} B", f"{d.physical_block_size} B",
-                  f"{_n(d.size_bytes)} B ({format_size(d.size_bytes)})",
-                  f"{d.dio_offset_align} B", f"{d.dio_mem_align} B", d.dio_source)
-        con.print(t)
-        for note in d.notes:
-            con.print(f"  [dim]{escape(note)}[/]")
+    if report.geometry is not None:
+        _render_geometry(con, report.geometry)
+    if report.device is not None:
+        _render_device(con, report.device)
     if report.checks:
-        title = f"Objects ({report.object_layout} layout)" if report.object_layout else "Objects"
-        t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-        multi = any(c.obj.count > 1 for c in report.checks)
-        cols = ["object", *(["n"] if multi else []), "bytes", "LBA", "residue", "padded", "LBAs",
-                "waste", "strategy"]
-        for col in cols:
-            t.add_column(col, justify="left" if col in ("object", "strategy") else "right",
-                         no_wrap=True)
-        for c in report.checks:
-            p = c.plan
-            strat = "[green]aligned[/]" if p.ok else "[yellow]bounce[/]"
-            name = c.obj.name.removeprefix("layer:")
-            t.add_row(name, *([str(c.obj.count)] if multi else []), _n(p.nbytes), str(p.lba),
-                      _n(p.residue), _n(p.padded_bytes), _n(p.lbas), f"{p.waste_fraction:.2%}",
-                      strat)
-        con.print(t)
-        seen = set()
-        for c in report.checks:
-            if not c.plan.ok and (c.obj.name, c.plan.lba) not in seen:
-                seen.add((c.obj.name, c.plan.lba))
-                con.print(f"  • {escape(c.obj.name)} @ {c.plan.lba} B: {escape(c.plan.explanation)}")
-            if c.physical_aligned is False:
-                con.print(f"  • advice: {c.obj.name} padded to {_n(c.plan.padded_bytes)} B is "
-                          f"not a multiple of the {c.physical_block_size}-B physical block "
-                          "(read-modify-write on partial blocks)")
-            if c.objects_fit is not None and d is not None:
-                con.print(f"  • {escape(d.path)} holds {_n(c.objects_fit)} {c.obj.name} object(s) of "
-                          f"{_n(c.plan.padded_bytes)} B")
+        _render_objects(con, report)
     if report.layouts:
-        con.print("[bold]Placements[/]")
-        for lay in report.layouts:
-            a = lay.audit
-            name = escape(a.source + (f" [{lay.object_name}]" if lay.object_name else ""))
-            mark = "[green]ok[/]" if a.ok else "[red]FAIL[/]"
-            parts = [f"{_n(a.extents)} extent(s), {_n(a.misaligned)} misaligned"]
-            if a.first_misaligned is not None:
-                parts.append(f"first: {escape(a.first_misaligned.message)}")
-            if a.overlap is not None:
-                parts.append(f"extents {a.overlap[0]} and {a.overlap[1]} overlap")
-            if a.beyond_end is not None:
-                parts.append(f"extent {a.beyond_end} ends past the device end "
-                             f"({_n(a.device_size or 0)} B)")
-            con.print(f"  {mark} {name} @ {a.lba} B: " + "; ".join(parts))
+        _render_placements(con, report)
     if report.ok:
         con.print("[green]OK[/]: every size and extent is aligned")
     else:
         con.print(f"[yellow]{len(report.failures)} check(s) need attention[/]"
                   " (exit 1 with --strict)")
+
+
+def _render_geometry(con: Console, g: KVGeometry) -> None:
+    """The model's KV geometry: bytes per token and per block, how TP shards the block."""
+    from rich.markup import escape
+
+    dtype = g.dtype + (f" ({g.record})" if g.record else "")
+    bpt = g.bytes_per_token
+    bpt_s = _n(int(bpt)) if bpt.is_integer() else f"{bpt:,.2f}"
+    con.print(f"[bold]{escape(g.model)}[/] {dtype}, {g.attention.upper()}, {g.layers} layers, "
+              f"{g.block_tokens} tokens/block, TP {g.tp}")
+    heads = g.kv_heads or 1
+    if g.attention == "mla":
+        sharding = "full copy on every rank"
+    elif g.tp <= heads:
+        sharding = f"{heads // g.tp} of {heads} KV heads per rank"
+    else:
+        sharding = f"1 of {heads} KV heads per rank, each head on {g.per_rank_duplication} ranks"
+    con.print(f"  {bpt_s} B/token; {_n(g.copy_block_bytes)} B per block (one copy)")
+    con.print(f"  per rank: {_n(g.block_bytes)} B per block ({sharding}; t = "
+              f"{g.per_rank_duplication})")
+    if g.unpadded_block_bytes != g.copy_block_bytes:
+        con.print(f"  without per-component page padding: {_n(g.unpadded_block_bytes)} B/block")
+    con.print(f"  [dim]source: {escape(g.source)}[/]")
+
+
+def _render_device(con: Console, d: DeviceLimits) -> None:
+    """The device's block sizes and direct-I/O alignment, and where they come from."""
+    from rich import box
+    from rich.markup import escape
+    from rich.table import Table
+
+    t = Table(title=f"Device {escape(d.path)} ({d.kind})", title_justify="left", box=box.SIMPLE_HEAD,
+              pad_edge=False)
+    for col in ("logical", "physical", "size", "DIO offset", "DIO buffer", "from"):
+        t.add_column(col, justify="right" if col != "from" else "left", no_wrap=True)
+    t.add_row(f"{d.logical_block_size} B", f"{d.physical_block_size} B",
+              f"{_n(d.size_bytes)} B ({format_size(d.size_bytes)})",
+              f"{d.dio_offset_align} B", f"{d.dio_mem_align} B", d.dio_source)
+    con.print(t)
+    for note in d.notes:
+        con.print(f"  [dim]{escape(note)}[/]")
+
+
+def _render_objects(con: Console, report: AuditReport) -> None:
+    """The objects' alignment plans (aligned or bounced), with advice per object."""
+    from rich import box
+    from rich.markup import escape
+    from rich.table import Table
+
+    d = report.device
+    title = f"Objects ({report.object_layout} layout)" if report.object_layout else "Objects"
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    multi = any(c.obj.count > 1 for c in report.checks)
+    cols = ["object", *(["n"] if multi else []), "bytes", "LBA", "residue", "padded", "LBAs",
+            "waste", "strategy"]
+    for col in cols:
+        t.add_column(col, justify="left" if col in ("object", "strategy") else "right",
+                     no_wrap=True)
+    for c in report.checks:
+        p = c.plan
+        strat = "[green]aligned[/]" if p.ok else "[yellow]bounce[/]"
+        name = c.obj.name.removeprefix("layer:")
+        t.add_row(name, *([str(c.obj.count)] if multi else []), _n(p.nbytes), str(p.lba),
+                  _n(p.residue), _n(p.padded_bytes), _n(p.lbas), f"{p.waste_fraction:.2%}",
+                  strat)
+    con.print(t)
+    seen = set()
+    for c in report.checks:
+        if not c.plan.ok and (c.obj.name, c.plan.lba) not in seen:
+            seen.add((c.obj.name, c.plan.lba))
+            con.print(f"  • {escape(c.obj.name)} @ {c.plan.lba} B: {escape(c.plan.explanation)}")
+        if c.physical_aligned is False:
+            con.print(f"  • advice: {c.obj.name} padded to {_n(c.plan.padded_bytes)} B is "
+                      f"not a multiple of the {c.physical_block_size}-B physical block "
+                      "(read-modify-write on partial blocks)")
+        if c.objects_fit is not None and d is not None:
+            con.print(f"  • {escape(d.path)} holds {_n(c.objects_fit)} {c.obj.name} object(s) of "
+                      f"{_n(c.plan.padded_bytes)} B")
+
+
+def _render_placements(con: Console, report: AuditReport) -> None:
+    """Each extent list's placement check."""
+    from rich.markup import escape
+
+    con.print("[bold]Placements[/]")
+    for lay in report.layouts:
+        a = lay.audit
+        name = escape(a.source + (f" [{lay.object_name}]" if lay.object_name else ""))
+        mark = "[green]ok[/]" if a.ok else "[red]FAIL[/]"
+        parts = [f"{_n(a.extents)} extent(s), {_n(a.misaligned)} misaligned"]
+        if a.first_misaligned is not None:
+            parts.append(f"first: {escape(a.first_misaligned.message)}")
+        if a.overlap is not None:
+            parts.append(f"extents {a.overlap[0]} and {a.overlap[1]} overlap")
+        if a.beyond_end is not None:
+            parts.append(f"extent {a.beyond_end} ends past the device end "
+                         f"({_n(a.device_size or 0)} B)")
+        con.print(f"  {mark} {name} @ {a.lba} B: " + "; ".join(parts))

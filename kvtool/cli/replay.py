@@ -21,6 +21,7 @@ from kvtool.units import format_size
 
 if TYPE_CHECKING:
     from kvtool.nvme.hostauth import HostCredentials
+    from kvtool.replay.settings import ReplaySettings
 
 
 EPILOG = """
@@ -209,7 +210,7 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
     (definitions: docs/definitions.md; schema: docs/json.md).
     """
     from kvtool.cache.report import check_output_paths
-    from kvtool.replay.run import ReplaySettings, describe_setup, prepare
+    from kvtool.replay.run import ReplaySettings
 
     check_output_paths(csv=csv_path, plot=plot_path, requests_csv=requests_csv, iolog=iolog)
     if engine is not None:
@@ -241,6 +242,27 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
                     credentials=credentials, scalars=parse_scalar_overrides(scalars),
                     fanout=fanout, faults=faults, exact_steps=exact_steps)
         return
+    _check_cache_replay_options(faults=faults, exact_steps=exact_steps, no_times=no_times,
+                                request_rate=request_rate, speedup=speedup, sweep=sweep,
+                                scalars=scalars)
+    replay_settings = ReplaySettings(
+        trace=trace, fmt=fmt, block_tokens=block_tokens, skip_bad=skip_bad, simulate=simulate,
+        tiers={k: v for k, v in (("gpu", gpu), ("dram", dram), ("nvme", nvme)) if v is not None},
+        policy=policy, tiers_file=tiers_file, write_policy=write_policy, watermark=watermark,
+        evict_ratio=evict_ratio, compares=compares, model=model, dtype=dtype, tp=tp,
+        block_bytes=block_bytes, engine_gpu=engine_gpu, times="none" if no_times else "serving",
+        exact_steps=exact_steps,
+        read_gbps=read_gbps, concurrency=concurrency, read_qd=read_qd, seed=seed,
+        on_tier_error=on_tier_error, requests_csv=requests_csv, credentials=credentials,
+        iolog=iolog, iolog_version=int(iolog_version))
+    doc = _run_cache_replay(replay_settings, fanout, metrics_port)
+    _report_cache_replay(doc, trace, csv_path, plot_path)
+
+
+def _check_cache_replay_options(*, faults: tuple[str, ...], exact_steps: bool, no_times: bool,
+                                request_rate: float | None, speedup: float | None,
+                                sweep: str | None, scalars: tuple[str, ...]) -> None:
+    """Refuse the options a replay without ``--cluster`` does not take."""
     if faults:
         raise UsageError(f"{param('fault')} applies to {param('cluster')} on a cluster that is "
                          "up", field="fault")
@@ -252,16 +274,16 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
         if value is not None:
             raise UsageError(f"{param(name)} sets the serving model's load: give "
                              f"{param('cluster')} too", field=name)
-    replay_settings = ReplaySettings(
-        trace=trace, fmt=fmt, block_tokens=block_tokens, skip_bad=skip_bad, simulate=simulate,
-        tiers={k: v for k, v in (("gpu", gpu), ("dram", dram), ("nvme", nvme)) if v is not None},
-        policy=policy, tiers_file=tiers_file, write_policy=write_policy, watermark=watermark,
-        evict_ratio=evict_ratio, compares=compares, model=model, dtype=dtype, tp=tp,
-        block_bytes=block_bytes, engine_gpu=engine_gpu, times="none" if no_times else "serving",
-        exact_steps=exact_steps,
-        read_gbps=read_gbps, concurrency=concurrency, read_qd=read_qd, seed=seed,
-        on_tier_error=on_tier_error, requests_csv=requests_csv, credentials=credentials,
-        iolog=iolog, iolog_version=int(iolog_version))
+
+
+def _run_cache_replay(replay_settings: ReplaySettings, fanout: Any,
+                      metrics_port: int | None) -> dict[str, Any]:
+    """Prepare and run a replay without ``--cluster``, with its notes, metrics server and
+    progress bar; its report document."""
+    from kvtool.replay.run import describe_setup, prepare
+
+    simulate = replay_settings.simulate
+    requests_csv, iolog = replay_settings.requests_csv, replay_settings.iolog
     if not simulate and not settings().debug:
         # A lost target is reported once, as one line naming the tier and its URL; the
         # host's reconnect attempts would repeat it (--debug shows them). (--simulate
@@ -302,6 +324,13 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
                 contextlib.redirect_stdout(sys.stderr):
             doc = job.run(progress=advance, on_request=sink, fanout=fanout)
         del job  # frees the kept ids by reference counting, before the collector resumes
+    return doc
+
+
+def _report_cache_replay(doc: dict[str, Any], trace: str, csv_path: str | None,
+                         plot_path: str | None) -> None:
+    """Write, show and check a replay's report: the CSV and plot, the report itself, the
+    exit status of an interrupted run or of corrupt or lost blocks."""
     results = doc.get("configs") or [doc]
     if csv_path:
         from kvtool.cache.report import write_csv

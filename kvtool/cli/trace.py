@@ -298,12 +298,11 @@ def gen_cmd(output: str, sessions: int | None, rounds: int | None, input_tokens:
                          "--prefix-repetition-num-prefixes, -prefix-len or -suffix-len)",
                          field="--disable-shuffle")
     if any(v is not None for v in repetition.values()):
-        for name, value in (("--sessions", sessions), ("--rounds", rounds),
-                            ("--input-tokens", input_tokens), ("--random-input-len", random_lens),
-                            ("--iterations", iterations), ("--random-range-ratio", range_ratio),
-                            ("--reuse-share", reuse_share)):
-            if value is not None:
-                raise UsageError("is not for the prefix-repetition workload", field=name)
+        _refuse_given((("--sessions", sessions), ("--rounds", rounds),
+                       ("--input-tokens", input_tokens), ("--random-input-len", random_lens),
+                       ("--iterations", iterations), ("--random-range-ratio", range_ratio),
+                       ("--reuse-share", reuse_share)),
+                      "is not for the prefix-repetition workload")
         if system_prompt_tokens:
             raise UsageError("is not for the prefix-repetition workload (its prefixes are "
                              "--prefix-repetition-prefix-len)", field="--system-prompt-tokens")
@@ -317,11 +316,9 @@ def gen_cmd(output: str, sessions: int | None, rounds: int | None, input_tokens:
         spec = pspec
         n = write_records(prefix_repetition(pspec), _sink(output))
     elif random_lens is not None:
-        for name, value in (("--sessions", sessions), ("--rounds", rounds),
-                            ("--input-tokens", input_tokens)):
-            if value is not None:
-                raise UsageError("is for the multi-turn workload, not with --random-input-len",
-                                 field=name)
+        _refuse_given((("--sessions", sessions), ("--rounds", rounds),
+                       ("--input-tokens", input_tokens)),
+                      "is for the multi-turn workload, not with --random-input-len")
         rspec = RandomPrompts(_lengths(random_lens), num_prompts or 1, iterations or 2,
                               output_tokens if output_tokens is not None else 128,
                               system_prompt_tokens, block_tokens, seed, cast(Form, form),
@@ -330,11 +327,9 @@ def gen_cmd(output: str, sessions: int | None, rounds: int | None, input_tokens:
         spec = rspec
         n = write_records(random_prompts(rspec), _sink(output))
     else:
-        for name, value in (("--num-prompts", num_prompts), ("--iterations", iterations),
-                            ("--random-range-ratio", range_ratio), ("--reuse-share", reuse_share)):
-            if value is not None:
-                raise UsageError("is for --random-input-len, not the multi-turn workload",
-                                 field=name)
+        _refuse_given((("--num-prompts", num_prompts), ("--iterations", iterations),
+                       ("--random-range-ratio", range_ratio), ("--reuse-share", reuse_share)),
+                      "is for --random-input-len, not the multi-turn workload")
         for name, value in (("--sessions", sessions), ("--rounds", rounds),
                             ("--input-tokens", input_tokens), ("--output-tokens", output_tokens)):
             if value is None:
@@ -353,6 +348,13 @@ def gen_cmd(output: str, sessions: int | None, rounds: int | None, input_tokens:
     emit(result, lambda con: con.print(
         f"wrote {n:,} requests ({result['workload']['kind']}, {form}, {block_tokens} tokens/block) "
         f"to {output}"))
+
+
+def _refuse_given(options: tuple[tuple[str, Any], ...], message: str) -> None:
+    """Refuse the first of ``options`` (flag, value) that was given, with ``message``."""
+    for name, value in options:
+        if value is not None:
+            raise UsageError(message, field=name)
 
 
 # -- convert ----------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kvtool.errors import UsageError
-from kvtool.experiments.spec import Experiment
+from kvtool.experiments.spec import Experiment, Figure
 
 SCHEMA = "kvtool.experiment-fit/1"
 CAP = math.log(2) ** 2
@@ -184,24 +184,8 @@ def fit(exp: Experiment, varies: list[Vary], *, grid: int = 3, max_evals: int = 
     from kvtool.experiments.run import run_experiment
     from kvtool.serving.calibrate import nelder_mead
 
-    if not varies:
-        raise UsageError("give at least one --vary KEY=LO:HI", field="vary")
-    if len({v.key for v in varies}) != len(varies):
-        raise UsageError("a key is given twice", field="vary")
-    if exp.kind == "parallel-read":
-        raise UsageError(f"{exp.name} measures reads: it has no workload to fit", field="NAME")
-    if grid < 1 or max_evals < 1 or not tolerance > 0:
-        raise UsageError("grid and max_evals must be at least 1, tolerance positive",
-                         field="grid")
-    if loads is not None:
-        # search at these loads only (a long run's levels cost time); rows at the others
-        # cannot be computed and are left out of the loss
-        if not exp.is_serving:
-            raise UsageError("--loads is for serving experiments", field="loads")
-        from kvtool.experiments.spec import parse_loads
-
-        parse_loads(loads)
-        exp = replace(exp, serving={**exp.serving, "loads": loads})
+    exp = _checked(exp, varies, grid=grid, max_evals=max_evals, tolerance=tolerance,
+                   loads=loads)
     bands = [f.band for f in exp.figures]
     # a row that sums up every level (serving_ratio_span) says nothing at a subset of them
     scored = [i for i, f in enumerate(exp.figures) if (f.band is not None or f.published)
@@ -217,30 +201,14 @@ def fit(exp: Experiment, varies: list[Vary], *, grid: int = 3, max_evals: int = 
         key = tuple(values.values())
         point = cache.get(key)
         if point is None:
-            workload = dict(exp.workload)
-            serving = dict(exp.serving)
-            scal = dict(serving.get("scalars") or {})
-            for v in varies:
-                if v.scalar:
-                    scal[v.key] = values[v.key]
-                elif v.engine:
-                    serving[v.key] = values[v.key]
-                else:
-                    workload[v.key] = [values[v.key]] if v.listed else values[v.key]
-            if scal:
-                serving["scalars"] = scal
             try:
-                doc = run_experiment(replace(exp, workload=workload, serving=serving),
-                                     out_dir=None, simulate=True)
+                doc = run_experiment(_at(exp, varies, values), out_dir=None, simulate=True)
             except UsageError as err:
                 raise UsageError(f"{', '.join(f'{k}={x:g}' for k, x in values.items())}: "
                                  f"{err.message}", field="vary") from None
             res = [residual(doc["rows"][i], bands[i]) for i in range(len(exp.figures))]
-            got = [res[i] for i in scored
-                   if doc["rows"][i]["kvtool"] is not None or loads is None]
-            finite = [r for r in got if r is not None and math.isfinite(r)]
-            missing = len(got) - len(finite)
-            loss = (sum(min(r * r, CAP) for r in finite) + CAP * missing) / max(1, len(got))
+            loss = _loss([res[i] for i in scored
+                          if doc["rows"][i]["kvtool"] is not None or loads is None])
             point = cache[key] = Point(values, doc["rows"], res, loss)
             order.append(point)
             if on_point is not None:
@@ -268,20 +236,7 @@ def fit(exp: Experiment, varies: list[Vary], *, grid: int = 3, max_evals: int = 
 
     live = [i for i in scored if best.rows[i]["kvtool"] is not None or loads is None]
     every = [p for p in order if all(met(p.residuals[i]) for i in live)]
-    rows = []
-    for i in live:
-        f = exp.figures[i]
-        row = best.rows[i]
-        alone = [p for p in order if p.residuals[i] is not None]
-        top = min(alone, key=lambda p: abs(p.residuals[i] or 0.0)) if alone else None
-        rows.append({
-            "claim": f.claim, "published": f.published, "published_text": row["published_text"],
-            "band": list(f.band) if f.band else None, "kvtool": row["kvtool"],
-            "kvtool_text": row["kvtool_text"], "unit": f.unit, "basis": row["basis"],
-            "residual": best.residuals[i], "met": met(best.residuals[i]),
-            "best_alone": None if top is None else {
-                "residual": top.residuals[i], "met": met(top.residuals[i]),
-                "at": dict(top.values)}})
+    rows = [_fit_row(exp.figures[i], i, best, order, met) for i in live]
     return {
         "schema": SCHEMA, "name": exp.name, "title": exp.title, "source": exp.source,
         "vary": [v.to_dict() for v in varies], "fixed": {k: v for k, v in exp.workload.items()
@@ -298,6 +253,74 @@ def fit(exp: Experiment, varies: list[Vary], *, grid: int = 3, max_evals: int = 
         "points": [{"at": dict(p.values), "loss": p.loss} for p in order],
         "basis": "the experiment's own figures (modelled or simulated), one run per setting",
     }
+
+
+def _loss(got: list[float | None]) -> float:
+    """The loss of one setting's residuals (module docstring): their mean square, each
+    capped at ``CAP``, a row without a finite residual counting as ``CAP``."""
+    finite = [r for r in got if r is not None and math.isfinite(r)]
+    missing = len(got) - len(finite)
+    return (sum(min(r * r, CAP) for r in finite) + CAP * missing) / max(1, len(got))
+
+
+def _checked(exp: Experiment, varies: list[Vary], *, grid: int, max_evals: int,
+             tolerance: float, loads: str | None) -> Experiment:
+    """Check :func:`fit`'s arguments; the experiment to search (at ``loads`` only, when
+    given)."""
+    if not varies:
+        raise UsageError("give at least one --vary KEY=LO:HI", field="vary")
+    if len({v.key for v in varies}) != len(varies):
+        raise UsageError("a key is given twice", field="vary")
+    if exp.kind == "parallel-read":
+        raise UsageError(f"{exp.name} measures reads: it has no workload to fit", field="NAME")
+    if grid < 1 or max_evals < 1 or not tolerance > 0:
+        raise UsageError("grid and max_evals must be at least 1, tolerance positive",
+                         field="grid")
+    if loads is not None:
+        # search at these loads only (a long run's levels cost time); rows at the others
+        # cannot be computed and are left out of the loss
+        if not exp.is_serving:
+            raise UsageError("--loads is for serving experiments", field="loads")
+        from kvtool.experiments.spec import parse_loads
+
+        parse_loads(loads)
+        exp = replace(exp, serving={**exp.serving, "loads": loads})
+    return exp
+
+
+def _at(exp: Experiment, varies: list[Vary], values: dict[str, float | int]) -> Experiment:
+    """``exp`` with the varied keys set to ``values``: workload keys, roofline scalars and
+    engine keys (``num_gpu_blocks``) each where they belong."""
+    workload = dict(exp.workload)
+    serving = dict(exp.serving)
+    scal = dict(serving.get("scalars") or {})
+    for v in varies:
+        if v.scalar:
+            scal[v.key] = values[v.key]
+        elif v.engine:
+            serving[v.key] = values[v.key]
+        else:
+            workload[v.key] = [values[v.key]] if v.listed else values[v.key]
+    if scal:
+        serving["scalars"] = scal
+    return replace(exp, workload=workload, serving=serving)
+
+
+def _fit_row(f: Figure, i: int, best: Point, order: list[Point],
+             met: Callable[[float | None], bool | None]) -> dict[str, Any]:
+    """Row ``i`` of the fit's document: figure ``f`` at the best setting, and the best it
+    got alone among the points evaluated (``order``)."""
+    row = best.rows[i]
+    alone = [p for p in order if p.residuals[i] is not None]
+    top = min(alone, key=lambda p: abs(p.residuals[i] or 0.0)) if alone else None
+    return {
+        "claim": f.claim, "published": f.published, "published_text": row["published_text"],
+        "band": list(f.band) if f.band else None, "kvtool": row["kvtool"],
+        "kvtool_text": row["kvtool_text"], "unit": f.unit, "basis": row["basis"],
+        "residual": best.residuals[i], "met": met(best.residuals[i]),
+        "best_alone": None if top is None else {
+            "residual": top.residuals[i], "met": met(top.residuals[i]),
+            "at": dict(top.values)}}
 
 
 def _unit(v: Vary, value: float) -> float:

@@ -224,14 +224,7 @@ def run_experiment(exp: Experiment, *, out_dir: Path | None, simulate: bool = Fa
     figure as a mean with a 95 % bootstrap interval (:mod:`kvtool.experiments.seeds`)."""
     import tempfile
 
-    if seeds < 1:
-        raise UsageError(f"must be at least 1, got {seeds}", field="seeds")
-    if seeds > 1 and exp.kind == "engine-vs-model":
-        raise UsageError(f"{exp.name} measures a real engine once per run and fits the model "
-                         "to one of them: --seeds does not apply", field="seeds")
-    if seeds > 1 and exp.kind == "parallel-read":
-        raise UsageError(f"{exp.name} measures reads, it generates no workload to re-seed "
-                         "(its [workload] repeats set how often it measures)", field="seeds")
+    _check_seeds(exp, seeds)
     seed_list = [exp.workload.get("seed", 0) + i for i in range(seeds)]
 
     with tempfile.TemporaryDirectory(prefix="kvtool-exp-") as tmp:
@@ -247,21 +240,8 @@ def run_experiment(exp: Experiment, *, out_dir: Path | None, simulate: bool = Fa
             "seeds": None, "engine_vs_model": None,
         }
         if exp.kind == "engine-vs-model":
-            from kvtool.experiments.engine_model import rows_of, run_engine_vs_model
-            from kvtool.experiments.spec import cluster_path
-
-            section = run_engine_vs_model(exp, work,
-                                          cluster_path(exp.workload["cluster"], exp.path),
-                                          progress=progress, on_event=on_event)
-            doc["mode"] = "engine"
-            doc["block_bytes"] = None
-            doc["requests"] = sum(r["requests"] for r in section["runs"])
-            doc["engine_vs_model"] = section
-            doc["rows"] = rows_of(section["runs"], section["fit"])
-            if out_dir is not None:
-                doc["files"] = write_engine_files(exp, doc, out_dir)
-            else:
-                doc["files"] = {}
+            _run_engine_vs_model(exp, doc, work, out_dir, progress=progress,
+                                 on_event=on_event)
             return doc
         if exp.kind == "parallel-read":
             from kvtool.experiments.parallel_read import run_parallel_read
@@ -304,6 +284,40 @@ def run_experiment(exp: Experiment, *, out_dir: Path | None, simulate: bool = Fa
         else:
             doc["files"] = {}
     return doc
+
+
+def _check_seeds(exp: Experiment, seeds: int) -> None:
+    """Refuse a number of seeds the experiment cannot take (only a generated workload is
+    re-seeded)."""
+    if seeds < 1:
+        raise UsageError(f"must be at least 1, got {seeds}", field="seeds")
+    if seeds > 1 and exp.kind == "engine-vs-model":
+        raise UsageError(f"{exp.name} measures a real engine once per run and fits the model "
+                         "to one of them: --seeds does not apply", field="seeds")
+    if seeds > 1 and exp.kind == "parallel-read":
+        raise UsageError(f"{exp.name} measures reads, it generates no workload to re-seed "
+                         "(its [workload] repeats set how often it measures)", field="seeds")
+
+
+def _run_engine_vs_model(exp: Experiment, doc: dict[str, Any], work: Path,
+                         out_dir: Path | None, *, progress: ProgressFactory | None,
+                         on_event: Callable[[str], None] | None) -> None:
+    """Run an ``engine-vs-model`` experiment (a real engine, then the model fitted to it)
+    into ``doc``, with its files in ``out_dir`` when given."""
+    from kvtool.experiments.engine_model import rows_of, run_engine_vs_model
+    from kvtool.experiments.spec import cluster_path
+
+    section = run_engine_vs_model(exp, work, cluster_path(exp.workload["cluster"], exp.path),
+                                  progress=progress, on_event=on_event)
+    doc["mode"] = "engine"
+    doc["block_bytes"] = None
+    doc["requests"] = sum(r["requests"] for r in section["runs"])
+    doc["engine_vs_model"] = section
+    doc["rows"] = rows_of(section["runs"], section["fit"])
+    if out_dir is not None:
+        doc["files"] = write_engine_files(exp, doc, out_dir)
+    else:
+        doc["files"] = {}
 
 
 def _more_seeds(exp: Experiment, doc: dict[str, Any], data: RunData, seed_list: list[int],

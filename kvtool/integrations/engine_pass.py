@@ -23,6 +23,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,8 @@ def _counters(llm: Any) -> dict[str, Any]:
 
 
 def run(job: dict[str, Any], on_done: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Run the pass ``job`` describes (module docstring); its result document.
+    ``on_done(i)`` hears of each request that finishes (its index in the trace)."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from kvtool.serving.load import Arrivals, Load
@@ -80,8 +83,7 @@ def run(job: dict[str, Any], on_done: Callable[[int], None] | None = None) -> di
 
     hidden = hide_unloadable()  # before vLLM imports transformers
     import vllm
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+    from vllm import LLM
 
     B = job["block_tokens"]
     vocab = job["vocab"]
@@ -103,18 +105,63 @@ def run(job: dict[str, Any], on_done: Callable[[int], None] | None = None) -> di
     init_s = time.perf_counter() - t_init
     engine = llm.llm_engine
     load = Load(job["load"]["kind"], float(job["load"]["value"]), seed=job["load"]["seed"])
-    arrivals = Arrivals(reqs, load)
+    times = _drive(engine, reqs, prompts, Arrivals(reqs, load), job["seed"], on_done)
+    counters = _counters(llm)
+    connector = None
+    if kv is not None:
+        from kvtool.integrations.vllm import close_stores, store_reports
+
+        reports = store_reports()
+        connector = reports[0] if reports else None
+        close_stores()
+    cfg = engine.vllm_config
+    info = {"name": "vllm", "version": vllm.__version__, "model": job["model"],
+            "block_size": B, "num_gpu_blocks": int(cfg.cache_config.num_gpu_blocks or 0),
+            "kv_cache_bytes": int(job["gpu_bytes"]), "max_model_len": job["max_model_len"],
+            "init_s": init_s, "omp_threads": os.environ.get("OMP_NUM_THREADS"),
+            "hidden_packages": hidden}
+    with _quiet():
+        engine.engine_core.shutdown()
+    return {"engine": info, "wall_s": times.wall, "arrive_s": times.arrive,
+            "first_token_s": times.first, "finish_s": times.finish, "itl_s": times.itl,
+            "cached_tokens": times.cached,
+            "input_tokens": [r.input_length for r in reqs],
+            "output_tokens": [len(t) for t in times.tokens],
+            "tokens": times.tokens if job.get("keep_tokens") else None,
+            "vllm": counters, "connector": connector}
+
+
+@dataclass
+class _Times:
+    """What a pass measured, per request (index in the trace): seconds from its start."""
+
+    arrive: list[float]
+    first: list[float]
+    finish: list[float]
+    itl: list[list[float]]
+    """Inter-token latencies: the gap before each token after the first."""
+    tokens: list[list[int]]
+    """The token ids generated."""
+    cached: list[int]
+    """Prompt tokens vLLM found cached (its pool, or loaded by the connector)."""
+    wall: float = 0.0
+
+
+def _drive(engine: Any, reqs: list[Any], prompts: list[list[int]], arrivals: Any, seed: int,
+           on_done: Callable[[int], None] | None) -> _Times:
+    """Release the requests to ``engine`` as ``arrivals`` says, on the wall clock, and step
+    it until every one has finished; what each step's outputs tell."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
     pending: list[tuple[float, int]] = list(arrivals.initial())
     heapq.heapify(pending)
     n = len(reqs)
-    arrive = [0.0] * n
-    first = [0.0] * n
-    finish = [0.0] * n
-    itl: list[list[float]] = [[] for _ in range(n)]
+    out = _Times(arrive=[0.0] * n, first=[0.0] * n, finish=[0.0] * n,
+                 itl=[[] for _ in range(n)], tokens=[[] for _ in range(n)], cached=[0] * n)
+    arrive, first, finish, itl = out.arrive, out.first, out.finish, out.itl
     last_t = [0.0] * n
     ntok = [0] * n
-    tokens: list[list[int]] = [[] for _ in range(n)]
-    cached = [0] * n
     running: set[int] = set()
     t0 = time.perf_counter()
     while pending or running:
@@ -124,7 +171,7 @@ def run(job: dict[str, Any], on_done: Callable[[int], None] | None = None) -> di
             r = reqs[i]
             sp = SamplingParams(max_tokens=max(1, r.output_length),
                                 min_tokens=max(1, r.output_length), temperature=0.0,
-                                ignore_eos=True, detokenize=False, seed=job["seed"])
+                                ignore_eos=True, detokenize=False, seed=seed)
             engine.add_request(str(i), TokensPrompt(prompt_token_ids=prompts[i]), sp)
             arrive[i] = max(t, 0.0)
             running.add(i)
@@ -147,36 +194,15 @@ def run(job: dict[str, Any], on_done: Callable[[int], None] | None = None) -> di
                 ntok[i] = got
             if o.finished:
                 finish[i] = now
-                tokens[i] = list(o.outputs[0].token_ids)
-                cached[i] = int(o.num_cached_tokens or 0)
+                out.tokens[i] = list(o.outputs[0].token_ids)
+                out.cached[i] = int(o.num_cached_tokens or 0)
                 running.discard(i)
                 for item in arrivals.on_finish(i, now):
                     heapq.heappush(pending, item)
                 if on_done is not None:
                     on_done(i)
-    wall = time.perf_counter() - t0
-    counters = _counters(llm)
-    connector = None
-    if kv is not None:
-        from kvtool.integrations.vllm import close_stores, store_reports
-
-        reports = store_reports()
-        connector = reports[0] if reports else None
-        close_stores()
-    cfg = engine.vllm_config
-    info = {"name": "vllm", "version": vllm.__version__, "model": job["model"],
-            "block_size": B, "num_gpu_blocks": int(cfg.cache_config.num_gpu_blocks or 0),
-            "kv_cache_bytes": int(job["gpu_bytes"]), "max_model_len": job["max_model_len"],
-            "init_s": init_s, "omp_threads": os.environ.get("OMP_NUM_THREADS"),
-            "hidden_packages": hidden}
-    with _quiet():
-        engine.engine_core.shutdown()
-    return {"engine": info, "wall_s": wall, "arrive_s": arrive, "first_token_s": first,
-            "finish_s": finish, "itl_s": itl, "cached_tokens": cached,
-            "input_tokens": [r.input_length for r in reqs],
-            "output_tokens": [len(t) for t in tokens],
-            "tokens": tokens if job.get("keep_tokens") else None,
-            "vllm": counters, "connector": connector}
+    out.wall = time.perf_counter() - t0
+    return out
 
 
 class _quiet:

@@ -161,16 +161,8 @@ class DataReplayer(Replayer):
         src = self.cache.lookup(keys, inp)
         k = len(src)
         work = self._work
-        work.clear()
         # 1. GPU blocks for every block of the request
-        held = [keys[p] for p in range(k) if names[src[p]] == "gpu"]
-        for key in held:
-            b = gpu.cached[key]
-            work[key] = b
-        gpu.touch(work.values())
-        need = [key for key in dict.fromkeys(keys) if key not in work]
-        for key, b in zip(need, gpu.allocate(len(need)), strict=True):
-            work[key] = b
+        self._gpu_blocks(keys, src)
         # 2. loads (checked), lowest tier first so NVMe reads are in flight during DRAM copies
         t_load = time.perf_counter()
         ps = [p for p in range(k) if names[src[p]] != "gpu"]
@@ -193,22 +185,8 @@ class DataReplayer(Replayer):
         # 4. metadata: insert / promote / evict, with the mover moving bytes
         mover.begin(lambda key: gpu.block(work[key]))
         per_tier = self.cache.serve(keys, inp, B, self._sid(req.session), st)
-        # corrections for blocks that were not served from where the metadata says
-        for p, frm, to in moved:
-            tok = max(0, min(B, inp - p * B))
-            i = names.index(frm)
-            st.hit_tokens[i] -= tok
-            st.hit_blocks[i] -= 1
-            per_tier[i] -= 1
-            if to is None:
-                st.recompute_tokens += tok
-            else:
-                j = names.index(to)
-                st.hit_tokens[j] += tok
-                st.hit_blocks[j] += 1
-                st.blocks_read[j] += 1
-                per_tier[j] += 1
         if moved:
+            self._recount(moved, inp, st, per_tier)
             mover.repair([(frm, keys[p]) for p, frm, _to in moved], dc)
         # 5. settle the previous request's stores (overlapped with this one), free, release
         mover.end()
@@ -224,6 +202,44 @@ class DataReplayer(Replayer):
         measured.load_s.append(load_s)
         measured.blocks += len(keys)
         measured.wall_s += time.perf_counter() - t_start
+
+    def _gpu_blocks(self, keys: list[int], src: list[int]) -> None:
+        """A GPU pool block in :attr:`_work` for every block of a request: the blocks the
+        GPU tier holds (touched), new ones for the rest."""
+        names = self.names
+        gpu = self.gpu
+        work = self._work
+        work.clear()
+        held = [keys[p] for p in range(len(src)) if names[src[p]] == "gpu"]
+        for key in held:
+            b = gpu.cached[key]
+            work[key] = b
+        gpu.touch(work.values())
+        need = [key for key in dict.fromkeys(keys) if key not in work]
+        for key, b in zip(need, gpu.allocate(len(need)), strict=True):
+            work[key] = b
+
+    def _recount(self, moved: list[tuple[int, str, str | None]], inp: int, st: RoundStats,
+                 per_tier: list[int]) -> None:
+        """Correct a request's counts for the blocks not served from where the metadata
+        says (``moved``: position, the tier it says, the tier that served the block or
+        None): their hits move to the tier that served them, or to recompute."""
+        B = self.block_tokens
+        names = self.names
+        for p, frm, to in moved:
+            tok = max(0, min(B, inp - p * B))
+            i = names.index(frm)
+            st.hit_tokens[i] -= tok
+            st.hit_blocks[i] -= 1
+            per_tier[i] -= 1
+            if to is None:
+                st.recompute_tokens += tok
+            else:
+                j = names.index(to)
+                st.hit_tokens[j] += tok
+                st.hit_blocks[j] += 1
+                st.blocks_read[j] += 1
+                per_tier[j] += 1
 
     def _sid(self, session: str | int | None) -> int:
         if session is not None:

@@ -53,6 +53,7 @@ from kvtool.replay.servingdata import TierCounters
 if TYPE_CHECKING:
     from kvtool.cluster.state import ClusterState
     from kvtool.serving.setup import BuiltCluster
+    from kvtool.serving.sim import TierSetup
 
 ROWS = 16
 """Rows of an engine's GPU pool that one transfer moves at a time."""
@@ -386,7 +387,7 @@ class RayClusterData:
         self.built = built
         self.state = state
         self.seed = seed
-        self.block_bytes = bb = built.setup.engines[0].block_bytes
+        self.block_bytes = built.setup.engines[0].block_bytes
         self.run = uuid.uuid4().hex[:12]
         self.faults = FaultInjector(faults, self)
         self.clock: Callable[[], float] = lambda: 0.0
@@ -421,57 +422,82 @@ class RayClusterData:
         if missing:
             raise UsageError(f"cluster {state.name} has no node {', '.join(missing)} that "
                              f"{built.name} places engines on", field="cluster")
-        self.targets: list[Any] = []
-        if "nvme" in tiers:
-            names = [name for name, _r, _w in tiers["nvme"].targets]
-            by_name = {t.name: t for t in state.targets}
-            if not state.targets:
-                raise UsageError(f"cluster {state.name} has no storage target for the nvme "
-                                 f"tier of {built.name}", field="cluster")
-            self.targets = [by_name.get(n, state.targets[i % len(state.targets)])
-                            for i, n in enumerate(names)]
-        mooncake_url = None
-        segment = 0
-        if "mooncake" in tiers:
-            if state.mooncake is None:
-                raise UsageError(f"cluster {state.name} has no Mooncake master for the "
-                                 f"mooncake tier of {built.name}", field="cluster")
-            mooncake_url = _mooncake_url(state)
-            # the cluster's nodes lend their segments through clients of their own
-            # (kvtool cluster up); else each engine lends a share of the pool
-            segment = 0 if state.mooncake.segments else max(64 << 20, math.ceil(
-                tiers["mooncake"].capacity_blocks * bb * SEGMENT_HEADROOM
-                / len(built.setup.engines)))
-        specs = []
-        for i, e in enumerate(built.setup.engines):
-            node = nodes[e.node]
-            dram = self.dram.get(e.node)
-            specs.append(WorkerSpec(
-                index=i, name=e.name, node=e.node, address=node.address, block_bytes=bb,
-                seed=seed, run=self.run,
-                dram_path=f"/dev/shm/kvtool-{self.run}-{e.node}.dram" if dram else None,
-                dram_slots=dram.slots if dram else 0, mooncake=mooncake_url,
-                local_hostname=node.address, segment_bytes=segment,
-                targets=tuple(TargetAccess(t.name, t.url, t.hostnqn, t.dhchap_key_file,
-                                         t.dhchap_ctrl_key_file) for t in self.targets)))
-        self.specs = specs
+        self.targets: list[Any] = self._nvme_targets(tiers)
+        mooncake_url, segment = self._mooncake_share(tiers)
+        self.specs = self._worker_specs(nodes, mooncake_url, segment)
         self.workers: list[Any] = []
         try:
             self._start_workers()
         except BaseException:
             self.close()
             raise
-        self.nvme: list[SlotMap] = []
+        self.nvme: list[SlotMap] = self._nvme_slots()
+        self.places = self._places()
+
+    def _nvme_targets(self, tiers: dict[str, TierSetup]) -> list[Any]:
+        """The cluster's storage targets behind the nvme tier's targets, by name (else in
+        turn); none without an nvme tier."""
+        state, built = self.state, self.built
+        if "nvme" not in tiers:
+            return []
+        names = [name for name, _r, _w in tiers["nvme"].targets]
+        by_name = {t.name: t for t in state.targets}
+        if not state.targets:
+            raise UsageError(f"cluster {state.name} has no storage target for the nvme "
+                             f"tier of {built.name}", field="cluster")
+        return [by_name.get(n, state.targets[i % len(state.targets)])
+                for i, n in enumerate(names)]
+
+    def _mooncake_share(self, tiers: dict[str, TierSetup]) -> tuple[str | None, int]:
+        """The Mooncake master's URL for the mooncake tier (None without one), and the
+        bytes each engine lends the pool (0 where the nodes lend their own segments)."""
+        state, built = self.state, self.built
+        if "mooncake" not in tiers:
+            return None, 0
+        if state.mooncake is None:
+            raise UsageError(f"cluster {state.name} has no Mooncake master for the "
+                             f"mooncake tier of {built.name}", field="cluster")
+        mooncake_url = _mooncake_url(state)
+        # the cluster's nodes lend their segments through clients of their own
+        # (kvtool cluster up); else each engine lends a share of the pool
+        segment = 0 if state.mooncake.segments else max(64 << 20, math.ceil(
+            tiers["mooncake"].capacity_blocks * self.block_bytes * SEGMENT_HEADROOM
+            / len(built.setup.engines)))
+        return mooncake_url, segment
+
+    def _worker_specs(self, nodes: dict[str, Any], mooncake_url: str | None,
+                      segment: int) -> list[WorkerSpec]:
+        """What each engine's worker actor is started with: its node, DRAM pool, Mooncake
+        share and storage targets."""
+        specs = []
+        for i, e in enumerate(self.built.setup.engines):
+            node = nodes[e.node]
+            dram = self.dram.get(e.node)
+            specs.append(WorkerSpec(
+                index=i, name=e.name, node=e.node, address=node.address,
+                block_bytes=self.block_bytes, seed=self.seed, run=self.run,
+                dram_path=f"/dev/shm/kvtool-{self.run}-{e.node}.dram" if dram else None,
+                dram_slots=dram.slots if dram else 0, mooncake=mooncake_url,
+                local_hostname=node.address, segment_bytes=segment,
+                targets=tuple(TargetAccess(t.name, t.url, t.hostnqn, t.dhchap_key_file,
+                                         t.dhchap_ctrl_key_file) for t in self.targets)))
+        return specs
+
+    def _nvme_slots(self) -> list[SlotMap]:
+        """The slots of each storage target's namespace, as the first worker found it
+        (closing everything when a target cannot be reached)."""
+        nvme: list[SlotMap] = []
         if self.targets:
             info = self._ready[0]["targets"]
-            padded = -(-bb // 4096) * 4096
+            padded = -(-self.block_bytes // 4096) * 4096
             for t, ns in zip(self.targets, info, strict=True):
                 if ns is None:
                     self.close()
-                    raise UsageError(f"engine {specs[0].name} cannot reach target {t.name} "
-                                     f"({t.url}): {self._ready[0]['dead']}", field="cluster")
-                self.nvme.append(SlotMap(ns["size"] // padded))
-        self.places = self._places()
+                    raise UsageError(f"engine {self.specs[0].name} cannot reach target "
+                                     f"{t.name} ({t.url}): {self._ready[0]['dead']}",
+                                     field="cluster")
+                nvme.append(SlotMap(ns["size"] // padded))
+        return nvme
 
     # -------------------------------------------------------------- workers
     def _start_workers(self) -> None:

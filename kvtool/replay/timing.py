@@ -34,11 +34,17 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvtool.cache.replayer import CacheConfig
 from kvtool.cache.stats import percentile
 from kvtool.errors import UsageError
+
+if TYPE_CHECKING:
+    from kvtool.geometry.model import ModelSpec
+    from kvtool.serving.load import Load
+    from kvtool.serving.roofline import StepModel
+    from kvtool.serving.sim import ClusterSetup, TierSetup
 
 DEFAULT_GPU = "h100-sxm"
 DEFAULT_MODEL = "llama-3-8b"
@@ -94,28 +100,17 @@ def one_engine_times(requests: Sequence[Any], cfg: CacheConfig, *, block_tokens:
     """Run the one-engine case (module docstring); return each request's times in serve
     order and a description of the engine (the report's ``time_model``). ``exact_steps``:
     the engine schedules every step on its own (the same times; :mod:`kvtool.serving.engine`)."""
-    from kvtool.geometry.presets import lookup
     from kvtool.serving.gpus import resolve_gpu
     from kvtool.serving.load import Load
     from kvtool.serving.roofline import StepModel
-    from kvtool.serving.router import make_router
-    from kvtool.serving.sim import ClusterSetup, EngineSetup, Simulation, TierSetup
+    from kvtool.serving.sim import ClusterSetup, EngineSetup
 
     try:
         g = resolve_gpu(gpu or DEFAULT_GPU)
     except UsageError as exc:
         raise UsageError(exc.message.split(" or define")[0].rstrip(";"),
                          field="engine_gpu") from None
-    spec = None
-    if model is not None:
-        if model.lower().endswith((".toml", ".json")):
-            from kvtool.geometry.custom import from_toml
-
-            spec = from_toml(model)
-        else:
-            spec = lookup(model)
-    if spec is None or spec.arch is None:
-        spec = lookup(DEFAULT_MODEL)
+    spec = _engine_model(model)
     t = tp or _tp_for(spec, g, None)
     step = StepModel(spec, g, t, kv_dtype=dtype, block_tokens=block_tokens)
     # what a load or store moves: the replay's block (every rank's copy) when it has one
@@ -124,32 +119,11 @@ def one_engine_times(requests: Sequence[Any], cfg: CacheConfig, *, block_tokens:
     from kvtool.serving.gpus import vllm_batch_defaults
 
     max_tokens, max_seqs = vllm_batch_defaults(g)
-    gpu_tier = next((s for s in cfg.tiers if s.name == "gpu"), None)
-    if gpu_tier is not None:
-        # the tier's blocks, plus room for the longest request, as data mode's GPU pool
-        # (the tier is what stays cached; vLLM needs a whole request in its pool to run it)
-        work = max((-(-(r.input_length + max(1, r.output_length)) // block_tokens)
-                    for r in requests), default=1)
-        blocks = gpu_tier.blocks(block_bytes, block_tokens)
-        num_gpu_blocks = (int(blocks) + work if blocks != math.inf
-                          else step.kv_pool_blocks(block_tokens))
-        caching = True
-    else:
-        num_gpu_blocks = step.kv_pool_blocks(block_tokens)
-        caching = False
+    num_gpu_blocks, caching = _gpu_pool(requests, cfg, step, block_tokens=block_tokens,
+                                        block_bytes=block_bytes)
     pcie = read_gbps.get("dram") or g.pcie_gbps * t
     nvme_gbps = read_gbps.get("nvme") or DEFAULT_READ_GBPS["nvme"] or math.inf
-    tiers = []
-    for s in cfg.tiers:
-        if s.name == "gpu":
-            continue
-        cap = s.blocks(block_bytes, block_tokens)
-        policy = s.policy if s.policy not in _NO_POLICY else "lru"
-        if s.name == "dram":
-            tiers.append(TierSetup("dram", cap, policy, node="n0"))
-        else:
-            tiers.append(TierSetup("nvme", cap, policy,
-                                   targets=(("nvme", nvme_gbps, nvme_gbps),)))
+    tiers = _lower_tiers(cfg, nvme_gbps, block_tokens=block_tokens, block_bytes=block_bytes)
     engine = EngineSetup(name="engine0", node="n0", role="both",
                          num_gpu_blocks=max(2, num_gpu_blocks), block_bytes=moved,
                          pcie_gbps=pcie, step=step, max_num_seqs=max_seqs,
@@ -159,25 +133,8 @@ def one_engine_times(requests: Sequence[Any], cfg: CacheConfig, *, block_tokens:
     setup = ClusterSetup([engine], {"n0": math.inf}, tiers, "round-robin", {}, name="replay")
     load = (Load("timestamps", 1.0) if timed and concurrency is None else
             Load("concurrency", float(concurrency or 1), by_session=False))
-    from kvtool.gcpause import cyclic_gc_paused
-
-    # The run's garbage is freed by reference counting; its cycles are the simulation's
-    # own (engines, tiers, loop), which it holds until it ends and then breaks
-    # (Simulation.release): the collector's passes over the trace's block keys and the
-    # run's state would find nothing (kvtool.gcpause), nor any leftover of it afterwards.
-    with cyclic_gc_paused():
-        sim = Simulation(requests, setup, load, block_tokens=block_tokens,
-                         router=make_router("round-robin"), exact_steps=exact_steps)
-        doc = sim.run()
-        nan = math.nan
-        times = []
-        for seq in sim.seqs:
-            if seq is None or seq.finish < 0:
-                times.append(RequestTimes(nan if seq is None else seq.arrival, nan, nan))
-            else:
-                times.append(RequestTimes(seq.arrival, seq.first_token, seq.finish))
-        sim.release()
-        del sim  # freed now, before the collector is back (it would walk all of it once)
+    times, doc = _simulate(requests, setup, load, block_tokens=block_tokens,
+                           exact_steps=exact_steps)
     described = {
         "kind": "serving model, one engine (docs/replay.md, docs/serving.md)",
         "basis": "simulated",
@@ -199,6 +156,91 @@ def one_engine_times(requests: Sequence[Any], cfg: CacheConfig, *, block_tokens:
 
         described["overload"] = {**doc["overload"], "try": list(TRY_REPLAY)}
     return times, described
+
+
+def _engine_model(model: str | None) -> ModelSpec:
+    """The engine's model: ``model`` (a preset or a TOML/JSON file), else
+    :data:`DEFAULT_MODEL` where none is given or it has no architecture (a block size
+    only)."""
+    from kvtool.geometry.presets import lookup
+
+    spec: ModelSpec | None = None
+    if model is not None:
+        if model.lower().endswith((".toml", ".json")):
+            from kvtool.geometry.custom import from_toml
+
+            spec = from_toml(model)
+        else:
+            spec = lookup(model)
+    if spec is None or spec.arch is None:
+        spec = lookup(DEFAULT_MODEL)
+    return spec
+
+
+def _gpu_pool(requests: Sequence[Any], cfg: CacheConfig, step: StepModel, *, block_tokens: int,
+              block_bytes: int | None) -> tuple[int, bool]:
+    """The engine's ``num_gpu_blocks`` and whether it caches prefixes: the replay's GPU
+    tier plus room for the longest request, else the pool the GPU's memory leaves,
+    uncached."""
+    gpu_tier = next((s for s in cfg.tiers if s.name == "gpu"), None)
+    if gpu_tier is None:
+        return step.kv_pool_blocks(block_tokens), False
+    # the tier's blocks, plus room for the longest request, as data mode's GPU pool
+    # (the tier is what stays cached; vLLM needs a whole request in its pool to run it)
+    work = max((-(-(r.input_length + max(1, r.output_length)) // block_tokens)
+                for r in requests), default=1)
+    blocks = gpu_tier.blocks(block_bytes, block_tokens)
+    num_gpu_blocks = (int(blocks) + work if blocks != math.inf
+                      else step.kv_pool_blocks(block_tokens))
+    return num_gpu_blocks, True
+
+
+def _lower_tiers(cfg: CacheConfig, nvme_gbps: float, *, block_tokens: int,
+                 block_bytes: int | None) -> list[TierSetup]:
+    """The serving model's tiers below the GPU: the replay's DRAM tier on the engine's
+    node, its NVMe tier on one target of ``nvme_gbps``."""
+    from kvtool.serving.sim import TierSetup
+
+    tiers = []
+    for s in cfg.tiers:
+        if s.name == "gpu":
+            continue
+        cap = s.blocks(block_bytes, block_tokens)
+        policy = s.policy if s.policy not in _NO_POLICY else "lru"
+        if s.name == "dram":
+            tiers.append(TierSetup("dram", cap, policy, node="n0"))
+        else:
+            tiers.append(TierSetup("nvme", cap, policy,
+                                   targets=(("nvme", nvme_gbps, nvme_gbps),)))
+    return tiers
+
+
+def _simulate(requests: Sequence[Any], setup: ClusterSetup, load: Load, *, block_tokens: int,
+              exact_steps: bool) -> tuple[list[RequestTimes], dict[str, Any]]:
+    """Run the simulation of ``setup`` under ``load``: each request's times in serve order
+    and the serving model's document."""
+    from kvtool.gcpause import cyclic_gc_paused
+    from kvtool.serving.router import make_router
+    from kvtool.serving.sim import Simulation
+
+    # The run's garbage is freed by reference counting; its cycles are the simulation's
+    # own (engines, tiers, loop), which it holds until it ends and then breaks
+    # (Simulation.release): the collector's passes over the trace's block keys and the
+    # run's state would find nothing (kvtool.gcpause), nor any leftover of it afterwards.
+    with cyclic_gc_paused():
+        sim = Simulation(requests, setup, load, block_tokens=block_tokens,
+                         router=make_router("round-robin"), exact_steps=exact_steps)
+        doc = sim.run()
+        nan = math.nan
+        times = []
+        for seq in sim.seqs:
+            if seq is None or seq.finish < 0:
+                times.append(RequestTimes(nan if seq is None else seq.arrival, nan, nan))
+            else:
+                times.append(RequestTimes(seq.arrival, seq.first_token, seq.finish))
+        sim.release()
+        del sim  # freed now, before the collector is back (it would walk all of it once)
+    return times, doc
 
 
 def apply_times(result: dict[str, Any], requests: Sequence[Any], times: list[RequestTimes],

@@ -612,11 +612,9 @@ def _folds(n: int, folds: int | None) -> tuple[str, list[list[int]]]:
     return f"{folds}-fold", [[i for i in range(n) if i % folds == k] for k in range(folds)]
 
 
-def calibrate(s: CalibrationSettings, *, progress: Callable[[int], None] | None = None
-              ) -> dict[str, Any]:
-    """Fit the scalars to the result files; report the fit and its held-out error."""
-    from kvtool.serving.setup import build_setup
-
+def _checked(s: CalibrationSettings) -> tuple[list[str], list[str]]:
+    """Check the settings; the scalars to fit and the metrics to fit them to, each once,
+    in the order given."""
     names = list(dict.fromkeys(s.fit))
     for n in names:
         if n not in FIT_SCALARS:
@@ -637,6 +635,37 @@ def calibrate(s: CalibrationSettings, *, progress: Callable[[int], None] | None 
         raise UsageError(f"must be 0 (none) or at least 2, got {s.folds}", field="folds")
     if not s.results:
         raise UsageError("give at least one vllm bench serve result file", field="results")
+    return names, metrics
+
+
+def _sensitivity(serving: _ServingModel, fitted: dict[str, float], names: list[str],
+                 metrics: list[str], everything: list[int]) -> dict[str, Any]:
+    """Per fitted scalar, the largest metric change (%) when it moves by ±10 %
+    (``SENSITIVITY_STEP``) within its bounds, and whether that identifies it."""
+    sens: dict[str, Any] = {}
+    base_sv = serving.metrics(fitted, everything)
+    for n in names:
+        worst = 0.0
+        for sign in (-1.0, 1.0):
+            x = fitted[n] * (1.0 + sign * SENSITIVITY_STEP)
+            lo, hi = BOUNDS[n]
+            if not lo <= x <= hi:
+                continue
+            moved = serving.metrics({**fitted, n: x}, everything)
+            for a, b in zip(base_sv, moved, strict=True):
+                for m in metrics:
+                    if a.get(m):
+                        worst = max(worst, abs(b[m] - a[m]) / abs(a[m]) * 100.0)
+        sens[n] = {"max_change_pct": worst, "identified": worst >= IDENTIFIED_PCT}
+    return sens
+
+
+def calibrate(s: CalibrationSettings, *, progress: Callable[[int], None] | None = None
+              ) -> dict[str, Any]:
+    """Fit the scalars to the result files; report the fit and its held-out error."""
+    from kvtool.serving.setup import build_setup
+
+    names, metrics = _checked(s)
     runs: list[BenchRun] = []
     for path in s.results:
         runs.extend(read_bench_results(path))
@@ -655,23 +684,7 @@ def calibrate(s: CalibrationSettings, *, progress: Callable[[int], None] | None 
     fitted, loss, evals = fitter.fit(everything)
     in_sample = _errors(runs, serving.metrics(fitted, everything), metrics)
 
-    # sensitivity: the largest metric change when one scalar moves by ±10 %
-    sens: dict[str, Any] = {}
-    base_sv = serving.metrics(fitted, everything)
-    for n in names:
-        worst = 0.0
-        for sign in (-1.0, 1.0):
-            x = fitted[n] * (1.0 + sign * SENSITIVITY_STEP)
-            lo, hi = BOUNDS[n]
-            if not lo <= x <= hi:
-                continue
-            moved = serving.metrics({**fitted, n: x}, everything)
-            for a, b in zip(base_sv, moved, strict=True):
-                for m in metrics:
-                    if a.get(m):
-                        worst = max(worst, abs(b[m] - a[m]) / abs(a[m]) * 100.0)
-        sens[n] = {"max_change_pct": worst, "identified": worst >= IDENTIFIED_PCT}
-
+    sens = _sensitivity(serving, fitted, names, metrics, everything)
     method, folds = _folds(len(runs), s.folds)
     held_rows: list[dict[str, Any]] = []
     fold_docs = []

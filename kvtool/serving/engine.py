@@ -76,6 +76,9 @@ if TYPE_CHECKING:
     from kvtool.serving.roofline import Ends
 
 WAITING, LOADING, RUNNING, FINISHED, FAILED = 0, 1, 2, 3, 4
+_BLOCKED, _LOADS = -1, -2
+"""What :meth:`Engine._admit_fresh` returns instead of a token count: the request could not
+be allocated; it started loading from the tiers."""
 
 
 class Seq:
@@ -416,7 +419,6 @@ class Engine:
             batch.append((seq, n))
             budget -= n
         waiting = self.waiting
-        off = self.offload
         j = 0
         while budget > 0 and j < len(waiting):
             if len(running) >= self.max_num_seqs:
@@ -426,76 +428,21 @@ class Engine:
                 j += 1
                 continue
             if seq.num_computed_tokens == 0:
-                has_running = bool(running)
-                w_seq, w_tokens, w_running, w_need = self._wait_need
-                if (w_seq is seq and w_tokens == seq.num_tokens and w_running is has_running
-                        and pool.num_free_blocks < w_need):
-                    self._blocked = seq  # as below: it still needs more than is free
-                    self._can_admit = True
-                    return
-                blocks, local = pool.get_computed_blocks(seq)
-                need = pool.full_sequence_need(seq, blocks, has_scheduled_reqs=has_running)
-                if need > pool.num_free_blocks:
-                    # whether it loads or recomputes, its whole prompt must fit: it does
-                    # not, so the tiers' answer cannot change this step (it has no effect)
-                    if not pool.enable_caching:  # no hit: its need stays while it waits
-                        self._wait_need = (seq, seq.num_tokens, has_running, need)
-                    self._blocked = seq
-                    self._can_admit = True
-                    return
-                first_time = seq.local_hit_tokens < 0
-                ext = declined = 0
-                if off is not None and seq.decode_only and off.pd_direct:
-                    # P/D split: pull the prompt's KV from the prefill engine, all but the
-                    # last token, which this engine computes to sample the first token
-                    ext = max(0, seq.num_tokens - 1 - local)
-                elif off is not None:
-                    cap = ((seq.num_tokens - 1) // self.block_tokens) * self.block_tokens
-                    ext, declined = off.plan_load(self, seq, local, cap)
-                    if first_time:
-                        seq.ext_declined_tokens = declined
-                if ext:
-                    if pool.allocate_slots(seq, 0, local, blocks,
-                                           num_external_computed_tokens=ext,
-                                           delay_cache_blocks=True, full_sequence_must_fit=True,
-                                           has_scheduled_reqs=bool(running)) is None:
-                        self._blocked = seq
-                        self._can_admit = True
-                        return
-                    assert off is not None
-                    if not seq.decode_only:
-                        off.note_decision(True)
-                    self._record_hits(seq, local, ext, first_time)
-                    self._unpend(seq)
-                    seq.status = LOADING
-                    seq.num_computed_tokens = local + ext
-                    if seq.first_scheduled < 0:
-                        seq.first_scheduled = now
-                    off.start_load(self, seq, local, ext, now)
+                n = self._admit_fresh(now, seq, budget)
+                if n == _LOADS:
                     j += 1
                     continue
-                n = seq.num_tokens - local
-                if n > budget:
-                    n = budget
-                if pool.allocate_slots(seq, n, local, blocks, full_sequence_must_fit=True,
-                                       has_scheduled_reqs=bool(running)) is None:
-                    self._blocked = seq
-                    self._can_admit = True
-                    return
-                if declined:
-                    assert off is not None
-                    off.note_decision(False)
-                self._record_hits(seq, local, 0, first_time)
-                seq.num_computed_tokens = local
             else:
                 n = seq.num_tokens - seq.num_computed_tokens
                 if n > budget:
                     n = budget
                 if pool.allocate_slots(seq, n, full_sequence_must_fit=True,
                                        has_scheduled_reqs=bool(running)) is None:
-                    self._blocked = seq
-                    self._can_admit = True
-                    return
+                    n = _BLOCKED
+            if n == _BLOCKED:
+                self._blocked = seq
+                self._can_admit = True
+                return
             del waiting[j]
             self._unpend(seq)
             seq.status = RUNNING
@@ -505,6 +452,68 @@ class Engine:
             batch.append((seq, n))
             budget -= n
         self._can_admit = budget > 0 and len(running) < self.max_num_seqs
+
+    def _admit_fresh(self, now: float, seq: Seq, budget: int) -> int:
+        """Look up the prefix of waiting request ``seq``, which has computed nothing, in the
+        GPU pool and the tiers, and allocate its slots: the tokens it computes this step,
+        ``_LOADS`` when it starts loading from the tiers instead, or ``_BLOCKED`` when its
+        blocks do not fit."""
+        pool = self.pool
+        running = self.running
+        off = self.offload
+        has_running = bool(running)
+        w_seq, w_tokens, w_running, w_need = self._wait_need
+        if (w_seq is seq and w_tokens == seq.num_tokens and w_running is has_running
+                and pool.num_free_blocks < w_need):
+            return _BLOCKED  # as below: it still needs more than is free
+        blocks, local = pool.get_computed_blocks(seq)
+        need = pool.full_sequence_need(seq, blocks, has_scheduled_reqs=has_running)
+        if need > pool.num_free_blocks:
+            # whether it loads or recomputes, its whole prompt must fit: it does
+            # not, so the tiers' answer cannot change this step (it has no effect)
+            if not pool.enable_caching:  # no hit: its need stays while it waits
+                self._wait_need = (seq, seq.num_tokens, has_running, need)
+            return _BLOCKED
+        first_time = seq.local_hit_tokens < 0
+        ext = declined = 0
+        if off is not None and seq.decode_only and off.pd_direct:
+            # P/D split: pull the prompt's KV from the prefill engine, all but the
+            # last token, which this engine computes to sample the first token
+            ext = max(0, seq.num_tokens - 1 - local)
+        elif off is not None:
+            cap = ((seq.num_tokens - 1) // self.block_tokens) * self.block_tokens
+            ext, declined = off.plan_load(self, seq, local, cap)
+            if first_time:
+                seq.ext_declined_tokens = declined
+        if ext:
+            if pool.allocate_slots(seq, 0, local, blocks,
+                                   num_external_computed_tokens=ext,
+                                   delay_cache_blocks=True, full_sequence_must_fit=True,
+                                   has_scheduled_reqs=bool(running)) is None:
+                return _BLOCKED
+            assert off is not None
+            if not seq.decode_only:
+                off.note_decision(True)
+            self._record_hits(seq, local, ext, first_time)
+            self._unpend(seq)
+            seq.status = LOADING
+            seq.num_computed_tokens = local + ext
+            if seq.first_scheduled < 0:
+                seq.first_scheduled = now
+            off.start_load(self, seq, local, ext, now)
+            return _LOADS
+        n = seq.num_tokens - local
+        if n > budget:
+            n = budget
+        if pool.allocate_slots(seq, n, local, blocks, full_sequence_must_fit=True,
+                               has_scheduled_reqs=bool(running)) is None:
+            return _BLOCKED
+        if declined:
+            assert off is not None
+            off.note_decision(False)
+        self._record_hits(seq, local, 0, first_time)
+        seq.num_computed_tokens = local
+        return n
 
     def _record_hits(self, seq: Seq, local: int, ext: int, first_time: bool) -> None:
         if first_time:
@@ -762,8 +771,11 @@ class EventEngine(Engine):
         return heap[0][0]
 
     # ------------------------------------------------------------------ the contract
-    def plan(self, now: float) -> float | None:
-        S = self._step_no
+    def _grow_due(self, S: int) -> tuple[bool, bool]:
+        """Give a slot for one more token to each decoding request whose stop is due at
+        step ``S``, preempting from the end of the running list where the pool is full:
+        whether any was preempted, and whether a due request preempted itself (the step
+        schedules nothing more)."""
         pool = self.pool
         heap = self._stops
         due = self._due
@@ -789,6 +801,16 @@ class EventEngine(Engine):
                     break
                 self._push_stop(seq, S + 1)
             due.clear()
+        return preempted, stopped
+
+    def plan(self, now: float) -> float | None:
+        S = self._step_no
+        pool = self.pool
+        heap = self._stops
+        if (heap and heap[0][0] == S) or self._due:
+            preempted, stopped = self._grow_due(S)
+        else:
+            preempted = stopped = False
         n_dec = self._n_dec
         budget = self.max_num_batched_tokens - n_dec
         items: list[tuple[Seq, int]] = []

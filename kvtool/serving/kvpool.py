@@ -289,18 +289,10 @@ class KVPool:
             return None
 
         if (computed or num_external_computed_tokens > 0) and rid not in self._num_cached:
-            # add_local_computed_blocks: touch the hit blocks, then take them (a running
-            # request, already in _num_cached, adopts nothing: vLLM's coordinator returns).
-            if req_blocks is None:
-                req_blocks = self._req_blocks[rid] = []
-            self._touch(computed)
-            req_blocks.extend(computed)
-            self._num_cached[rid] = len(req_blocks)
-            if num_external_computed_tokens > 0:
-                n_ext = (-(-(num_local + num_external_computed_tokens) // self.block_tokens)
-                         - len(req_blocks))
-                if n_ext > 0:
-                    req_blocks.extend(self._get_new_blocks(n_ext))
+            # (a running request, already in _num_cached, adopts nothing: vLLM's
+            # coordinator returns)
+            req_blocks = self._adopt(rid, req_blocks, computed, num_local,
+                                     num_external_computed_tokens)
 
         if req_blocks is None:
             req_blocks = self._req_blocks[rid] = []
@@ -312,6 +304,23 @@ class KVPool:
             tokens = total_computed + num_new_tokens
             self._cache_blocks(seq, req_blocks, tokens if tokens < seq.num_tokens else seq.num_tokens)
         return new_blocks
+
+    def _adopt(self, rid: str, req_blocks: list[int] | None, computed: Sequence[int],
+               num_local: int, num_external_computed_tokens: int) -> list[int]:
+        """``add_local_computed_blocks``: request ``rid`` takes the hit blocks ``computed``
+        (touched first; ``num_local`` tokens computed with them), and fresh blocks for the
+        tokens a connector loads; its blocks."""
+        if req_blocks is None:
+            req_blocks = self._req_blocks[rid] = []
+        self._touch(computed)
+        req_blocks.extend(computed)
+        self._num_cached[rid] = len(req_blocks)
+        if num_external_computed_tokens > 0:
+            n_ext = (-(-(num_local + num_external_computed_tokens) // self.block_tokens)
+                     - len(req_blocks))
+            if n_ext > 0:
+                req_blocks.extend(self._get_new_blocks(n_ext))
+        return req_blocks
 
     def allocate_running(self, seq: SeqLike, num_new_tokens: int) -> list[int] | None:
         """``allocate_slots(seq, num_new_tokens)`` for a request that holds blocks (a running

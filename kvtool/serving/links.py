@@ -453,8 +453,14 @@ class FlowNetwork:
                     heapq.heapify(self._heap)
                 return
         classes, resources = self._component(seeds)
-        if not classes:
-            return
+        if classes:
+            self._fill(classes, resources, changed)
+
+    def _fill(self, classes: list[_Class], resources: list[_Resource],
+              changed: _Class | None) -> None:
+        """Progressive filling over connected ``classes`` and their ``resources``: each
+        class's max-min fair rate; those whose rate changes (and ``changed``) are settled
+        and rescheduled."""
         for r in resources:
             r.cap_left = r.capacity
             r.weight = 0

@@ -336,15 +336,7 @@ class TierStack:
                 per_flow[(name, None)] = held
                 by_tier[name] = len(held)
         else:
-            for key in keys:
-                for name, tier, spec in tiers:
-                    if key in tier.policy.index and (not bad or (name, key) not in bad):
-                        target = None
-                        if spec is not None and spec.targets:
-                            target = spec.targets[key % len(spec.targets)][0]
-                        per_flow.setdefault((name, target), []).append(key)
-                        by_tier[name] = by_tier.get(name, 0) + 1
-                        break
+            self._group_loads(tiers, keys, per_flow, by_tier)
         if not seq.decode_only:  # (a decode engine's read of a P/D prompt is no hit)
             seq.ext_by_tier = {n: c * B for n, c in by_tier.items()}
         # refresh what was hit (LRU order), as a store's lookup does
@@ -371,19 +363,40 @@ class TierStack:
             path = self._path(engine, name, spec_of[name], target, True)
             self.net.start(now, nbytes, path, self._load_done(engine, seq, tokens))
         if failed:
-            # never serve a block that failed its check: the load ends before the first
-            # one, and the request computes the rest (vLLM's recompute on a failed load)
-            first_bad = next(i for i, k in enumerate(keys) if k in failed)
-            kept = first_bad * B
-            self.recomputed_after_check += (tokens - kept) // B
-            seq.num_computed_tokens = start_tokens + kept
-            seq.ext_tokens = kept
+            self._cut_load(seq, keys, failed, start_tokens, tokens)
             promote = [k for k in promote if k not in failed]
         if promote:
             d = self.node_dram.get(engine.node)
             if d is not None:
                 rec = self._insert(d, "dram", promote, seq.index, engine)
                 self.blocks_promoted["dram"] = self.blocks_promoted.get("dram", 0) + len(rec)
+
+    def _group_loads(self, tiers: list[tuple[str, Tier, TierSetup | None]], keys: Sequence[int],
+                     per_flow: dict[tuple[str, str | None], list[int]],
+                     by_tier: dict[str, int]) -> None:
+        """Each key to the first tier holding it (and not known bad there): into
+        ``per_flow`` by tier and target, counted in ``by_tier``."""
+        bad = self.bad
+        for key in keys:
+            for name, tier, spec in tiers:
+                if key in tier.policy.index and (not bad or (name, key) not in bad):
+                    target = None
+                    if spec is not None and spec.targets:
+                        target = spec.targets[key % len(spec.targets)][0]
+                    per_flow.setdefault((name, target), []).append(key)
+                    by_tier[name] = by_tier.get(name, 0) + 1
+                    break
+
+    def _cut_load(self, seq: Seq, keys: Sequence[int], failed: set[int], start_tokens: int,
+                  tokens: int) -> None:
+        """Never serve a block that failed its check: the load ends before the first one,
+        and the request computes the rest (vLLM's recompute on a failed load)."""
+        B = self.B
+        first_bad = next(i for i, k in enumerate(keys) if k in failed)
+        kept = first_bad * B
+        self.recomputed_after_check += (tokens - kept) // B
+        seq.num_computed_tokens = start_tokens + kept
+        seq.ext_tokens = kept
 
     def _load_done(self, engine: Engine, seq: Seq, tokens: int = 0
                    ) -> Callable[[float], None]:

@@ -604,36 +604,16 @@ class _Reader:
             assert tp is not None and count is not None
             dtype = self.weight_dtype(t, path, model)
             kv_dtype = self.kv_dtype(t, path, model, dtype)
-            role = (self.text(t, "role", "both") or "both").lower()
-            if role not in ROLES:
-                raise self.fail(f"expected one of {', '.join(ROLES)}, got {t.data['role']!r}",
-                                (*path, "role"))
-            d_tokens, d_seqs = vllm_batch_defaults(gpu)
-            max_seqs = t.integer("max_num_seqs", d_seqs, lo=1)
-            max_tokens = t.integer("max_num_batched_tokens", d_tokens, lo=1)
-            assert max_seqs is not None and max_tokens is not None
+            role = self.role(t, path)
+            max_seqs, max_tokens = self.batch_limits(t, gpu)
             if t.has("num_gpu_blocks") and t.has("gpu_memory_utilization"):
                 raise self.fail("give num_gpu_blocks or gpu_memory_utilization, not both",
                                 (*path, "gpu_memory_utilization"))
             util = self.utilization(t, path)
-            caching = t.data.get("enable_prefix_caching", True)
-            if not isinstance(caching, bool):
-                raise self.fail(f"expected true or false, got {show_value(caching)}",
-                                (*path, "enable_prefix_caching"))
+            caching = self.prefix_caching(t, path)
             step = self.step_model(model, gpu, tp, dtype, kv_dtype, block_tokens, path)
-            blocks = t.integer("num_gpu_blocks", None, lo=2)
-            basis = "given"
-            if blocks is None:
-                basis = "modelled"
-                try:
-                    blocks = step.kv_pool_blocks(block_tokens, util)
-                except UsageError as exc:
-                    raise self.fail(exc.message, (*path, "tp")) from None
-            timing = (self.text(t, "step_time", "roofline") or "roofline").lower()
-            if timing not in STEP_TIMES:
-                raise self.fail(f"expected one of {', '.join(STEP_TIMES)}, got "
-                                f"{t.data['step_time']!r}", (*path, "step_time"))
-            if timing == "dynamo-mocker":
+            blocks, basis = self.gpu_blocks(t, path, step, block_tokens, util)
+            if self.step_time(t, path) == "dynamo-mocker":
                 from kvtool.serving.mockerstep import MockerStepModel
 
                 step = MockerStepModel(model, gpu, tp, weight_dtype=dtype, kv_dtype=kv_dtype,
@@ -654,27 +634,9 @@ class _Reader:
                     raise self.fail(f"engine name {name!r} is used twice",
                                     (*path, "name" if base is not None else "count"))
                 names.add(name)
-                node = node_name
-                if node is None:
-                    node = f"node-{name}"
-                    if node in nodes:
-                        raise self.fail(f"the automatic node name {node!r} is taken; give "
-                                        "this engine a node", path)
-                    nodes[node] = NodeSpec(node, auto=True)
+                node = self.engine_node(path, name, node_name, share, tp, nodes, groups,
+                                        used_gpus)
                 node_spec = nodes[node]
-                if share is not None and share in groups:
-                    g_node, g_tp = groups[share]
-                    if (g_node, g_tp) != (node, tp):
-                        raise self.fail(f"engines sharing GPUs ({share!r}) run on one node with "
-                                        f"one TP size: {g_node!r} TP {g_tp} here, {node!r} TP "
-                                        f"{tp}", (*path, "share_gpus"))
-                else:
-                    if share is not None:
-                        groups[share] = (node, tp)
-                    used_gpus[node] = used_gpus.get(node, 0) + tp
-                if node_spec.gpus is not None and used_gpus[node] > node_spec.gpus:
-                    raise self.fail(f"node {node!r} has {node_spec.gpus} GPUs; its engines' TP "
-                                    f"sizes add up to {used_gpus[node]}", (*path, "tp"))
                 pcie = node_spec.pcie_gbps if node_spec.pcie_gbps is not None else gpu.pcie_gbps
                 engine = EngineSpec(
                     index=index, name=name, node=node, gpu=gpu, model=model, tp=tp,
@@ -690,17 +652,96 @@ class _Reader:
                 else:
                     self.check_same_kv(first[0], engine, path)
                 out.append(engine)
+        self.check_engine_set(out, explicit_nodes, nodes)
+        return out
+
+    def role(self, t: ConfigTable, path: Path_) -> str:
+        """An engine's ``role``: one of ``ROLES`` (prefill, decode or both)."""
+        role = (self.text(t, "role", "both") or "both").lower()
+        if role not in ROLES:
+            raise self.fail(f"expected one of {', '.join(ROLES)}, got {t.data['role']!r}",
+                            (*path, "role"))
+        return role
+
+    def batch_limits(self, t: ConfigTable, gpu: GPU) -> tuple[int, int]:
+        """An engine's ``max_num_seqs`` and ``max_num_batched_tokens`` (vLLM's defaults for
+        the GPU where the table gives none)."""
+        d_tokens, d_seqs = vllm_batch_defaults(gpu)
+        max_seqs = t.integer("max_num_seqs", d_seqs, lo=1)
+        max_tokens = t.integer("max_num_batched_tokens", d_tokens, lo=1)
+        assert max_seqs is not None and max_tokens is not None
+        return max_seqs, max_tokens
+
+    def prefix_caching(self, t: ConfigTable, path: Path_) -> bool:
+        """An engine's ``enable_prefix_caching`` (default true)."""
+        caching = t.data.get("enable_prefix_caching", True)
+        if not isinstance(caching, bool):
+            raise self.fail(f"expected true or false, got {show_value(caching)}",
+                            (*path, "enable_prefix_caching"))
+        return caching
+
+    def gpu_blocks(self, t: ConfigTable, path: Path_, step: StepModel, block_tokens: int,
+                   util: float) -> tuple[int, str]:
+        """An engine's KV pool in blocks and where the number comes from: ``num_gpu_blocks``
+        as given, else modelled from the GPU's memory at ``util``."""
+        blocks = t.integer("num_gpu_blocks", None, lo=2)
+        if blocks is not None:
+            return blocks, "given"
+        try:
+            return step.kv_pool_blocks(block_tokens, util), "modelled"
+        except UsageError as exc:
+            raise self.fail(exc.message, (*path, "tp")) from None
+
+    def step_time(self, t: ConfigTable, path: Path_) -> str:
+        """An engine's ``step_time``: which model times its steps (one of ``STEP_TIMES``)."""
+        timing = (self.text(t, "step_time", "roofline") or "roofline").lower()
+        if timing not in STEP_TIMES:
+            raise self.fail(f"expected one of {', '.join(STEP_TIMES)}, got "
+                            f"{t.data['step_time']!r}", (*path, "step_time"))
+        return timing
+
+    def engine_node(self, path: Path_, name: str, node_name: str | None, share: str | None,
+                    tp: int, nodes: dict[str, NodeSpec], groups: dict[str, tuple[str, int]],
+                    used_gpus: dict[str, int]) -> str:
+        """The node engine ``name`` runs on (its own automatic node when the table names
+        none), its GPUs counted on that node once per ``share_gpus`` group."""
+        node = node_name
+        if node is None:
+            node = f"node-{name}"
+            if node in nodes:
+                raise self.fail(f"the automatic node name {node!r} is taken; give "
+                                "this engine a node", path)
+            nodes[node] = NodeSpec(node, auto=True)
+        node_spec = nodes[node]
+        if share is not None and share in groups:
+            g_node, g_tp = groups[share]
+            if (g_node, g_tp) != (node, tp):
+                raise self.fail(f"engines sharing GPUs ({share!r}) run on one node with "
+                                f"one TP size: {g_node!r} TP {g_tp} here, {node!r} TP "
+                                f"{tp}", (*path, "share_gpus"))
+        else:
+            if share is not None:
+                groups[share] = (node, tp)
+            used_gpus[node] = used_gpus.get(node, 0) + tp
+        if node_spec.gpus is not None and used_gpus[node] > node_spec.gpus:
+            raise self.fail(f"node {node!r} has {node_spec.gpus} GPUs; its engines' TP "
+                            f"sizes add up to {used_gpus[node]}", (*path, "tp"))
+        return node
+
+    def check_engine_set(self, engines: list[EngineSpec], explicit_nodes: set[str],
+                         nodes: dict[str, NodeSpec]) -> None:
+        """Checks on all the engines together: every ``[[node]]`` without storage runs an
+        engine, and a prefill/decode split has both roles."""
         unused = [n for n in explicit_nodes
-                  if not nodes[n].storage and not any(e.node == n for e in out)]
+                  if not nodes[n].storage and not any(e.node == n for e in engines)]
         if unused:
             i = list(nodes).index(unused[0])
             raise self.fail(f"node {unused[0]!r} has no engine", ("node", i, "name"))
-        roles = {e.role for e in out}
+        roles = {e.role for e in engines}
         if roles & {"prefill", "decode"} and not {"prefill", "decode"} <= roles:
             missing = "decode" if "prefill" in roles else "prefill"
             raise self.fail(f"a prefill/decode split needs at least one {missing!r} engine "
                             f"(roles here: {', '.join(sorted(roles))})", ("engine",))
-        return out
 
     def model(self, t: ConfigTable, path: Path_) -> ModelSpec:
         name = self.text(t, "model")

@@ -92,14 +92,7 @@ def run_case(engine: IOEngine, case: Case, *, region_bytes: int, seconds: float,
     limit = max_ops if max_ops is not None else 1 << 62
     rng = np.random.default_rng(seed)
     order = rng.integers(0, slots, size=min(limit, 1 << 20), dtype=np.int64)
-    zero_copy = case.path == "aligned"
-    bufs = [AlignedBuffer(padded) for _ in range(case.qd)]
-    users = [None if zero_copy else rng.integers(0, 256, size=case.object_bytes, dtype=np.uint8)
-             for _ in range(case.qd)]
-    if zero_copy:
-        for b in bufs:
-            np.frombuffer(b.view, dtype=np.uint8)[:] = rng.integers(0, 256, size=padded,
-                                                                    dtype=np.uint8)
+    bufs, users = _buffers(case, padded, rng)
     done: queue.SimpleQueue[tuple[int, int, BaseException | None]] = queue.SimpleQueue()
     lat: list[int] = []
     issued = 0
@@ -153,6 +146,26 @@ def run_case(engine: IOEngine, case: Case, *, region_bytes: int, seconds: float,
             inflight -= 1
         for b in bufs:
             b.close()
+    return _row(case, padded, lat, elapsed)
+
+
+def _buffers(case: Case, padded: int, rng: np.random.Generator
+             ) -> tuple[list[AlignedBuffer], list[np.ndarray | None]]:
+    """Each request's aligned buffer of ``padded`` bytes, and on the bounce path its
+    ordinary array of the object's bytes (random bytes in whichever the writes send)."""
+    zero_copy = case.path == "aligned"
+    bufs = [AlignedBuffer(padded) for _ in range(case.qd)]
+    users = [None if zero_copy else rng.integers(0, 256, size=case.object_bytes, dtype=np.uint8)
+             for _ in range(case.qd)]
+    if zero_copy:
+        for b in bufs:
+            np.frombuffer(b.view, dtype=np.uint8)[:] = rng.integers(0, 256, size=padded,
+                                                                    dtype=np.uint8)
+    return bufs, users
+
+
+def _row(case: Case, padded: int, lat: list[int], elapsed: float) -> dict[str, Any]:
+    """A case's result row from its requests' latencies (ns) and its elapsed seconds."""
     all_lat = np.asarray(lat, dtype=np.int64)
     ops = int(all_lat.size)
     pct = (np.percentile(all_lat, [50, 99, 99.9]) / 1000.0).tolist() if ops else [0.0] * 3

@@ -165,9 +165,34 @@ def _build(root: ConfigTable, *, backend_override: str | None, runtime_override:
         nv.check_keys({"configfs_root"})
         nvmet_root = nv.text("configfs_root")
 
+    spdk = _spdk(root.table("spdk"))
+
+    hosts = [_host(h) for h in root.tables("host")]
+    transports = [_transport(t) for t in root.tables("transport")]
+    subsystems = [_subsystem(s) for s in root.tables("subsystem")]
+    if not subsystems:
+        root.fail("the config defines no [[subsystem]]", ())
+    all_nqns = [s.nqn for s in subsystems]
+    listeners = [_listener(lst, i, all_nqns) for i, lst in enumerate(root.tables("listener"))]
+
+    _check_unique(root, [h.nqn for h in hosts], ("host",), "nqn", "host NQN")
+    _check_unique(root, [t.type for t in transports], ("transport",), "type", "transport")
+    _check_unique(root, all_nqns, ("subsystem",), "nqn", "subsystem NQN")
+    _check_unique(root, [lst.id for lst in listeners], ("listener",), "id", "listener id")
+    _check_listeners(root, listeners, all_nqns)
+    return TargetConfig(
+        name=name, backend=backend, runtime=runtime,  # type: ignore[arg-type]
+        metrics_port=metrics_port, busy_poll_us=busy_poll_us, subsystems=tuple(subsystems),
+        listeners=tuple(listeners),
+        hosts=tuple(hosts),
+        transports=tuple(transports), nvmet_root=nvmet_root, **spdk)
+
+
+def _spdk(sp: ConfigTable | None) -> dict[str, Any]:
+    """The ``[spdk]`` table: :class:`TargetConfig`'s ``spdk_*`` fields (their defaults
+    without one)."""
     spdk_socket, spdk_timeout = None, 60.0
     spdk_start, spdk_mem_mb, spdk_cpumask, spdk_pci_driver = False, None, None, "vfio-pci"
-    sp = root.table("spdk")
     if sp is not None:
         sp.check_keys({"socket", "timeout", "start", "mem_mb", "cpumask", "pci_driver"})
         spdk_socket = sp.text("socket")
@@ -184,19 +209,14 @@ def _build(root: ConfigTable, *, backend_override: str | None, runtime_override:
             only = next(k for k in ("mem_mb", "cpumask", "pci_driver") if sp.has(k))
             sp.fail(f"{only} applies when kvtool starts nvmf_tgt itself (start = true)",
                     ("spdk", only))
+    return {"spdk_socket": spdk_socket, "spdk_timeout": spdk_timeout, "spdk_start": spdk_start,
+            "spdk_mem_mb": spdk_mem_mb, "spdk_cpumask": spdk_cpumask,
+            "spdk_pci_driver": spdk_pci_driver}
 
-    hosts = [_host(h) for h in root.tables("host")]
-    transports = [_transport(t) for t in root.tables("transport")]
-    subsystems = [_subsystem(s) for s in root.tables("subsystem")]
-    if not subsystems:
-        root.fail("the config defines no [[subsystem]]", ())
-    all_nqns = [s.nqn for s in subsystems]
-    listeners = [_listener(lst, i, all_nqns) for i, lst in enumerate(root.tables("listener"))]
 
-    _check_unique(root, [h.nqn for h in hosts], ("host",), "nqn", "host NQN")
-    _check_unique(root, [t.type for t in transports], ("transport",), "type", "transport")
-    _check_unique(root, all_nqns, ("subsystem",), "nqn", "subsystem NQN")
-    _check_unique(root, [lst.id for lst in listeners], ("listener",), "id", "listener id")
+def _check_listeners(root: ConfigTable, listeners: list[Listener], all_nqns: list[str]) -> None:
+    """Listeners: no two on one transport, address and port; each names only subsystems
+    the config defines."""
     seen: dict[tuple[str, str, int], int] = {}
     for i, lst in enumerate(listeners):
         key = (lst.transport, str(ipaddress.ip_address(lst.address)), lst.port)
@@ -208,14 +228,6 @@ def _build(root: ConfigTable, *, backend_override: str | None, runtime_override:
         for j, nqn in enumerate(lst.subsystems):
             if nqn not in all_nqns:
                 root.fail(f"no [[subsystem]] has nqn {nqn!r}", ("listener", i, "subsystems", j))
-    return TargetConfig(
-        name=name, backend=backend, runtime=runtime,  # type: ignore[arg-type]
-        metrics_port=metrics_port, busy_poll_us=busy_poll_us, subsystems=tuple(subsystems),
-        listeners=tuple(listeners),
-        hosts=tuple(hosts),
-        transports=tuple(transports), nvmet_root=nvmet_root, spdk_socket=spdk_socket,
-        spdk_timeout=spdk_timeout, spdk_start=spdk_start, spdk_mem_mb=spdk_mem_mb,
-        spdk_cpumask=spdk_cpumask, spdk_pci_driver=spdk_pci_driver)
 
 
 DEPRECATED_RUNTIME_KEY = "engine"

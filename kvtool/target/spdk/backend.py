@@ -337,8 +337,15 @@ class SpdkBackend:
                          self._call("nvmf_subsystem_add_host", params),
                          self._call("nvmf_subsystem_remove_host", {"nqn": nqn, "host": h}))
 
+        self._plan_listeners(plan, nqn, cfg, have.get("listen_addresses", []))
+        if cfg.has_ana():
+            self._plan_ana(plan, sub, cfg, live)
+
+    def _plan_listeners(self, plan: Plan, nqn: str, cfg: TargetConfig,
+                        have_addrs: list[dict[str, Any]]) -> None:
+        """The subsystem's listen addresses: those SPDK has that the config lacks come off,
+        the config's missing ones are added."""
         want_addrs = [listen_address(lst) for lst in cfg.listeners_of(nqn)]
-        have_addrs = have.get("listen_addresses", [])
         for a in have_addrs:
             if not any(_same_addr(a, w) for w in want_addrs):
                 addr = _addr(a)
@@ -350,8 +357,6 @@ class SpdkBackend:
                 plan.add("create", "listener", f"{nqn} {_label(w)}", "",
                          self._call("nvmf_subsystem_add_listener", {"nqn": nqn, "listen_address": w}),
                          self._call("nvmf_subsystem_remove_listener", {"nqn": nqn, "listen_address": w}))
-        if cfg.has_ana():
-            self._plan_ana(plan, sub, cfg, live)
 
     def _plan_ana(self, plan: Plan, sub: Subsystem, cfg: TargetConfig,
                   live: dict[str, Any]) -> None:
