@@ -346,3 +346,44 @@ def test_aio_batches_completed_by_their_waiter(blank_file: Callable[[int], Path]
         submit_batch(e, [(0, out[0].view)], on_caller=True)  # close() completes it
     finally:
         e.close()
+
+
+def test_a_file_on_tmpfs_runs_a_waited_batch_on_the_caller(tmp_path: Path) -> None:
+    """On tmpfs a transfer is a memory copy done inside the call that submits it: a
+    batch whose caller waits for it (``on_caller``) runs there as blocking calls — its
+    future is done on return, no AIO context is made for it — and round-trips the bytes;
+    a batch nobody waits for, or an explicit ``submission``, still goes through AIO. A
+    file on a disk filesystem is not inline."""
+    from kvtool.store.direct import completes_inline
+    from kvtool.store.io import AlignedBuffer, submit_batch
+
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or not completes_inline(shm.stat().st_dev):
+        pytest.skip("/dev/shm is not a tmpfs here")
+    assert not completes_inline(Path(__file__).stat().st_dev)
+    path = shm / f"kvtool-test-inline-{os.getpid()}-{tmp_path.name}.img"
+    try:
+        e = open_engine(str(path), write=True, qd=4, create_bytes=8 << 20)
+        try:
+            assert getattr(e, "inline", False)
+            src, dst = AlignedBuffer(6 * 4096), AlignedBuffer(6 * 4096)
+            np.frombuffer(src.view, np.uint8)[:] = np.arange(6 * 4096) % 251
+            items = [(i * 8192, src.view[i * 4096:(i + 1) * 4096]) for i in range(6)]
+            fut = submit_batch(e, items, write=True, on_caller=True)
+            assert fut.done() and fut.exception() is None
+            back = [(off, dst.view[i * 4096:(i + 1) * 4096]) for i, (off, _b) in enumerate(items)]
+            fut = submit_batch(e, back, on_caller=True)
+            assert fut.done() and fut.exception() is None
+            assert bytes(dst.view) == bytes(src.view)
+            assert getattr(e, "_own", None) is None  # no caller-reaped AIO context made
+            submit_batch(e, back).result(timeout=10)  # not waited for on the caller: AIO
+            assert bytes(dst.view) == bytes(src.view)
+        finally:
+            e.close()
+        explicit = open_engine(str(path), write=False, qd=4, submission="aio")
+        try:
+            assert not getattr(explicit, "inline", True)
+        finally:
+            explicit.close()
+    finally:
+        path.unlink(missing_ok=True)
