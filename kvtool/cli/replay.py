@@ -113,7 +113,7 @@ def _fraction(_ctx: click.Context, param: click.Parameter, value: float | None) 
 @block_size_options
 @click.option("--compare", "compares", multiple=True, metavar="SPEC",
               help="Add a configuration to replay side by side (repeatable; see below).")
-@click.option("--read-qd", type=int, default=16, show_default=True,
+@click.option("--read-qd", type=int, default=32, show_default=True,
               help="Data mode: NVMe-tier reads in flight per request.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Data mode: seed of the block payloads (content = f(chain hash, seed)).")

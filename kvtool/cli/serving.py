@@ -45,7 +45,7 @@ def note_fanout(fanout: Any, points: int) -> None:
 def run(*, trace: str, clusters: tuple[str, ...], simulate: bool, fmt: str,
         block_tokens: int | None, skip_bad: int, loads: list[Any], seed: int,
         csv_path: str | None, plot_path: str | None, nvme_place: str | None = None,
-        read_qd: int = 16, credentials: Any = None,
+        read_qd: int = 32, credentials: Any = None,
         scalars: dict[str, float] | None = None, fanout: Any = None,
         faults: tuple[str, ...] = (), exact_steps: bool = False) -> None:
     from kvtool.serving.run import ServingSettings, run_serving, write_csv, write_plot

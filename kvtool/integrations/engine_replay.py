@@ -74,7 +74,7 @@ class EngineReplaySettings(msgspec.Struct):
     hostnqn: str | None = None
     dhchap_secret: str | None = None
     dhchap_ctrl_secret: str | None = None
-    read_qd: int = 16
+    read_qd: int = 32
     connector: bool = True
     """False: the engine alone (vLLM's own prefix cache only)."""
     load: Load | None = None

@@ -8,7 +8,7 @@ A vLLM connector reads them from ``kv_connector_extra_config``, an LMCache plugi
      "policy": "lru", "write_policy": "write-through", "tiers": "tiers.toml",
      "hostnqn": "nqn.2014-08.org.nvmexpress:uuid:…",
      "dhchap_secret": "host.key", "dhchap_ctrl_secret": "ctrl.key",   # key *files*
-     "read_qd": 16, "commit_interval": 0.25, "reformat": false, "metrics_port": 9400}
+     "read_qd": 32, "commit_interval": 0.25, "reformat": false, "metrics_port": 9400}
 
 ``{rank}`` in a place stands for the worker's tensor-parallel rank: each rank keeps its own
 blocks (its shard of every layer), so each needs its own namespace or pool file.
@@ -56,7 +56,7 @@ class StoreSpec(msgspec.Struct, frozen=True):
     hostnqn: str | None = None
     dhchap_secret: str | None = None
     dhchap_ctrl_secret: str | None = None
-    read_qd: int = 16
+    read_qd: int = 32
     commit_interval: float = 0.25
     """Seconds between two commits of the durable tiers (a group commit): an engine step
     completes its writes, and commits them once this long has passed since the last
@@ -133,7 +133,7 @@ class StoreSpec(msgspec.Struct, frozen=True):
                    write_policy=write_policy, tiers=text("tiers"), hostnqn=text("hostnqn"),
                    dhchap_secret=text("dhchap_secret"),
                    dhchap_ctrl_secret=text("dhchap_ctrl_secret"),
-                   read_qd=integer("read_qd", 16, 1, 1024) or 16,
+                   read_qd=integer("read_qd", 32, 1, 1024) or 32,
                    commit_interval=float(interval), reformat=reformat,
                    metrics_port=integer("metrics_port", None, 0, 65535),
                    on_tier_error=on_error)

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 def data_backend(cluster: str, *, simulate: bool, seed: int, faults: Sequence[str] = (),
-                 nvme_place: str | None = None, read_qd: int = 16,
+                 nvme_place: str | None = None, read_qd: int = 32,
                  credentials: HostCredentials | None = None,
                  on_place: Callable[[str], None] | None = None
                  ) -> tuple[Callable[[Any], Any] | None, ClusterState | None]:

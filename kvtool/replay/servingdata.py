@@ -161,7 +161,7 @@ class ClusterData:
 
 
 def open_cluster_data(built: BuiltCluster, *, seed: int, nvme_place: str | None = None,
-                      read_qd: int = 16, credentials: HostCredentials | None = None) -> ClusterData:
+                      read_qd: int = 32, credentials: HostCredentials | None = None) -> ClusterData:
     """Open the real tiers of ``built``'s cluster for data mode; check they fit here."""
     from kvtool.replay.run import MEMORY_SHARE, default_nvme_place, mem_available, nvme_engine
     from kvtool.tiers.base import TierError

@@ -64,7 +64,7 @@ class ReplaySettings(msgspec.Struct):
     exact_steps: bool = False
     """The serving model's engines schedule every step on its own (the same times;
     :mod:`kvtool.serving.engine`)."""
-    read_qd: int = 16
+    read_qd: int = 32
     write_qd: int = 16
     seed: int = 0
     on_tier_error: str = "fail"
