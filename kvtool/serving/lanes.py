@@ -34,7 +34,8 @@ OnDone = Callable[[float], object]
 class _Lane:
     """One hop's flows (the network's class of the one-hop path, alone on its hop)."""
 
-    __slots__ = ("finish", "flows", "head_id", "rate", "res", "served", "settled", "version")
+    __slots__ = ("dirty", "finish", "flows", "head_id", "rate", "res", "served", "settled",
+                 "version")
 
     def __init__(self, res: _Resource) -> None:
         self.res = res
@@ -46,6 +47,8 @@ class _Lane:
         self.version = 0
         self.finish = math.inf
         self.head_id = -1
+        self.dirty = False
+        """Flows started since its head's finish was last scheduled (:meth:`Lanes._flush`)."""
 
 
 class Lanes:
@@ -58,6 +61,7 @@ class Lanes:
         self._heap: list[tuple[float, int, int, _Lane]] = []  # (finish, head id, version)
         self._ids = 0
         self._now = 0.0
+        self._dirty: list[_Lane] = []
 
     @staticmethod
     def eligible(net: FlowNetwork, hops: Sequence[Hop]) -> bool:
@@ -112,7 +116,13 @@ class Lanes:
         res.active = active
         if active > res.peak_flows:
             res.peak_flows = active
-        self._reschedule(lane, now)
+        # the network's rebalance: the rate now, the head's finish when next asked (flows
+        # start in bursts at one time; the finish of the burst's last start is the one
+        # that counts, the same float as computed at that start)
+        lane.rate = res.capacity / len(flows)
+        if not lane.dirty:
+            lane.dirty = True
+            self._dirty.append(lane)
 
     def _reschedule(self, lane: _Lane, now: float) -> None:
         """The network's lone-class rebalance at ``now`` (the lane settled at ``now``)."""
@@ -133,6 +143,13 @@ class Lanes:
         lane.finish, lane.head_id = finish, head_id
         heapq.heappush(self._heap, (finish, head_id, lane.version, lane))
 
+    def _flush(self) -> None:
+        """Schedule the head of every lane a flow started on (at its last start's time)."""
+        for lane in self._dirty:
+            lane.dirty = False
+            self._reschedule(lane, lane.settled)
+        self._dirty.clear()
+
     def _top(self) -> tuple[float, int, int, _Lane] | None:
         heap = self._heap
         while heap:
@@ -145,6 +162,8 @@ class Lanes:
 
     def next_completion(self) -> float | None:
         """:meth:`FlowNetwork.next_completion`."""
+        if self._dirty:
+            self._flush()
         heap = self._heap
         while heap:
             entry = heap[0]
@@ -162,6 +181,8 @@ class Lanes:
             t = self._now
         done = 0
         while True:
+            if self._dirty:  # (a callback may have started flows)
+                self._flush()
             top = self._top()
             if top is None or top[0] > t:
                 break
@@ -212,6 +233,7 @@ class Lanes:
         """Drop the lanes (and any callback still in flight): the run's cycles go."""
         self._lanes.clear()
         self._heap = []
+        self._dirty.clear()
 
 
 def use_lanes(sim: Any) -> bool:
