@@ -46,6 +46,7 @@ from kvtool.cache.policies import make_policy
 from kvtool.cache.tier import Tier
 from kvtool.serving.engine import FAILED, FINISHED, LOADING, Engine, Seq, make_engine
 from kvtool.serving.kvpool import KVPool
+from kvtool.serving.lanes import Lanes, use_lanes
 from kvtool.serving.links import FlowNetwork
 from kvtool.serving.load import Arrivals, Load, output_block_keys
 from kvtool.serving.report import describe, serving_metrics
@@ -129,7 +130,9 @@ class TierStack:
         self.sim = sim
         self.backend = backend
         self.B = block_tokens
-        self.net = sim.net
+        self.net: FlowNetwork | Lanes = sim.net
+        """Where the loads and stores flow: the sim's network, or :class:`Lanes` over it
+        when every path is one hop that no other path crosses (:func:`use_lanes`)."""
         self.node_dram: dict[str, Tier] = {}
         self.shared: list[tuple[str, Tier, TierSetup]] = []
         for t in setup.tiers:
@@ -557,7 +560,9 @@ class Simulation:
     def __init__(self, requests: Sequence[Any], setup: ClusterSetup, load: Load, *,
                  block_tokens: int, router: Any, exact_steps: bool = False,
                  trace_block_tokens: int | None = None,
-                 backend: DataBackend | None = None) -> None:
+                 backend: DataBackend | None = None, lanes: bool = True) -> None:
+        """``lanes``: flows over one-hop paths no other path crosses skip the flow network
+        (:mod:`kvtool.serving.lanes`; the same report, bit for bit; False: the network)."""
         self.requests = requests
         self.setup = setup
         self.setups = setup.engines
@@ -592,6 +597,8 @@ class Simulation:
                 block_tokens=block_tokens, max_num_seqs=es.max_num_seqs,
                 max_num_batched_tokens=es.max_num_batched_tokens, offload=offload,
                 role=es.role))
+        if lanes and use_lanes(self):
+            self.tiers.net = Lanes(self.net)
         self.pd = any(e.role == "prefill" for e in setup.engines)
         self.prefill_pool = [e for e in self.engines if e.role in ("prefill", "both")]
         self.decode_pool = [e for e in self.engines if e.role in ("decode", "both")]
@@ -770,7 +777,7 @@ class Simulation:
         n_early = len(early)
         ei = 0
         heap = self._heap
-        net = self.net
+        net = self.tiers.net
         version = self._version
         engines = self.engines
         last = len(engines)
@@ -849,6 +856,8 @@ class Simulation:
             engine.offload = None
         self.tiers.sim = None  # type: ignore[assignment]
         self._timers.clear()
+        if self.tiers.net is not self.net:
+            self.tiers.net.release()
         self.net.release()
 
     # ---------------------------------------------------------------- report
