@@ -90,3 +90,43 @@ def test_a_start_that_fails_after_exec_leaves_nothing_running(
         app.start()
     assert app.proc is not None and app.proc.returncode is not None
     assert not app.workdir.exists()
+
+
+FAKE_APP = '''\
+import json, socket, sys, time
+path = sys.argv[sys.argv.index("-r") + 1]
+s = socket.socket(socket.AF_UNIX)
+s.bind(path)          # the socket file exists from here ...
+time.sleep(0.8)       # ... but nothing listens yet (a slow start)
+s.listen(4)
+conn, _ = s.accept()
+while True:  # one request a read: the client waits for each answer
+    data = conn.recv(65536)
+    if not data:
+        sys.exit(0)
+    req = json.loads(data)
+    conn.sendall(json.dumps({"jsonrpc": "2.0", "id": req["id"], "result": True}).encode())
+    if req["method"] == "spdk_kill_instance":
+        sys.exit(0)
+'''
+
+
+def test_a_socket_bound_before_it_listens_is_waited_for(tmp_path: Path) -> None:
+    """An application binds its RPC socket a moment before it listens; on a slow machine
+    (a TCG guest, a busy CI box) the start's readiness call can connect in between and be
+    refused. That is not a failed start: the call is made again until the application
+    answers (here a stand-in that binds, waits 0.8 s, then answers framework_wait_init)."""
+    pytest.importorskip("spdk.rpc.client")
+    fake = SpdkInstall(tmp_path / "spdk")
+    exe = fake.bin("nvmf_tgt")
+    exe.parent.mkdir(parents=True)
+    exe.write_text(f"#!{sys.executable}\n{FAKE_APP}")
+    exe.chmod(0o755)
+    app = SpdkApp(fake, die_with_parent=True, workdir=tmp_path / "run")
+    try:
+        t0 = time.monotonic()
+        app.start(timeout=20)
+        assert app.running and time.monotonic() - t0 >= 0.7
+    finally:
+        app.stop()
+    assert not app.running

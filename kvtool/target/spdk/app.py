@@ -28,7 +28,7 @@ from typing import Any
 from kvtool.target.plan import TargetError
 from kvtool.target.spdk.install import SpdkInstall
 from kvtool.target.spdk.install import die_with_parent as _die_with_parent
-from kvtool.target.spdk.rpc import SpdkRpc
+from kvtool.target.spdk.rpc import RpcUnreachable, SpdkRpc
 
 # an application's name for its shared memory (``opts.name`` in SPDK's app/*/ sources)
 APP_NAMES = {"nvmf_tgt": "nvmf", "iscsi_tgt": "iscsi", "vhost": "vhost"}
@@ -134,10 +134,20 @@ class SpdkApp:
             if time.monotonic() > deadline:
                 raise SpdkAppError(f"{self.binary} did not open {self.socket} in {timeout:.0f} s")
             time.sleep(0.05)
-        try:
-            self.rpc("framework_wait_init")
-        except (TargetError, OSError) as exc:
-            raise SpdkAppError(f"{self.binary} did not finish initializing: {exc}; "
+        while True:
+            try:
+                self.rpc("framework_wait_init")
+                return
+            except RpcUnreachable:
+                # the socket is bound but not listening yet (on a slow machine, e.g. a TCG
+                # guest, the gap is long enough to connect into): try again while it starts
+                if self.proc.poll() is None and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    continue
+                exc_text = "its RPC socket never accepted a connection"
+            except (TargetError, OSError) as exc:
+                exc_text = str(exc)
+            raise SpdkAppError(f"{self.binary} did not finish initializing: {exc_text}; "
                                f"{self.log_tail()}") from None
 
     def rpc(self, method: str, params: dict[str, Any] | None = None) -> Any:

@@ -51,6 +51,11 @@ def _parse_error(text: str) -> tuple[str, int | None]:
     return text.strip().splitlines()[0] if text.strip() else "error", None
 
 
+class RpcUnreachable(TargetError):
+    """Nothing accepts connections on the RPC socket (yet): no socket file, or one that
+    is not listening — a starting application binds it a moment before it listens."""
+
+
 class SpdkRpc:
     """A connection to one SPDK application's RPC socket (opened on first call)."""
 
@@ -64,12 +69,12 @@ class SpdkRpc:
         client = require_client()
         JSONRPCClient, JSONRPCException = client.JSONRPCClient, client.JSONRPCException
         if not os.path.exists(self.socket_path):
-            raise TargetError(f"no SPDK RPC socket at {self.socket_path}: is spdk_tgt running? "
+            raise RpcUnreachable(f"no SPDK RPC socket at {self.socket_path}: is spdk_tgt running? "
                               "(start it with: spdk_tgt -r SOCKET, or give --spdk-socket)")
         try:
             return JSONRPCClient(self.socket_path, timeout=self.timeout)
         except JSONRPCException as exc:
-            raise TargetError(f"cannot connect to SPDK at {self.socket_path}: "
+            raise RpcUnreachable(f"cannot connect to SPDK at {self.socket_path}: "
                               f"{exc.message.splitlines()[-1]}") from None
 
     def call(self, method: str, params: dict[str, Any] | None = None) -> Any:
