@@ -126,10 +126,10 @@ def plugin_values(extra_config: dict[str, Any] | None, name: str) -> dict[str, A
                 raise UsageError("give the NVMe tier once: url or nvme, not both",
                                  field=f"{prefix}url")
             word = "nvme"
-        if word not in KEYS or word == "commit_interval":
-            if word == "commit_interval":  # a vLLM connector's steps; here every put
-                raise UsageError("each put is durable when it returns: commit_interval "
-                                 "is the vLLM connector's", field=k)
+        if word == "commit_interval":  # a vLLM connector's steps; here every put commits
+            raise UsageError("each put is durable when it returns: commit_interval is the "
+                             "vLLM connector's", field=k)
+        if word not in KEYS:
             raise UsageError(f"unknown key {word!r} (use url, "
                              f"{', '.join(w for w in KEYS if w != 'commit_interval')})",
                              field=k)

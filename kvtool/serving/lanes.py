@@ -67,7 +67,7 @@ class Lanes:
     def eligible(net: FlowNetwork, hops: Sequence[Hop]) -> bool:
         """Whether every hop has a finite, positive capacity (the lane's arithmetic)."""
         for h in hops:
-            cap = net._res[h].capacity
+            cap = net.resource(h).capacity
             if not 0.0 < cap < math.inf:
                 return False
         return True
@@ -82,7 +82,7 @@ class Lanes:
         if lane is None:
             if len(key) != 1:
                 raise ValueError(f"a lane is one hop, got {key}")
-            lane = self._lanes[key] = _Lane(self.net._res[key[0]])
+            lane = self._lanes[key] = _Lane(self.net.resource(key[0]))
         # the network's clock (FlowNetwork._move_to, without its check of overdue flows)
         if now < self._now:
             if self._now - now > 1e-9 * max(1.0, abs(self._now)):
@@ -127,11 +127,9 @@ class Lanes:
     def _reschedule(self, lane: _Lane, now: float) -> None:
         """The network's lone-class rebalance at ``now`` (the lane settled at ``now``)."""
         flows = lane.flows
-        cap = lane.res.capacity
-        rate = math.inf
-        share = (cap if cap > 0.0 else 0.0) / len(flows)
-        if share < rate:
-            rate = share
+        # the network's min over the path's hops of capacity / flows: one hop, of a
+        # positive finite capacity (checked when the lane is made)
+        rate = lane.res.capacity / len(flows)
         lane.settled = now
         lane.rate = rate
         head_target, head_id = flows[0][0], flows[0][1]

@@ -144,6 +144,11 @@ class FlowNetwork:
     def has_link(self, name: str) -> bool:
         return (name, "up") in self._res
 
+    def resource(self, hop: Hop) -> _Resource:
+        """One hop's capacity (B/s) and counters: a lane (:mod:`kvtool.serving.lanes`)
+        that carries the hop's flows keeps them, so :meth:`stats` reports its traffic."""
+        return self._res[hop]
+
     def capacity(self, name: str, direction: str) -> float:
         """A link's bandwidth in one direction, GB/s (``inf`` when unlimited)."""
         try:

@@ -275,12 +275,11 @@ class NvmeTier(DataTier):
                 b = free.pop()
                 staged.append((i, b))
                 view = self._rviews[b]
-                block = self._rstage[b][:n]
-            else:
-                block = dsts[i]
+                if crcs is not None:
+                    arrived.append((i, self._rstage[b][:n]))
+            elif crcs is not None:
+                arrived.append((i, dsts[i]))
             items.append((self.sb.slot_offset(slot), view))
-            if crcs is not None:
-                arrived.append((i, block))
             if early and not futs and len(items) == EARLY_READS and todo:
                 futs.append(self._submit_reads(items, arrived, crcs))
                 items, arrived = [], []

@@ -65,10 +65,15 @@ def test_steps_commit_at_most_every_interval(tmp_path: Path, interval: float) ->
 def test_a_step_past_the_interval_commits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The first step after ``commit_interval`` seconds commits what every step since the
     last commit stored, in one commit."""
+    import time
+    from types import SimpleNamespace
+
     from kvtool.integrations import blockstore
 
     now = [1000.0]
-    monkeypatch.setattr(blockstore.time, "monotonic", lambda: now[0])
+    # the block store's clock only (not the time module of every thread)
+    monkeypatch.setattr(blockstore, "time", SimpleNamespace(
+        monotonic=lambda: now[0], perf_counter=time.perf_counter))
     spec = StoreSpec.parse({"nvme": f"64MiB@{tmp_path / 'kv.img'}", "commit_interval": 1})
     rows = _rows(3, 2)
     st = _store(spec)
