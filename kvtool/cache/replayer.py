@@ -229,14 +229,19 @@ class Replayer:
             sid = ids[session] = len(ids)
         return sid
 
-    def feed(self, req: RequestLike) -> None:
-        """Serve one request (requests must come in serve order)."""
+    def _round_of(self, req: RequestLike) -> tuple[int, RoundStats]:
+        """The request's reporting round and its counters (made on its first request)."""
         r = req.report_round
         st = self.rounds.get(r)
         if st is None:
             st = self.rounds[r] = RoundStats(len(self.names))
         if not self.real_rounds and req.round is not None:
             self.real_rounds = True
+        return r, st
+
+    def feed(self, req: RequestLike) -> None:
+        """Serve one request (requests must come in serve order)."""
+        r, st = self._round_of(req)
         if self.on_request is not None:
             self._feed_recorded(req, r, st)
             return
@@ -252,6 +257,13 @@ class Replayer:
         B = self.block_tokens
         self._serve_request(req.block_keys, inp, B, sid, st)
         st.count_request(inp, req.output_length)
+
+    def decide(self, req: RequestLike) -> tuple[list[int], list[int]]:
+        """:meth:`feed` one request, and return its lookup (the tier index of each leading
+        block found) and the blocks written into each tier for it: the serving model
+        times what the hierarchy decided (:mod:`kvtool.serving.serveorder`)."""
+        src = self.cache.lookup(req.block_keys, req.input_length)
+        return src, self._feed_recorded(req, *self._round_of(req)).blocks_written
 
     def feed_many(self, requests: Iterable[RequestLike],
                   progress: Callable[[int], None] | None = None) -> int:
@@ -356,12 +368,15 @@ class Replayer:
                          st)
         st.count_request(inp, req.output_length)
 
-    def _feed_recorded(self, req: RequestLike, r: int, st: RoundStats) -> None:
+    def _feed_recorded(self, req: RequestLike, r: int, st: RoundStats) -> RoundStats:
+        """Serve ``req`` with its own counters, added into its round's ``st``; tell
+        ``on_request``; return them."""
         one = RoundStats(len(self.names))
         self._serve(req, one)
         st.add(one)
-        assert self.on_request is not None
-        self.on_request(outcome(req, r, self.names, one))
+        if self.on_request is not None:
+            self.on_request(outcome(req, r, self.names, one))
+        return one
 
     def totals(self) -> RoundStats:
         total = RoundStats(len(self.names))

@@ -21,8 +21,10 @@ moves the bytes. Per request:
    during the next request, as vLLM's offloading connector overlaps stores;
 5. release: the request's GPU references are dropped; evicted space is freed.
 
-Loads are measured (seconds per link), prefill is modelled: TTFT = measured load time +
-recomputed tokens / prefill rate.
+A timed replay asks :meth:`DataReplayer.decide` to serve each request when the serving
+model's engine first admits it, in serve order (:mod:`kvtool.serving.serveorder`), and the
+report's times are that engine's (simulated); ``--no-times`` feeds the requests one after
+the other. Either way the loads are measured here (seconds per link, ``measured``).
 """
 
 from __future__ import annotations
@@ -139,6 +141,12 @@ class DataReplayer(Replayer):
 
     # ------------------------------------------------------------------ one request
     def feed(self, req: RequestLike) -> None:
+        self.decide(req)
+
+    def decide(self, req: RequestLike) -> tuple[list[int], list[int]]:
+        """Serve one request (the module docstring's steps); return its lookup (the tier
+        index of each leading block found) and the blocks written into each tier for it
+        (:meth:`kvtool.cache.replayer.Replayer.decide`)."""
         t_start = time.perf_counter()
         r = req.report_round
         self._round, self._req_line = r, req.line
@@ -202,6 +210,7 @@ class DataReplayer(Replayer):
         measured.load_s.append(load_s)
         measured.blocks += len(keys)
         measured.wall_s += time.perf_counter() - t_start
+        return src, st.blocks_written
 
     def _gpu_blocks(self, keys: list[int], src: list[int]) -> None:
         """A GPU pool block in :attr:`_work` for every block of a request: the blocks the

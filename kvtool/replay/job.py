@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from kvtool.cache.replayer import CacheConfig, RequestOutcome, replay
+from kvtool.cache.replayer import CacheConfig, Replayer, RequestOutcome, replay
 from kvtool.errors import UsageError, param
 from kvtool.fanout import Fanout
 from kvtool.gcpause import cyclic_gc_paused
@@ -21,7 +21,6 @@ from kvtool.units import format_size
 
 if TYPE_CHECKING:
     from kvtool.cache.iolog import IologWriter
-    from kvtool.replay.timing import ReplayTiming
 
 # Data mode (kvtool.replay.data, kvtool.tiers: numpy, the store) is imported when a data-mode
 # run starts, so that --simulate starts fast (bench/startup.py).
@@ -114,12 +113,20 @@ class ReplayJob(msgspec.Struct):
             fanout: Fanout | None = None) -> dict[str, Any]:
         """Replay and return the report (schema :data:`SCHEMA`, docs/json.md).
 
+        One loop per configuration: the serving model's engine admits the requests and
+        asks the tier hierarchy to serve each, in serve order; the hierarchy decides and
+        counts every hit, and the engine times what it decided
+        (:mod:`kvtool.replay.timing`). With ``--no-times`` the requests are served in
+        serve order without the engine (several configurations side by side in one pass
+        with ``--simulate``): the same hierarchy, the same counts, no times.
+
         ``on_request(i, outcome)`` receives every request's accounting for configuration
-        ``i`` (besides ``--requests-csv``). A ``KeyboardInterrupt`` stops the run cleanly:
-        the report covers the requests served so far and says ``"interrupted": true``.
-        ``fanout`` (:mod:`kvtool.fanout`): with ``--simulate``, several configurations and
-        no per-request output, each configuration (its replay and its times) is a point
-        run side by side; the report is the serial run's.
+        ``i`` (besides ``--requests-csv``), with its TTFT when timed. A
+        ``KeyboardInterrupt`` stops the run cleanly: the report covers the requests served
+        so far, without times, and says ``"interrupted": true``. ``fanout``
+        (:mod:`kvtool.fanout`): with ``--simulate``, several configurations and no
+        per-request output, each configuration is a point run side by side; the report is
+        the serial run's.
         """
         if (fanout is not None and fanout.kind != "serial" and self.mode == "simulate"
                 and len(self.configs) > 1 and on_request is None
@@ -131,51 +138,49 @@ class ReplayJob(msgspec.Struct):
 
             per_request = RequestCsv(self.settings.requests_csv, [c.label for c in self.configs])
         sinks = [f for f in (per_request, on_request) if f is not None]
-        # (a Ctrl-C while the serving model times the trace stops the command: nothing
-        # has been replayed yet, so there is no partial report to give)
-        timing = self._timing() if self.settings.times == "serving" else None
         sink: Callable[[int, RequestOutcome], None] | None = None
         if sinks:
             def sink(i: int, outcome: RequestOutcome) -> None:
-                if timing is not None:
-                    # a request's TTFT is the serving model's (the report's times)
-                    outcome = outcome._replace(ttft_s=timing.ttft(i, outcome.line))
                 for f in sinks:
                     f(i, outcome)
         self._sink = sink
         maximum = MaxHitRatio()
         try:
-            if self.mode == "simulate":
-                log = _open_iolog(self)
-                try:
-                    results = replay(_clocked(_measured(self.one_pass(), maximum), log), self.configs,
-                                     block_tokens=self.block_tokens,
-                                     block_bytes=self.block_bytes,
-                                     progress=progress, on_request=sink,
-                                     movers=[{"nvme": log}] if log is not None else None)
-                finally:
-                    if log is not None:
-                        log.close()
-                if log is not None:
-                    results[0]["iolog"] = log.summary()
-                for r in results:
-                    simulated(r)
+            if self.mode == "simulate" and self.settings.times == "none":
+                results = self._run_untimed(progress, maximum)
             else:
-                results = [self._run_data(i, cfg, progress) for i, cfg in enumerate(self.configs)
-                           if not self.interrupted]
+                results = [self._run_config(i, cfg, progress) for i, cfg in
+                           enumerate(self.configs) if not self.interrupted]
                 if not self.interrupted:
                     for r in self.requests():
                         maximum.add(r.block_keys, r.input_length, r.block_tokens)
         finally:
             if per_request is not None:
                 per_request.close()
-        return self._report(results, timing, maximum)
+        return self._report(results, maximum)
+
+    def _run_untimed(self, progress: Callable[[int], None] | None,
+                     maximum: MaxHitRatio) -> list[dict[str, Any]]:
+        """``--simulate --no-times``: every configuration side by side, one pass over the
+        trace (streamed when nothing else decoded it)."""
+        log = _open_iolog(self)
+        try:
+            results = replay(_clocked(_measured(self.one_pass(), maximum), log), self.configs,
+                             block_tokens=self.block_tokens, block_bytes=self.block_bytes,
+                             progress=progress, on_request=self._sink,
+                             movers=[{"nvme": log}] if log is not None else None)
+        finally:
+            if log is not None:
+                log.close()
+        if log is not None:
+            results[0]["iolog"] = log.summary()
+        for r in results:
+            simulated(r)
+        return results
 
     def _run_fanned(self, fanout: Fanout, progress: Callable[[int], None] | None
                     ) -> dict[str, Any]:
         """:meth:`run` with each configuration a point of ``fanout``."""
-        from kvtool.replay.timing import ReplayTiming
-
         requests = self.requests()
         maximum = MaxHitRatio()
         for r in requests:
@@ -188,25 +193,15 @@ class ReplayJob(msgspec.Struct):
         def done(_i: int) -> None:
             if progress is not None:
                 progress(share)
-        out = fanout.map(_run_config_point, points, len(self.configs), done)
-        results = []
-        for r, _t in out:
-            simulated(r)
-            results.append(r)
-        timing = None
-        if timing_kwargs is not None:
-            timing = ReplayTiming(requests, [t for _r, t in out],
-                                  {r.line: i for i, r in enumerate(requests)})
-        return self._report(results, timing, maximum)
+        results = fanout.map(_run_config_point, points, len(self.configs), done)
+        return self._report(results, maximum)
 
-    def _report(self, results: list[dict[str, Any]], timing: ReplayTiming | None,
-                maximum: MaxHitRatio) -> dict[str, Any]:
-        for i, r in enumerate(results):
-            if timing is not None and not self.interrupted:
-                timing.apply(i, r)
-            else:
-                timing_off(r, "interrupted" if self.interrupted else "--no-times")
+    def _report(self, results: list[dict[str, Any]], maximum: MaxHitRatio) -> dict[str, Any]:
         for r in results:
+            if self.interrupted:
+                timing_off(r, "interrupted")
+            elif r.get("time_model") is None:
+                timing_off(r, "--no-times")
             one_shape(r)
         bad = [{"line": line, "message": msg} for line, msg in self.reader.bad_lines]
         head = {"schema": SCHEMA, "trace": self.settings.trace, "format": self.reader.format,
@@ -219,24 +214,54 @@ class ReplayJob(msgspec.Struct):
             return {**head, **results[0], **tail}
         return {**head, "configs": results, **tail}
 
-    def _timing(self) -> ReplayTiming:
-        """Each configuration's times from the serving model's one-engine case
-        (:mod:`kvtool.replay.timing`), computed before the replay so that per-request
-        outputs carry them too."""
-        from kvtool.replay.timing import ReplayTiming
-
-        requests = self.requests()
-        return ReplayTiming.run(requests, self.configs, **self._timing_kwargs())
-
     def _timing_kwargs(self) -> dict[str, Any]:
         """The one-engine case's parameters (:func:`kvtool.replay.timing.one_engine_times`)
-        but the requests and the configuration."""
+        but the requests, the configuration and its hierarchy."""
         s = self.settings
         return {"block_tokens": self.block_tokens, "block_bytes": self.block_bytes,
                 "model": self.setup.get("model"), "dtype": self.setup.get("dtype"), "tp": s.tp,
                 "gpu": s.engine_gpu, "concurrency": s.concurrency,
                 "read_gbps": dict(s.read_gbps), "timed": self.reader.timed,
                 "exact_steps": s.exact_steps}
+
+    def _run_config(self, index: int, cfg: CacheConfig,
+                    progress: Callable[[int], None] | None) -> dict[str, Any]:
+        """One configuration: its hierarchy (data mode's moves bytes), served in serve
+        order by the serving model's engine, or alone with ``--no-times``."""
+        if self.mode == "data":
+            return self._run_data(index, cfg, progress)
+        log = _open_iolog(self)
+        outcomes: list[RequestOutcome] = []
+        try:
+            decider = Replayer(cfg, self.block_tokens, self.block_bytes,
+                               on_request=outcomes.append if self._sink is not None else None,
+                               movers={"nvme": log} if log is not None else None)
+            out = self._serve(decider, cfg, progress, index, outcomes,
+                              _ClockedDecider(decider, log) if log is not None else decider)
+        finally:
+            if log is not None:
+                log.close()
+        if log is not None:
+            out["iolog"] = log.summary()
+        simulated(out)
+        return out
+
+    def _serve(self, hierarchy: Any, cfg: CacheConfig,
+               progress: Callable[[int], None] | None, index: int,
+               outcomes: list[RequestOutcome], decider: Any = None,
+               finish: Callable[[], None] | None = None) -> dict[str, Any]:
+        """:func:`serve_all` for this job; each request's outcome (``outcomes``, gathered
+        by the hierarchy) goes to the sink, with its TTFT when timed."""
+        requests = self.requests()
+        timing = self._timing_kwargs() if self.settings.times == "serving" else None
+        out_rows = _InOrder(outcomes, index, self._sink)
+        out, times, interrupted = serve_all(
+            hierarchy, requests, cfg, timing, progress, decider=decider, finish=finish,
+            on_finished=out_rows.finished if self._sink is not None else None)
+        if interrupted:
+            self.interrupted = True
+        out_rows.flush(times)
+        return out
 
     # -------------------------------------------------------------- data mode
     def _fits(self, caps: dict[str, int]) -> None:
@@ -268,31 +293,18 @@ class ReplayJob(msgspec.Struct):
             self._fits(caps)
         from kvtool.replay.data import DataReplayer
 
+        outcomes: list[RequestOutcome] = []
         try:
-            sink = self._sink
             eng = DataReplayer(cfg, self.block_tokens, self.block_bytes, tiers=tiers,
-                             work_blocks=self.work_blocks, seed=s.seed,
-                             on_tier_error=s.on_tier_error,
-                             on_event=self.on_event,
-                             on_request=None if sink is None else
-                             (lambda o: sink(index, o)))
+                               work_blocks=self.work_blocks, seed=s.seed,
+                               on_tier_error=s.on_tier_error, on_event=self.on_event,
+                               on_request=outcomes.append if self._sink is not None else None)
         except BaseException:
             for t in tiers.values():
                 t.close()
             raise
-        served = 0
         try:
-            try:
-                for req in self.requests():
-                    eng.feed(req)
-                    served += 1
-                    if progress is not None:
-                        progress(1)
-            except KeyboardInterrupt:
-                self.interrupted = True
-            eng.persist()
-            out = eng.result()
-            out["requests_served"] = served
+            out = self._serve(eng, cfg, progress, index, outcomes, finish=eng.persist)
             if media is not None:
                 out["media"] = media.finish(tiers.get("nvme"), out)
             return out
@@ -300,9 +312,105 @@ class ReplayJob(msgspec.Struct):
             eng.close()
 
 
+def serve_all(hierarchy: Any, requests: list[Any], cfg: CacheConfig,
+              timing: dict[str, Any] | None, progress: Callable[[int], None] | None, *,
+              decider: Any = None, finish: Callable[[], None] | None = None,
+              on_finished: Callable[[int, float | None], None] | None = None
+              ) -> tuple[dict[str, Any], list[Any] | None, bool]:
+    """Serve ``requests`` through ``hierarchy`` (a :class:`~kvtool.cache.replayer.Replayer`,
+    or data mode's) in serve order: driven by the serving model's one-engine case, which
+    asks ``decider`` (default: the hierarchy) to serve each request as it admits it and
+    times what it decided (``timing``: its parameters), or, without ``timing``, one
+    request after the other. ``progress(1)`` after each request; ``finish()`` before the
+    result (data mode commits its tiers); ``on_finished(i, ttft)`` as the engine finishes
+    request ``i`` (``ttft`` None without ``timing``). Returns the hierarchy's result with
+    the times, each request's times (``None`` without), and whether a
+    ``KeyboardInterrupt`` stopped the run (then without times: the report covers the
+    requests served)."""
+    times: list[Any] | None = None
+    described = None
+    served = 0
+    interrupted = False
+    try:
+        if timing is not None:
+            from kvtool.replay.timing import one_engine_times
+
+            def decided(_i: int) -> None:
+                nonlocal served
+                served += 1
+                if progress is not None:
+                    progress(1)
+            times, described = one_engine_times(
+                requests, cfg, **timing, decider=decider if decider is not None else hierarchy,
+                on_decided=decided, on_finished=on_finished)
+        else:
+            for req in requests:
+                hierarchy.feed(req)
+                if on_finished is not None:
+                    on_finished(served, None)
+                served += 1
+                if progress is not None:
+                    progress(1)
+    except KeyboardInterrupt:
+        interrupted = True
+        times = None
+    if finish is not None:
+        finish()
+    out: dict[str, Any] = hierarchy.result()
+    out["requests_served"] = served
+    if times is not None and described is not None:
+        from kvtool.replay.timing import apply_times
+
+        apply_times(out, requests, times, described)
+    return out, times, interrupted
+
+
+class _InOrder:
+    """Each request's outcome to the sink in serve order, as soon as it and every earlier
+    request have finished in the engine (with its TTFT), so that ``--requests-csv`` and
+    the metrics grow as the run goes; :meth:`flush` gives the rest at the end."""
+
+    def __init__(self, outcomes: list[RequestOutcome], config: int,
+                 sink: Callable[[int, RequestOutcome], None] | None) -> None:
+        self.outcomes, self.config, self.sink = outcomes, config, sink
+        self.ttft: dict[int, float | None] = {}
+        self.next = 0
+
+    def finished(self, i: int, ttft: float | None) -> None:
+        self.ttft[i] = ttft
+        while self.next in self.ttft and self.next < len(self.outcomes):
+            self._emit(self.next, self.ttft.pop(self.next))
+
+    def _emit(self, k: int, ttft: float | None) -> None:
+        assert self.sink is not None
+        o = self.outcomes[k]
+        self.sink(self.config, o if ttft is None else o._replace(ttft_s=ttft))
+        self.next = k + 1
+
+    def flush(self, times: list[Any] | None) -> None:
+        """The outcomes not given yet: with their TTFT when the run was timed to its end."""
+        if self.sink is None:
+            return
+        for k in range(self.next, len(self.outcomes)):
+            self._emit(k, None if times is None else times[k].ttft)
+
+
+class _ClockedDecider:
+    """A hierarchy whose NVMe tier logs its I/O (``--iolog``): the log's clock is set to
+    each request's timestamp before the request is served."""
+
+    def __init__(self, hierarchy: Replayer, log: IologWriter) -> None:
+        self.hierarchy, self.log = hierarchy, log
+        self.names = hierarchy.names
+
+    def decide(self, req: Any) -> tuple[list[int], list[int]]:
+        self.log.at(req.timestamp)
+        return self.hierarchy.decide(req)
+
+
 class _ConfigPoints(msgspec.Struct):
-    """``--compare`` with ``--simulate``: one point per configuration (its replay, and
-    its one-engine times when ``timing`` gives their parameters)."""
+    """``--compare`` with ``--simulate``: one point per configuration (its replay, timed
+    by the one-engine case when ``timing`` gives its parameters)."""
 
     requests: list[Any]
     configs: list[CacheConfig]
@@ -311,11 +419,9 @@ class _ConfigPoints(msgspec.Struct):
     timing: dict[str, Any] | None
 
 
-def _run_config_point(p: _ConfigPoints, i: int) -> tuple[dict[str, Any], Any]:
-    from kvtool.replay.timing import one_engine_times
-
+def _run_config_point(p: _ConfigPoints, i: int) -> dict[str, Any]:
     cfg = p.configs[i]
-    result = replay(p.requests, [cfg], block_tokens=p.block_tokens,
-                    block_bytes=p.block_bytes)[0]
-    times = one_engine_times(p.requests, cfg, **p.timing) if p.timing is not None else None
-    return result, times
+    hierarchy = Replayer(cfg, p.block_tokens, p.block_bytes)
+    out, _times, _interrupted = serve_all(hierarchy, p.requests, cfg, p.timing, None)
+    simulated(out)
+    return out

@@ -1,16 +1,17 @@
 """The times of a plain ``kvtool replay``: the serving model's one-engine case.
 
-A replay without ``--cluster`` counts hits, puts and evictions with the replayer
-(:mod:`kvtool.cache`), and takes its times — TTFT, each round's wall time, requests per
-second — from the serving model (:mod:`kvtool.serving`) run on the same trace with one
-engine whose tiers are the replay's:
+A replay without ``--cluster`` counts hits, puts and evictions with the replay's tier
+hierarchy (:mod:`kvtool.cache`), and takes its times — TTFT, each round's wall time,
+requests per second — from the serving model (:mod:`kvtool.serving`) run on the same
+trace with one engine whose tiers are the replay's:
 
 * the engine: ``gpu`` (default :data:`DEFAULT_GPU`) running the replay's model (its
   ``--model``, else :data:`DEFAULT_MODEL` when only a block size was given), on ``tp``
   GPUs (``--tp``, else the fewest that hold the weights), vLLM's scheduler and defaults
   for that GPU;
 * its GPU pool: the replay's GPU tier as vLLM's ``num_gpu_blocks`` plus room for the
-  longest request (as data mode's GPU pool; prefix caching on);
+  longest request (as data mode's GPU pool; prefix caching on: the hierarchy's GPU tier
+  when it decides the hits, the pool's own cache otherwise);
   without a GPU tier, the pool the GPU's memory leaves, with prefix caching off (the
   replay caches nothing there either);
 * the tiers below: the replay's DRAM tier (over the GPU's PCIe, or ``read_gbps["dram"]``)
@@ -22,17 +23,24 @@ engine whose tiers are the replay's:
   run ``concurrency`` at a time. A round's wall time is from its first arrival to its
   last token.
 
-Every time is **simulated** (roofline step times, flows over links), none measured. The
-hits the report prints stay the replayer's (the serving model's own hits are in
-``time_model.serving``: they differ where batching or the GPU pool's sharing changes
-what is cached when).
+Every time is **simulated** (roofline step times, flows over links), none measured.
+
+One loop: given the replay's tier hierarchy (``decider``: the replayer, or data mode's,
+which moves the bytes), the engine asks it to serve each request in serve order when it
+first admits it, then times what it decided: the GPU tier's blocks adopted, the blocks
+found below loaded, the rest computed, the puts stored (:mod:`kvtool.serving.serveorder`).
+The hits, puts and evictions the report prints are the hierarchy's, the same as a
+``--no-times`` replay's; the times are those of the same decisions. Without a decider
+(``one_engine_times`` alone) the serving model decides hits itself, with vLLM's prefix
+cache and a load-or-recompute choice, as ``--cluster`` runs do.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +52,8 @@ if TYPE_CHECKING:
     from kvtool.geometry.model import ModelSpec
     from kvtool.serving.load import Load
     from kvtool.serving.roofline import StepModel
-    from kvtool.serving.sim import ClusterSetup, TierSetup
+    from kvtool.serving.serveorder import Decider
+    from kvtool.serving.sim import ClusterSetup, TierSetup, TierStack
 
 DEFAULT_GPU = "h100-sxm"
 DEFAULT_MODEL = "llama-3-8b"
@@ -95,12 +104,17 @@ def one_engine_times(requests: Sequence[Any], cfg: CacheConfig, *, block_tokens:
                      block_bytes: int | None, model: str | None, dtype: str | None,
                      tp: int | None, gpu: str | None, concurrency: int | None,
                      read_gbps: dict[str, float], timed: bool = False,
-                     exact_steps: bool = False
+                     exact_steps: bool = False, decider: Decider | None = None,
+                     on_decided: Callable[[int], None] | None = None,
+                     on_finished: Callable[[int, float], None] | None = None
                      ) -> tuple[list[RequestTimes], dict[str, Any]]:
     """Run the one-engine case (module docstring); return each request's times in serve
     order and a description of the engine (the report's ``time_model``). ``exact_steps``:
-    the engine schedules every step on its own (the same times; :mod:`kvtool.serving.engine`)."""
-    from kvtool.serving.gpus import resolve_gpu
+    the engine schedules every step on its own (the same times; :mod:`kvtool.serving.engine`).
+    ``decider``: the tier hierarchy that decides every hit, in serve order (each request
+    decided by the end, ``on_decided(i)`` told after request ``i``, ``on_finished(i,
+    ttft)`` when it finished)."""
+    from kvtool.serving.gpus import resolve_gpu, vllm_batch_defaults
     from kvtool.serving.load import Load
     from kvtool.serving.roofline import StepModel
     from kvtool.serving.sim import ClusterSetup, EngineSetup
@@ -116,8 +130,6 @@ def one_engine_times(requests: Sequence[Any], cfg: CacheConfig, *, block_tokens:
     # what a load or store moves: the replay's block (every rank's copy) when it has one
     kv_block = max(1, round(step.kv_bytes_per_token * block_tokens)) * t
     moved = block_bytes * t if block_bytes else kv_block
-    from kvtool.serving.gpus import vllm_batch_defaults
-
     max_tokens, max_seqs = vllm_batch_defaults(g)
     num_gpu_blocks, caching = _gpu_pool(requests, cfg, step, block_tokens=block_tokens,
                                         block_bytes=block_bytes)
@@ -129,19 +141,27 @@ def one_engine_times(requests: Sequence[Any], cfg: CacheConfig, *, block_tokens:
                          pcie_gbps=pcie, step=step, max_num_seqs=max_seqs,
                          max_num_batched_tokens=max_tokens,
                          describe={"model": spec.name, "gpu": g.name, "tp": t, "role": "both"},
-                         enable_caching=caching)
+                         # with a decider, the hierarchy's GPU tier is the prefix cache
+                         enable_caching=caching and decider is None)
     setup = ClusterSetup([engine], {"n0": math.inf}, tiers, "round-robin", {}, name="replay")
     load = (Load("timestamps", 1.0) if timed and concurrency is None else
             Load("concurrency", float(concurrency or 1), by_session=False))
+    stack = None
+    if decider is not None:
+        from kvtool.serving.serveorder import ServeOrderStack
+
+        stack = functools.partial(ServeOrderStack, decider=decider, requests=requests,
+                                  on_decided=on_decided, on_finished=on_finished)
     times, doc = _simulate(requests, setup, load, block_tokens=block_tokens,
-                           exact_steps=exact_steps)
+                           exact_steps=exact_steps, stack=stack)
     described = {
         "kind": "serving model, one engine (docs/replay.md, docs/serving.md)",
         "basis": "simulated",
+        "hits": ("the tier hierarchy's, decided in serve order as the engine admits each "
+                 "request (kvtool.serving.serveorder)" if decider is not None else
+                 "the serving model's own (vLLM's prefix cache, load or recompute)"),
         "gpu": g.name, "model": spec.name, "tp": t,
-        "model_note": (None if model is not None and spec.name == lookup_name(model) else
-                       f"no model given: the step time is {spec.name}'s" if model is None else
-                       f"{model} has no parameter counts: the step time is {spec.name}'s"),
+        "model_note": _model_note(model, spec.name),
         "num_gpu_blocks": engine.num_gpu_blocks, "prefix_caching": caching,
         "max_num_seqs": max_seqs, "max_num_batched_tokens": max_tokens,
         "load": load.label, "concurrency": concurrency if load.kind == "concurrency" else None,
@@ -156,6 +176,15 @@ def one_engine_times(requests: Sequence[Any], cfg: CacheConfig, *, block_tokens:
 
         described["overload"] = {**doc["overload"], "try": list(TRY_REPLAY)}
     return times, described
+
+
+def _model_note(model: str | None, used: str) -> str | None:
+    """Why the step time is not ``model``'s own (None when it is)."""
+    if model is not None and used == lookup_name(model):
+        return None
+    if model is None:
+        return f"no model given: the step time is {used}'s"
+    return f"{model} has no parameter counts: the step time is {used}'s"
 
 
 def _engine_model(model: str | None) -> ModelSpec:
@@ -216,9 +245,12 @@ def _lower_tiers(cfg: CacheConfig, nvme_gbps: float, *, block_tokens: int,
 
 
 def _simulate(requests: Sequence[Any], setup: ClusterSetup, load: Load, *, block_tokens: int,
-              exact_steps: bool) -> tuple[list[RequestTimes], dict[str, Any]]:
+              exact_steps: bool, stack: Callable[..., TierStack] | None = None
+              ) -> tuple[list[RequestTimes], dict[str, Any]]:
     """Run the simulation of ``setup`` under ``load``: each request's times in serve order
-    and the serving model's document."""
+    and the serving model's document. ``stack``: the tiers below (a
+    :class:`~kvtool.serving.serveorder.ServeOrderStack`, which decides the requests the
+    engine never admitted at the end)."""
     from kvtool.gcpause import cyclic_gc_paused
     from kvtool.serving.router import make_router
     from kvtool.serving.sim import Simulation
@@ -229,8 +261,14 @@ def _simulate(requests: Sequence[Any], setup: ClusterSetup, load: Load, *, block
     # run's state would find nothing (kvtool.gcpause), nor any leftover of it afterwards.
     with cyclic_gc_paused():
         sim = Simulation(requests, setup, load, block_tokens=block_tokens,
-                         router=make_router("round-robin"), exact_steps=exact_steps)
+                         router=make_router("round-robin"), exact_steps=exact_steps,
+                         stack=stack)
         doc = sim.run()
+        if stack is not None:
+            from kvtool.serving.serveorder import ServeOrderStack
+
+            assert isinstance(sim.tiers, ServeOrderStack)
+            sim.tiers.finish()
         nan = math.nan
         times = []
         for seq in sim.seqs:
@@ -264,27 +302,3 @@ def apply_times(result: dict[str, Any], requests: Sequence[Any], times: list[Req
         fill(rd, by_round.get(rd["round"], []))
     fill(result, times)
     result["time_model"] = described
-
-
-@dataclass
-class ReplayTiming:
-    """The one-engine case of every configuration of a replay: per-request TTFT for the
-    per-request outputs, and the report's times (:meth:`apply`)."""
-
-    requests: list[Any]
-    runs: list[tuple[list[RequestTimes], dict[str, Any]]]
-    index_of_line: dict[int, int]
-
-    @classmethod
-    def run(cls, requests: list[Any], configs: Sequence[CacheConfig], **kwargs: Any
-            ) -> ReplayTiming:
-        runs = [one_engine_times(requests, cfg, **kwargs) for cfg in configs]
-        return cls(requests, runs, {r.line: i for i, r in enumerate(requests)})
-
-    def ttft(self, config: int, line: int) -> float:
-        i = self.index_of_line.get(line)
-        return math.nan if i is None else self.runs[config][0][i].ttft
-
-    def apply(self, config: int, result: dict[str, Any]) -> None:
-        times, described = self.runs[config]
-        apply_times(result, self.requests, times, described)

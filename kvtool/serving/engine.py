@@ -179,6 +179,13 @@ class Offload(Protocol):
         """A request the tiers had blocks for was admitted: it loads them (``load``) or
         recomputes them (counted once per admission)."""
 
+    def resident_tokens(self, engine: Engine, seq: Seq, start_tokens: int, limit_tokens: int
+                        ) -> int:
+        """Tokens beyond ``start_tokens``, at most ``limit_tokens`` in all, that GPU memory
+        outside the engine's pool holds (the tier hierarchy's GPU tier when hits are
+        decided in serve order, :mod:`kvtool.serving.serveorder`): adopted as computed
+        without a load, in fresh blocks (0 for the tiers below)."""
+
     def start_load(self, engine: Engine, seq: Seq, start_tokens: int, tokens: int,
                    now: float) -> None:
         """Start the flows of a planned load; the sim calls :meth:`Engine.loaded` when the
@@ -187,6 +194,10 @@ class Offload(Protocol):
     pd_direct: bool
     """P/D split: the decode engine pulls the prompt's KV from the prefill engine (else it
     loads it from the tiers below, where the prefill engine stored it)."""
+
+    serve_order: bool
+    """Hits are decided in serve order by the tier hierarchy (:meth:`resident_tokens` is
+    asked before :meth:`plan_load`)."""
 
     def host_prefix_blocks(self, engine: Engine, keys: Sequence[int]) -> int:
         """Leading ``keys`` held by the engine's node DRAM tier (the router's view)."""
@@ -475,19 +486,22 @@ class Engine:
                 self._wait_need = (seq, seq.num_tokens, has_running, need)
             return _BLOCKED
         first_time = seq.local_hit_tokens < 0
-        ext = declined = 0
+        ext = declined = resident = 0
         if off is not None and seq.decode_only and off.pd_direct:
             # P/D split: pull the prompt's KV from the prefill engine, all but the
             # last token, which this engine computes to sample the first token
             ext = max(0, seq.num_tokens - 1 - local)
         elif off is not None:
             cap = ((seq.num_tokens - 1) // self.block_tokens) * self.block_tokens
+            if off.serve_order:  # GPU memory outside the pool may hold part of it
+                resident = off.resident_tokens(self, seq, local, cap)
+                local += resident
             ext, declined = off.plan_load(self, seq, local, cap)
             if first_time:
                 seq.ext_declined_tokens = declined
         if ext:
-            if pool.allocate_slots(seq, 0, local, blocks,
-                                   num_external_computed_tokens=ext,
+            if pool.allocate_slots(seq, 0, local - resident, blocks,
+                                   num_external_computed_tokens=resident + ext,
                                    delay_cache_blocks=True, full_sequence_must_fit=True,
                                    has_scheduled_reqs=bool(running)) is None:
                 return _BLOCKED
@@ -505,7 +519,9 @@ class Engine:
         n = seq.num_tokens - local
         if n > budget:
             n = budget
-        if pool.allocate_slots(seq, n, local, blocks, full_sequence_must_fit=True,
+        if pool.allocate_slots(seq, n, local - resident, blocks,
+                               num_external_computed_tokens=resident,
+                               full_sequence_must_fit=True,
                                has_scheduled_reqs=bool(running)) is None:
             return _BLOCKED
         if declined:

@@ -125,6 +125,10 @@ class TierStack:
     :class:`~kvtool.serving.engine.Offload`. With a :class:`DataBackend`, every insert,
     load and eviction also moves real bytes, at the simulated time it happens."""
 
+    serve_order = False
+    """The tiers' own metadata decides hits (:class:`kvtool.serving.serveorder.ServeOrderStack`:
+    the tier hierarchy, in serve order)."""
+
     def __init__(self, sim: Simulation, setup: ClusterSetup, block_tokens: int,
                  backend: DataBackend | None = None) -> None:
         self.sim = sim
@@ -560,9 +564,13 @@ class Simulation:
     def __init__(self, requests: Sequence[Any], setup: ClusterSetup, load: Load, *,
                  block_tokens: int, router: Any, exact_steps: bool = False,
                  trace_block_tokens: int | None = None,
-                 backend: DataBackend | None = None, lanes: bool = True) -> None:
+                 backend: DataBackend | None = None, lanes: bool = True,
+                 stack: Callable[[Simulation, ClusterSetup, int], TierStack] | None = None
+                 ) -> None:
         """``lanes``: flows over one-hop paths no other path crosses skip the flow network
-        (:mod:`kvtool.serving.lanes`; the same report, bit for bit; False: the network)."""
+        (:mod:`kvtool.serving.lanes`; the same report, bit for bit; False: the network).
+        ``stack``: makes the tiers below the GPUs instead of :class:`TierStack` (with
+        ``backend``), e.g. :class:`kvtool.serving.serveorder.ServeOrderStack`."""
         self.requests = requests
         self.setup = setup
         self.setups = setup.engines
@@ -581,7 +589,8 @@ class Simulation:
                 self._link("mooncake", t.gbps, t.gbps)
             for name, r, w in t.targets:
                 self._link(f"target/{name}", r, w)
-        self.tiers = TierStack(self, setup, block_tokens, backend)
+        self.tiers = (TierStack(self, setup, block_tokens, backend) if stack is None else
+                      stack(self, setup, block_tokens))
         offload = self.tiers if self.tiers.present or any(e.role == "decode" for e in setup.engines) \
             else None
         self.engines: list[Engine] = []

@@ -7,6 +7,9 @@ and a digest of the whole report. tests/cache/test_equality.py compares the matr
 the numbers recorded in tests/cache/equality.json, which were written by the code before
 the refactoring (``python tests/helpers/equality.py OUT.json`` with that tree's kvtool
 first on PYTHONPATH); a change of model on purpose rewrites that file in the same commit.
+The three ``*/times`` cases were rewritten by issue 39's one replay core: their counts are
+the recorded ones, their times are now the engine's timing of the tier hierarchy's own
+decisions (kvtool.serving.serveorder) instead of a second pass with its own hits.
 """
 
 from __future__ import annotations
