@@ -49,6 +49,7 @@ MODULES: tuple[str, ...] = (
     "kvtool.serving.load",
     "kvtool.serving.report",
     "kvtool.serving.mockerstep",  # subclasses roofline's StepModel
+    "kvtool.serving.serveorder",  # subclasses sim's TierStack
     "kvtool.cache.tier",
     "kvtool.cache.policies.lru",
     "kvtool.cache.policies.lru_tail_first",  # subclasses lru's LruPolicy
