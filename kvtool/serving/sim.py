@@ -49,7 +49,7 @@ from kvtool.serving.engine import FAILED, FINISHED, LOADING, Engine, Seq, make_e
 from kvtool.serving.kvpool import KVPool
 from kvtool.serving.lanes import Lanes, use_lanes
 from kvtool.serving.links import FlowNetwork
-from kvtool.serving.load import Arrivals, Load, output_block_keys
+from kvtool.serving.load import Arrivals, ArrivalSource, Load, output_block_keys
 from kvtool.serving.report import describe, serving_metrics
 from kvtool.serving.router import Router
 
@@ -637,7 +637,7 @@ class Simulation:
         self._timers: dict[int, Callable[[float], None]] = {}
         self._after = -1
         """The current event's place among simultaneous step ends (Engine.cut's ``after``)."""
-        self.arrivals = Arrivals(requests, load)
+        self.arrivals: ArrivalSource = Arrivals(requests, load)
         self.keys = output_block_keys(requests, trace_block_tokens or block_tokens, block_tokens)
         self.seqs: list[Seq | None] = [None] * len(requests)
         self.done: list[Seq] = []
