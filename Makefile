@@ -17,7 +17,7 @@ BENCH_VENV ?= .venv-bench
 SYS_PKGS = python3-venv python3-dev gcc fio qemu-system-x86 util-linux e2fsprogs cpio \
            busybox-static libibverbs1 iproute2
 
-.PHONY: demo test sysdeps venv lint type bench clean
+.PHONY: demo test sysdeps venv compiled lint type bench clean
 
 sysdeps:
 	@missing=$$(for p in $(SYS_PKGS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -40,6 +40,12 @@ $(BENCH_VENV)/.stamp: pyproject.toml
 	$(BENCH_VENV)/bin/python -m pip install -q .
 	touch $@
 
+## The serving model's hot modules compiled with mypyc (kvtool.compiled; mypy comes with the
+## test extra) into /var/tmp/kvtool-compiled, keyed by their sources: kvtool imports them
+## while they match the sources, else the pure modules (KVTOOL_COMPILED=0: always pure).
+compiled: venv
+	$(PY) -m kvtool.compiled build
+
 ## The main job on the embedded default (the emulator): see README "Quick start".
 demo: sysdeps venv
 	PATH=$(abspath $(VENV))/bin:$$PATH bash fixtures/demo.sh
@@ -53,7 +59,8 @@ test: sysdeps venv
 ## nvme_target_perf: the emulator's NVMe/TCP target against SPDK's (SPDK built once; needs
 ## the spdk extra, so it runs in $(VENV)). connector_speed: the vLLM connector against vLLM's
 ## own (the engine virtualenv, kvtool/integrations/venv.py, built once under /var/tmp).
-bench: $(BENCH_VENV)/.stamp venv
+## serving_speed: with the compiled modules (make compiled), as a user who ran it has them.
+bench: $(BENCH_VENV)/.stamp venv compiled
 	PYTHONPATH=$(CURDIR) $(BENCH_VENV)/bin/python bench/replay_speed.py --repeat 21
 	PYTHONPATH=$(CURDIR) $(BENCH_VENV)/bin/python bench/replay_speed.py --repeat 5 --times 10
 	PYTHONPATH=$(CURDIR) $(BENCH_VENV)/bin/python bench/replay_memory.py

@@ -17,6 +17,11 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
+# The pure-Python serving model, whatever the machine's cache of compiled modules holds
+# (kvtool.compiled): tests/serving/test_compiled.py compares the two;
+# KVTOOL_COMPILED=1 runs the suite on the compiled build.
+os.environ.setdefault("KVTOOL_COMPILED", "0")
+
 from kvtool.cli.main import cli
 
 pytest_plugins = ["tests.helpers.qemu_guest", "tests.helpers.spdk_fixtures",

@@ -158,7 +158,7 @@ def run_serving_kind(exp: Experiment, trace: Path, *,
             arrivals = None
             if phased:
                 arrivals = PhasedArrivals(keys, int(load.value))
-                sim.arrivals = arrivals  # type: ignore[assignment]
+                sim.arrivals = arrivals
             if progress is not None:
                 with progress(f"{exp.name}: {c.label} · {load.label} (requests)",
                               len(requests)) as advance:

@@ -68,15 +68,21 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from kvtool.serving.kvpool import KVPool
 
 if TYPE_CHECKING:
     from kvtool.serving.roofline import Ends
 
-WAITING, LOADING, RUNNING, FINISHED, FAILED = 0, 1, 2, 3, 4
-_BLOCKED, _LOADS = -1, -2
+# one Final name each: compiled (mypyc), a Final int is a constant, not a module lookup
+WAITING: Final = 0
+LOADING: Final = 1
+RUNNING: Final = 2
+FINISHED: Final = 3
+FAILED: Final = 4
+_BLOCKED: Final = -1
+_LOADS: Final = -2
 """What :meth:`Engine._admit_fresh` returns instead of a token count: the request could not
 be allocated; it started loading from the tiers."""
 
@@ -315,6 +321,13 @@ class Engine:
         self.first_tokens: list[Seq] = []
         """Requests that sampled their first token in the steps just ended (the sim takes
         them after :meth:`end_step`, to tell the router their prefill is done)."""
+        self._setup()
+
+    def _setup(self) -> None:
+        """The subclass's own state, set at the end of :meth:`__init__` (one constructor
+        signature for all engines: mypyc's native classes do not forward ``*args`` to a
+        base class's ``__init__``)."""
+        raise NotImplementedError
 
     # ------------------------------------------------------------------ views (router)
     def load(self) -> int:
@@ -596,9 +609,8 @@ class SteppedEngine(Engine):
     """Every step scheduled on its own, every running request touched each step (the
     reference the event-driven engine is checked against; ``--exact-steps``)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.running: list[Seq] = []
+    def _setup(self) -> None:
+        self.running = []  # mypyc: no narrowing of Engine.running
         self._batch: list[tuple[Seq, int]] = []
         self._end = 0.0
 
@@ -693,12 +705,11 @@ class EventEngine(Engine):
     otherwise.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def _setup(self) -> None:
         if self.max_num_seqs > self.max_num_batched_tokens:
             raise ValueError("an event-driven engine needs max_num_seqs <= "
                              "max_num_batched_tokens")
-        self.running: dict[int, Seq] = {}
+        self.running = {}  # mypyc
         self._adm = 0
         self._prefilling: list[Seq] = []
         self._n_dec = 0

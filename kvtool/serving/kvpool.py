@@ -39,9 +39,9 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Hashable, Iterable, Sequence
-from typing import Protocol
+from typing import Final, Protocol
 
-NULL_BLOCK = 0
+NULL_BLOCK: Final = 0
 """Block id of vLLM's null block: never allocated, never freed, never cached."""
 
 

@@ -41,17 +41,18 @@ import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 DIRECTIONS = ("up", "down")
-GB = 1e9  # GB/s → B/s
+GB: Final = 1e9  # GB/s → B/s
 
 Hop = tuple[str, str]  # (link name, "up" | "down")
 OnDone = Callable[[float], object]
 
 # Relative tolerance below which a flow's remaining bytes count as delivered (float error
 # from splitting time into many rate periods).
-_REL_EPS = 1e-9
-_ABS_EPS = 1e-6
+_REL_EPS: Final = 1e-9
+_ABS_EPS: Final = 1e-6
 
 
 @dataclass(eq=False, slots=True)

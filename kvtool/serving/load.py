@@ -43,6 +43,19 @@ class Timed(Protocol):
     def session(self) -> str | int | None: ...
 
 
+class ArrivalSource(Protocol):
+    """What the event loop asks of its arrivals: :class:`Arrivals`, or another release
+    order (an experiment's phased closed loop, ``kvtool.experiments.serving``). A Protocol,
+    not the class: compiled (``kvtool.compiled``), ``Simulation.arrivals`` only takes an
+    object of its declared type."""
+
+    def initial(self) -> list[tuple[float, int]]:
+        """``(time_s, index)`` of the requests released before anything has finished."""
+
+    def on_finish(self, index: int, now: float) -> list[tuple[float, int]]:
+        """Requests released because request ``index`` ended at ``now``."""
+
+
 @dataclass(frozen=True)
 class Load:
     """One load setting: its kind and value (``concurrency`` users, ``request-rate``

@@ -35,7 +35,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from kvtool.serving.roofline import StepModel
+from kvtool.geometry.model import ModelSpec
+from kvtool.serving.gpus import GPU
+from kvtool.serving.roofline import Scalars, StepModel
 
 PREFILL = (4.209989e-07, 1.518344e-02, 1.650142e01)
 """ms = a·T² + b·T + c over a pass's new prompt tokens T (Dynamo's mocker)."""
@@ -63,8 +65,14 @@ class MockerStepModel(StepModel):
     ``total_kv_tokens``: the engine's pool in tokens (``num_gpu_blocks × block_tokens``).
     """
 
-    def __init__(self, *args: Any, total_kv_tokens: int, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, model_spec: ModelSpec, gpu: GPU, tp: int = 1,
+                 weight_dtype: str | None = None, kv_dtype: str | None = None,
+                 scalars: Scalars | None = None, *, block_tokens: int = 256,
+                 expert_weight_dtype: str | None = None, total_kv_tokens: int) -> None:
+        # StepModel's parameters spelled out: compiled (mypyc), a subclass's *args do not
+        # reach a native base class's __init__
+        super().__init__(model_spec, gpu, tp, weight_dtype, kv_dtype, scalars,
+                         block_tokens=block_tokens, expert_weight_dtype=expert_weight_dtype)
         self.total_kv_tokens = max(1, total_kv_tokens)
         self.kind = "dynamo-mocker"
 

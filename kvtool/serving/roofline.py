@@ -34,7 +34,7 @@ import math
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from kvtool.errors import UsageError, param
 from kvtool.geometry.model import ModelSpec
@@ -55,9 +55,9 @@ OPS_PER_LAYER = 5
 #: Runs of at least this many decode steps are computed with numpy (the same floats), once
 #: numpy is imported or a model has computed :data:`_NUMPY_AFTER` decode steps (numpy's
 #: import, 0.1 s, is not worth it for a short replay: bench/startup.py).
-_VECTOR_STEPS = 48
-_NUMPY_AFTER = 400_000
-_BOUND_MARGIN = 1.0 + 1e-9
+_VECTOR_STEPS: Final = 48
+_NUMPY_AFTER: Final = 400_000
+_BOUND_MARGIN: Final = 1.0 + 1e-9
 """A run of decode steps is memory-bound throughout when its memory time exceeds its compute
 time by this factor at its first and last step (:meth:`StepModel.decode_step_ends`)."""
 

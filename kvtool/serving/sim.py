@@ -39,8 +39,9 @@ import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from itertools import filterfalse, islice, takewhile
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from kvtool.cache.policies import make_policy
 from kvtool.cache.tier import Tier
@@ -48,13 +49,21 @@ from kvtool.serving.engine import FAILED, FINISHED, LOADING, Engine, Seq, make_e
 from kvtool.serving.kvpool import KVPool
 from kvtool.serving.lanes import Lanes, use_lanes
 from kvtool.serving.links import FlowNetwork
-from kvtool.serving.load import Arrivals, Load, output_block_keys
+from kvtool.serving.load import Arrivals, ArrivalSource, Load, output_block_keys
 from kvtool.serving.report import describe, serving_metrics
 from kvtool.serving.router import Router
 
-ARRIVAL, STEP, PLAN, TIMER = 0, 1, 2, 3
+# event kinds (one Final name each: compiled, a Final int is a constant)
+ARRIVAL: Final = 0
+STEP: Final = 1
+PLAN: Final = 2
+TIMER: Final = 3
 # the order of simultaneous events (module docstring)
-_EARLY, _PLAN_EARLY, _STEPS, _RELEASED, _PLAN_LATE = 0, 1, 2, 3, 4
+_EARLY: Final = 0
+_PLAN_EARLY: Final = 1
+_STEPS: Final = 2
+_RELEASED: Final = 3
+_PLAN_LATE: Final = 4
 
 
 @dataclass
@@ -409,11 +418,8 @@ class TierStack:
                    ) -> Callable[[float], None]:
         """The callback of a load's flows: after the last, the request holds its blocks —
         once the connector's lookup and chunks (``tokens`` loaded) have been paid too."""
-        def arrived(t: float) -> None:
-            if seq.status == LOADING:
-                engine.loaded(seq)
-                self.sim.wake(engine, t)
-
+        # one closure: compiled (mypyc), closures share their function's environment, and
+        # one that called a sibling would hold it in a reference cycle
         def done(t: float) -> None:
             seq.loads_pending -= 1
             if seq.loads_pending:
@@ -421,10 +427,15 @@ class TierStack:
             extra = self.connector.load_s(tokens) if self.connector is not None else 0.0
             if extra > 0:
                 self.connector_s += extra
-                self.sim.at(t + extra, arrived)
+                self.sim.at(t + extra, partial(self._arrived, engine, seq))
             else:
-                arrived(t)
+                self._arrived(engine, seq, t)
         return done
+
+    def _arrived(self, engine: Engine, seq: Seq, t: float) -> None:
+        if seq.status == LOADING:
+            engine.loaded(seq)
+            self.sim.wake(engine, t)
 
     def _start_pd(self, engine: Engine, seq: Seq, tokens: int, now: float) -> None:
         """P/D split: the decode engine pulls the prompt's KV from the prefill engine."""
@@ -626,7 +637,7 @@ class Simulation:
         self._timers: dict[int, Callable[[float], None]] = {}
         self._after = -1
         """The current event's place among simultaneous step ends (Engine.cut's ``after``)."""
-        self.arrivals = Arrivals(requests, load)
+        self.arrivals: ArrivalSource = Arrivals(requests, load)
         self.keys = output_block_keys(requests, trace_block_tokens or block_tokens, block_tokens)
         self.seqs: list[Seq | None] = [None] * len(requests)
         self.done: list[Seq] = []
@@ -796,10 +807,10 @@ class Simulation:
         tracks = getattr(type(self.router), "prefill_done", None) is not Router.prefill_done
         while True:
             t_net = net.next_completion()
-            if ei < n_early:
+            # (a flag, not ``entry is early[ei]``: compiled, a tuple is boxed at each read)
+            in_early = ei < n_early and not (heap and heap[0] < early[ei])
+            if in_early:
                 entry = early[ei]
-                if heap and heap[0] < entry:
-                    entry = heap[0]
             elif heap:
                 entry = heap[0]
             elif t_net is not None:
@@ -814,7 +825,7 @@ class Simulation:
                 self._after = -1
                 net.advance(t_net)
                 continue
-            if ei < n_early and entry is early[ei]:
+            if in_early:
                 ei += 1
             else:
                 pop(heap)
