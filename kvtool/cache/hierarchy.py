@@ -26,11 +26,17 @@ whole vLLM block pool and serves each request itself (:meth:`TierHierarchy._serv
 its hit is at most ``⌊(L − 1)/B⌋`` leading full blocks (the lookup goes on in the lower
 tiers from there), it evicts while it allocates (step 1 of the request, not step 3), and
 it counts every block it caches as written, a recomputed copy of a cached block included.
+
+An engine that times its loads and stores as flows (the serving model's tiers below its
+GPU pools in a ``--cluster`` run) takes those steps one at a time, each when its clock says
+it happens: the **timed protocol** (:meth:`TierHierarchy.find`, :meth:`~TierHierarchy.read`,
+:meth:`~TierHierarchy.put`; see the section of the class that holds them).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import filterfalse, takewhile
 from typing import Literal
 
 from kvtool.cache.names import WRITE_POLICIES
@@ -47,7 +53,10 @@ class TierHierarchy:
     Invariant between requests: every tier holds at most its capacity.
     """
 
-    def __init__(self, tiers: Sequence[Tier], write_policy: WritePolicy = "write-through") -> None:
+    def __init__(self, tiers: Sequence[Tier], write_policy: WritePolicy = "write-through", *,
+                 pooled: bool = True) -> None:
+        """``pooled=False``: every tier is an index of blocks, a ``vllm`` policy's too (the
+        timed protocol's hierarchies, whose engines hold their own GPU pools)."""
         if not tiers:
             raise ValueError("a cache needs at least one tier")
         if write_policy not in WRITE_POLICIES:
@@ -57,10 +66,10 @@ class TierHierarchy:
         self._indexes = [t.policy.index for t in self.tiers]
         self._policies = [t.policy for t in self.tiers]
         self._movers = any(t.mover is not None for t in self.tiers)
-        if any(p.pooled for p in self._policies[1:]):
+        if pooled and any(p.pooled for p in self._policies[1:]):
             raise ValueError("a pooled policy (vllm) can only manage the top tier")
         self._pooled: VllmPolicy | None = (
-            self._policies[0] if isinstance(self._policies[0], VllmPolicy) else None)
+            self._policies[0] if pooled and isinstance(self._policies[0], VllmPolicy) else None)
         # Tiers whose policy stores only full blocks (vLLM's offloading: vllm-*); they take
         # the general path, which hands them the request's full blocks only.
         self._full_only = [getattr(p, "full_blocks_only", False) for p in self._policies]
@@ -548,6 +557,78 @@ class TierHierarchy:
         mover = self.tiers[0].mover
         if mover is not None and new:
             mover.on_write(self.tiers[0].name, new)
+
+
+    # ------------------------------------------------------------------ timed protocol
+    # An engine that times its loads and stores as flows (the serving model's tiers below
+    # its GPU pools, kvtool.serving.sim.TierStack) takes serve()'s steps one at a time, each
+    # when its clock says it happens: the lookup when it plans a load, the reads when the
+    # load starts, the inserts (puts, promotions) when their flows arrive. Several
+    # hierarchies may share their lower tiers (a cluster's pooled tiers under each node's
+    # DRAM); each counts, into the caller's stats, what it did to them. ``stale`` holds
+    # (tier name, key) copies known bad (data mode): they count as absent.
+
+    def find(self, keys: Sequence[int], stale: set[tuple[str, int]] | None = None
+             ) -> list[int]:
+        """Tier index of each leading block held (no pooled cap): the lookup."""
+        indexes = self._indexes
+        if len(indexes) == 1 and not stale:
+            return [0] * len(list(takewhile(indexes[0].__contains__, keys)))
+        src = self.locate(keys, stale)
+        return src[:src.index(-1)] if -1 in src else src
+
+    def locate(self, keys: Sequence[int], stale: set[tuple[str, int]] | None = None
+               ) -> list[int]:
+        """Tier index of each block, the highest holding a good copy (-1: none)."""
+        indexes = self._indexes
+        if not stale:
+            if len(indexes) == 1:
+                first = indexes[0]
+                return [0 if key in first else -1 for key in keys]
+            tiers = list(enumerate(indexes))
+            return [next((j for j, ix in tiers if key in ix), -1) for key in keys]
+        named = [(j, t.name, ix) for j, (t, ix) in enumerate(zip(self.tiers, indexes,
+                                                                  strict=True))]
+        return [next((j for j, name, ix in named if key in ix and (name, key) not in stale), -1)
+                for key in keys]
+
+    def held(self, i: int, keys: Sequence[int]) -> list[int]:
+        """The ``keys`` tier ``i`` holds."""
+        return list(filter(self._indexes[i].__contains__, keys))
+
+    def held_prefix(self, i: int, keys: Sequence[int]) -> int:
+        """How many leading ``keys`` tier ``i`` holds."""
+        return len(list(takewhile(self._indexes[i].__contains__, keys)))
+
+    def lacks(self, i: int, keys: Sequence[int], stale: set[tuple[str, int]] | None = None
+              ) -> list[int]:
+        """The ``keys`` tier ``i`` holds no good copy of (what a put must write)."""
+        index = self._indexes[i]
+        if stale:
+            name = self.tiers[i].name
+            return [k for k in keys if k not in index or (name, k) in stale]
+        return list(filterfalse(index.__contains__, keys))
+
+    def read(self, i: int, keys: list[int], session: int, stats: RoundStats) -> None:
+        """A load of ``keys`` (hit blocks) from tier ``i``: count them, refresh them."""
+        self._policies[i].access(keys, session, admit=False)
+        stats.hit_blocks[i] += len(keys)
+        stats.blocks_read[i] += len(keys)
+
+    def touch(self, i: int, keys: list[int], session: int) -> None:
+        """Refresh the ``keys`` tier ``i`` holds (a put that found them all there)."""
+        self._policies[i].access(keys, session, admit=False)
+
+    def put(self, i: int, keys: list[int], session: int, stats: RoundStats,
+            record: list[int] | None = None) -> list[int]:
+        """Insert ``keys`` into tier ``i`` (touching those it holds; the inserted ones are
+        appended to ``record``), then evict it down to its capacity; count both. Returns
+        the evicted keys."""
+        stats.blocks_written[i] += self._policies[i].access(keys, session, record=record)
+        out = self.tiers[i].evict_to_capacity()
+        if out:
+            stats.evictions[i] += len(out)
+        return out
 
 
 def _count_in(inserted: list[int], hits: set[int]) -> int:

@@ -84,6 +84,8 @@ class ServeOrderStack(TierStack):
         self.on_finished = on_finished
         self._next = 0
         self._decisions: dict[int, _Decision] = {}
+        self.blocks_loaded: dict[str, int] = {}
+        """Blocks each tier's load flows carried (the decider counted the hits)."""
         names = decider.names
         self._gpu = 0 if names and names[0] == "gpu" else -1
         self._lower: dict[str, tuple[str, TierSetup | None]] = {}
@@ -99,6 +101,11 @@ class ServeOrderStack(TierStack):
     @property
     def present(self) -> bool:
         return True  # every request is decided here, with or without tiers below
+
+    def counted(self) -> dict[str, dict[str, int]]:
+        """The blocks the loads carried; promotions and evictions are the decider's."""
+        return {"blocks_loaded": dict(self.blocks_loaded), "blocks_promoted": {},
+                "evictions": {}}
 
     # ------------------------------------------------------------- serve order
     def _decide_through(self, index: int) -> None:

@@ -19,17 +19,19 @@ an idle engine lets it plan once the arrivals of its part of that order have com
 the early arrivals when a flow or an early arrival woke it, else after the released
 ones): requests arriving together are scheduled in one step.
 
-The tiers below the GPU (:class:`TierStack`) are block metadata with the eviction
-policies of :mod:`kvtool.cache` (a node's DRAM, a cluster-wide Mooncake pool, an NVMe-oF
-pool over its targets). A block is found in the highest tier that holds it; a request
-loads the hit prefix beyond its GPU hit when loading is faster than recomputing (each cut
-at a tier boundary is weighed: bytes over the path's bottleneck bandwidth against the
-roofline prefill time of those tokens), else recomputes and the declined tokens are
-counted. Loads are flows GPU ← PCIe ← (NIC ← Mooncake transfer path | NIC ← target), a
-request's prefill waits for all of them. Every full block a request computed is stored,
-write-through, into every tier below when it finishes (flows the other way); a block
-enters a tier when its flow has arrived. Stores never stall compute; they share links with
-loads, which is how a full link slows prefill.
+The tiers below the GPU (:class:`TierStack`) are block metadata with the eviction policies
+of :mod:`kvtool.cache` (a node's DRAM, a cluster-wide Mooncake pool, an NVMe-oF pool over
+its targets): one :class:`~kvtool.cache.hierarchy.TierHierarchy` per node
+(:class:`Below`), which decides and counts every hit, read, insert and eviction through
+its timed protocol, while this module times them. A block is found in the highest tier
+that holds it; a request loads the hit prefix beyond its GPU hit when loading is faster
+than recomputing (each cut at a tier boundary is weighed: bytes over the path's bottleneck
+bandwidth against the roofline prefill time of those tokens), else recomputes and the
+declined tokens are counted. Loads are flows GPU ← PCIe ← (NIC ← Mooncake transfer path |
+NIC ← target), a request's prefill waits for all of them. Every full block a request
+computed is stored, write-through, into every tier below when it finishes (flows the other
+way); a block enters a tier when its flow has arrived. Stores never stall compute; they
+share links with loads, which is how a full link slows prefill.
 """
 
 from __future__ import annotations
@@ -40,10 +42,11 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from itertools import filterfalse, islice, takewhile
 from typing import Any, Final, Protocol
 
+from kvtool.cache.hierarchy import TierHierarchy
 from kvtool.cache.policies import make_policy
+from kvtool.cache.stats import RoundStats
 from kvtool.cache.tier import Tier
 from kvtool.serving.engine import FAILED, FINISHED, LOADING, Engine, Seq, make_engine
 from kvtool.serving.kvpool import KVPool
@@ -129,10 +132,29 @@ class DataBackend(Protocol):
     def on_evict(self, tier: str, node: str | None, keys: list[int]) -> None: ...
 
 
+class Below:
+    """The tiers below one node's engines, highest first: the node's DRAM (when it has
+    some), then the shared tiers, as one :class:`~kvtool.cache.hierarchy.TierHierarchy`
+    (every node's holds the same shared :class:`Tier` objects), with what it counted."""
+
+    __slots__ = ("dram", "hier", "names", "specs", "stats")
+
+    def __init__(self, tiers: list[tuple[str, Tier, TierSetup | None]]) -> None:
+        self.hier = TierHierarchy([t for _n, t, _s in tiers], pooled=False)
+        self.names = [n for n, _t, _s in tiers]
+        self.specs = [s for _n, _t, s in tiers]
+        self.stats = RoundStats(len(tiers))
+        self.dram = 0 if self.names[0] == "dram" else -1
+        """The index of the node's DRAM tier (-1: none)."""
+
+
 class TierStack:
     """The tiers below the engines' GPU pools (module docstring); implements the engine's
-    :class:`~kvtool.serving.engine.Offload`. With a :class:`DataBackend`, every insert,
-    load and eviction also moves real bytes, at the simulated time it happens."""
+    :class:`~kvtool.serving.engine.Offload`. Their metadata is a tier hierarchy per node
+    (:class:`Below`), driven by its timed protocol: it decides every hit, read, insert and
+    eviction and counts them; this class times them as flows. With a
+    :class:`DataBackend`, every insert, load and eviction also moves real bytes, at the
+    simulated time it happens."""
 
     serve_order = False
     """The tiers' own metadata decides hits (:class:`kvtool.serving.serveorder.ServeOrderStack`:
@@ -159,14 +181,13 @@ class TierStack:
                 self.shared.append((t.name, tier, t))
         self.bytes_loaded: dict[str, int] = {}
         self.bytes_stored: dict[str, int] = {}
-        self.blocks_loaded: dict[str, int] = {}
         self.blocks_stored: dict[str, int] = {}
-        self.blocks_promoted: dict[str, int] = {}
         self.bad: set[tuple[str, int]] = set()
         """Data mode: (tier, key) whose copy failed its check; a miss until rewritten."""
         self.recomputed_after_check = 0
         self.repaired = 0
-        self.evictions: dict[str, int] = {}
+        self.promoting = False
+        """Whether a load found blocks to promote into a node's DRAM."""
         self.load_decisions = {"load": 0, "recompute": 0}
         self.pd_bytes = 0
         self.connector = setup.connector
@@ -175,8 +196,10 @@ class TierStack:
         loads it from the tiers below, where the prefill engine stored it)."""
         self.connector_s = 0.0
         """Seconds loads waited on the connector's lookups and chunks (summed)."""
+        self.below: dict[str, Below] = {}
+        """Each node's tiers below (made when one of its engines first needs them)."""
         # what depends only on the engine (the tiers, their paths and rates), made once
-        self._tiers_of: dict[int, list[tuple[str, Tier, TierSetup | None]]] = {}
+        self._below_of: dict[int, Below | None] = {}
         self._paths: dict[tuple[int, str, str | None, bool], list[tuple[str, str]]] = {}
         self._rates: dict[tuple[int, str], float] = {}
 
@@ -184,17 +207,21 @@ class TierStack:
     def present(self) -> bool:
         return bool(self.node_dram or self.shared)
 
-    def _tiers_for(self, engine: Engine) -> list[tuple[str, Tier, TierSetup | None]]:
-        """The tiers below ``engine``, highest first: its node's DRAM, then the shared ones."""
-        out = self._tiers_of.get(engine.index)
-        if out is None:
-            out = []
+    def _tiers_for(self, engine: Engine) -> Below | None:
+        """The tiers below ``engine``: its node's DRAM, then the shared ones (None: none)."""
+        if engine.index in self._below_of:
+            return self._below_of[engine.index]
+        below = self.below.get(engine.node)
+        if below is None:
+            tiers: list[tuple[str, Tier, TierSetup | None]] = []
             d = self.node_dram.get(engine.node)
             if d is not None:
-                out.append(("dram", d, None))
-            out.extend(self.shared)
-            self._tiers_of[engine.index] = out
-        return out
+                tiers.append(("dram", d, None))
+            tiers.extend(self.shared)
+            if tiers:
+                below = self.below[engine.node] = Below(tiers)
+        self._below_of[engine.index] = below
+        return below
 
     def _path(self, engine: Engine, tier: str, spec: TierSetup | None, target: str | None,
               load: bool) -> list[tuple[str, str]]:
@@ -225,16 +252,10 @@ class TierStack:
 
     # ---------------------------------------------------------------- Offload protocol
     def host_prefix_blocks(self, engine: Engine, keys: Sequence[int]) -> int:
-        tier = self.node_dram.get(engine.node)
-        if tier is None:
+        below = self._tiers_for(engine)
+        if below is None or below.dram < 0:
             return 0
-        index = tier.policy.index
-        n = 0
-        for k in keys:
-            if k not in index:
-                break
-            n += 1
-        return n
+        return below.hier.held_prefix(below.dram, keys)
 
     def plan_load(self, engine: Engine, seq: Seq, start_tokens: int, limit_tokens: int
                   ) -> tuple[int, int]:
@@ -243,40 +264,13 @@ class TierStack:
         last = limit_tokens // B
         if last <= first:
             return 0, 0
-        tiers = self._tiers_for(engine)
-        keys = seq.block_hashes
-        runs: list[tuple[int, int]] = []  # (tier index, blocks)
-        bad = self.bad
-        if len(tiers) == 1 and not bad:
-            # one tier: the run is its leading keys (tested in C up to the first miss)
-            count = len(list(takewhile(tiers[0][1].policy.index.__contains__,
-                                       islice(keys, first, last))))
-            if count:
-                runs.append((0, count))
-        else:
-            cur = -1
-            count = 0
-            indexes = [tier.policy.index for _n, tier, _s in tiers]
-            names = [n for n, _tier, _s in tiers]
-            for key in keys[first:last]:
-                ti = -1
-                for j, index in enumerate(indexes):
-                    if key in index and (not bad or (names[j], key) not in bad):
-                        ti = j
-                        break
-                if ti < 0:
-                    break
-                if ti == cur:
-                    count += 1
-                else:
-                    if count:
-                        runs.append((cur, count))
-                    cur, count = ti, 1
-            if count:
-                runs.append((cur, count))
-        if not runs:
+        below = self._tiers_for(engine)
+        if below is None:
             return 0, 0
-        found = sum(c for _t, c in runs)
+        src = below.hier.find(seq.block_hashes[first:last], self.bad)
+        found = len(src)
+        if not found:
+            return 0, 0
         if seq.decode_only or (self.connector is not None and self.connector.load == "always"):
             # P/D through the store: the decode engine reads what the prefill engine wrote;
             # a vLLM connector loads every token it reports found
@@ -288,10 +282,9 @@ class TierStack:
         blocks = 0
         load_s = 0.0
         fixed = self.connector.load_s if self.connector is not None else None
-        for ti, c in runs:
-            name, _tier, spec = tiers[ti]
+        for ti, c in _runs(src):
             blocks += c
-            load_s += c * bb / (self._tier_rate(engine, name, spec) * 1e9)
+            load_s += c * bb / (self._tier_rate(engine, below.names[ti], below.specs[ti]) * 1e9)
             extra = fixed(blocks * B) if fixed is not None else 0.0
             gain = step.prefill_time(blocks * B, start_tokens) - load_s - extra
             if gain > best_gain:
@@ -323,16 +316,19 @@ class TierStack:
         if seq.decode_only and self.pd_direct:
             self._start_pd(engine, seq, tokens, now)
             return
-        tiers = self._tiers_for(engine)
+        below = self._tiers_for(engine)
         keys = seq.block_hashes[start_tokens // B: (start_tokens + tokens) // B]
         bb = self.sim.setups[engine.index].block_bytes
-        per_flow: dict[tuple[str, str | None], list[int]] = {}
+        per_flow: dict[tuple[int, str | None], list[int]] = {}
         by_tier: dict[str, int] = {}
         bad = self.bad
-        if len(tiers) == 1 and not bad and (tiers[0][2] is None or not tiers[0][2].targets):
-            # one tier, one flow: the keys it holds, tested in C
-            name, tier, spec1 = tiers[0]
-            held = list(filter(tier.policy.index.__contains__, keys))
+        if below is None:
+            pass
+        elif len(below.names) == 1 and not bad and (below.specs[0] is None
+                                                    or not below.specs[0].targets):
+            # one tier, one flow: the keys it holds
+            name, spec1 = below.names[0], below.specs[0]
+            held = below.hier.held(0, keys)
             if self.backend is None and name == "dram":
                 # the loop below for that one flow (no check can fail, nothing to promote)
                 if not seq.decode_only:
@@ -340,32 +336,33 @@ class TierStack:
                 if not held:
                     seq.loads_pending = 0
                     return
-                tier.policy.access(held, seq.index, admit=False)
+                below.hier.read(0, held, seq.index, below.stats)
                 seq.loads_pending = 1
                 nbytes = len(held) * bb
                 self.bytes_loaded[name] = self.bytes_loaded.get(name, 0) + nbytes
-                self.blocks_loaded[name] = self.blocks_loaded.get(name, 0) + len(held)
                 self.net.start(now, nbytes, self._path(engine, name, spec1, None, True),
                                self._load_done(engine, seq, tokens))
                 return
             if held:
-                per_flow[(name, None)] = held
+                per_flow[(0, None)] = held
                 by_tier[name] = len(held)
         else:
-            self._group_loads(tiers, keys, per_flow, by_tier)
+            self._group_loads(below, keys, per_flow, by_tier)
         if not seq.decode_only:  # (a decode engine's read of a P/D prompt is no hit)
             seq.ext_by_tier = {n: c * B for n, c in by_tier.items()}
-        # refresh what was hit (LRU order), as a store's lookup does
-        for name, tier, _spec in tiers:
-            hit = [k for (n, _t), ks in per_flow.items() if n == name for k in ks]
-            if hit:
-                tier.policy.access(hit, seq.index, admit=False)
         seq.loads_pending = len(per_flow)
-        spec_of = {n: s for n, _t, s in tiers}
+        if below is None:
+            return
+        # the hierarchy reads what was hit (and refreshes it, as a store's lookup does)
+        for ti in range(len(below.names)):
+            hit = [k for (t, _target), ks in per_flow.items() if t == ti for k in ks]
+            if hit:
+                below.hier.read(ti, hit, seq.index, below.stats)
         promote: list[int] = []
         backend = self.backend
         failed: set[int] = set()
-        for (name, target), ks in per_flow.items():
+        for (ti, target), ks in per_flow.items():
+            name = below.names[ti]
             if backend is not None:
                 for k in backend.on_load(name, engine.node if name == "dram" else None, ks,
                                          engine.index):
@@ -373,35 +370,34 @@ class TierStack:
                     self.bad.add((name, k))
             nbytes = len(ks) * bb
             self.bytes_loaded[name] = self.bytes_loaded.get(name, 0) + nbytes
-            self.blocks_loaded[name] = self.blocks_loaded.get(name, 0) + len(ks)
             if name != "dram":
                 promote.extend(ks)
-            path = self._path(engine, name, spec_of[name], target, True)
+            path = self._path(engine, name, below.specs[ti], target, True)
             self.net.start(now, nbytes, path, self._load_done(engine, seq, tokens))
         if failed:
             self._cut_load(seq, keys, failed, start_tokens, tokens)
             promote = [k for k in promote if k not in failed]
-        if promote:
-            d = self.node_dram.get(engine.node)
-            if d is not None:
-                rec = self._insert(d, "dram", promote, seq.index, engine)
-                self.blocks_promoted["dram"] = self.blocks_promoted.get("dram", 0) + len(rec)
+        if promote and below.dram >= 0:
+            rec = self._insert(below, below.dram, promote, seq.index, engine)
+            below.stats.promoted_blocks[below.dram] += len(rec)
+            self.promoting = True
 
-    def _group_loads(self, tiers: list[tuple[str, Tier, TierSetup | None]], keys: Sequence[int],
-                     per_flow: dict[tuple[str, str | None], list[int]],
+    def _group_loads(self, below: Below, keys: Sequence[int],
+                     per_flow: dict[tuple[int, str | None], list[int]],
                      by_tier: dict[str, int]) -> None:
-        """Each key to the first tier holding it (and not known bad there): into
-        ``per_flow`` by tier and target, counted in ``by_tier``."""
-        bad = self.bad
-        for key in keys:
-            for name, tier, spec in tiers:
-                if key in tier.policy.index and (not bad or (name, key) not in bad):
-                    target = None
-                    if spec is not None and spec.targets:
-                        target = spec.targets[key % len(spec.targets)][0]
-                    per_flow.setdefault((name, target), []).append(key)
-                    by_tier[name] = by_tier.get(name, 0) + 1
-                    break
+        """Each key to the first tier holding a good copy: into ``per_flow`` by tier and
+        target, counted in ``by_tier``."""
+        names, specs = below.names, below.specs
+        for key, ti in zip(keys, below.hier.locate(keys, self.bad), strict=True):
+            if ti < 0:
+                continue
+            spec = specs[ti]
+            target = None
+            if spec is not None and spec.targets:
+                target = spec.targets[key % len(spec.targets)][0]
+            per_flow.setdefault((ti, target), []).append(key)
+            name = names[ti]
+            by_tier[name] = by_tier.get(name, 0) + 1
 
     def _cut_load(self, seq: Seq, keys: Sequence[int], failed: set[int], start_tokens: int,
                   tokens: int) -> None:
@@ -450,20 +446,20 @@ class TierStack:
         seq.loads_pending = 1
         self.net.start(now, nbytes, path, self._load_done(engine, seq))
 
-    def _insert(self, tier: Tier, name: str, keys: list[int], session: int,
+    def _insert(self, below: Below, i: int, keys: list[int], session: int,
                 engine: Engine, want: bool = True) -> list[int]:
-        """Insert ``keys`` (touching those held), evict down to capacity; with a backend,
-        free the victims' bytes first, then write the blocks that stayed. Returns the keys
-        inserted (and still held; ``[]`` when not ``want``-ed)."""
+        """Put ``keys`` into tier ``i`` of ``below`` (the hierarchy touches those held and
+        evicts down to capacity); with a backend, free the victims' bytes first, then write
+        the blocks that stayed. Returns the keys inserted (and still held; ``[]`` when not
+        ``want``-ed)."""
+        hier, stats = below.hier, below.stats
         if not want and self.backend is None and not self.bad:
             # a store that arrived: insert, evict, count (nobody reads what stayed)
-            tier.policy.access(keys, session)
-            out = tier.evict_to_capacity()
-            if out:
-                self.evictions[name] = self.evictions.get(name, 0) + len(out)
+            hier.put(i, keys, session, stats)
             return []
+        name = below.names[i]
         rec: list[int] = []
-        tier.policy.access(keys, session, record=rec)
+        out = hier.put(i, keys, session, stats, rec)
         if self.bad:
             # a stale copy (failed its check) is rewritten: the repair
             for k in keys:
@@ -471,12 +467,8 @@ class TierStack:
                     self.bad.discard((name, k))
                     rec.append(k)
                     self.repaired += 1
-        out = tier.evict_to_capacity()
-        if out:
-            self.evictions[name] = self.evictions.get(name, 0) + len(out)
-            if self.bad:
-                for k in out:
-                    self.bad.discard((name, k))
+            for k in out:
+                self.bad.discard((name, k))
         if self.backend is not None:
             node = engine.node if name == "dram" else None
             if out:
@@ -507,20 +499,21 @@ class TierStack:
                     stored(t)
             one_done = all_done
 
-        if n <= 0:
+        below = self._tiers_for(engine) if n > 0 else None
+        if below is None:
             if stored is not None:
                 stored(now)
             return
         keys = seq.block_hashes[:n]
         bb = self.sim.setups[engine.index].block_bytes
         bad = self.bad
-        for name, tier, spec in self._tiers_for(engine):
-            index = tier.policy.index
-            new = ([k for k in keys if k not in index or (name, k) in bad] if bad else
-                   list(filterfalse(index.__contains__, keys)))
+        hier = below.hier
+        for i, name in enumerate(below.names):
+            new = hier.lacks(i, keys, bad)
             if not new:
-                tier.policy.access(keys, seq.index, admit=False)
+                hier.touch(i, keys, seq.index)
                 continue
+            spec = below.specs[i]
             if spec is not None and spec.targets:
                 groups: dict[str | None, list[int]] = {}
                 for k in new:
@@ -534,18 +527,34 @@ class TierStack:
                 path = self._path(engine, name, spec, target, False)
                 pending[0] += 1
                 self.net.start(now, nbytes, path,
-                               self._store_done(tier, name, ks, seq.index, engine, one_done))
+                               self._store_done(below, i, ks, seq.index, engine, one_done))
         if not pending[0] and stored is not None:
             stored(now)
 
-    def _store_done(self, tier: Tier, name: str, keys: list[int], session: int,
+    def _store_done(self, below: Below, i: int, keys: list[int], session: int,
                     engine: Engine, then: Callable[[float], None] | None = None
                     ) -> Callable[[float], None]:
         def done(t: float) -> None:
-            self._insert(tier, name, keys, session, engine, False)
+            self._insert(below, i, keys, session, engine, False)
             if then is not None:
                 then(t)
         return done
+
+    def counted(self) -> dict[str, dict[str, int]]:
+        """What the hierarchies counted, summed per tier name over the nodes: blocks
+        loaded (read), promoted into a node's DRAM, evicted (only tiers with some)."""
+        loaded: dict[str, int] = {}
+        evictions: dict[str, int] = {}
+        promoted: dict[str, int] = {"dram": 0} if self.promoting else {}
+        for below in self.below.values():
+            st = below.stats
+            for j, name in enumerate(below.names):
+                for out, n in ((loaded, st.blocks_read[j]), (evictions, st.evictions[j])):
+                    if n:
+                        out[name] = out.get(name, 0) + n
+                if st.promoted_blocks[j]:
+                    promoted[name] = promoted.get(name, 0) + st.promoted_blocks[j]
+        return {"blocks_loaded": loaded, "blocks_promoted": promoted, "evictions": evictions}
 
     def to_dict(self) -> dict[str, Any]:
         tiers = []
@@ -555,14 +564,32 @@ class TierStack:
         for name, tier, _spec in self.shared:
             tiers.append({"name": name, "capacity_blocks": _cap(tier.capacity),
                           "occupancy_blocks": len(tier)})
+        counted = self.counted()
         return {"tiers": tiers, "bytes_loaded": dict(self.bytes_loaded),
-                "bytes_stored": dict(self.bytes_stored), "blocks_loaded": dict(self.blocks_loaded),
+                "bytes_stored": dict(self.bytes_stored),
+                "blocks_loaded": counted["blocks_loaded"],
                 "blocks_stored": dict(self.blocks_stored),
-                "blocks_promoted": dict(self.blocks_promoted), "evictions": dict(self.evictions),
+                "blocks_promoted": counted["blocks_promoted"],
+                "evictions": counted["evictions"],
                 "load_or_recompute": dict(self.load_decisions), "pd_transfer_bytes": self.pd_bytes,
                 "connector_wait_s": self.connector_s,
                 "recomputed_after_check_blocks": self.recomputed_after_check,
                 "repaired_blocks": self.repaired}
+
+
+def _runs(src: list[int]) -> list[tuple[int, int]]:
+    """A lookup as runs: (tier index, consecutive blocks found there), head first."""
+    runs: list[tuple[int, int]] = []
+    cur = src[0]
+    count = 0
+    for ti in src:
+        if ti == cur:
+            count += 1
+        else:
+            runs.append((cur, count))
+            cur, count = ti, 1
+    runs.append((cur, count))
+    return runs
 
 
 def _cap(c: float) -> int | None:
