@@ -42,7 +42,7 @@ from typing import Literal
 from kvtool.cache.names import WRITE_POLICIES
 from kvtool.cache.policies import LruPolicy, VllmPolicy
 from kvtool.cache.stats import RoundStats
-from kvtool.cache.tier import Tier
+from kvtool.cache.tier import Tier, TimedMover
 
 WritePolicy = Literal["write-through", "write-back"]
 
@@ -54,15 +54,23 @@ class TierHierarchy:
     """
 
     def __init__(self, tiers: Sequence[Tier], write_policy: WritePolicy = "write-through", *,
-                 pooled: bool = True) -> None:
+                 pooled: bool = True, timed_mover: TimedMover | None = None,
+                 stale: set[tuple[str, int]] | None = None) -> None:
         """``pooled=False``: every tier is an index of blocks, a ``vllm`` policy's too (the
-        timed protocol's hierarchies, whose engines hold their own GPU pools)."""
+        timed protocol's hierarchies, whose engines hold their own GPU pools).
+        ``timed_mover`` moves the bytes of the timed protocol; ``stale``: the (tier name,
+        key) copies that failed their check, a miss until rewritten (hierarchies that
+        share tiers share it)."""
         if not tiers:
             raise ValueError("a cache needs at least one tier")
         if write_policy not in WRITE_POLICIES:
             raise ValueError(f"unknown write policy {write_policy!r}")
         self.tiers = list(tiers)
         self.write_back = write_policy == "write-back"
+        self.timed_mover = timed_mover
+        self.stale: set[tuple[str, int]] = set() if stale is None else stale
+        self.repaired = 0
+        """Stale copies the timed protocol's puts rewrote."""
         self._indexes = [t.policy.index for t in self.tiers]
         self._policies = [t.policy for t in self.tiers]
         self._movers = any(t.mover is not None for t in self.tiers)
@@ -562,25 +570,25 @@ class TierHierarchy:
     # ------------------------------------------------------------------ timed protocol
     # An engine that times its loads and stores as flows (the serving model's tiers below
     # its GPU pools, kvtool.serving.sim.TierStack) takes serve()'s steps one at a time, each
-    # when its clock says it happens: the lookup when it plans a load, the reads when the
-    # load starts, the inserts (puts, promotions) when their flows arrive. Several
-    # hierarchies may share their lower tiers (a cluster's pooled tiers under each node's
-    # DRAM); each counts, into the caller's stats, what it did to them. ``stale`` holds
-    # (tier name, key) copies known bad (data mode): they count as absent.
+    # when its clock says it happens: the lookup when it plans a load, the reads (and the
+    # loads of their bytes) when the load starts, the inserts (puts, promotions) when their
+    # flows arrive. Several hierarchies may share their lower tiers (a cluster's pools under
+    # each node's DRAM), and then one set of stale copies; each counts, into the caller's
+    # stats, what it did to them. Data mode plugs in a TimedMover: the hierarchy calls it
+    # as blocks are loaded, stored and evicted.
 
-    def find(self, keys: Sequence[int], stale: set[tuple[str, int]] | None = None
-             ) -> list[int]:
+    def find(self, keys: Sequence[int]) -> list[int]:
         """Tier index of each leading block held (no pooled cap): the lookup."""
         indexes = self._indexes
-        if len(indexes) == 1 and not stale:
+        if len(indexes) == 1 and not self.stale:
             return [0] * len(list(takewhile(indexes[0].__contains__, keys)))
-        src = self.locate(keys, stale)
+        src = self.locate(keys)
         return src[:src.index(-1)] if -1 in src else src
 
-    def locate(self, keys: Sequence[int], stale: set[tuple[str, int]] | None = None
-               ) -> list[int]:
+    def locate(self, keys: Sequence[int]) -> list[int]:
         """Tier index of each block, the highest holding a good copy (-1: none)."""
         indexes = self._indexes
+        stale = self.stale
         if not stale:
             if len(indexes) == 1:
                 first = indexes[0]
@@ -600,12 +608,11 @@ class TierHierarchy:
         """How many leading ``keys`` tier ``i`` holds."""
         return len(list(takewhile(self._indexes[i].__contains__, keys)))
 
-    def lacks(self, i: int, keys: Sequence[int], stale: set[tuple[str, int]] | None = None
-              ) -> list[int]:
+    def lacks(self, i: int, keys: Sequence[int]) -> list[int]:
         """The ``keys`` tier ``i`` holds no good copy of (what a put must write)."""
         index = self._indexes[i]
-        if stale:
-            name = self.tiers[i].name
+        if self.stale:
+            name, stale = self.tiers[i].name, self.stale
             return [k for k in keys if k not in index or (name, k) in stale]
         return list(filterfalse(index.__contains__, keys))
 
@@ -615,20 +622,62 @@ class TierHierarchy:
         stats.hit_blocks[i] += len(keys)
         stats.blocks_read[i] += len(keys)
 
+    def load(self, i: int, keys: list[int], by: int) -> list[int]:
+        """The bytes of ``keys`` (read from tier ``i``) reach ``by``'s GPU pool, checked by
+        the mover: return the keys whose copy failed, stale from now on (none without
+        a mover)."""
+        mover = self.timed_mover
+        if mover is None:
+            return []
+        name = self.tiers[i].name
+        failed = mover.on_load(name, keys, by)
+        self.stale.update((name, k) for k in failed)
+        return failed
+
     def touch(self, i: int, keys: list[int], session: int) -> None:
         """Refresh the ``keys`` tier ``i`` holds (a put that found them all there)."""
         self._policies[i].access(keys, session, admit=False)
 
-    def put(self, i: int, keys: list[int], session: int, stats: RoundStats,
-            record: list[int] | None = None) -> list[int]:
-        """Insert ``keys`` into tier ``i`` (touching those it holds; the inserted ones are
-        appended to ``record``), then evict it down to its capacity; count both. Returns
-        the evicted keys."""
-        stats.blocks_written[i] += self._policies[i].access(keys, session, record=record)
-        out = self.tiers[i].evict_to_capacity()
+    def put(self, i: int, keys: list[int], session: int, stats: RoundStats, *, by: int = -1,
+            kept: bool = False) -> list[int]:
+        """Insert ``keys`` into tier ``i`` (touching those it holds), then evict it down to
+        its capacity; count both. A stale copy among ``keys`` is rewritten (counted in
+        :attr:`repaired`), an evicted one forgotten. The mover frees the bytes of the
+        blocks evicted, then stores those inserted that stayed (``by`` moves them).
+        Returns those (``kept``; else maybe ``[]``)."""
+        tier = self.tiers[i]
+        policy = self._policies[i]
+        mover = self.timed_mover
+        stale = self.stale
+        if not kept and mover is None and not stale:
+            stats.blocks_written[i] += policy.access(keys, session)
+            out = tier.evict_to_capacity()
+            if out:
+                stats.evictions[i] += len(out)
+            return []
+        rec: list[int] = []
+        stats.blocks_written[i] += policy.access(keys, session, record=rec)
+        out = tier.evict_to_capacity()
+        name = tier.name
+        if stale:
+            for k in keys:
+                if (name, k) in stale and k not in rec:
+                    stale.discard((name, k))
+                    rec.append(k)
+                    self.repaired += 1
+            for k in out:
+                stale.discard((name, k))
         if out:
             stats.evictions[i] += len(out)
-        return out
+            gone = set(out)
+            if mover is not None:
+                old = [k for k in out if k not in rec]
+                if old:
+                    mover.on_evict(name, old)
+            rec = [k for k in rec if k not in gone]
+        if mover is not None and rec:
+            mover.on_store(name, rec, by)
+        return rec
 
 
 def _count_in(inserted: list[int], hits: set[int]) -> int:

@@ -37,6 +37,25 @@ class TierMover(Protocol):
     def on_evict(self, tier: str, keys: list[int]) -> None: ...
 
 
+class TimedMover(Protocol):
+    """Moves the bytes behind a hierarchy driven through its timed protocol (a cluster
+    node's tiers below its engines, :mod:`kvtool.serving.sim`); ``by`` names who moves
+    them: the engine whose GPU pool they leave or reach.
+
+    * ``on_store(tier, keys, by)`` — the blocks were just inserted into ``tier`` (a store
+      or a promotion arrived); write their bytes;
+    * ``on_load(tier, keys, by)`` — read the blocks into ``by``'s GPU pool and check them;
+      return those that failed (corrupt or lost);
+    * ``on_evict(tier, keys)`` — the blocks left ``tier``; free their space.
+    """
+
+    def on_store(self, tier: str, keys: list[int], by: int) -> None: ...
+
+    def on_load(self, tier: str, keys: list[int], by: int) -> list[int]: ...
+
+    def on_evict(self, tier: str, keys: list[int]) -> None: ...
+
+
 class NullMover:
     """The simulation mover: metadata only, no bytes move."""
 

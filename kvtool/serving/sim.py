@@ -47,7 +47,7 @@ from typing import Any, Final, Protocol
 from kvtool.cache.hierarchy import TierHierarchy
 from kvtool.cache.policies import make_policy
 from kvtool.cache.stats import RoundStats
-from kvtool.cache.tier import Tier
+from kvtool.cache.tier import Tier, TimedMover
 from kvtool.serving.engine import FAILED, FINISHED, LOADING, Engine, Seq, make_engine
 from kvtool.serving.kvpool import KVPool
 from kvtool.serving.lanes import Lanes, use_lanes
@@ -139,8 +139,10 @@ class Below:
 
     __slots__ = ("dram", "hier", "names", "specs", "stats")
 
-    def __init__(self, tiers: list[tuple[str, Tier, TierSetup | None]]) -> None:
-        self.hier = TierHierarchy([t for _n, t, _s in tiers], pooled=False)
+    def __init__(self, tiers: list[tuple[str, Tier, TierSetup | None]],
+                 stale: set[tuple[str, int]], mover: TimedMover | None) -> None:
+        self.hier = TierHierarchy([t for _n, t, _s in tiers], pooled=False, timed_mover=mover,
+                                  stale=stale)
         self.names = [n for n, _t, _s in tiers]
         self.specs = [s for _n, _t, s in tiers]
         self.stats = RoundStats(len(tiers))
@@ -148,13 +150,33 @@ class Below:
         """The index of the node's DRAM tier (-1: none)."""
 
 
+class NodeMover:
+    """A :class:`DataBackend` as the timed mover of one node's hierarchy (its ``dram`` tier
+    is that node's)."""
+
+    __slots__ = ("backend", "node")
+
+    def __init__(self, backend: DataBackend, node: str) -> None:
+        self.backend = backend
+        self.node = node
+
+    def on_store(self, tier: str, keys: list[int], by: int) -> None:
+        self.backend.on_store(tier, self.node if tier == "dram" else None, keys, by)
+
+    def on_load(self, tier: str, keys: list[int], by: int) -> list[int]:
+        return self.backend.on_load(tier, self.node if tier == "dram" else None, keys, by)
+
+    def on_evict(self, tier: str, keys: list[int]) -> None:
+        self.backend.on_evict(tier, self.node if tier == "dram" else None, keys)
+
+
 class TierStack:
     """The tiers below the engines' GPU pools (module docstring); implements the engine's
     :class:`~kvtool.serving.engine.Offload`. Their metadata is a tier hierarchy per node
     (:class:`Below`), driven by its timed protocol: it decides every hit, read, insert and
     eviction and counts them; this class times them as flows. With a
-    :class:`DataBackend`, every insert, load and eviction also moves real bytes, at the
-    simulated time it happens."""
+    :class:`DataBackend` (data mode), each hierarchy's mover (:class:`NodeMover`) moves
+    real bytes as it loads, inserts and evicts, at the simulated time it happens."""
 
     serve_order = False
     """The tiers' own metadata decides hits (:class:`kvtool.serving.serveorder.ServeOrderStack`:
@@ -182,10 +204,10 @@ class TierStack:
         self.bytes_loaded: dict[str, int] = {}
         self.bytes_stored: dict[str, int] = {}
         self.blocks_stored: dict[str, int] = {}
-        self.bad: set[tuple[str, int]] = set()
-        """Data mode: (tier, key) whose copy failed its check; a miss until rewritten."""
+        self.stale: set[tuple[str, int]] = set()
+        """Data mode: (tier, key) whose copy failed its check; a miss until rewritten (every
+        node's hierarchy holds this set)."""
         self.recomputed_after_check = 0
-        self.repaired = 0
         self.promoting = False
         """Whether a load found blocks to promote into a node's DRAM."""
         self.load_decisions = {"load": 0, "recompute": 0}
@@ -219,7 +241,8 @@ class TierStack:
                 tiers.append(("dram", d, None))
             tiers.extend(self.shared)
             if tiers:
-                below = self.below[engine.node] = Below(tiers)
+                mover = None if self.backend is None else NodeMover(self.backend, engine.node)
+                below = self.below[engine.node] = Below(tiers, self.stale, mover)
         self._below_of[engine.index] = below
         return below
 
@@ -267,7 +290,7 @@ class TierStack:
         below = self._tiers_for(engine)
         if below is None:
             return 0, 0
-        src = below.hier.find(seq.block_hashes[first:last], self.bad)
+        src = below.hier.find(seq.block_hashes[first:last])
         found = len(src)
         if not found:
             return 0, 0
@@ -321,11 +344,10 @@ class TierStack:
         bb = self.sim.setups[engine.index].block_bytes
         per_flow: dict[tuple[int, str | None], list[int]] = {}
         by_tier: dict[str, int] = {}
-        bad = self.bad
         if below is None:
             pass
-        elif len(below.names) == 1 and not bad and (below.specs[0] is None
-                                                    or not below.specs[0].targets):
+        elif len(below.names) == 1 and not self.stale and (below.specs[0] is None
+                                                           or not below.specs[0].targets):
             # one tier, one flow: the keys it holds
             name, spec1 = below.names[0], below.specs[0]
             held = below.hier.held(0, keys)
@@ -359,15 +381,10 @@ class TierStack:
             if hit:
                 below.hier.read(ti, hit, seq.index, below.stats)
         promote: list[int] = []
-        backend = self.backend
         failed: set[int] = set()
         for (ti, target), ks in per_flow.items():
             name = below.names[ti]
-            if backend is not None:
-                for k in backend.on_load(name, engine.node if name == "dram" else None, ks,
-                                         engine.index):
-                    failed.add(k)
-                    self.bad.add((name, k))
+            failed.update(below.hier.load(ti, ks, engine.index))
             nbytes = len(ks) * bb
             self.bytes_loaded[name] = self.bytes_loaded.get(name, 0) + nbytes
             if name != "dram":
@@ -378,7 +395,8 @@ class TierStack:
             self._cut_load(seq, keys, failed, start_tokens, tokens)
             promote = [k for k in promote if k not in failed]
         if promote and below.dram >= 0:
-            rec = self._insert(below, below.dram, promote, seq.index, engine)
+            rec = below.hier.put(below.dram, promote, seq.index, below.stats, by=engine.index,
+                                 kept=True)
             below.stats.promoted_blocks[below.dram] += len(rec)
             self.promoting = True
 
@@ -388,7 +406,7 @@ class TierStack:
         """Each key to the first tier holding a good copy: into ``per_flow`` by tier and
         target, counted in ``by_tier``."""
         names, specs = below.names, below.specs
-        for key, ti in zip(keys, below.hier.locate(keys, self.bad), strict=True):
+        for key, ti in zip(keys, below.hier.locate(keys), strict=True):
             if ti < 0:
                 continue
             spec = specs[ti]
@@ -446,44 +464,6 @@ class TierStack:
         seq.loads_pending = 1
         self.net.start(now, nbytes, path, self._load_done(engine, seq))
 
-    def _insert(self, below: Below, i: int, keys: list[int], session: int,
-                engine: Engine, want: bool = True) -> list[int]:
-        """Put ``keys`` into tier ``i`` of ``below`` (the hierarchy touches those held and
-        evicts down to capacity); with a backend, free the victims' bytes first, then write
-        the blocks that stayed. Returns the keys inserted (and still held; ``[]`` when not
-        ``want``-ed)."""
-        hier, stats = below.hier, below.stats
-        if not want and self.backend is None and not self.bad:
-            # a store that arrived: insert, evict, count (nobody reads what stayed)
-            hier.put(i, keys, session, stats)
-            return []
-        name = below.names[i]
-        rec: list[int] = []
-        out = hier.put(i, keys, session, stats, rec)
-        if self.bad:
-            # a stale copy (failed its check) is rewritten: the repair
-            for k in keys:
-                if (name, k) in self.bad and k not in rec:
-                    self.bad.discard((name, k))
-                    rec.append(k)
-                    self.repaired += 1
-            for k in out:
-                self.bad.discard((name, k))
-        if self.backend is not None:
-            node = engine.node if name == "dram" else None
-            if out:
-                gone = set(out)
-                old = [k for k in out if k not in rec]
-                if old:
-                    self.backend.on_evict(name, node, old)
-                rec = [k for k in rec if k not in gone]
-            if rec:
-                self.backend.on_store(name, node, rec, engine.index)
-        elif out:
-            gone = set(out)
-            rec = [k for k in rec if k not in gone]
-        return rec
-
     def store(self, engine: Engine, seq: Seq, now: float,
               stored: Callable[[float], None] | None = None) -> None:
         """Write the request's computed full blocks through to every tier below; call
@@ -506,10 +486,9 @@ class TierStack:
             return
         keys = seq.block_hashes[:n]
         bb = self.sim.setups[engine.index].block_bytes
-        bad = self.bad
         hier = below.hier
         for i, name in enumerate(below.names):
-            new = hier.lacks(i, keys, bad)
+            new = hier.lacks(i, keys)
             if not new:
                 hier.touch(i, keys, seq.index)
                 continue
@@ -535,7 +514,7 @@ class TierStack:
                     engine: Engine, then: Callable[[float], None] | None = None
                     ) -> Callable[[float], None]:
         def done(t: float) -> None:
-            self._insert(below, i, keys, session, engine, False)
+            below.hier.put(i, keys, session, below.stats, by=engine.index)
             if then is not None:
                 then(t)
         return done
@@ -574,7 +553,7 @@ class TierStack:
                 "load_or_recompute": dict(self.load_decisions), "pd_transfer_bytes": self.pd_bytes,
                 "connector_wait_s": self.connector_s,
                 "recomputed_after_check_blocks": self.recomputed_after_check,
-                "repaired_blocks": self.repaired}
+                "repaired_blocks": sum(b.hier.repaired for b in self.below.values())}
 
 
 def _runs(src: list[int]) -> list[tuple[int, int]]:

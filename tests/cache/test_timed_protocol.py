@@ -57,19 +57,17 @@ def test_timed_protocol_matches_its_policies(script: tuple[Any, ...]) -> None:
     pool = Tier("mooncake", caps[1], make_policy(policies[1]))
     nvme = Tier("nvme", caps[2], make_policy(policies[2]))
     drams = [Tier("dram", caps[0], make_policy(policies[0])) for _ in range(2)]
-    hiers = [TierHierarchy([d, pool, nvme], pooled=False) for d in drams]
-    stats = [RoundStats(3) for _ in hiers]
     stale: set[tuple[str, int]] = set()
+    hiers = [TierHierarchy([d, pool, nvme], pooled=False, stale=stale) for d in drams]
+    stats = [RoundStats(3) for _ in hiers]
     for op, node, i, keys in ops:
         h, tiers = hiers[node], [drams[node], pool, nvme]
         src = [_where(tiers, k, stale) for k in keys]
         lead = src[:src.index(-1)] if -1 in src else src
-        assert h.locate(keys, stale) == src
-        assert h.find(keys, stale) == lead
-        assert h.find(keys) == [_where(tiers, k, set()) for k in keys][:len(h.find(keys))]
-        assert -1 not in h.find(keys)
+        assert h.locate(keys) == src
+        assert h.find(keys) == lead
         assert h.held(i, keys) == [k for k in keys if k in tiers[i]]
-        assert h.lacks(i, keys, stale) == [k for k in keys if k not in tiers[i]
+        assert h.lacks(i, keys) == [k for k in keys if k not in tiers[i]
                                            or (tiers[i].name, k) in stale]
         n = 0
         for k in keys:
@@ -80,15 +78,22 @@ def test_timed_protocol_matches_its_policies(script: tuple[Any, ...]) -> None:
         before = RoundStats(3)
         before.add(stats[node])
         if op == "put":
-            absent = len({k for k in keys if k not in tiers[i]})
-            rec: list[int] = []
-            out = h.put(i, keys, 0, stats[node], rec)
+            name = tiers[i].name
+            held_before = set(tiers[i].policy.index)
+            stale_before = {k for k in keys if (name, k) in stale}
+            repaired = h.repaired
+            rec = h.put(i, keys, 0, stats[node], kept=True)
+            after = set(tiers[i].policy.index)
+            assert set(rec) <= after  # what it returns stayed
+            assert not any((name, k) in stale for k in keys)  # rewritten or gone
+            assert len(after) <= tiers[i].capacity
+            assert h.repaired - repaired == len(stale_before)
             if policies[i] != "vllm":  # (a vLLM pool counts recomputed copies as written)
-                assert len(rec) == stats[node].blocks_written[i] - before.blocks_written[i]
-                assert len(rec) <= absent
-            assert len(out) == stats[node].evictions[i] - before.evictions[i]
-            assert len(tiers[i]) <= tiers[i].capacity
-            assert not any(k in tiers[i] for k in out if k not in keys)
+                written = set(keys) - held_before
+                assert stats[node].blocks_written[i] - before.blocks_written[i] == len(written)
+                assert stats[node].evictions[i] - before.evictions[i] == \
+                    len((held_before | written) - after)
+                assert sorted(set(rec)) == sorted((written | stale_before) & after)
         elif op == "read":
             held = h.held(i, keys)
             h.read(i, held, 0, stats[node])
@@ -100,7 +105,8 @@ def test_timed_protocol_matches_its_policies(script: tuple[Any, ...]) -> None:
             h.touch(i, keys, 0)
             assert h.held(i, keys) == held
         else:
-            stale.update((tiers[i].name, k) for k in keys[:2])
+            # a copy that failed its check (the stack marks held copies only)
+            stale.update((tiers[i].name, k) for k in keys[:2] if k in tiers[i])
 
 
 def test_a_pooled_policy_is_an_index_in_the_timed_protocol() -> None:
@@ -109,6 +115,48 @@ def test_a_pooled_policy_is_an_index_in_the_timed_protocol() -> None:
     h = TierHierarchy([Tier("dram", 4, make_policy("lru")), pool], pooled=False)
     h.put(1, [1, 2, 3], 0, RoundStats(2))
     assert h.find([1, 2, 5, 3]) == [1, 1]
+
+
+class _Mover:
+    """Records what a timed mover is asked; fails the loads of ``bad`` keys."""
+
+    def __init__(self, bad: set[int]) -> None:
+        self.bad = bad
+        self.calls: list[tuple[Any, ...]] = []
+
+    def on_store(self, tier: str, keys: list[int], by: int) -> None:
+        self.calls.append(("store", tier, list(keys), by))
+
+    def on_load(self, tier: str, keys: list[int], by: int) -> list[int]:
+        self.calls.append(("load", tier, list(keys), by))
+        return [k for k in keys if k in self.bad]
+
+    def on_evict(self, tier: str, keys: list[int]) -> None:
+        self.calls.append(("evict", tier, list(keys)))
+
+
+def test_the_timed_mover_frees_then_stores_and_failed_loads_go_stale() -> None:
+    """Data mode's order: a put frees its victims' bytes before it writes the blocks that
+    stayed; a load that fails its check makes the copy stale (a miss) until a put
+    rewrites it (a repair), in every hierarchy sharing the tier."""
+    stale: set[tuple[str, int]] = set()
+    pool = Tier("mooncake", 3, make_policy("lru"))
+    movers = [_Mover({2}), _Mover(set())]
+    hiers = [TierHierarchy([Tier("dram", 2, make_policy("lru")), pool], pooled=False,
+                           timed_mover=m, stale=stale) for m in movers]
+    st = RoundStats(2)
+    assert hiers[0].put(1, [1, 2, 3], 0, st, by=7, kept=True) == [1, 2, 3]
+    assert movers[0].calls == [("store", "mooncake", [1, 2, 3], 7)]
+    assert hiers[0].load(1, [1, 2], by=7) == [2]
+    assert stale == {("mooncake", 2)}
+    assert hiers[1].find([1, 2, 3]) == [1]  # the other node sees the stale copy too
+    assert hiers[1].lacks(1, [1, 2, 3]) == [2]
+    assert hiers[1].put(1, [2], 0, st, by=3, kept=True) == [2]
+    assert hiers[1].repaired == 1 and not stale
+    assert movers[1].calls == [("store", "mooncake", [2], 3)]
+    hiers[1].put(1, [4], 0, st, by=3)  # evicts the oldest (1) first, then stores 4
+    assert movers[1].calls[-2:] == [("evict", "mooncake", [1]), ("store", "mooncake", [4], 3)]
+    assert st.evictions == [0, 1]
 
 
 def test_cluster_counts_are_the_hierarchies() -> None:
