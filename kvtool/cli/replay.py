@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
+from click.core import ParameterSource
 
 from kvtool.cache.names import POLICY_NAMES, WRITE_POLICIES
 from kvtool.cli.hostopts import host_options
@@ -221,8 +222,10 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
         if given is not None:
             raise UsageError(f"{param(name)} applies to a real engine: give "
                              f"{param('engine')} vllm", field=name)
-    if clusters and not ray_address:
-        _relaunch_on_head(clusters[0])
+    if clusters:
+        _check_cluster_options(locals())
+        if not ray_address:
+            _relaunch_on_head(clusters[0])
     fanout = _fanout(simulate, jobs, ray_address,
                      len(clusters) * len(sweep.split(",")) if sweep and clusters else
                      len(clusters) if clusters else 1 + len(compares), clusters)
@@ -230,10 +233,6 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
         from kvtool.cli import serving
         from kvtool.serving.calibrate import parse_scalar_overrides
 
-        if gpu is not None or dram is not None or tiers_file or compares:
-            raise UsageError(f"with {param('cluster')} the tiers come from the cluster file; "
-                             f"{param('nvme')} PLACE only says where data mode puts its NVMe "
-                             "pool", field="cluster")
         serving.run(trace=trace, clusters=clusters, simulate=simulate, fmt=fmt,
                     block_tokens=block_tokens, skip_bad=skip_bad, seed=seed,
                     loads=serving.loads_from(concurrency, request_rate, speedup, sweep),
@@ -257,6 +256,40 @@ def command(trace: str, simulate: bool, gpu: Any, dram: Any, nvme: Any, policy: 
         iolog=iolog, iolog_version=int(iolog_version))
     doc = _run_cache_replay(replay_settings, fanout, metrics_port)
     _report_cache_replay(doc, trace, csv_path, plot_path)
+
+
+CLUSTER_FILE_SETS = ("gpu", "dram", "tiers_file", "compares", "policy", "write_policy",
+                     "watermark", "evict_ratio", "model", "dtype", "tp", "block_bytes",
+                     "engine_gpu", "read_gbps")
+"""Options the cluster file decides with ``--cluster`` (its tiers, their policies, the
+engines' model and GPUs, the links' rates)."""
+CLUSTER_REPORT_HAS_NO = ("no_times", "on_tier_error", "requests_csv", "iolog", "iolog_version",
+                         "metrics_port")
+"""Options of a replay without ``--cluster`` that the serving model's run does not take."""
+
+
+def _check_cluster_options(o: dict[str, Any]) -> None:
+    """Refuse, in one line, an option a ``--cluster`` replay would otherwise ignore."""
+    ctx = click.get_current_context()
+    given = [name for name in (*CLUSTER_FILE_SETS, *CLUSTER_REPORT_HAS_NO)
+             if ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT)]
+    nvme = o["nvme"]
+    if nvme is not None and nvme.capacity is not None:
+        raise UsageError(f"with {param('cluster')} the NVMe pool's size is the cluster "
+                         f"file's; {param('nvme')} PLACE only says where data mode puts it",
+                         field="nvme")
+    if not given:
+        return
+    name = given[0]
+    flag = {"tiers_file": "tiers", "compares": "compare", "requests_csv": "requests_csv"
+            }.get(name, name)
+    if name in CLUSTER_FILE_SETS:
+        raise UsageError(f"with {param('cluster')} the cluster file sets what "
+                         f"{param(flag)} would (tiers, policies, model, GPUs, links)",
+                         field=flag)
+    why = " (the serving model's run always times its requests)" if name == "no_times" else ""
+    raise UsageError(f"{param(flag)} applies to a replay without {param('cluster')}{why}",
+                     field=flag)
 
 
 def _check_cache_replay_options(*, faults: tuple[str, ...], exact_steps: bool, no_times: bool,

@@ -197,6 +197,31 @@ def test_bad_values_exit_2(trace: Path) -> None:
         assert len(result.stderr.splitlines()) == 1
 
 
+CLUSTER = Path(__file__).resolve().parents[2] / "fixtures" / "clusters" / "gp7000-mini.toml"
+
+
+@pytest.mark.parametrize(("args", "field"), [
+    (["--policy", "lfu"], "--policy"), (["--dram", "24blk"], "--dram"),
+    (["--write-policy", "write-back"], "--write-policy"), (["--watermark", "0.9"], "--watermark"),
+    (["--model", "llama3-8b"], "--model"), (["--block-bytes", "1MiB"], "--block-bytes"),
+    (["--engine-gpu", "h100-sxm"], "--engine-gpu"), (["--read-gbps", "nvme=3"], "--read-gbps"),
+    (["--compare", "dram=1blk"], "--compare"), (["--no-times"], "--no-times"),
+    (["--on-tier-error", "fail"], "--on-tier-error"), (["--iolog-version", "2"], "--iolog-version"),
+    (["--metrics-port", "0"], "--metrics-port"), (["--nvme", "1GiB@/tmp/x.img"], "--nvme")])
+def test_options_a_cluster_replay_would_ignore_are_refused(trace: Path, args: list[str],
+                                                           field: str) -> None:
+    """With --cluster the cluster file sets tiers, policies, model and links, and the serving
+    model's run takes no --no-times, iolog or metrics: such an option is one line, exit 2,
+    not silently ignored (as --policy was)."""
+    result = run("replay", "--simulate", trace, "--cluster", CLUSTER, *args)
+    assert result.exit_code == 2, (args, result.stdout)
+    assert result.stderr.startswith(f"kvtool: error: field '{field}': "), result.stderr
+    assert len(result.stderr.splitlines()) == 1
+    ok = run("replay", "--simulate", trace, "--cluster", CLUSTER, "--read-qd", "4",
+             "--seed", "3", "--concurrency", "2")
+    assert ok.exit_code == 0, ok.stderr
+
+
 def test_binary_tiers_file_is_exit_2(trace: Path, tmp_path: Path) -> None:
     toml = tmp_path / "tiers.toml"
     toml.write_bytes(b'[dram]\ncapacity = "\xff"\n')
