@@ -63,6 +63,12 @@ class GuestError(RuntimeError):
     """The guest failed to start, died, or did not answer; the message carries the console tail."""
 
 
+class GuestDied(GuestError, ConnectionError):
+    """The control shell did not answer because QEMU is gone: the message says how it ended
+    (status -9: killed, as the OOM killer does) and carries the console tail. A
+    ConnectionError, as a control shell that does not answer is."""
+
+
 def free_port() -> int:
     """A TCP port that is free on 127.0.0.1 right now (QEMU binds it a moment later)."""
     with socket.socket() as s:
@@ -375,9 +381,18 @@ class Guest:
         """Run ``shell`` as root in the guest (busybox sh); returns (exit status, stdout+stderr).
 
         Raises TimeoutError when it runs longer than ``timeout`` seconds and ConnectionError
-        when the control shell does not answer.
+        when the control shell does not answer (:class:`GuestDied` when QEMU has exited).
         """
-        return guest_exec(self.control_port, shell, timeout)
+        try:
+            return guest_exec(self.control_port, shell, timeout)
+        except OSError as exc:  # (ConnectionError and TimeoutError are OSErrors)
+            status = self._proc.poll() if self._proc is not None else None
+            if status is None:
+                raise
+            how = " (killed: SIGKILL, as the OOM killer does)" if status == -9 else ""
+            raise GuestDied(str(self._fail(f"qemu exited with status {status}{how} before "
+                                           f"the guest answered {shell[:80]!r} ({exc})"))
+                            ) from exc
 
     def check(self, shell: str, timeout: float = 60.0) -> str:
         """``exec`` that raises GuestError (with the output) on a non-zero exit status."""

@@ -12,6 +12,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 
 from emulator.qemu import build, cpio, measure, moddeps, probe, vmlinux
-from emulator.qemu.guest import GUESTFWD_ADDR, RELAY, Guest, GuestError
+from emulator.qemu.guest import GUESTFWD_ADDR, RELAY, Guest, GuestDied, GuestError
 from kvtool.nvme.host import ConnectError, connect
 from kvtool.nvme.url import default_hostnqn
 from tests.helpers.qemu_guest import GUEST_HOSTNQN, KernelTarget, MakeGuest
@@ -306,3 +307,34 @@ def test_guest_without_target_hostroot_and_isolated_guestfwd(
     with pytest.raises(GuestError):
         guest.wait_ready()
     assert "KVTOOL-GUEST-READY" in guest.console_log
+
+
+def test_a_command_to_a_guest_whose_qemu_died_says_how_it_ended(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A guest whose QEMU was killed refuses its control port: ``exec`` says QEMU's exit
+    status (-9: SIGKILL, the OOM killer's) and the console's last lines, and is still the
+    ConnectionError callers wait on. No QEMU needed: a shell stands in for it."""
+    import emulator.qemu.guest as guest_module
+
+    monkeypatch.setattr(guest_module, "ensure_qemu", lambda: None)
+    monkeypatch.setattr(guest_module, "ensure_built", lambda: None)
+    guest = Guest()
+    monkeypatch.setattr(guest, "qemu_argv", lambda: ["sh", "-c", "sleep 60"])
+    guest.start(wait=False)
+    try:
+        with pytest.raises(ConnectionError) as alive:  # QEMU up, nobody at the port
+            guest.exec("true", timeout=5)
+        assert not isinstance(alive.value, GuestDied)
+        assert guest.console_path is not None and guest.pid is not None
+        guest.console_path.write_text("boot\nkvtool-init: serving\nOut of memory\n")
+        os.kill(guest.pid, 9)
+        while guest.running:
+            time.sleep(0.01)
+        with pytest.raises(GuestDied) as err:
+            guest.exec("kvtool load --count 64", timeout=5)
+    finally:
+        guest.stop()
+    assert isinstance(err.value, ConnectionError) and isinstance(err.value, GuestError)
+    text = str(err.value)
+    assert "qemu exited with status -9 (killed: SIGKILL" in text
+    assert "kvtool load --count 64" in text and "Out of memory" in text
