@@ -566,7 +566,6 @@ class TierHierarchy:
         if mover is not None and new:
             mover.on_write(self.tiers[0].name, new)
 
-
     # ------------------------------------------------------------------ timed protocol
     # An engine that times its loads and stores as flows (the serving model's tiers below
     # its GPU pools, kvtool.serving.sim.TierStack) takes serve()'s steps one at a time, each

@@ -281,8 +281,7 @@ def _check_cluster_options(o: dict[str, Any]) -> None:
     if not given:
         return
     name = given[0]
-    flag = {"tiers_file": "tiers", "compares": "compare", "requests_csv": "requests_csv"
-            }.get(name, name)
+    flag = {"tiers_file": "tiers", "compares": "compare"}.get(name, name)
     if name in CLUSTER_FILE_SETS:
         raise UsageError(f"with {param('cluster')} the cluster file sets what "
                          f"{param(flag)} would (tiers, policies, model, GPUs, links)",
