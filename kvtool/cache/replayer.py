@@ -259,11 +259,11 @@ class Replayer:
         st.count_request(inp, req.output_length)
 
     def decide(self, req: RequestLike) -> tuple[list[int], list[int]]:
-        """:meth:`feed` one request, and return its lookup (the tier index of each leading
-        block found) and the blocks written into each tier for it: the serving model
-        times what the hierarchy decided (:mod:`kvtool.serving.serveorder`)."""
-        src = self.cache.lookup(req.block_keys, req.input_length)
-        return src, self._feed_recorded(req, *self._round_of(req)).blocks_written
+        """:meth:`feed` one request, and return, per tier, the blocks it hit there and the
+        blocks written there for it (what the hierarchy counted): the serving model times
+        what the hierarchy decided (:mod:`kvtool.serving.serveorder`)."""
+        one = self._feed_recorded(req, *self._round_of(req))
+        return one.hit_blocks, one.blocks_written
 
     def feed_many(self, requests: Iterable[RequestLike],
                   progress: Callable[[int], None] | None = None) -> int:

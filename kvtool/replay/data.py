@@ -144,8 +144,9 @@ class DataReplayer(Replayer):
         self.decide(req)
 
     def decide(self, req: RequestLike) -> tuple[list[int], list[int]]:
-        """Serve one request (the module docstring's steps); return its lookup (the tier
-        index of each leading block found) and the blocks written into each tier for it
+        """Serve one request (the module docstring's steps); return, per tier, the blocks
+        served from there (a block that failed its check counts where it was served, or
+        not at all when it was recomputed) and the blocks written there for it
         (:meth:`kvtool.cache.replayer.Replayer.decide`)."""
         t_start = time.perf_counter()
         r = req.report_round
@@ -210,7 +211,7 @@ class DataReplayer(Replayer):
         measured.load_s.append(load_s)
         measured.blocks += len(keys)
         measured.wall_s += time.perf_counter() - t_start
-        return src, st.blocks_written
+        return st.hit_blocks, st.blocks_written
 
     def _gpu_blocks(self, keys: list[int], src: list[int]) -> None:
         """A GPU pool block in :attr:`_work` for every block of a request: the blocks the

@@ -25,8 +25,8 @@ every hit, put and eviction. :class:`ServeOrderStack` is the engine's
 
 What the model leaves out here: the GPU tier's cached blocks take no room from the running
 requests (the engine's pool is the tier's size plus the longest request, as data mode's
-GPU pool), and a load's blocks flow from the tier the lookup found them in even where data
-mode had to serve one from elsewhere (a failed check).
+GPU pool). A block that failed its check in data mode is loaded from the tier that served
+it instead, or computed.
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ class Decider(Protocol):
     """The hierarchy's tiers, highest first (``gpu``, ``dram``, ``nvme``)."""
 
     def decide(self, req: Any) -> tuple[list[int], list[int]]:
-        """Serve ``req`` now; return its lookup (the tier index of each leading block
-        found) and the blocks written into each tier for it."""
+        """Serve ``req`` now; return, per tier, the blocks it hit there and the blocks
+        written there for it."""
 
 
 class _Decision:
@@ -114,10 +114,7 @@ class ServeOrderStack(TierStack):
         gpu = self._gpu
         while self._next <= index:
             i = self._next
-            src, written = decider.decide(reqs[i])
-            per = [0] * len(names)
-            for j in src:
-                per[j] += 1
+            per, written = decider.decide(reqs[i])
             self._decisions[i] = _Decision(
                 per[gpu] if gpu >= 0 else 0,
                 {names[j]: c for j, c in enumerate(per) if c and j != gpu},
