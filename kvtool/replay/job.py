@@ -343,6 +343,8 @@ def serve_all(hierarchy: Any, requests: list[Any], cfg: CacheConfig,
             times, described = one_engine_times(
                 requests, cfg, **timing, decider=decider if decider is not None else hierarchy,
                 on_decided=decided, on_finished=on_finished)
+        elif on_finished is None and progress is None:
+            served = hierarchy.feed_many(requests)  # (a fanned-out point: the fast path)
         else:
             for req in requests:
                 hierarchy.feed(req)

@@ -217,6 +217,9 @@ def test_options_a_cluster_replay_would_ignore_are_refused(trace: Path, args: li
     assert result.exit_code == 2, (args, result.stdout)
     assert result.stderr.startswith(f"kvtool: error: field '{field}': "), result.stderr
     assert len(result.stderr.splitlines()) == 1
+
+
+def test_options_a_cluster_replay_takes_still_work(trace: Path) -> None:
     ok = run("replay", "--simulate", trace, "--cluster", CLUSTER, "--read-qd", "4",
              "--seed", "3", "--concurrency", "2")
     assert ok.exit_code == 0, ok.stderr
