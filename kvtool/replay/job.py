@@ -4,7 +4,7 @@ the times from the serving model's one-engine case."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -344,7 +344,14 @@ def serve_all(hierarchy: Any, requests: list[Any], cfg: CacheConfig,
                 requests, cfg, **timing, decider=decider if decider is not None else hierarchy,
                 on_decided=decided, on_finished=on_finished)
         elif on_finished is None and progress is None:
-            served = hierarchy.feed_many(requests)  # (a fanned-out point: the fast path)
+            # nobody watches each request (a fanned-out point): feed_many's fast path,
+            # counting what it served (a Ctrl-C stops it mid-trace)
+            def counted() -> Iterator[Any]:
+                nonlocal served
+                for req in requests:
+                    yield req
+                    served += 1
+            hierarchy.feed_many(counted())
         else:
             for req in requests:
                 hierarchy.feed(req)
